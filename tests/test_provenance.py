@@ -56,6 +56,10 @@ def test_a_git_state_is_the_commit_of_a_tracked_file_and_none_for_an_untracked_o
     (tmp_path / "tracked.py").write_text("x = 2\n")
     assert git_state(tmp_path) == {"commit": head, "dirty": True}
     assert git_state(tmp_path.parent / "no such folder") is None
+    # (a repository's config may name a program for git status to run, core.fsmonitor: reading its state runs none)
+    marker = tmp_path.parent / "fsmonitor-ran"
+    _git(tmp_path, "config", "core.fsmonitor", f"touch {marker}; false")
+    assert git_state(tmp_path) == {"commit": head, "dirty": True} and not marker.exists()
 
 
 def test_the_same_command_and_seed_trains_the_same_run(tmp_path, capsys):

@@ -41,8 +41,10 @@ def git_state(path: str | os.PathLike, tracked: str | os.PathLike | None = None)
     or None outside one, without git, or where `tracked` is given and that file is not tracked there (rlspeed's
     files in a site-packages that a project's repository ignores are no checkout of rlspeed)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, check=True,
-                              timeout=10, stdin=subprocess.DEVNULL).stdout.strip()
+        # (no program a repository's own config names runs: `status` would start its core.fsmonitor command, and a
+        # directory of someone else's files may hold a .git whose config names one)
+        return subprocess.run(["git", "-c", "core.fsmonitor=false", "-C", str(path), *args], capture_output=True,
+                              text=True, check=True, timeout=10, stdin=subprocess.DEVNULL).stdout.strip()
 
     try:
         if tracked is not None:
