@@ -22,11 +22,11 @@ HYPER = {"learning_rate": 0.001, "gamma": 0.99}
 
 
 def fake_run(path, algo="ppo", env_id="CartPole-v1", seed=0, final=100.0, curve=((100, 10.0), (200, 20.0)),
-             hyper=None, total=256, **summary):
+             hyper=None, total=256, config_extra=None, **summary):
     """A finished solo run directory as `rlspeed train` writes it (config.yaml, metrics.csv, summary.json)."""
     path.mkdir(parents=True)
     config = {"algo": algo, "env_id": env_id, "seed": seed, "total_timesteps": total, "target_return": None,
-              "env_kwargs": None, "hyperparameters": {**HYPER, **(hyper or {})}}
+              "env_kwargs": None, "hyperparameters": {**HYPER, **(hyper or {})}, **(config_extra or {})}
     (path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     with open(path / "metrics.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -103,6 +103,17 @@ def test_runs_of_other_hyperparameters_are_other_rows_named_by_what_differs(tmp_
     assert [row["runs"] for row in table] == [3, 3]
     assert notes == ["ppo on CartPole-v1 (learning_rate=0.001): final evaluations of 3 and 10 episodes pooled "
                      "(--eval-episodes differed)"]
+
+
+def test_fine_tuned_runs_are_another_experiment_than_runs_from_scratch(tmp_path):
+    """A run that started from a saved model's networks (`--init-from`, config.yaml's init_from) learnt something
+    else than one of the same settings from scratch; a config.yaml of an rlspeed before the setting pools with a
+    run from scratch of today's (init_from: null)."""
+    fake_run(tmp_path / "runs" / "old", seed=0, final=100.0)
+    fake_run(tmp_path / "runs" / "new", seed=1, final=102.0, config_extra={"init_from": None})
+    fake_run(tmp_path / "runs" / "tuned", seed=2, final=300.0, config_extra={"init_from": "/models/a.safetensors"})
+    table, _ = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
+    assert sorted((row["runs"], row["iqm"]) for row in table) == [(1, 300.0), (2, 101.0)]
 
 
 def test_curves_of_runs_evaluated_at_other_steps_share_one_axis_of_env_steps(tmp_path):

@@ -29,7 +29,7 @@ from rlspeed.stats import CURVE_REPS, aggregate, iqm_curve
 #: the files `write_report` writes into its folder (an existing one is replaced only with `overwrite=True`)
 REPORT_FILES = ("final_scores.csv", "scores.csv", "curves.csv")
 #: what an experiment is: config.yaml's settings that change what is learnt (the rest: how fast, where)
-EXPERIMENT_SETTINGS = ("hyperparameters", "env_kwargs", "total_timesteps", "target_return")
+EXPERIMENT_SETTINGS = ("hyperparameters", "env_kwargs", "total_timesteps", "target_return", "init_from")
 
 
 @dataclass
@@ -131,7 +131,9 @@ def _load(run_dir: Path) -> list[SeedResult]:
     if why is not None:
         raise UserError(f"The run '{run_dir}' {why}; leave it out of the report, or finish it first.")
     config = _read_config(run_dir / "config.yaml")
-    settings = {key: config.get(key) for key in EXPERIMENT_SETTINGS if key in config}
+    # (a setting an older rlspeed did not record is one it did not have: init_from None, as a run today records it)
+    settings = {key: config[key] for key in EXPERIMENT_SETTINGS if config.get(key) is not None or
+                (key in config and key != "init_from")}
     settings.setdefault("target_return", summary.get("target_return"))
     hyperparameters = dict(settings.get("hyperparameters") or {})
     common = {"algo": str(summary["algo"]), "env_id": str(summary["env_id"]), "run_dir": run_dir}
