@@ -1039,3 +1039,70 @@ def test_a_learn_that_fails_as_it_sets_up_closes_its_bar(monkeypatch):
     with pytest.raises(RuntimeError, match="snapshot failed"):
         model.learn(64, progress_bar=True)
     assert not rlspeed.logging._DRAWN_BARS
+
+
+def _scalars(directory, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of TensorBoard's scalar `tag` in `directory` as TensorBoard reads them back (its files in name
+    order, restarts' purges applied)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory))
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars(tag)]
+
+
+def test_further_learn_calls_of_a_model_write_on_one_tensorboard_events_file(tmp_path):
+    """`model.learn(..., reset_num_timesteps=False)` in a loop made one events file per call (50 calls, 50 files,
+    each with a writer thread while it wrote), and TensorBoard, reading them in the order of their names, read the
+    10th file of a second after the 11th and dropped the points between. Further calls of one model write on its
+    events file, whose points come back in order; `close` (or the model's collection) closes it, and a call after
+    that starts another file."""
+    pytest.importorskip("tensorboard")
+    import gc
+    import threading
+
+    from rlspeed import PPO
+
+    def writers() -> int:  # (TensorBoard's writer threads running)
+        return sum(type(thread).__module__.startswith("tensorboard.") for thread in threading.enumerate())
+
+    threads = writers()
+    model = PPO("CartPole-v1", device="cpu", num_envs=4, num_steps=32, batch_size=64, seed=0)
+    for _ in range(2):
+        model.learn(128, reset_num_timesteps=False, progress_bar=False, run_dir=tmp_path)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 1
+    assert [step for step, _ in _scalars(tmp_path / "tensorboard", "time/sps")] == [128, 256]
+    assert writers() == threads + 1
+    model.close()
+    assert writers() == threads  # (its writer closed)
+    model.learn(128, progress_bar=False, run_dir=tmp_path)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 2
+    assert writers() == threads + 1
+    del model
+    gc.collect()
+    assert writers() == threads
+    assert [step for step, _ in _scalars(tmp_path / "tensorboard", "time/sps")] == [128, 256, 384]
+
+
+def test_a_kept_tensorboard_writer_serves_only_a_run_that_goes_on_from_its_last_step(tmp_path):
+    """A logger goes on in the kept writer's events file only where its run continues from the step those events
+    reached: a run rewound to an earlier step (a resume from an older checkpoint) starts a file whose restart drops
+    the later points, as a new writer's always did."""
+    pytest.importorskip("tensorboard")
+    from rlspeed.logging import KeptWriter
+
+    kept = KeptWriter()
+    first = RunLogger(tmp_path, tensorboard=True, kept=kept)
+    for step in (100, 200):
+        first.log({"timesteps": step, "episode_return": step / 100})
+    first.close(plot=False, keep_writer=True)
+    going_on = RunLogger(tmp_path, tensorboard=True, continue_from=200, kept=kept)
+    going_on.log({"timesteps": 300, "episode_return": 3.0})
+    going_on.close(plot=False, keep_writer=True)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 1
+    rewound = RunLogger(tmp_path, tensorboard=True, continue_from=100, kept=kept)
+    rewound.log({"timesteps": 200, "episode_return": 20.0})
+    rewound.close(plot=False)  # (not kept: the next logger makes a writer of its own)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 2
+    assert _scalars(tmp_path / "tensorboard", "rollout/episode_return") == [(100, 1.0), (200, 20.0)]
+    kept.close()

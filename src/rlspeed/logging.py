@@ -260,8 +260,11 @@ def _quiet_tensorboard_threads() -> None:
     threading.excepthook = hook
 
 
-def _identity(directory: Path) -> tuple[int, int] | None:
-    """The directory's device and inode (None where it is gone): another directory at its path has others."""
+def _identity(directory: Path | str | None) -> tuple[int, int] | None:
+    """The directory's (or file's) device and inode (None where it is gone, or for None): another directory at its
+    path has others."""
+    if directory is None:
+        return None
     try:
         status = os.stat(directory)
     except OSError:
@@ -317,6 +320,60 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+class KeptWriter:
+    """A model's TensorBoard writer between its `learn` calls: the next call into the same run directory that goes on
+    from the step its events reached writes on into the same events file. Without it each call made a file of its
+    own (a loop of `learn(..., reset_num_timesteps=False)`: 50 calls, 50 files), and TensorBoard, which reads a
+    directory's files in the order of their names, read a file made in the same second as its 10th successor after
+    it, and dropped the points written between (its restart, `purge_step`, applied out of order). Closed by `close`
+    (the model's `close`), or when the model is garbage-collected; a copy of a model keeps none."""
+
+    def __init__(self) -> None:
+        self._writer = None
+        # (the tensorboard directory, its identity and that of the events file, the step the events reached, and
+        # whether their tags are flat: `flat_tags`)
+        self._where: tuple | None = None
+
+    def take(self, directory: Path, step: int | None) -> tuple | None:
+        """(writer, flat) of the writer kept for `directory` whose events end at `step`, handed over to the caller
+        (who closes it, or gives it back with `keep`); else None, and any other writer kept is closed."""
+        writer, where = self._writer, self._where
+        self._writer = self._where = None
+        if writer is None:
+            return None
+        if step is not None and where[:4] == (directory, _identity(directory), _identity(_events_file(writer)), step):
+            return writer, where[4]
+        with contextlib.suppress(OSError):  # (its events were flushed as the last learn call ended)
+            writer.close()
+        return None
+
+    def keep(self, writer, directory: Path, step: int, flat: bool) -> None:
+        """Hold `writer` (flushed), whose events in `directory` end at `step`, for the next `take`."""
+        self.close()
+        self._writer = writer
+        self._where = (directory, _identity(directory), _identity(_events_file(writer)), step, flat)
+
+    def close(self) -> None:
+        """Close the writer kept, if any (its events file is complete); closing twice is a no-op."""
+        self.take(Path(), None)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (also at interpreter exit, where modules may be gone)
+            self.close()
+
+    def __deepcopy__(self, memo: dict) -> KeptWriter:
+        return KeptWriter()  # (one events file has one writer: a copy of the model opens its own)
+
+    def __getstate__(self) -> dict:
+        return {"_writer": None, "_where": None}
+
+
+def _events_file(writer) -> str | None:
+    """The path of the events file a torch SummaryWriter writes (None where its internals differ)."""
+    file_writer = getattr(writer, "file_writer", None)
+    return getattr(getattr(file_writer, "event_writer", None), "_file_name", None)
+
+
 class RunLogger:
     """Writes one row per log interval to `metrics.csv` (and TensorBoard), and plots the curve at the end.
 
@@ -325,11 +382,13 @@ class RunLogger:
     `continue_from`: a run that continues (resume, a restart, a further `learn`) keeps the rows already in
     `metrics.csv` up to that env step (and its TensorBoard events), instead of starting the file afresh.
     `columns`: keys that later rows will bring (evaluations), in the header from the first row on, so that a reader
-    following the file as it grows sees one header. `plot`: save `learning_curve.png` at `close`.
+    following the file as it grows sees one header. `plot`: save `learning_curve.png` at `close`. `kept`: the model's
+    `KeptWriter`, whose writer this logger writes on with where it continues that writer's events, and to which
+    `close(keep_writer=True)` gives its writer back.
     """
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, continue_from: int | None = None,
-                 columns: tuple[str, ...] = (), plot: bool = True):
+                 columns: tuple[str, ...] = (), plot: bool = True, kept: KeptWriter | None = None):
         self.run_dir = Path(run_dir)
         self._plot = plot  # (learning_curve.png at close; a population plots its members itself)
         try:
@@ -351,7 +410,11 @@ class RunLogger:
         self._writer = None
         self._flat = False  # (tags as metrics.csv's columns: a run an earlier rlspeed began, `flat_tags`)
         self._failed = False  # a write failed (`_writing`)
-        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
+        self._kept = kept
+        taken = kept.take(self.run_dir / "tensorboard", continue_from) if kept is not None and tensorboard else None
+        if taken is not None:
+            self._writer, self._flat = taken
+        elif tensorboard and importlib.util.find_spec("tensorboard") is not None:
             if _utf8_name(self.run_dir):
                 try:
                     from torch.utils.tensorboard import SummaryWriter
@@ -537,8 +600,9 @@ class RunLogger:
         handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
 
-    def close(self, plot: bool = True) -> None:
-        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot
+    def close(self, plot: bool = True, keep_writer: bool = False) -> None:
+        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard (or, with
+        `keep_writer`, flush it and give it to the `KeptWriter` it came with, where a row was logged), save the plot
         (unless `plot` is False: the caller draws it later); after a failed write, only close the files."""
         if not self._failed:
             try:
@@ -556,7 +620,11 @@ class RunLogger:
             if self._writer is not None:
                 with self._tensorboard_errors():
                     self._writer.flush()  # (raises what the writer thread could not write; close says nothing)
-                    self._writer.close()
+                    if keep_writer and self._kept is not None and self.last_row is not None:
+                        self._kept.keep(self._writer, self.run_dir / "tensorboard", int(self.last_row["timesteps"]),
+                                        self._flat)
+                    else:
+                        self._writer.close()
             if self._plot and plot:
                 self.plot()
 

@@ -100,7 +100,7 @@ from rlspeed.errors import (
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
-from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
+from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
 
@@ -1010,11 +1010,11 @@ def _own_init_parameters(cls: type) -> list[str]:
 
 
 def _close_logger(logger: RunLogger, raising: bool, plot: bool = True) -> None:
-    """Close a `learn` call's logger (`plot`: drawing learning_curve.png): a failure to write its last rows raises,
-    unless learn is raising already (the error that stopped training is the one to see), where it is a warning at
-    learn's caller."""
+    """Close a `learn` call's logger (`plot`: drawing learning_curve.png; its TensorBoard writer kept for the next
+    call, unless learn raises): a failure to write its last rows raises, unless learn is raising already (the error
+    that stopped training is the one to see), where it is a warning at learn's caller."""
     try:
-        logger.close(plot=plot)
+        logger.close(plot=plot, keep_writer=not raising)
     except UserError as error:
         if not raising:
             raise
@@ -1412,6 +1412,7 @@ class Algorithm:
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
         self._run_dir: Path | None = None  # the run directory it trained in or was loaded from (`_continues`)
+        self._tensorboard = KeptWriter()  # (its TensorBoard writer from one learn call in a run directory to the next)
         from_spec = isinstance(env, EnvSpec)
         if env_kwargs is not None and not isinstance(env, str):
             raise UserError(f"{name} takes env_kwargs with an env id; this env is already built, so give its options "
@@ -1978,10 +1979,12 @@ class Algorithm:
                 f"device={str(getattr(self, 'device', None))!r}, num_timesteps={getattr(self, 'num_timesteps', 0)})")
 
     def close(self) -> None:
-        """Close the training env: its subprocesses (`gymnasium-async`), EnvPool's threads, its render window. The
-        model stays usable (predict, evaluate, save, export); a later `learn` makes new envs from the env id, whose
+        """Close the training env: its subprocesses (`gymnasium-async`), EnvPool's threads, its render window; and the
+        TensorBoard events file its `learn` calls into a run directory wrote on (a later call there starts another).
+        The model stays usable (predict, evaluate, save, export); a later `learn` makes new envs from the env id, whose
         episodes start afresh (a model given an env object is refused: pass a new one to `load(path, env=...)`).
         Closing twice is a no-op. `with PPO(...) as model:` closes it at the block's end."""
+        self._tensorboard.close()
         env, self._env = self._env, None
         if env is not None:
             self._closed_given_env = self._env_given
@@ -2258,7 +2261,7 @@ class Algorithm:
             columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
                 ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
             logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
-                                columns=columns) if run_dir is not None and main else None)
+                                columns=columns, kept=self._tensorboard) if run_dir is not None and main else None)
             self._total_timesteps = self.num_timesteps + int(total_timesteps)
             resume = self._resume
             self._follow_frozen_parameters(learn_start=True)

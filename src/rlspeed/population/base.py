@@ -28,7 +28,7 @@ from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.files import write_atomic
-from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
+from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
 
@@ -628,6 +628,7 @@ class PopulationBase:
     _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
     _metrics_dir: Path | None = None  # the run directory whose metrics.csv `learn` last wrote (`_metrics_logger`)
     _metrics_since: tuple[int, float] | None = None  # (member steps, training clock) at the last metrics row
+    _tensorboard: KeptWriter | None = None  # (its TensorBoard writer from one learn call to the next, once made)
     #: the members' own encoders where they have parameters (images, Dict observations), else None
     _member_encoder: MemberEncoder | None = None
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
@@ -1298,10 +1299,12 @@ class PopulationBase:
             bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
                               desc=f"{self.algo_name} {self.env_id} x{self.size}")
             threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
+            raising = True  # (TensorBoard's writer is kept for the next call where this one returns)
             try:
                 set_training_threads(self.num_threads)  # (as a solo model's learn)
                 self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                                  on_eval, run_dir, stop_requested, bar, logger)
+                raising = False
             except KeyboardInterrupt:
                 self._learn_interrupted = True
                 # (what the members reached so far, in the finished summary's form, without its final evaluation)
@@ -1314,7 +1317,7 @@ class PopulationBase:
                 if logger is not None:
                     if logger.last_row is None or logger.last_row["timesteps"] != self.num_timesteps:
                         logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
-                    logger.close()
+                    logger.close(keep_writer=not raising)
             self.progress = None
             # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
             skip_final = stop_requested is not None and stop_requested()
@@ -1344,7 +1347,10 @@ class PopulationBase:
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
                             "would replace: give another run_dir, or delete the file first.")
         columns = ("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds)) if evaluating else ("members",)
-        logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False)
+        if self._tensorboard is None:
+            self._tensorboard = KeptWriter()
+        logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False,
+                           kept=self._tensorboard)
         self._metrics_dir = run_dir.resolve()
         return logger
 
@@ -1530,9 +1536,12 @@ class PopulationBase:
         self.remove(pruned)
 
     def close(self) -> None:
-        """Close the members' training envs (subprocesses, EnvPool's threads). The population stays usable (evaluate,
-        save, write_summary); a later `learn` makes new envs, whose episodes start afresh. Closing twice is a no-op.
+        """Close the members' training envs (subprocesses, EnvPool's threads) and the TensorBoard events file its
+        `learn` calls into a run directory wrote on. The population stays usable (evaluate, save, write_summary); a
+        later `learn` makes new envs, whose episodes start afresh. Closing twice is a no-op.
         `with Population(...) as population:` closes it at the block's end."""
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         env, self._env, self._obs = self._env, None, None
         if env is not None:
             env.close()
