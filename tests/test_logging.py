@@ -56,7 +56,7 @@ def test_the_logger_keeps_no_row_that_metrics_csv_holds(tmp_path):
         alive.append(weakref.ref(value))
         logger.log({"timesteps": step, "loss": value, **({"eval_mean": 1.5} if step == 150 else {})})
         del value
-    logger.amend_last({"custom": 7})
+    logger.amend_last({"custom": 7}, 200)
     gc.collect()
     assert sum(ref() is not None for ref in alive) <= 1  # (the last row, which amend_last changes)
     logger.close()
@@ -743,7 +743,7 @@ def test_metrics_csv_is_replaced_whole_so_a_kill_in_its_rewrite_keeps_the_old_ro
     monkeypatch.setattr(files.os, "fdopen", Stream)
     logger = RunLogger(tmp_path, tensorboard=False)
     with pytest.raises(Killed):
-        logger.amend_last({"new_column": 2.0})
+        logger.amend_last({"new_column": 2.0}, 1)
     monkeypatch.undo()
     assert (tmp_path / "metrics.csv").read_text() == before
     assert not list(tmp_path.glob(".metrics.csv.*.tmp"))
@@ -778,7 +778,7 @@ def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
     logger = RunLogger(tmp_path, tensorboard=True)
     logger.log({"timesteps": 100, "episode_return": 5.0, "custom/x": 1.5})
     logger.log({"timesteps": 200, "episode_return": 6.0, "custom/x": 1.5})
-    logger.amend_last({"custom/x": 1.5, "custom/y": 2.0})  # (what the last iteration's callbacks recorded after it)
+    logger.amend_last({"custom/x": 1.5, "custom/y": 2.0}, 200)  # (what the last iteration's callbacks recorded)
     logger.close()
     points = collections.Counter()
     for path in (tmp_path / "tensorboard").iterdir():
@@ -1106,3 +1106,26 @@ def test_a_kept_tensorboard_writer_serves_only_a_run_that_goes_on_from_its_last_
     assert len(list((tmp_path / "tensorboard").iterdir())) == 2
     assert _scalars(tmp_path / "tensorboard", "rollout/episode_return") == [(100, 1.0), (200, 20.0)]
     kept.close()
+
+
+def test_values_recorded_before_a_learn_calls_first_row_are_at_the_models_step(tmp_path):
+    """Values a callback recorded in a call that stopped before its first row (an error in its first iteration) are a
+    row of their own at the model's step count: the row had no `timesteps` (an empty cell, dropped when the run
+    continued) and TensorBoard drew it at step 0, before the model's earlier training."""
+    from rlspeed import PPO
+    from rlspeed.callbacks import BaseCallback
+
+    class RecordThenFail(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.logger.record("custom/stage", 2.0)
+
+        def _on_rollout_start(self) -> None:
+            raise RuntimeError("the stage's env is not ready")
+
+    model = PPO("CartPole-v1", device="cpu", num_envs=4, num_steps=32, batch_size=64, seed=0)
+    model.learn(128, progress_bar=False)  # (trained before, without a run directory)
+    with pytest.raises(RuntimeError, match="not ready"):
+        model.learn(128, progress_bar=False, run_dir=tmp_path, callback=RecordThenFail())
+    assert read_rows(tmp_path / "metrics.csv") == [{"timesteps": "128", "custom/stage": "2.0"}]
+    if importlib.util.find_spec("tensorboard") is not None:
+        assert _scalars(tmp_path / "tensorboard", "custom/stage") == [(128, 2.0)]

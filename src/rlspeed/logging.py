@@ -507,7 +507,7 @@ class RunLogger:
                 handle, writer = self._csv
                 writer.writerow(_csv_row(row))
                 handle.flush()
-            self._send_scalars(row, int(row.get("timesteps", 0)))
+            self._send_scalars(row, int(row["timesteps"]))
 
     def _check_directory(self, closing: bool = False) -> None:
         """A run writes only into the directory it started in (the same device and inode): UserError where it is gone
@@ -554,11 +554,11 @@ class RunLogger:
                 error.filename = str(self.run_dir / "tensorboard")
             raise
 
-    def amend_last(self, values: dict) -> None:
-        """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row
-        where none was logged yet."""
+    def amend_last(self, values: dict, timesteps: int) -> None:
+        """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); where none
+        was logged yet, a new row at step `timesteps` (the model's step count)."""
         if self.last_row is None:
-            self.log(values)
+            self.log({"timesteps": timesteps, **values})
             return
         last = self.last_row
         # (TensorBoard gets only what is new to the row: a value it has already at that step would be a second
@@ -568,7 +568,7 @@ class RunLogger:
         self._fields.extend(key for key in values if key not in self._fields)
         with self._writing():
             self._rewrite_csv(last=last)
-            self._send_scalars(changed, int(last.get("timesteps", 0)))
+            self._send_scalars(changed, int(last["timesteps"]))
 
     def _rewrite_csv(self, new: dict | None = None, last: dict | None = None) -> None:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append: the

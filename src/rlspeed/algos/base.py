@@ -2560,7 +2560,7 @@ class Algorithm:
                 # (recorded by the last iteration's callbacks, after its row)
                 pending = self.recorder.take(logger.last_row or ())
                 if pending:
-                    logger.amend_last(pending)
+                    logger.amend_last(pending, self.num_timesteps)
                     closing_row = dict(logger.last_row)
                 try:
                     _close_logger(logger, raising,
