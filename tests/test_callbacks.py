@@ -560,6 +560,29 @@ def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
     assert [row["custom/timesteps"] for row in rows][1:] == ["-1.0", "-1.0"]
 
 
+def test_a_recorded_key_tensorboard_would_draw_in_a_loop_columns_series_goes_to_custom():
+    """Stable-Baselines3's `logger.record("train/std", ...)` is a column of its own in metrics.csv, but its TensorBoard
+    tag is that of the loop's `std` column: its points were drawn in the loop's series, two at each step, without a
+    word. Such a key goes to `custom/<key>` (with a warning once), as a key named as a loop column does; a key of a
+    section of its own, or a new name under train/, keeps its name."""
+    from rlspeed.callbacks import MetricsRecorder
+    from rlspeed.logging import tensorboard_tag
+
+    recorder = MetricsRecorder()
+    for key in ("train/std", "train/n_updates", "time/sps", "rollout/episode_return", "std", "train/aux", "custom/x"):
+        recorder.record(key, -1.0)
+    row = {"timesteps": 256, "std": 0.9, "n_updates": 40, "sps": 1000.0, "episode_return": 20.0}
+    with pytest.warns(UserWarning, match="'train/std' is the TensorBoard tag of the training loop's column 'std', "
+                                         "so this value goes to 'custom/train/std'"):
+        row.update(recorder.take(row))
+    tags = [tensorboard_tag(key) for key in row if key != "timesteps"]
+    assert sorted(tags) == sorted(set(tags))  # (one series per value)
+    assert {key: value for key, value in row.items() if value == -1.0} == dict.fromkeys(
+        ("custom/train/std", "custom/train/n_updates", "custom/time/sps", "custom/rollout/episode_return",
+         "custom/std", "train/aux", "custom/x"), -1.0)
+    assert row["std"] == 0.9 and row["sps"] == 1000.0
+
+
 def test_a_loop_column_missing_from_some_rows_is_not_taken_over_by_a_callback(tmp_path):
     """A key the loop writes on some rows only (eval_mean between evaluations, DQN's loss before learning_starts)
     was the callback's column from its first row on: its values replaced the loop's, without a warning."""

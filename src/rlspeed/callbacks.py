@@ -26,7 +26,7 @@ import numpy as np
 
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.files import local_path, write_atomic
-from rlspeed.logging import print_beside_bars
+from rlspeed.logging import print_beside_bars, tensorboard_tag
 
 if typing.TYPE_CHECKING:
     import gymnasium as gym
@@ -145,17 +145,24 @@ class MetricsRecorder:
                 raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
             raise AttributeError(f"logger.{name} is Stable-Baselines3's; {advice}.")
 
-    def take(self, columns: typing.Container[str] = ()) -> dict[str, float]:
+    def take(self, columns: typing.Iterable[str] = ()) -> dict[str, float]:
         """The recorded values, cleared (the loop calls this when it writes a row); a key the loop writes
-        (`LOOP_COLUMNS`, or one of the row's own `columns` that no callback gave) comes back as `custom/<key>`, with
-        a warning once per key, so a callback's value never replaces the loop's."""
+        (`LOOP_COLUMNS`, or one of the row's own `columns` that no callback gave), or one whose TensorBoard tag is
+        such a column's (Stable-Baselines3's `train/std` is `std`'s), comes back as `custom/<key>`, with a warning
+        once per key, so a callback's value never replaces the loop's, in metrics.csv or in a TensorBoard series."""
         values, self.values = self.values, {}
-        clashes = [key for key in values if key in LOOP_COLUMNS or (key in columns and key not in self._given)]
-        for key in clashes:
+        loops = {column for column in columns if column not in self._given}
+        tags = {tensorboard_tag(column): column for column in (*LOOP_COLUMNS, *loops)}
+        clashes = {key: key if key in LOOP_COLUMNS or key in loops else tags.get(tensorboard_tag(key))
+                   for key in values if key not in self._given}
+        clashes = {key: column for key, column in clashes.items() if column is not None}
+        for key, column in clashes.items():
             if key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(f"logger.record('{key}', ...): '{key}' is a column the training loop writes itself, so "
-                              f"this value goes to 'custom/{key}'.", stacklevel=2)
+                what = ("a column the training loop writes itself" if key == column else
+                        f"the TensorBoard tag of the training loop's column '{column}'")
+                warnings.warn(f"logger.record('{key}', ...): '{key}' is {what}, so this value goes to "
+                              f"'custom/{key}'.", stacklevel=2)
         taken = {(f"custom/{key}" if key in clashes else key): value for key, value in values.items()}
         self._given.update(taken)  # (columns of its own: a later row that has them is no clash)
         return taken
