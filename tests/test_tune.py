@@ -716,3 +716,31 @@ def test_a_preset_another_study_wrote_during_the_search_is_not_replaced(tmp_path
     monkeypatch.setattr(rlspeed.tune, name, original)
     assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0", "--out", str(tmp_path / "b.yaml"))) == 0
     assert (tmp_path / "b.yaml").is_file() and (tmp_path / "best.yaml").read_text() == other
+
+
+def test_a_presets_paths_the_locale_could_not_read_are_written_as_their_utf8_characters(tmp_path):
+    """Under LC_ALL=C without UTF-8 mode a path's UTF-8 bytes reach Python as surrogates, and the preset's header
+    wrote `tun\\udcc3\\udca9` for `tuné`; the same study run under a UTF-8 locale then took its own preset for another
+    study's and refused to write it. The header names it `tuné`, the study accepts its preset under either locale,
+    and a byte that is no UTF-8 is still an escape."""
+    from conftest import run_in_ascii_locale
+
+    from rlspeed.tune import PRESET_HEADER, refuse_others_file, utf8_text
+
+    as_read_under_c = b"sqlite:////tmp/tun\xc3\xa9 \xff/s.db".decode("ascii", "surrogateescape")
+    assert utf8_text(as_read_under_c) == "sqlite:////tmp/tuné \\udcff/s.db"
+    out = tmp_path / "best.yaml"
+    out.write_text(f"{PRESET_HEADER} (2026-12-06 10:00 UTC): study 'étude' in sqlite:///{tmp_path}/tuné/s.db.\n",
+                   encoding="utf-8")
+    refuse_others_file(out, "étude", f"sqlite:///{tmp_path}/tuné/s.db")  # (a UTF-8 locale's command line)
+    script = (  # (the same study as the command line gives it under LC_ALL=C: no refusal)
+        "import os\n"
+        "from rlspeed.tune import refuse_others_file\n"
+        f"out = os.fsdecode({bytes(out)!r})\n"
+        f"storage = os.fsdecode(b'sqlite:///' + {bytes(tmp_path)!r} + b'/tun\\xc3\\xa9/s.db')\n"
+        "refuse_others_file(out, os.fsdecode(b'\\xc3\\xa9tude'), storage)\n"
+        "try:\n"
+        "    refuse_others_file(out, os.fsdecode(b'\\xc3\\xa9tude'), storage.replace('s.db', 'other.db'))\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__)\n")
+    assert run_in_ascii_locale(script).split() == ["UserError"]

@@ -265,11 +265,22 @@ def without_password(text: str) -> str:
 
 def same_storage(first: str, second: str) -> bool:
     """Whether two storage URLs name one database: SQLite files by their resolved paths (`two.db`, `./two.db` and its
-    absolute path are one), other URLs as written."""
+    absolute path are one), other URLs as written. A path is the command line's (a name the locale cannot read as
+    its `\\udcXX` surrogates) or a preset's (`utf8_text`: UTF-8 bytes as their characters): both name the same file
+    under any locale."""
     paths = [url[len("sqlite:///"):] if url.startswith("sqlite:///") else None for url in (first, second)]
     if paths[0] is not None and paths[1] is not None:
-        return os.path.realpath(paths[0]) == os.path.realpath(paths[1])
+        return os.path.realpath(_path_bytes(paths[0])) == os.path.realpath(_path_bytes(paths[1]))
     return first == second
+
+
+def _path_bytes(path: str) -> bytes:
+    """The bytes of file name `path`: the locale's encoding's, or UTF-8's for a name it cannot hold (a preset's,
+    read under an ASCII locale)."""
+    try:
+        return os.fsencode(path)
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape")
 
 
 @dataclass
@@ -843,7 +854,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     # written it since the search began)
     refuse_others_file(out, context["study_name"], context["storage"], searched=True)
     try:
-        # (UTF-8 whatever the locale, as presets are read; a path in the header that is not UTF-8 is escaped)
+        # (UTF-8 whatever the locale, as presets are read: `utf8_text`)
         if out.is_file() and not _as_written(out.read_text(encoding="utf-8", errors="surrogateescape")):
             # (a preset this study wrote before, edited since: the edit is kept beside the new file)
             kept = _keep_edited(out)
@@ -882,8 +893,13 @@ def _keep_edited(out: Path) -> Path:
 
 
 def utf8_text(text: str) -> str:
-    """`text` with what UTF-8 cannot hold (a file name's undecodable bytes, as surrogates) as backslash escapes: a
-    preset file is UTF-8, as `rlspeed train --preset` reads it."""
+    """`text` as a preset file holds it (UTF-8, as `rlspeed train --preset` reads it): a name's bytes that the locale
+    could not read (its `\\udcXX` surrogates: non-ASCII under LC_ALL=C without UTF-8 mode) as the characters they are
+    in UTF-8, and bytes that are no UTF-8 (a name in another encoding) as their `\\udcXX` escapes."""
+    try:  # (the surrogates back to their bytes, and the bytes that are UTF-8 to their characters)
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # (a surrogate no file name's byte makes: escaped as it is)
+        pass
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
