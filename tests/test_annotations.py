@@ -138,6 +138,48 @@ def test_the_model_methods_annotations_resolve_in_a_plain_program(name: str) -> 
     assert "return" in hints
 
 
+def test_every_documented_callables_annotations_resolve_in_a_plain_program() -> None:
+    """`typing.get_type_hints` without the modules' TYPE_CHECKING names (as jsonargparse, typer or pydantic call it)
+    resolves the annotations of every documented callable and of `rlspeed`'s public names: `evaluate`,
+    `record_video`, `export`, `Population` and the callbacks' hooks raised NameError for the model's class, which
+    their modules imported for type checkers only (an import of it there closes a cycle)."""
+    import rlspeed
+
+    found = documented_callables()
+    for public in rlspeed.__all__:
+        for name, function in _callables(getattr(rlspeed, public), f"rlspeed.{public}"):
+            found.setdefault(name, function)
+    assert "rlspeed.record_video" in found and "rlspeed.evaluate" in found
+    unresolved = {}
+    for name, function in found.items():
+        try:
+            typing.get_type_hints(function)
+        except Exception as error:  # noqa: BLE001 (any failure to resolve is the finding)
+            unresolved[name] = f"{type(error).__name__}: {error}"
+    assert not unresolved, "\n".join(f"{name}: {why}" for name, why in sorted(unresolved.items()))
+
+
+def test_the_model_class_in_annotations_resolves_before_the_algorithms_are_imported() -> None:
+    """In a program that imported only the callbacks, evaluation, video and export modules (not `rlspeed.algos`),
+    `typing.get_type_hints` resolves the model's class in their annotations: resolving it imports the algorithms."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, typing\n"
+        "from rlspeed.callbacks import BaseCallback, EvalCallback\n"
+        "from rlspeed.evaluation import evaluate\n"
+        "from rlspeed.export import export\n"
+        "from rlspeed.video import record_video\n"
+        "assert 'rlspeed.algos' not in sys.modules\n"
+        "for function in (BaseCallback.init_callback, EvalCallback.__init__, evaluate, export, record_video):\n"
+        "    print(typing.get_type_hints(function).get('model'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:5] == ["<class 'rlspeed.algos.base.Algorithm'>", "None", *[
+        "<class 'rlspeed.algos.base.Algorithm'>"] * 3]
+
+
 #: classes whose `__getattr__` hands on an inner object's attributes, which type checkers rightly see as Any
 FORWARDING = {"EnvWrapper", "_ReaderMayLeave"}
 

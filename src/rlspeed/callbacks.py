@@ -22,18 +22,20 @@ import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
+import rlspeed
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.files import local_path, write_atomic
 from rlspeed.logging import print_beside_bars, tensorboard_tag
 
+# (the model's and the envs' classes are named through the package, `rlspeed.algos.Algorithm`, which
+# typing.get_type_hints imports as it resolves the annotation: an import of algos here would close a cycle, algos.base
+# calling this module, and one of envs would load torch with the callbacks)
 if typing.TYPE_CHECKING:
-    import gymnasium as gym
-
-    from rlspeed.algos.base import Algorithm
-    from rlspeed.envs.base import BatchedEnv
-    from rlspeed.envs.sb3_env import VecEnvLike
+    import rlspeed.algos
+    import rlspeed.envs.sb3_env
 
 
 class _Period:
@@ -185,7 +187,7 @@ class BaseCallback:
 
     def __init__(self, verbose: int = 0):
         self.verbose = verbose
-        self.model: Algorithm = None  # type: ignore[assignment]  # (set by `init_callback` before any hook runs)
+        self.model: rlspeed.algos.Algorithm = None  # type: ignore[assignment]  # (set by `init_callback` before any hook runs)
         self.num_timesteps: int = 0
         self.n_calls: int = 0
         self.locals: dict[str, typing.Any] = {}
@@ -194,7 +196,7 @@ class BaseCallback:
         self.parent: BaseCallback | None = None
 
     @property
-    def training_env(self) -> BatchedEnv | None:
+    def training_env(self) -> rlspeed.envs.BatchedEnv | None:
         """The model's training env (a `BatchedEnv`)."""
         return getattr(self.model, "_env", None)
 
@@ -210,7 +212,7 @@ class BaseCallback:
         return self.model.recorder
 
     # --- what learn calls ---------------------------------------------------------------------------------------
-    def init_callback(self, model: Algorithm) -> None:
+    def init_callback(self, model: rlspeed.algos.Algorithm) -> None:
         """Attach to `model` (called by learn before training starts)."""
         self.model = model
         self._init_callback()
@@ -561,8 +563,6 @@ def _options_given(spec) -> dict:
     """The options a Gymnasium env was made with beyond its registered id's (`gymnasium.make(id, **options)`: its
     `spec.kwargs` and time limit against the registry's; its render_mode aside, which evaluations do not use); {} for
     an id that is not registered."""
-    import gymnasium as gym
-
     registered = gym.registry.get(spec.id)
     if registered is None:
         return {}
@@ -604,7 +604,7 @@ class EvalCallback(BaseCallback):
     policy).
     """
 
-    def __init__(self, eval_env: str | gym.vector.VectorEnv | VecEnvLike | None = None,
+    def __init__(self, eval_env: str | gym.vector.VectorEnv | rlspeed.envs.sb3_env.VecEnvLike | None = None,
                  callback_on_new_best: BaseCallback | None = None, callback_after_eval: BaseCallback | None = None,
                  n_eval_episodes: int | None = None, eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
@@ -657,8 +657,6 @@ class EvalCallback(BaseCallback):
         self._period = _Period(self.eval_freq)
 
     def _init_callback(self) -> None:
-        import gymnasium as gym
-
         from rlspeed.envs.gymnasium_env import check_same_step
 
         if isinstance(self.eval_env, gym.vector.VectorEnv):  # (before training, not at the first evaluation)

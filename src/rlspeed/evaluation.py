@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import rlspeed
 from rlspeed.device import _current_index, float32_default, resolve_device, training_threads
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import (
@@ -28,8 +29,10 @@ from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, vec_norm
 from rlspeed.errors import UserError, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
+# (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
+# as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
 if typing.TYPE_CHECKING:
-    from rlspeed.algos.base import Algorithm
+    import rlspeed.algos
 
 
 def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
@@ -83,7 +86,7 @@ def check_evaluated_model(model) -> None:
                         f"{type(model).__name__}{sb3}.")
 
 
-def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
+def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict[str, typing.Any] | None = None,

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import rlspeed
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import float32_default, major_minor
@@ -65,8 +66,10 @@ from rlspeed.nn import (
 )
 from rlspeed.sde import SDESquashedGaussianActor
 
+# (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
+# as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
 if typing.TYPE_CHECKING:
-    from rlspeed.algos.base import Algorithm
+    import rlspeed.algos
 
 # format -> the file suffix `export_checkpoint` gives a file when no --out names one
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2"}
@@ -130,7 +133,7 @@ class PolicyExport(nn.Module):
     #: whether the policy can take an action mask (`with_action_mask`)
     takes_action_mask = False
 
-    def __init__(self, model: Algorithm, observation_clip: float = 10.0) -> None:
+    def __init__(self, model: rlspeed.algos.Algorithm, observation_clip: float = 10.0) -> None:
         super().__init__()
         self.observation_space = model.spec.observation_space
         self.observation_shape = tuple(model.spec.observation_shape)
@@ -623,7 +626,8 @@ def export_format(path: str | Path, format: str | None) -> str:
     return format
 
 
-def export(model: Algorithm, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
+def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None = None,
+           action_mask: bool | None = None) -> Path:
     """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program";
     None: the one the path's suffix names, `export_format`), with a sidecar `path + ".json"`; returns the path.
 

@@ -23,11 +23,14 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+import rlspeed
 from rlspeed.errors import UserError
 from rlspeed.evaluation import _own_random_stream, env_options
 
+# (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
+# as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
 if typing.TYPE_CHECKING:
-    from rlspeed.algos.base import Algorithm
+    import rlspeed.algos
 
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
@@ -278,7 +281,7 @@ def _close_writer(writer, discard: bool = False) -> None:
 
 
 @_headless_rendering()
-def record_video(model: Algorithm, path: str | Path, episodes: int = 1, seed: int | None = None,
+def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int = 1, seed: int | None = None,
                  env_id: str | None = None, fps: int | None = None, max_steps: int | None = None,
                  deterministic: bool = True, env_kwargs: dict[str, typing.Any] | None = None, overwrite: bool = False,
                  backend: str | None = None) -> dict[str, typing.Any]:

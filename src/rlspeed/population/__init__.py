@@ -5,10 +5,12 @@ what it covers. See docs/population.md."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from rlspeed.algos.base import Algorithm
 from rlspeed.errors import UserError
 from rlspeed.population.a2c import PER_MEMBER_A2C, A2CPopulation
+from rlspeed.population.base import PopulationBase
 from rlspeed.population.offpolicy import (
     PER_MEMBER_DQN,
     PER_MEMBER_SAC,
@@ -19,10 +21,6 @@ from rlspeed.population.offpolicy import (
     TD3Population,
 )
 from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
-
-if TYPE_CHECKING:
-    from rlspeed.algos.base import Algorithm
-    from rlspeed.population.base import PopulationBase
 
 #: algorithm class name -> the population class that trains it (the one list: `Population`, `rlspeed train --seeds`
 #: and `rlspeed tune` read it)

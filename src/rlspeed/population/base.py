@@ -15,13 +15,13 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
+from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.envs import NamesEnvErrors, atari
@@ -31,9 +31,6 @@ from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
-
-if TYPE_CHECKING:
-    from rlspeed.algos.base import Algorithm
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
 CHECKPOINT_NAME = "checkpoint.safetensors"
