@@ -1129,3 +1129,24 @@ def test_values_recorded_before_a_learn_calls_first_row_are_at_the_models_step(t
     assert read_rows(tmp_path / "metrics.csv") == [{"timesteps": "128", "custom/stage": "2.0"}]
     if importlib.util.find_spec("tensorboard") is not None:
         assert _scalars(tmp_path / "tensorboard", "custom/stage") == [(128, 2.0)]
+
+
+def test_tensorboards_server_drops_a_killed_runs_points_after_the_checkpoint_it_resumed_from(tmp_path):
+    """A run killed after its last checkpoint left points past it; the resumed run's writer marks its restart there
+    (a session start), and TensorBoard's server (its Python reader, `--load_fast=false`, and where its data server
+    is not installed) takes only a second session start for a restart: the run's first writer wrote none, so it
+    showed both points at those steps, the killed run's and the resumed run's (metrics.csv has one). Every writer
+    marks its start."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    killed = RunLogger(tmp_path, tensorboard=True)
+    for step in (100, 200, 300):
+        killed.log({"timesteps": step, "episode_return": float(step)})
+    killed.close(plot=False)
+    resumed = RunLogger(tmp_path, tensorboard=True, continue_from=100)  # (its checkpoint: step 100)
+    resumed.log({"timesteps": 200, "episode_return": -200.0})
+    resumed.close(plot=False)
+    server = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    server.Reload()
+    assert [event.step for event in server.Tensors("rollout/episode_return")] == [100, 200]

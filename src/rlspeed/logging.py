@@ -423,14 +423,17 @@ class RunLogger:
                                   f"{str(error).splitlines()[0] if str(error) else ''}): this run has no TensorBoard "
                                   "events (metrics.csv has its metrics); `rlspeed doctor` checks it.", stacklevel=2)
                 else:
-                    # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
+                    # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are:
+                    # its writer marks a session start there, and TensorBoard's Python reader takes only a second
+                    # start in a directory for a restart, so a new run's writer marks its own, at step 0)
                     self._flat = continue_from is not None and flat_tags(self.run_dir)
                     _quiet_tensorboard_threads()
-                    try:  # (its first event is written at once: a full disk is said here)
+                    try:  # (its first events are written at once: a full disk is said here)
                         with self._tensorboard_errors():
                             self._writer = SummaryWriter(
                                 str(self.run_dir / "tensorboard"),
-                                purge_step=None if continue_from is None else continue_from + 1)
+                                purge_step=0 if continue_from is None else continue_from + 1)
+                            self._writer.flush()
                     except OSError as error:
                         reason = error.strerror or error
                         raise UserError(f"Cannot write '{_named(error.filename)}' ({reason}).") from None
