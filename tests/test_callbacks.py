@@ -210,6 +210,7 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: EvalCallback("CartPole-v1", eval_freq="32"), "eval_freq must be a whole number >= 1, got '32'"),
     (lambda: EvalCallback("CartPole-v1", n_eval_episodes=0), "n_eval_episodes must be a whole number >= 1, got 0"),
     (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
+    (lambda: CheckpointCallback(32, "ckpt", keep_last=0), "keep_last must be a whole number >= 1, got 0"),
     # (one env, as Stable-Baselines3 takes it: its id is what rlspeed takes)
     (lambda: EvalCallback(gym.make("CartPole-v1")), r"a TimeLimit: pass its id, EvalCallback\('CartPole-v1', ...\)"),
     (lambda: EvalCallback(gym.make("CartPole-v1", render_mode="rgb_array")), r"pass its id, EvalCallback\("),
@@ -332,6 +333,31 @@ def test_checkpoint_callback_saves_the_replay_buffer_when_asked(tmp_path):
     for path in callback.saved:
         assert path.is_file() and path.with_name(path.name.replace(".safetensors", ".replay.safetensors")).is_file()
     assert not model.save_replay_buffer  # the model's own setting is left as it was
+
+
+def test_checkpoint_callback_keeps_the_newest_saves_it_wrote_with_their_replay_buffers(tmp_path):
+    """With save_replay_buffer every save wrote a whole replay buffer and none was ever deleted: a long run filled the
+    disk. keep_last=N deletes the older saves' model and replay files after each save, never the newest, never a file
+    the callback did not write (an earlier run's of the same names, a file of the user's), and a kept pair loads."""
+    (tmp_path / "rl_model_16_steps.safetensors").write_bytes(b"an earlier run's")
+    (tmp_path / "rl_model_16_steps.replay.safetensors").write_bytes(b"an earlier run's")
+    (tmp_path / "notes.txt").write_text("the user's")
+    model = DQN("CartPole-v1", seed=0, device="cpu", num_envs=4, learning_starts=64, buffer_size=1000)
+    callback = CheckpointCallback(save_freq=50, save_path=tmp_path, save_replay_buffer=True, keep_last=2)
+    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 64 steps: saves at 64, 128 and 192)
+    kept = [f"rl_model_{steps}_steps" for steps in (128, 192)]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["notes.txt", "rl_model_16_steps.replay.safetensors", "rl_model_16_steps.safetensors"]
+        + [f"{name}{suffix}" for name in kept for suffix in (".safetensors", ".replay.safetensors")])
+    assert callback.saved == [tmp_path / f"{name}.safetensors" for name in kept]
+    fresh = DQN.load(callback.saved[-1], device="cpu")
+    fresh.load_replay_buffer(tmp_path / f"{kept[-1]}.replay.safetensors")
+    fresh.learn(64, progress_bar=False)
+    assert len(fresh.buffer) == 192 + 64  # (the newest save's 192 transitions, and this learn's)
+    # without keep_last, every save stays (Stable-Baselines3's behaviour)
+    every = CheckpointCallback(save_freq=50, save_path=tmp_path / "all")
+    model.learn(240, callback=every, progress_bar=False)
+    assert len(every.saved) == len(list((tmp_path / "all").iterdir())) == 3
 
 
 def test_every_n_timesteps_runs_its_child_after_each_n_steps():

@@ -810,10 +810,16 @@ class CheckpointCallback(BaseCallback):
     a save happens at the end of the first iteration that reaches the step. Each saved file holds the model's own
     observation and reward normalisation statistics; where the model trains on a Stable-Baselines3 VecEnv with a
     `VecNormalize`, `save_vecnormalize` also writes its statistics beside it, as Stable-Baselines3 does
-    (`{name_prefix}_vecnormalize_{steps}_steps.pkl`, for `VecNormalize.load`)."""
+    (`{name_prefix}_vecnormalize_{steps}_steps.pkl`, for `VecNormalize.load`).
+
+    `keep_last`: keep only the newest `keep_last` saves (None, the default: every one). After each save, the files
+    of older saves that this callback wrote are deleted, a save's replay buffer and VecNormalize statistics with its
+    model; files it did not write (an earlier run's or process's in the folder) are never deleted. `saved` lists the
+    model (and statistics) files kept, oldest first."""
 
     def __init__(self, save_freq: int, save_path: str | Path, name_prefix: str = "rl_model",
-                 save_replay_buffer: bool = False, save_vecnormalize: bool = False, verbose: int = 0):
+                 save_replay_buffer: bool = False, save_vecnormalize: bool = False, verbose: int = 0,
+                 keep_last: int | None = None):
         super().__init__(verbose)
         self.save_freq = positive_whole("CheckpointCallback's save_freq", save_freq)
         if not isinstance(save_path, (str, os.PathLike)):
@@ -823,7 +829,9 @@ class CheckpointCallback(BaseCallback):
         self.name_prefix = name_prefix
         self.save_replay_buffer = save_replay_buffer
         self.save_vecnormalize = save_vecnormalize
+        self.keep_last = positive_whole("CheckpointCallback's keep_last", keep_last)
         self.saved: list[Path] = []
+        self._saves: list[list[Path]] = []  # the files of each save kept, a replay buffer's too, oldest first
         self._period = _Period(self.save_freq)
 
     def _init_callback(self) -> None:
@@ -840,21 +848,51 @@ class CheckpointCallback(BaseCallback):
         self.model.save_replay_buffer = before or self.save_replay_buffer
         try:
             self.model.save(path)
+            replay = None
+            if self.model.save_replay_buffer:
+                from rlspeed.checkpoint import replay_path
+
+                replay = replay_path(path) if replay_path(path).is_file() else None
         finally:
             self.model.save_replay_buffer = before
-        self.saved.append(path)
+        files = [path]
         from rlspeed.envs.sb3_env import vec_normalize_of
 
         vec_normalize = vec_normalize_of(self.training_env) if self.save_vecnormalize else None
         if vec_normalize is not None:
             statistics = self.save_path / f"{self.name_prefix}_vecnormalize_{self.num_timesteps}_steps.pkl"
             vec_normalize.save(str(statistics))
-            self.saved.append(statistics)
+            files.append(statistics)
             if self.verbose:
                 print_beside_bars(f"rlspeed: saved {statistics}")
         if self.verbose:
             print_beside_bars(f"rlspeed: saved {path}")
+        self._keep(files, replay)
         return True
+
+    def _keep(self, files: list[Path], replay: Path | None) -> None:
+        """Record the files of the save just written (`replay`: its replay buffer's, not listed in `saved`), then
+        delete those of saves older than the newest `keep_last` (a file of an older save that this one wrote again,
+        of the same name, is this save's, and stays)."""
+        written = files + ([replay] if replay is not None else [])
+        self.saved += files
+        for earlier in self._saves:
+            earlier[:] = [file for file in earlier if file not in written]
+        self._saves = [earlier for earlier in self._saves if earlier] + [written]
+        if self.keep_last is None:
+            return
+        while len(self._saves) > self.keep_last:
+            for file in self._saves.pop(0):
+                self.saved = [kept for kept in self.saved if kept != file]
+                try:
+                    file.unlink(missing_ok=True)
+                except OSError as error:  # (a directory made read-only since: the save itself was written)
+                    warnings.warn(f"rlspeed: CheckpointCallback could not delete '{file}', older than the newest "
+                                  f"keep_last={self.keep_last} saves ({error.strerror or error}); training goes on.",
+                                  RuntimeWarning, stacklevel=2)
+                    continue
+                if self.verbose:
+                    print_beside_bars(f"rlspeed: deleted {file}")
 
 
 class VideoRecorderCallback(BaseCallback):

@@ -42,6 +42,8 @@ FORMAT = "rlspeed-checkpoint"
 FORMAT_VERSION = 2
 
 SUFFIX = ".safetensors"
+#: The replay buffer's file beside a checkpoint `name.safetensors` (`save_replay_buffer`): `name.replay.safetensors`.
+REPLAY_SUFFIX = ".replay" + SUFFIX
 
 #: Digest algorithms a checkpoint can carry. SM3 (GB/T 32905) comes from OpenSSL through hashlib where it has it,
 #: else from the `gmssl` package (`pip install "rlspeed[sm3]"`).
@@ -788,6 +790,11 @@ def _nesting(value) -> int:
             deepest = max(deepest, depth)
             todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+def replay_path(checkpoint: Path) -> Path:
+    """The file the replay buffer saved with the checkpoint file `checkpoint` goes to (`REPLAY_SUFFIX`)."""
+    return checkpoint.with_name(checkpoint.name[:-len(checkpoint.suffix)] + REPLAY_SUFFIX)
 
 
 def staged_path(file: str | os.PathLike) -> Path:

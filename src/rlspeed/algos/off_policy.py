@@ -47,7 +47,8 @@ from rlspeed.buffers import (
 )
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-from rlspeed.checkpoint import beside, load_checkpoint, load_paired, save_checkpoint, staged_path
+from rlspeed.checkpoint import REPLAY_SUFFIX as REPLAY_SUFFIX  # (the replay file's name, where it was defined before)
+from rlspeed.checkpoint import beside, load_checkpoint, load_paired, replay_path, save_checkpoint, staged_path
 from rlspeed.device import rules, training_threads
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -61,8 +62,6 @@ BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discount
 #: The settings learn makes the replay buffer with (its rows' discounts and n-step returns, capacity and layout): a
 #: further learn, which keeps the buffer, refuses another value set on `model.config` (`_check_buffer_settings`)
 _BUFFER_KEYS = ("gamma", "n_step", "buffer_size", "her", "n_sampled_goal", "goal_selection_strategy", "frame_dedup")
-#: The replay buffer's file beside a checkpoint `name.safetensors`: `name.replay.safetensors`.
-REPLAY_SUFFIX = ".replay.safetensors"
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
@@ -538,7 +537,7 @@ class OffPolicyAlgorithm(Algorithm):
         else:
             tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
-        file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
+        file = replay_path(path)
         save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
         return {"file": file.name, "token": token}
 

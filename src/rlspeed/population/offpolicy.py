@@ -75,7 +75,7 @@ from rlspeed.buffers.replay import (
     frame_stacks,
     storage_zeros,
 )
-from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
+from rlspeed.checkpoint import beside, load_paired, replay_path, save_checkpoint, staged_path
 from rlspeed.device import check_num_threads, float32_default, rules, training_threads
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
@@ -988,11 +988,9 @@ class OffPolicyPopulation(PopulationBase):
         buffer = self.buffer
         if not self.save_replay_buffer or buffer is None or not self.alive:
             return None
-        from rlspeed.algos.off_policy import REPLAY_SUFFIX
-
         tensors, meta = buffer.state()
         token = secrets.token_hex(16)
-        file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
+        file = replay_path(path)
         save_checkpoint(staged_path(file), tensors, {"replay_buffer": {**meta, "token": token,
                                                                        "alive": list(self.alive)}})
         return {"file": file.name, "token": token}
