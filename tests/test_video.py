@@ -512,12 +512,8 @@ def test_a_video_overwritten_in_a_run_folder_replaces_a_symlink_there_rather_tha
     assert not (folder / "step-000000512.mp4").is_symlink() and _read(folder / "step-000000512.mp4")[1] == (400, 600)
 
 
-@pytest.mark.parametrize("name", ["cut.mp4", "cut.gif"])
-def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(tmp_path, monkeypatch, name):
-    """A notebook's stop button (KeyboardInterrupt) during `record_video` left the half-made file behind (a broken
-    mp4 when the interrupt landed in a frame's write, ffmpeg being killed), and running the same cell again was
-    refused ("exists: pass overwrite=True"). Now an interrupted or failed recording leaves no file."""
-    model = _cartpole()
+def _interrupt_at_the_fifth_action(model, monkeypatch) -> None:
+    """`model.predict` raises KeyboardInterrupt (a notebook's stop button) at its fifth call."""
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -527,6 +523,15 @@ def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(
         return PPO.predict(model, *args, **kwargs)
 
     monkeypatch.setattr(model, "predict", interrupted)
+
+
+@pytest.mark.parametrize("name", ["cut.mp4", "cut.gif"])
+def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(tmp_path, monkeypatch, name):
+    """A notebook's stop button (KeyboardInterrupt) during `record_video` left the half-made file behind (a broken
+    mp4 when the interrupt landed in a frame's write, ffmpeg being killed), and running the same cell again was
+    refused ("exists: pass overwrite=True"). Now an interrupted or failed recording leaves no file."""
+    model = _cartpole()
+    _interrupt_at_the_fifth_action(model, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         video.record_video(model, tmp_path / name, seed=0, max_steps=20)
     assert not (tmp_path / name).exists()
@@ -534,6 +539,50 @@ def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(
     with pytest.warns(UserWarning, match="still running after 20 steps"):  # (the same call again: no refusal)
         video.record_video(model, tmp_path / name, seed=0, max_steps=20)
     assert _read(tmp_path / name)[1] == (400, 600)
+
+
+@pytest.mark.parametrize("name", ["kill.mp4", "kill.gif"])
+def test_a_video_takes_its_name_only_once_whole(tmp_path, monkeypatch, name):
+    """A video was written at its final name frame by frame: a kill, a power loss or a crash mid-write (SIGKILL: no
+    handler runs) left a cut file with that name, which a player or W&B took for the video. Now it is written to a
+    hidden file beside it that is renamed once whole: while filming, nothing is at the name; the video then has a
+    plain write's mode, and what a killed recording of that name left (its process gone) is removed."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".{name}.{int(gone.stdout)}.abcd1234{os.path.splitext(name)[1]}"
+    left.write_bytes(b"what a killed recording left")
+    model, path, seen = _cartpole(), tmp_path / name, []
+
+    def watched(*args, **kwargs):
+        seen.append((path.exists(), sorted(p.name for p in tmp_path.iterdir() if p != left)))
+        return PPO.predict(model, *args, **kwargs)
+
+    monkeypatch.setattr(model, "predict", watched)
+    with pytest.warns(UserWarning, match="still running after 10 steps"):
+        video.record_video(model, path, seed=0, max_steps=10)
+    assert seen and not any(exists for exists, _ in seen)
+    assert all(len(names) == 1 and names[0].startswith(f".{name}.{os.getpid()}.") for _, names in seen)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    assert _read(path)[1] == (400, 600)
+
+
+def test_a_video_overwritten_keeps_the_old_one_until_the_new_one_is_whole(tmp_path, monkeypatch):
+    """overwrite=True (rlspeed train --resume films the run's videos again) truncated the old video as filming
+    began: a failure or an interrupt then lost it with the new one. Now the old video stays until the new one
+    takes its place."""
+    model, path = _cartpole(), tmp_path / "step-000000512.mp4"
+    with pytest.warns(UserWarning, match="still running after 10 steps"):
+        video.record_video(model, path, seed=0, max_steps=10)
+    before = path.read_bytes()
+    _interrupt_at_the_fifth_action(model, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        video.record_video(model, path, seed=1, max_steps=20, overwrite=True)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
 class _Sized(gym.Env):
@@ -576,15 +625,20 @@ def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
-        while not (out.exists() and out.stat().st_size) and time.time() < deadline and process.poll() is None:
+
+        def filming() -> bool:  # (frames reached the file the video is written to before it takes its name)
+            return any(path.stat().st_size for path in tmp_path.glob(".eval.mp4.*.mp4"))
+
+        while not filming() and time.time() < deadline and process.poll() is None:
             time.sleep(0.2)
-        assert out.exists(), process.stderr.read() if process.poll() is not None else "no video after 120 s"
+        assert filming(), process.stderr.read() if process.poll() is not None else "no video after 120 s"
+        assert not out.exists()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 143
     finally:
         process.kill()
     assert process.stderr.read().strip().splitlines()[-1] == "rlspeed: interrupted (SIGTERM)"
-    assert not out.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.safetensors"]
 
 
 def test_a_video_callback_checks_the_env_made_with_the_models_options(tmp_path, monkeypatch):

@@ -111,19 +111,26 @@ def write_atomic(path: Path, text: str | bytes, replace: bool = True) -> None:
     try:
         with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
               os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="")) as stream:
-            if hasattr(os, "fchmod"):  # (Windows before Python 3.13 has none; its files have no such mode bits)
-                os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())  # (on disk before the rename: a power loss leaves the old file, not an empty one)
-        if replace:
-            temporary.replace(path)
-        else:
-            _create_from(temporary, path)
+        move_into_place(temporary, path, replace)
         temporary = None
     finally:  # (also on Ctrl-C: no temporary file left behind)
         if temporary is not None:
             temporary.unlink(missing_ok=True)
+
+
+def move_into_place(temporary: Path, path: Path, replace: bool = True) -> None:
+    """Give the whole file `temporary` (beside `path`, already synced) the name `path` in one step, with a plain
+    write's mode: renamed over `path` (a symlink there is replaced, never written through), or with `replace=False`
+    only where `path` does not exist (FileExistsError, `temporary` kept: made by another process meanwhile)."""
+    if os.name != "nt":  # (mkstemp's files are 0600; Windows' have no such mode bits)
+        os.chmod(temporary, 0o666 & ~_UMASK)
+    if replace:
+        temporary.replace(path)
+    else:
+        _create_from(temporary, path)
 
 
 def _create_from(temporary: Path, path: Path) -> None:

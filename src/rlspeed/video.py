@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import importlib.util
 import math
 import os
+import tempfile
 import typing
 import warnings
 from collections.abc import Iterator
@@ -26,6 +28,7 @@ import numpy as np
 import rlspeed
 from rlspeed.errors import UserError
 from rlspeed.evaluation import _own_random_stream, env_options
+from rlspeed.files import move_into_place, process_running
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -265,6 +268,32 @@ def _complete_mp4(path: Path) -> bool:
         return False
 
 
+def _temporary_video(path: Path) -> Path:
+    """A new empty file beside `path` for its video to be written to (`.NAME.PID.RANDOM.EXT`: the extension tells
+    imageio and ffmpeg the format), after removing those that a recording of `path` killed before its end left (their
+    process gone: `process_running`)."""
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*{glob.escape(path.suffix)}"):
+        pid = stale.name[len(path.name) + 2:].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_running(int(pid)):
+            stale.unlink(missing_ok=True)
+    descriptor, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=path.suffix)
+    os.close(descriptor)
+    return Path(name)
+
+
+def _put_in_place(temporary: Path, path: Path, overwrite: bool) -> None:
+    """The whole video `temporary`, synced to disk, renamed to `path` (over a file there only with `overwrite`; a
+    symlink there is replaced, never written through)."""
+    try:
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        move_into_place(temporary, path, replace=overwrite)
+    except FileExistsError:  # (made since the call began: a user's file is replaced only when asked)
+        raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.") from None
+    except OSError as error:
+        raise _WriteFailed(error) from None
+
+
 def _close_writer(writer, discard: bool = False) -> None:
     """Close a video writer after a failure, whose own errors on closing are beside the point then. `discard` (the
     file could not be written): first drop the frames it still holds, which a GIF writer (Pillow) writes only when
@@ -301,8 +330,10 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     the model trained with (also for `backend='auto'`, as `evaluate` takes it), or on `backend` where given: 'torch'
     films the native env's view (`rlspeed/<id>`), 'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes
     its own). Returns {"path", "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height,
-    width)}. UserError when imageio, ffmpeg or the env's renderer is missing. A call that does not return
-    (interrupted, or an error of the env or the model) leaves no file at `path`.
+    width)}. UserError when imageio, ffmpeg or the env's renderer is missing. The video is written to a hidden file
+    beside `path` (`.NAME.PID.RANDOM.EXT`) that takes the name `path` once whole: a call that does not return
+    (interrupted, killed, a full disk, or an error of the env or the model) leaves no file at `path`, and the file that
+    `overwrite` replaces stays as it was.
     """
     path = Path(path)
     _require_writer(path)
@@ -355,12 +386,14 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         mask_method = None
     mask_method = mask_method if callable(mask_method) else None
     returns, frames, size, cut = [], 0, None, 0
-    if path.is_symlink():  # (the link is replaced, never written through: a run directory from elsewhere may hold
-        path.unlink()  # one to a file of the user's, which an overwrite would destroy)
+    # (filmed into a file of its own beside `path`, which takes the name once whole: a kill, a power loss or a full
+    # disk leaves no cut video at `path`, and the file an overwrite replaces stays until then)
+    temporary = _temporary_video(path)
     try:
-        writer = imageio.get_writer(path, **options)
+        writer = imageio.get_writer(temporary, **options)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
         env.close()
+        temporary.unlink(missing_ok=True)
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
     # (a stochastic policy samples from a stream of its own, seeded by `seed`; the caller's generators stay as they are)
     sampling = _own_random_stream(model, "cpu", seed, 1) if not deterministic else contextlib.nullcontext()
@@ -412,13 +445,14 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
             writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
         except OSError as error:
             raise _WriteFailed(error) from None
-        if path.suffix.lower() == ".mp4" and not _complete_mp4(path):
+        if path.suffix.lower() == ".mp4" and not _complete_mp4(temporary):
             # (ffmpeg that failed to write its trailer, on a full disk, says so on stderr and exits non-zero, which
             # imageio-ffmpeg does not check: the file has no index, and no player opens it)
             raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
+        _put_in_place(temporary, path, overwrite)
     except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
         _close_writer(writer, discard=True)
-        path.unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         error = failed.args[0]
         raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
                               "was removed).") from None
@@ -427,7 +461,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
         # lands in a frame's write) that refuses the same call run again)
         _close_writer(writer, discard=True)
-        path.unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     finally:
         env.close()
