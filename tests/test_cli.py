@@ -638,6 +638,39 @@ def test_resume_without_a_checkpoint_says_so_and_writes_checkpoints(monkeypatch,
     assert (out / "checkpoint.safetensors").exists()
 
 
+@pytest.mark.skipif(os.name == "nt", reason="symlinks")
+def test_resume_refuses_a_run_directory_whose_metrics_or_folders_are_symlinks(tmp_path, capsys):
+    """A run directory from elsewhere (copied, unpacked, shared) whose tensorboard/ or videos/ was a symlink: --resume
+    wrote its TensorBoard events and videos into the directory the link pointed at (another run's, whose videos of the
+    same steps it replaced), and read a metrics.csv link's file as the run's rows. Now --resume says so in one sentence
+    (exit 2) before anything is read or written through it."""
+    out = tmp_path / "run"
+    assert cli.main([*TINY_TRAIN, "--out", str(out), "--checkpoint-freq", "32"]) == 0
+    capsys.readouterr()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "step-000000096.mp4").write_bytes(b"another run's video")
+    (theirs / "metrics.csv").write_text("timesteps,train_wall_s\n1,0.1\n", encoding="utf-8")
+    for name, target in [("tensorboard", theirs), ("videos", theirs), ("metrics.csv", theirs / "metrics.csv")]:
+        aside = out / f"{name}.aside"
+        if (out / name).exists():
+            (out / name).rename(aside)
+        (out / name).symlink_to(target)
+        before = {path.name: path.read_bytes() for path in theirs.iterdir()}
+        config = (out / "config.yaml").read_bytes()
+        assert cli.main([*TINY_TRAIN[:4], "128", *TINY_TRAIN[5:], "--out", str(out), "--resume",
+                         "--video-every", "32"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"rlspeed: error: '{out / name}' is a symlink, which rlspeed neither reads nor writes through "
+                       "(a run directory from elsewhere may point it at any file or directory): put what it points at "
+                       "in its place, or remove it, and run again."]
+        assert {path.name: path.read_bytes() for path in theirs.iterdir()} == before
+        assert (out / "config.yaml").read_bytes() == config
+        (out / name).unlink()
+        if aside.exists():
+            aside.rename(out / name)
+
+
 def test_a_second_run_into_the_same_out_is_refused_and_keeps_the_first(runs, capsys):
     """A finished run directory (even for another algorithm) is never overwritten without --overwrite."""
     assert_succeeded(runs.result("train"))

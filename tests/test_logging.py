@@ -12,6 +12,7 @@ import sys
 import pytest
 from conftest import run_in_ascii_locale
 
+from rlspeed import UserError
 from rlspeed.logging import RunLogger
 
 
@@ -225,20 +226,35 @@ def test_tensorboards_warning_under_an_ascii_locale_says_how_to_write_there(tmp_
 
 
 @pytest.mark.skipif(os.name == "nt", reason="symlinks")
-def test_a_continued_run_never_appends_through_a_metrics_csv_symlink(tmp_path):
+def test_a_continued_run_neither_reads_nor_writes_through_a_metrics_csv_symlink(tmp_path):
     """A run directory from elsewhere whose metrics.csv was a symlink to a file of the user's: `--resume` appended
-    its rows to that file. Now the link is replaced by the run's own file, and the file it pointed at is unchanged."""
+    its rows to that file; later the link was replaced, but the file it pointed at was still read as the run's rows
+    (and copied into the run's own metrics.csv). Now continuing there is refused in one sentence, and nothing is read
+    or written through the link."""
     theirs = tmp_path / "theirs.csv"
     theirs.write_text("timesteps,loss\n1,0.5\n", encoding="utf-8")
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.csv").symlink_to(theirs)
-    logger = RunLogger(run, tensorboard=False, continue_from=1)
-    logger.log({"timesteps": 2, "loss": 0.25})
-    logger.close(plot=False)
-    assert theirs.read_text(encoding="utf-8") == "timesteps,loss\n1,0.5\n"
-    assert not (run / "metrics.csv").is_symlink()
-    assert (run / "metrics.csv").read_text(encoding="utf-8").splitlines()[-1] == "2,0.25"
+    with pytest.raises(UserError, match=r"metrics.csv' is a symlink, which rlspeed neither reads nor writes through"):
+        RunLogger(run, tensorboard=False, continue_from=1)
+    assert theirs.read_text(encoding="utf-8") == "timesteps,loss\n1,0.5\n" and (run / "metrics.csv").is_symlink()
+
+
+@pytest.mark.skipif(os.name == "nt", reason="symlinks")
+@pytest.mark.parametrize("continue_from", [None, 1])
+def test_tensorboard_events_are_never_written_through_a_symlinked_directory(tmp_path, continue_from):
+    """A run directory from elsewhere whose tensorboard/ was a symlink to another directory (another run's events): the
+    run's events files went into it. Now it is refused in one sentence before anything is written there."""
+    pytest.importorskip("tensorboard")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tensorboard").symlink_to(theirs, target_is_directory=True)
+    with pytest.raises(UserError, match=r"tensorboard' is a symlink, which rlspeed neither reads nor writes through"):
+        RunLogger(run, tensorboard=True, continue_from=continue_from)
+    assert list(theirs.iterdir()) == []
 
 
 def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):

@@ -45,7 +45,13 @@ from rlspeed.errors import (
     infinite_advice,
     peer_algorithm_advice,
 )
-from rlspeed.files import forget_ended_processes_folders, process_folder_prefix, remove_stale_temporaries, unwritable
+from rlspeed.files import (
+    forget_ended_processes_folders,
+    process_folder_prefix,
+    refuse_symlinks,
+    remove_stale_temporaries,
+    unwritable,
+)
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
@@ -1268,6 +1274,9 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
             raise UserError(f"'{run_dir}' holds {', '.join(held)}, which are not an rlspeed run's (no config.yaml, "
                             "metrics.csv, summary.json or model of rlspeed's): a run there would write over them; give "
                             "another --out (a new directory).")
+        if args.resume:  # (what the resumed run reads as its own or adds files to: never through a link elsewhere)
+            refuse_symlinks(run_dir, ("metrics.csv", "tensorboard", "videos")
+                            + (("wandb",) if getattr(args, "track", False) else ()))
         # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
         finished = [name for name in ("model.safetensors", "summary.json")
                     if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]

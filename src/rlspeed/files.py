@@ -98,6 +98,17 @@ def unwritable(directory: str | os.PathLike) -> str | None:
         return error.strerror or str(error)
 
 
+def refuse_symlinks(directory: Path, names: tuple[str, ...]) -> None:
+    """UserError where one of the entries `names` of a run directory that a run reads or adds files to (metrics.csv,
+    tensorboard/, videos/) is a symlink: a run directory from elsewhere (copied, unpacked, shared) may point one at any
+    file or directory, which the run would read as its own or write into."""
+    for name in names:
+        if (directory / name).is_symlink():
+            raise UserError(f"'{directory / name}' is a symlink, which rlspeed neither reads nor writes through (a run "
+                            "directory from elsewhere may point it at any file or directory): put what it points at in "
+                            "its place, or remove it, and run again.")
+
+
 def write_atomic(path: Path, text: str | bytes, replace: bool = True) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
     at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written; with

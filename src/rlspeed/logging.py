@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from rlspeed.errors import UserError
-from rlspeed.files import write_atomic
+from rlspeed.files import refuse_symlinks, write_atomic
 
 #: TensorBoard's section of each metrics.csv column (as Stable-Baselines3 groups its logger's keys); a column not
 #: named here (a loss or other value of the update) is under train/, a key with a section of its own (a callback's
@@ -405,12 +405,15 @@ class RunLogger:
         self._fields: list[str] = []
         self._columns = tuple(columns)
         if continue_from is not None:
+            refuse_symlinks(self.run_dir, ("metrics.csv",))
             self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
         self._flat = False  # (tags as metrics.csv's columns: a run an earlier rlspeed began, `flat_tags`)
         self._failed = False  # a write failed (`_writing`)
         self._kept = kept
+        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
+            refuse_symlinks(self.run_dir, ("tensorboard",))
         taken = kept.take(self.run_dir / "tensorboard", continue_from) if kept is not None and tensorboard else None
         if taken is not None:
             self._writer, self._flat = taken
@@ -453,8 +456,7 @@ class RunLogger:
         whole = text[:text.rfind("\n") + 1]  # (complete lines only)
         dropped = whole != text
         # (a first reading keeps no row: a further learn() keeps every row, and appends to the file rather than write
-        # it all again; only where some are dropped are the others held, for the next write; also where the file is a
-        # symlink, which a run directory from elsewhere may hold: not appended through, written anew in its place)
+        # it all again; only where some are dropped are the others held, for the next write)
         for keep in (False, True):
             reader = csv.DictReader(io.StringIO(whole, newline=""))
             self._fields = list(reader.fieldnames or [])
@@ -469,7 +471,7 @@ class RunLogger:
                         self._held.append(parsed)
                 else:
                     dropped = True
-            if self._fields and not dropped and not path.is_symlink():
+            if self._fields and not dropped:
                 self._held = None
                 return
 
