@@ -490,6 +490,54 @@ def test_a_replay_buffer_the_disk_cannot_hold_is_named_as_the_file_it_is_written
     assert {path.name: path.read_bytes() for path in run.glob("*.safetensors")} == before
 
 
+def test_a_replay_buffer_the_disk_has_no_room_for_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """Each checkpoint's replay buffer is written beside the previous one, which stays until the new one is whole: on
+    a disk without room for it the write ran until the disk was full (a full 1,000,000-transition Atari buffer is
+    7.6 GB; other writers, metrics.csv, failed meanwhile) before it was refused. Now the free space is checked first:
+    one sentence naming the bytes needed (the file's exact size) and free, nothing written, the previous pair kept."""
+    import re
+    import shutil
+    import types
+
+    run = tmp_path / "run"
+    model = _replay_saver("solo", run)
+    before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+    free = len(before["checkpoint.replay.safetensors"]) - 1
+    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(free=free))
+    opened = []
+    mkstemp = checkpoint.tempfile.mkstemp
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", lambda *args, **kwargs: opened.append(kwargs) or mkstemp(
+        *args, **kwargs))
+    with pytest.raises(UserError) as raised:
+        model.save(run / "checkpoint.safetensors")
+    replay = re.escape(str(run / "checkpoint.replay.safetensors"))
+    assert re.fullmatch(rf"Cannot write the checkpoint '{replay}': it needs {free + 1:,} bytes and the disk holding it "
+                        rf"has {free:,} bytes free; an earlier checkpoint there is unchanged\.", str(raised.value))
+    assert opened == [] and {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
+
+
+def test_save_replay_buffer_says_at_the_start_when_the_disk_cannot_hold_its_checkpoints(tmp_path, monkeypatch, capsys):
+    """--save-replay-buffer's checkpoints grow with the buffer, and each is written beside the previous one: a disk
+    with room for the first checkpoints but not for two full buffers' files stopped the run hours in, at the first
+    that did not fit. It is said when training starts, with the bytes needed and free; a disk with room says nothing."""
+    import shutil
+    import types
+
+    free = 1_500_000  # (the 20,000-transition buffer is 1,040,000 bytes: two files need 2,080,000)
+    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(free=free))
+    argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "256", "--set", "learning_starts=64", "--set",
+            "buffer_size=20000", "--save-replay-buffer", "--target-return", "none", "--no-progress", "--quiet"]
+    assert cli.main([*argv, "--out", str(tmp_path / "short")]) == 0  # (256 transitions fit: the run goes on)
+    said = [line for line in capsys.readouterr().err.splitlines() if "--save-replay-buffer needs" in line]
+    assert said == [f"rlspeed: warning: --save-replay-buffer needs 2.0 MiB more disk once the replay buffer is full "
+                    f"(each checkpoint writes its 1.0 MiB replay file beside the previous one) and the disk holding "
+                    f"'{tmp_path / 'short'}' has 1.4 MiB free: the run stops at the first checkpoint that does not fit "
+                    "unless space is freed there (or buffer_size is smaller)."]
+    free = 2_100_000
+    assert cli.main([*argv, "--out", str(tmp_path / "room")]) == 0
+    assert "--save-replay-buffer needs" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_run_directory_gone_while_training_stops_the_run_rather_than_make_it_anew(tmp_path, how):
     """The run directory deleted, moved aside or unmounted during training (a lazy unmount, a network share gone): the

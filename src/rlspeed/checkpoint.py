@@ -21,6 +21,7 @@ import hmac
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -634,6 +635,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
         if encryption is not None:
             payload = _encrypt(payload, encryption, cipher, path)
+    # (the header's bytes, then each tensor's as a flat uint8 array)
+    _check_free_space(path, len(payload) if streamed is None else sum(len(part) for part in streamed))
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
@@ -646,12 +649,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         os.replace(tmp, path)
         tmp = None
     except OSError as error:
-        # (a file staged beside a checkpoint, its replay buffer, is named as the file it is written for: the staged
-        # name is an inner detail, and the file in place with its checkpoint is what stays as it was)
-        shown = _unstaged(path)
-        kept = ("an earlier checkpoint there is unchanged" if shown.exists()
-                else "nothing was written there (no earlier file of that name exists)")
-        raise UserError(f"Cannot write the checkpoint '{shown}' ({error.strerror or error}); {kept}.") from None
+        raise UserError(f"Cannot write the checkpoint '{_unstaged(path)}' ({error.strerror or error}); "
+                        f"{_what_stays(path)}.") from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
@@ -664,6 +663,31 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         finally:
             os.close(dir_fd)
     return path
+
+
+def _what_stays(path: Path) -> str:
+    """What a checkpoint write to `path` that failed leaves there, said of the file it is written for (a file staged
+    beside a checkpoint, its replay buffer, is named as that file: the staged name is an inner detail)."""
+    return ("an earlier checkpoint there is unchanged" if _unstaged(path).exists()
+            else "nothing was written there (no earlier file of that name exists)")
+
+
+def _check_free_space(path: Path, needed: int) -> None:
+    """UserError, before anything is written, where the disk holding `path` has less room than the `needed` bytes of
+    its new file: a replay buffer's file (7.6 GB for a full 1,000,000-transition Atari buffer) is written beside the
+    one it replaces, which stays until the new one is whole, and a write that ran out of space filled the disk (other
+    writers, metrics.csv say, then failed) before it was refused."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:  # (a file system that does not say: the write itself finds out)
+        return
+    if needed > free:
+        raise UserError(f"Cannot write the checkpoint '{_unstaged(path)}': it needs {_bytes(needed)} and the disk "
+                        f"holding it has {_bytes(free)} free; {_what_stays(path)}.")
+
+
+def _bytes(count: int) -> str:
+    return f"{count:,} bytes" + (f" ({count / 2**30:.1f} GiB)" if count >= 2**30 else "")
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", verify: bool = True,

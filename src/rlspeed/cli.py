@@ -2173,8 +2173,9 @@ def _say_for(args: argparse.Namespace, main: bool = True):
     return say
 
 
-def _replay_footprint(say):
-    """A callback saying the replay buffer's footprint when training starts (the buffer is made by learn)."""
+def _replay_footprint(say, saved_in: Path | None):
+    """A callback saying the replay buffer's footprint when training starts (the buffer is made by learn), and where
+    checkpoints in the run directory `saved_in` hold it (--save-replay-buffer), whether its disk has room for them."""
     from rlspeed.callbacks import BaseCallback
 
     class ReplayFootprint(BaseCallback):
@@ -2182,8 +2183,34 @@ def _replay_footprint(say):
             buffer = getattr(self.model, "buffer", None)
             if buffer is not None:
                 say(f"rlspeed: {buffer.describe()}", flush=True)
+                if saved_in is not None:
+                    _warn_replay_disk(buffer.nbytes, saved_in)
 
     return ReplayFootprint()
+
+
+def _warn_replay_disk(buffer_bytes: int, run_dir: Path) -> None:
+    """One line where the disk holding `run_dir` has no room for the replay files of checkpoints once the buffer of
+    `buffer_bytes` is full: each is written beside the previous one, which stays until it is whole (2 buffers'
+    bytes, more than the current checkpoint's file; a finished run's model.replay.safetensors, which a --resume keeps
+    until the new end, is on disk already). Said at the start: the checkpoint that does not fit stops the run hours
+    later (`rlspeed.checkpoint`'s check before each write)."""
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:  # (a file system that does not say: each write checks for itself)
+        return
+    replay = run_dir / "checkpoint.replay.safetensors"
+    held = replay.stat().st_size if replay.is_file() else 0
+    more = 2 * buffer_bytes - held
+    if more > free:
+        print(f"rlspeed: warning: --save-replay-buffer needs {_size(more)} more disk once the replay buffer is full "
+              f"(each checkpoint writes its {_size(buffer_bytes)} replay file beside the previous one) and the disk "
+              f"holding '{run_dir}' has {_size(free)} free: the run stops at the first checkpoint that does not fit "
+              "unless space is freed there (or buffer_size is smaller).", file=sys.stderr, flush=True)
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
 def _warn_idle_accelerator(args: argparse.Namespace, device) -> None:
@@ -2248,7 +2275,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # then resumes as the uninterrupted run; several processes stop together, at the iteration where any rank got
     # it); a second stops at once.
     if main and model.keeps_replay_buffer:  # (the replay buffer's footprint, said once it is made)
-        callbacks = [*callbacks, _replay_footprint(say)]
+        callbacks = [*callbacks, _replay_footprint(say, run_dir if model.save_replay_buffer else None)]
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker, "run_dir": run_dir}
