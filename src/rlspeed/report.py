@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,7 +159,7 @@ def _load(run_dir: Path) -> list[SeedResult]:
     return results
 
 
-def collect_runs(paths) -> list[SeedResult]:
+def collect_runs(paths: Iterable[str | os.PathLike[str]]) -> list[SeedResult]:
     """Every seed's results in the run directories at or under `paths` (run directories, or folders holding them):
     one `SeedResult` per solo run and per population member. UserError (one sentence) for a path that holds no run, a
     run that did not finish (interrupted, ended by an error) and a seed found twice in one experiment."""
@@ -350,7 +351,8 @@ def _colours(count: int) -> list:
     return [cmap(index % 10) for index in range(count)]
 
 
-def write_report(paths, out: str | os.PathLike | None, normalize: dict[str, tuple[float, float]] | None = None,
+def write_report(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike | None,
+                 normalize: dict[str, tuple[float, float]] | None = None,
                  reps: int = 50_000, image_format: str = "png", overwrite: bool = False) -> dict:
     """Write the report of the runs at or under `paths` into the folder `out`: final_scores.csv (`final_scores`, with
     `normalize` and `reps`), scores.csv (every seed's final score and run directory), curves.csv (`learning_curves`,
