@@ -392,3 +392,38 @@ def test_a_layer_a_callback_freezes_after_a_warm_up_stays_where_it_is():
     model.learn(2048, progress_bar=False, callback=callback)
     assert callback.frozen is not None and torch.equal(callback.frozen, callback.before)
     assert model.update_summary()["implementation"] == "autograd"
+
+
+@pytest.mark.parametrize(("algo", "env_id", "config"), [*CASES, (TD3, "Pendulum-v1", {"learning_starts": 64})],
+                         ids=lambda c: getattr(c, "__name__", None))
+def test_an_optimizer_put_in_place_after_the_update_step_was_made_is_the_one_that_steps(algo, env_id, config):
+    """A subclass's `_setup` that replaces `self.optimizer` after `super()._setup()` (SGD with momentum here), and
+    `model.optimizer = ...` before a learn, trained with the optimizer the update step was first made for (the
+    hand-derived update's flat Adam, or autograd's old optimizer): the new one never stepped. The step is made again
+    for it."""
+    def sgd(model):
+        params = [p for p in model._params if p.requires_grad] if algo is not TD3 else model._online_params
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.5)
+
+    class OwnOptimizer(algo):
+        def _setup(self):
+            super()._setup()
+            self.optimizer = sgd(self)
+
+    settings = {"num_envs": 2, "num_steps": 16} if algo in (PPO, A2C) else {}
+    settings["batch_size"] = 32 if algo is PPO else 16
+    settings = {**settings, **config, "net_arch": [16]}
+    if algo is A2C:  # (one step on the whole rollout: no batch_size)
+        del settings["batch_size"]
+    for model in (OwnOptimizer(env_id, device="cpu", seed=0, **settings),
+                  algo(env_id, device="cpu", seed=0, **settings)):
+        if type(model) is algo:
+            model.optimizer = sgd(model)
+        steps: list[int] = []
+        original = model.optimizer.step
+        model.optimizer.step = lambda *args, _steps=steps, _original=original, **kwargs: (
+            _steps.append(1) or _original(*args, **kwargs))
+        model.learn(96, progress_bar=False)
+        assert steps, f"{type(model).__name__}: the SGD in place never stepped"
+        assert algo is TD3 or "the optimizer is SGD" in model.update_summary()["reason"]
+        assert model.optimizer.state and all("momentum_buffer" in state for state in model.optimizer.state.values())

@@ -1500,6 +1500,7 @@ class Algorithm:
         # also where the caller made another device torch's default, whose generator drew other initial weights)
         with training_threads(self.num_threads), float32_default(), torch.inference_mode(False), torch.device("cpu"):
             self._setup()
+            self._follow_replaced_optimizers()
             self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
             warn_unused_settings(self.config, self.spec)
@@ -1641,6 +1642,27 @@ class Algorithm:
                         f"model.{name}.load_state_dict(state) (no assign=True), make a new model with the "
                         "architecture you want (net_arch, activation, ...), or freeze a parameter with "
                         "requires_grad_(False).")
+
+    def _follow_replaced_optimizers(self) -> None:
+        """An optimizer put in place of the model's after its update step was made for the old one (a subclass's
+        `_setup` that sets `self.optimizer` after `super()._setup()`, or `model.optimizer = ...` before a learn or in
+        a callback): the update step is made again (`_make_update_step`), so that the optimizer in place is the one
+        that steps; the rules of `select_update` choose anew (an AdamW trains with autograd, and `update_summary`
+        says so). Without `_make_update_step` (an algorithm of the caller's own), a UserError says what to do."""
+        step = getattr(self, "_update_step", None)
+        current = {id(optimizer) for optimizer in self._optimizers().values()}
+        made_for = [getattr(each, "optimizer", None) for each in (step, *self._further_update_steps().values())]
+        if not current or all(optimizer is None or id(optimizer) in current for optimizer in made_for):
+            return
+        make = getattr(self, "_make_update_step", None)
+        if make is None:
+            raise UserError(f"{type(self).__name__}'s update step steps an optimizer the model no longer has (one was "
+                            "put in place of it after the step was made): make the update step again after "
+                            "replacing the optimizer.")
+        hand_derived = getattr(step, "hand_derived", None)
+        if getattr(hand_derived, "adam", None) is not None:  # (its flat optimizer gives the parameters back)
+            hand_derived.adam.release()
+        self._update_step = make()
 
     def _follow_frozen_parameters(self, learn_start: bool = False) -> None:
         """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update
@@ -2264,6 +2286,7 @@ class Algorithm:
                                 columns=columns, kept=self._tensorboard) if run_dir is not None and main else None)
             self._total_timesteps = self.num_timesteps + int(total_timesteps)
             resume = self._resume
+            self._follow_replaced_optimizers()
             self._follow_frozen_parameters(learn_start=True)
             try:
                 # Setting up runs on the model's threads too: a replay buffer's allocation (a large fill) on the
@@ -2383,6 +2406,7 @@ class Algorithm:
                 callbacks.init_callback(self)
                 callbacks_started = True
                 callbacks.on_training_start(LearnLocals(locals()))
+                self._follow_replaced_optimizers()  # (an optimizer a callback put in place)
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
@@ -2511,6 +2535,7 @@ class Algorithm:
                     if callbacks is not None and main and not callbacks.on_rollout_end(LearnLocals(locals()), logged):
                         callback_stop = True
                     if callbacks is not None:
+                        self._follow_replaced_optimizers()
                         self._follow_frozen_parameters()  # (a layer a callback froze, after a warm-up say)
                     # every rank stops where rank 0's callbacks (1), or a signal to any rank (2: `stop_requested`),
                     # ask to

@@ -101,13 +101,18 @@ class TD3(OffPolicyAlgorithm):
         # One Adam for actor and critics: their losses share no parameters (see `_update`); in the critics' step
         # the actor has no gradients and Adam leaves it (and its moment estimates) alone, and the other way round.
         self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._update_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
-                                          params=self._online_params, max_grad_norm=None, name=self.name)
-        self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
-                                         params=self._online_params, max_grad_norm=None, name=f"{self.name}-actor")
+        self._update_step = self._make_update_step()
         self._critic_updates = 0
         self._ou_noise: torch.Tensor | None = None
         self._setup_action_scaling()
+
+    def _make_update_step(self):
+        """The critics' step (`select_update`); `_actor_step` is the actor's after it."""
+        critic_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
+                                    params=self._online_params, max_grad_norm=None, name=self.name)
+        self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
+                                         params=self._online_params, max_grad_norm=None, name=f"{self.name}-actor")
+        return critic_step
 
     def _modules(self):
         return {"actor": self.actor, "critic": self.critic, "actor_target": self.actor_target,

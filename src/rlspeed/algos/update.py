@@ -20,7 +20,8 @@ by the same rules; SAC's hand-derived update does both). Alternatives must match
 2. `fused_update=False`: autograd;
 3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), a network the
    hand-derived update does not cover (say `activation=elu`), or an optimizer other than the plain torch.optim.Adam
-   (A2C: RMSprop, or Adam) it steps (a subclass's `_make_optimizer`): autograd;
+   (A2C: RMSprop, or Adam) it steps (a subclass's `_make_optimizer`, or an optimizer put in place of the model's
+   later: `Algorithm._follow_replaced_optimizers` makes the step again): autograd;
 4. a device with whole-step graphs and an optimizer a capture can record (Adam, AdamW; not A2C's RMSprop, which
    goes on to the next rules): autograd+graphs;
 5. `RLSPEED_ACCELERATE` forcing a strategy the hand-derived update cannot run (bf16 autocast, compile): autograd;
@@ -73,16 +74,18 @@ class UpdateStep:
     the hints where `accepts_hints`); `choice`: the `UpdateChoice` that picked it. `updates_targets`: the
     implementation also moves the target networks (the hand-derived SAC update does its Polyak step itself).
     `report`: the acceleration layer's report, when it chose anything (None otherwise); `hand_derived`: the bare
-    hand-derived update object, for algorithm-specific fast paths (None for the other implementations).
+    hand-derived update object, for algorithm-specific fast paths (None for the other implementations);
+    `optimizer`: the optimizer it was made for (the model makes the step again where another takes its place).
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, Any]], choice: UpdateChoice, *,
                  accepts_hints: bool = False, updates_targets: bool = False, report: Any = None,
-                 hand_derived: Any = None):
+                 hand_derived: Any = None, optimizer: torch.optim.Optimizer | None = None):
         self.fn, self.choice = fn, choice
         self.accepts_hints, self.updates_targets = accepts_hints, updates_targets
         self.report = report  # the acceleration layer's report, when it chose anything
         self.hand_derived = hand_derived  # the bare hand-derived update object, for algorithm-specific fast paths
+        self.optimizer = optimizer  # the optimizer it was made for
 
     def __call__(self, *batch, **hints):
         return self.fn(*batch, **hints) if self.accepts_hints else self.fn(*batch)
@@ -209,7 +212,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         how = f"forced by {ENV_VAR}" if getattr(step, "forced", False) else "measured by --accelerate auto"
         reason = "default on this device" + (f" (matmul precision {how})" if accelerate == "auto" else "") + not_graphed
         return UpdateStep(step, UpdateChoice(HAND_DERIVED, reason), accepts_hints=True,
-                          updates_targets=updates_targets, report=getattr(step, "report", None), hand_derived=update)
+                          updates_targets=updates_targets, report=getattr(step, "report", None), hand_derived=update,
+                          optimizer=optimizer)
     reason += not_graphed
     if graphs or accelerate == "auto":
         # On a graphs device without --accelerate auto: the fp32 eager step, captured (no precision or compile search)
@@ -217,6 +221,6 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         step = accelerate_step(loss_fn, optimizer, params=list(params), max_grad_norm=max_grad_norm, device=device,
                                name=name, **options)
         return UpdateStep(step, UpdateChoice(GRAPHS if graphs else AUTOGRAD, reason, bool(by_frozen)),
-                          report=step.report)
+                          report=step.report, optimizer=optimizer)
     return UpdateStep(autograd_step(loss_fn, optimizer, params, max_grad_norm, strategy),
-                      UpdateChoice(AUTOGRAD, reason, bool(by_frozen)))
+                      UpdateChoice(AUTOGRAD, reason, bool(by_frozen)), optimizer=optimizer)
