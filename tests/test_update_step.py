@@ -427,3 +427,34 @@ def test_an_optimizer_put_in_place_after_the_update_step_was_made_is_the_one_tha
         assert steps, f"{type(model).__name__}: the SGD in place never stepped"
         assert algo is TD3 or "the optimizer is SGD" in model.update_summary()["reason"]
         assert model.optimizer.state and all("momentum_buffer" in state for state in model.optimizer.state.values())
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C], ids=lambda c: c.__name__)
+def test_a_policy_with_a_layer_of_its_own_trains_with_autograd(algo):
+    """A subclass's `_build_policy` that adds a layer to rlspeed's ActorCritic (an auxiliary head trained by its own
+    loss, a callback, ...): the hand-derived update, which trains the actor's and critic's own layers only, failed to
+    build (a ValueError from its flat optimizer); autograd trains it, saying why."""
+    class WithAux(algo):
+        def _build_policy(self):
+            policy = super()._build_policy()
+            policy.aux = torch.nn.Linear(4, 1)
+            return policy
+
+    model = WithAux("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16,
+                    **({"batch_size": 32} if algo is PPO else {}))
+    choice = model.update_summary()
+    assert choice["implementation"] == "autograd" and "aux.weight, aux.bias" in choice["reason"]
+    model.learn(32, progress_bar=False)
+
+
+def test_networks_with_layers_of_their_own_are_outside_the_off_policy_hand_derived_updates():
+    from rlspeed.fused import dqn as fused_dqn
+    from rlspeed.fused import sac as fused_sac
+
+    dqn, sac = DQN("CartPole-v1", device="cpu"), SAC("Pendulum-v1", device="cpu")
+    assert fused_dqn.unsupported_reason(dqn.q_network) is None
+    assert fused_sac.unsupported_reason(sac.actor, sac.critic) is None
+    dqn.q_network.extra = torch.nn.Linear(2, 2)
+    sac.critic.extra = torch.nn.Linear(2, 2)
+    assert "Q-network holds parameters" in fused_dqn.unsupported_reason(dqn.q_network)
+    assert "critic holds parameters" in fused_sac.unsupported_reason(sac.actor, sac.critic)

@@ -16,7 +16,13 @@ import torch
 from torch import nn
 
 from rlspeed.accel.introspect import made_as
-from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
+from rlspeed.fused.flat import (
+    FlatAdam,
+    linear_backward,
+    linear_forward,
+    sequential_linears,
+    uncovered_parameters_reason,
+)
 from rlspeed.nn import QNetwork
 
 
@@ -38,7 +44,8 @@ def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | Non
         return "a Q-network that is not a tanh or relu MLP"
     if len(found[0]) < 2:
         return "net_arch=[] (the hand-derived update covers MLPs with hidden layers)"
-    return None
+    return uncovered_parameters_reason(q_network, [p for layer in found[0] for p in (layer.weight, layer.bias)],
+                                       "Q-network")
 
 
 class FusedDQNUpdate:

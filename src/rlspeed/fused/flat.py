@@ -46,6 +46,19 @@ def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, 
     return None
 
 
+def uncovered_parameters_reason(network: nn.Module, covered: Sequence[torch.Tensor], name: str) -> str | None:
+    """Why the hand-derived update cannot train `network` (named `name` in the reason) where it holds parameters
+    besides the `covered` ones it computes gradients for (a layer a subclass's `_build_policy` or `_setup` added):
+    their gradients, and what the loss does with them, are outside it. None where it holds no others."""
+    ids = {id(p) for p in covered}
+    extra = [param_name for param_name, p in network.named_parameters() if id(p) not in ids]
+    if not extra:
+        return None
+    more = f" and {len(extra) - 2} more" if len(extra) > 2 else ""
+    return (f"the {name} holds parameters the hand-derived update does not train ({', '.join(extra[:2])}{more}: it "
+            "covers rlspeed's own layers)")
+
+
 def hold_in(flat: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> None:
     """Make each of `params` a view of its chunk of `flat` (laid out in their order) again where it is not one,
     carrying its values over (and its `.grad` as the view of `grads`, where given): after a deepcopy, which clones a

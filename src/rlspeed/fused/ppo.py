@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from rlspeed.accel.introspect import made_as
-from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
+from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward, uncovered_parameters_reason
 from rlspeed.nn import ActorCritic
 
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
@@ -52,7 +52,8 @@ def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
     if not isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS):
         name = type(policy.body.activation).__name__.lower()
         return f"activation={name} (the hand-derived update covers tanh and relu)"
-    return None
+    return uncovered_parameters_reason(
+        policy, [*policy.body.parameters(), *([policy.log_std] if kind == "gaussian" else [])], "policy")
 
 
 class FusedPPOUpdate:

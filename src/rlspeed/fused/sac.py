@@ -38,6 +38,7 @@ from rlspeed.fused.flat import (
     linear_forward,
     reduced_matmuls,
     sequential_linears,
+    uncovered_parameters_reason,
 )
 from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor
 
@@ -61,7 +62,8 @@ def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
     if body is None or not isinstance(activation, (nn.ReLU, nn.Tanh)):
         name = type(activation).__name__.lower() if activation is not None else type(critic).__name__
         return f"activation={name} or a non-MLP network (the hand-derived update covers tanh and relu MLPs)"
-    return None
+    return (uncovered_parameters_reason(actor, [p for layer in body[0] for p in (layer.weight, layer.bias)], "actor")
+            or uncovered_parameters_reason(critic, [*critic.body.parameters()], "critic"))
 
 
 class FusedSACUpdate:
