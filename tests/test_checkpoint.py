@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -806,3 +807,39 @@ def test_a_resumed_replay_buffer_is_read_mapped(tmp_path, monkeypatch):
     resumed.learn(128, progress_bar=False)
     assert ("checkpoint.replay.safetensors", True) in calls
     assert torch.equal(resumed.buffer.obs[:len(rows)], rows)
+
+
+class AuxPPO(PPO):
+    """PPO with an auxiliary value head of its own, trained by its loss through the one optimizer."""
+
+    def _setup(self):
+        self.aux_head = torch.nn.Linear(4, 1)
+        super()._setup()
+
+    def _make_optimizer(self, params):
+        return torch.optim.Adam([*params, *self.aux_head.parameters()], lr=self.config.learning_rate)
+
+    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, *rest):
+        loss, stats = super()._loss(obs, actions, old_log_probs, old_values, advantages, returns, *rest)
+        return loss + (self.aux_head(obs).squeeze(-1) - returns).square().mean(), stats
+
+
+def test_a_module_a_subclass_trains_of_its_own_is_saved_loaded_and_resumed(tmp_path):
+    """An auxiliary head a subclass keeps as an attribute and adds to its optimizer, which `_modules` does not list:
+    load and resume gave a freshly initialised one, silently (with the saved optimizer moments for the trained one). It
+    is saved under its attribute's name; a file without it (rlspeed's own class saved it) says it starts as built."""
+    model = AuxPPO("CartPole-v1", seed=0, device="cpu", **TINY)
+    before = model.aux_head.weight.detach().clone()
+    model.learn(128, progress_bar=False)
+    assert not torch.equal(model.aux_head.weight, before)
+    path = model.save(tmp_path / "aux")
+    torch.testing.assert_close(AuxPPO.load(path).aux_head.weight, model.aux_head.weight, rtol=0, atol=0)
+    resumed = AuxPPO("CartPole-v1", seed=1, device="cpu", **TINY)
+    resumed.resume(path)
+    torch.testing.assert_close(resumed.aux_head.weight, model.aux_head.weight, rtol=0, atol=0)
+    plain = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "plain")
+    with warnings.catch_warnings(record=True) as caught:  # (and that its optimizer starts afresh)
+        warnings.simplefilter("always")
+        AuxPPO.load(plain)
+    assert any("no weights for AuxPPO.aux_head, which this model trains: it starts as built" in str(item.message)
+               for item in caught)

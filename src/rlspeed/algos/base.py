@@ -1848,6 +1848,25 @@ class Algorithm:
         """
         return {"policy": self.policy}
 
+    def _saved_modules(self) -> dict[str, torch.nn.Module | torch.Tensor]:
+        """`_modules`, plus what a subclass keeps of its own and trains without listing it there: each attribute of
+        the model (a module, or a lone tensor) holding a parameter the model's optimizers step that no module before
+        it holds (an auxiliary head that a `_make_optimizer` override adds). Saved, loaded and resumed with the
+        networks, under the attribute's name."""
+        modules = self._modules()
+        trained = _trained_parameters(self)
+        held = {id(p) for value in modules.values()
+                for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
+        own = {}
+        for name, value in vars(self).items():
+            if name in modules or not isinstance(value, (torch.nn.Module, torch.Tensor)):
+                continue
+            params = list(value.parameters()) if isinstance(value, torch.nn.Module) else [value]
+            if any(id(p) in trained and id(p) not in held for p in params):
+                own[name] = value
+                held.update(id(p) for p in params)
+        return {**modules, **own}
+
     # --- shared ---------------------------------------------------------------------------------------------
     def _check_metrics(self, row: dict) -> None:
         """A look at each metrics row as it is read (the algorithm's own signs of a run gone wrong); nothing here."""
@@ -2698,7 +2717,7 @@ class Algorithm:
         """Networks (`_modules`, keys prefixed with their names), lone tensors (only those that learn, with
         `learnt_only`) and normalisation statistics, as a checkpoint names them."""
         tensors: dict[str, torch.Tensor] = {}
-        for name, module in self._modules().items():
+        for name, module in self._saved_modules().items():
             if isinstance(module, torch.Tensor):
                 if module.requires_grad or not learnt_only:
                     tensors[name] = module.detach()
@@ -3210,7 +3229,13 @@ class Algorithm:
             raise UserError(f"'{path}': {error}") from None
 
     def _restore_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        for name, module in self._modules().items():
+        listed = self._modules()
+        for name, module in self._saved_modules().items():
+            if name not in listed and not any(key == name or key.startswith(f"{name}.") for key in tensors):
+                # (a subclass's own module, which the file's model did not have: rlspeed's own class saved it, say)
+                warn_at_caller(f"The checkpoint holds no weights for {type(self).__name__}.{name}, which this model "
+                               "trains: it starts as built.", UserWarning)
+                continue
             if isinstance(module, torch.Tensor):
                 if name in tensors:
                     _check_shape(name, tensors[name].shape, module.shape)
