@@ -23,6 +23,7 @@ from rlspeed.envs.base import EnvSpec
 from rlspeed.envs.wrappers import normalizable, observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.export import FORMATS, export, export_checkpoint, random_action_masks, random_observations
+from rlspeed.nn import Encoder
 
 BATCHES = (1, 17)
 # torch deprecates TorchScript (trace, save, load) in favour of torch.export; the format is still exported on request;
@@ -603,3 +604,38 @@ def test_normalisation_of_features_with_a_large_mean_against_their_spread_matche
         model.obs_rms.var.copy_(torch.tensor([1.2e-7, 3e-6, 1e-4], dtype=torch.float64))
     path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format)
     _assert_same_actions(model, _runner(format, path), seed=7)
+
+
+class _Branchy(Encoder):
+    """An encoder of the caller's own whose forward takes a Python branch on the batch's values."""
+
+    kind = "branchy encoder"
+
+    def __init__(self):
+        super().__init__()
+        self.features_dim = 8
+        self.linear = torch.nn.Linear(4, 8)
+
+    def forward(self, obs):
+        features = self.linear(obs.float())
+        if obs.abs().sum() > 0:  # (zeros, the example a graph is captured with, take the other branch)
+            features = -features
+        return torch.tanh(features)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # (the tracer's own word on the branch)
+@pytest.mark.parametrize("format", ["torchscript", "exported_program"])
+def test_an_encoder_of_ones_own_that_a_graph_cannot_follow_is_one_sentence_and_no_file(tmp_path, format):
+    """A TorchScript trace of an encoder that branches on values kept the example's branch: the file gave other
+    actions than predict (1 of 64 agreed), silently. torch.export refuses such code with torch's multi-paragraph
+    error. Each is one sentence naming the encoder and what to do, and nothing is written."""
+    class BranchyPPO(rlspeed.PPO):
+        def _make_encoder(self, network):
+            return _Branchy()
+
+    model = BranchyPPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16)
+    path = tmp_path / f"policy{FORMATS[format]}"
+    with pytest.raises(UserError, match=r"_Branchy") as error:
+        model.export(path, format=format)
+    assert "\n" not in str(error.value)
+    assert not path.exists() and not path.with_name(path.name + ".json").exists()

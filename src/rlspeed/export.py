@@ -485,11 +485,13 @@ def same_outputs(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5) 
     return got.shape == expected.shape and torch.allclose(got.float(), expected.float(), rtol=0, atol=atol)
 
 
-def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
+def check_matches_model(model, module: PolicyExport, batch: int = 64, graph=None) -> None:
     """UserError unless `module` gives the model's deterministic actions (`model.act`, or `act_with_state` for a
     recurrent policy, with random masks where the graph takes them) on random observations: identical discrete
     actions, continuous ones and recurrent states within 1e-5. A model whose `_policy_actions` differs from what its
     networks suggest (a subclass) is caught here instead of exporting a policy that disagrees with Python.
+    `graph`: the captured graph of `module` to check instead (a TorchScript trace keeps the one path its example
+    inputs took through code that branches on values or on the batch size: the caller's own encoder's, say).
     Models on the CPU only: another device's kernels round differently."""
     if model.device.type != "cpu":
         return
@@ -500,13 +502,27 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
         obs = module.obs_rms.mean + obs * module.obs_rms.std
     with torch.no_grad():
         inputs, expected = module.check_inputs(model, obs, generator)
-        got = module(*inputs)
+        got = (module if graph is None else graph)(*inputs)
     got = got if isinstance(got, tuple) else (got,)
-    if not (len(got) == len(expected) and all(same_outputs(g, e.cpu()) for g, e in zip(got, expected))):
-        raise UserError(f"The exported graph for {type(model).__name__} ({type(module).__name__}) does not give the "
-                        "model's actions: its policy differs from the one rlspeed knows how to export; give the "
-                        "algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport matching its "
-                        "`_policy_actions`.")
+    if len(got) == len(expected) and all(same_outputs(g, e.cpu()) for g, e in zip(got, expected)):
+        return
+    if graph is not None:
+        own = _own_modules(module)
+        raise UserError(f"The TorchScript trace of {type(model).__name__}'s policy does not give the model's actions "
+                        "on observations other than the example it was traced with: a trace keeps the one path the "
+                        "example took through code that branches on values or on the batch size"
+                        f"{f' (your {own})' if own else ''}; compute both branches and choose with torch.where, or "
+                        "export format='exported_program' or 'onnx' (torch.export, which says where).")
+    raise UserError(f"The exported graph for {type(model).__name__} ({type(module).__name__}) does not give the "
+                    "model's actions: its policy differs from the one rlspeed knows how to export; give the "
+                    "algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport matching its "
+                    "`_policy_actions`.")
+
+
+def _own_modules(module: nn.Module) -> str:
+    """The class names of the caller's own modules inside `module` (neither rlspeed's nor torch's), joined."""
+    return ", ".join(sorted({type(part).__name__ for part in module.modules()
+                             if not type(part).__module__.startswith(("rlspeed.", "torch."))}))
 
 
 def _observation_normalization(module: PolicyExport) -> dict | None:
@@ -670,9 +686,14 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
                     warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
                                             category=DeprecationWarning)
                     traced = torch.jit.trace(module, example)
+                    check_matches_model(model, module, graph=traced)
                     _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
             else:
-                program = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(), strict=False)
+                try:
+                    program = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(),
+                                                  strict=False)
+                except Exception as error:  # noqa: BLE001 (whatever torch.export raises for the caller's own code)
+                    raise _uncapturable(model, module, format, error) from error
                 if format == "exported_program":
                     _replace_atomically(lambda f: _save_program(program, text, f), path)
                 else:
@@ -684,6 +705,22 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
     except OSError as error:
         raise _unwritable(sidecar_path, error) from None
     return path
+
+
+def _uncapturable(model, module: nn.Module, format: str, error: Exception) -> Exception:
+    """What to raise where torch.export failed on `module`: a UserError in one sentence where the policy holds
+    networks of the caller's own (an encoder of a subclass's `_make_encoder`, a `_build_policy` network), whose code
+    can fix the batch size or branch on values (torch's whole message stays the `__cause__`); torch's error as it is
+    where every layer is rlspeed's or torch's (rlspeed's fault)."""
+    own = _own_modules(module)
+    if not own:
+        return error
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    first = re.split(r"(?<=[.!?])\s", first)[0]  # (its first sentence: the rest points at torch's own logs)
+    return UserError(f"torch.export cannot capture {type(model).__name__}'s policy as a graph for every batch size "
+                     f"(torch: {first.rstrip('.')}), in code that includes your {own}, which may fix the "
+                     f"batch size or branch on values (TORCH_LOGS=+dynamic shows where): change that code, or export "
+                     f"format='torchscript' (a trace), instead of {format}.")
 
 
 def _save_program(program, text: str, file: Path) -> None:
