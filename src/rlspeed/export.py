@@ -685,6 +685,10 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
                     # or a test suite's error filter)
                     warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated",
                                             category=DeprecationWarning)
+                    # (torch's guess that a Python value read from a tensor may not hold for other inputs: rlspeed's
+                    # networks read constant shapes so, and the trace is checked against the model on other
+                    # observations below, which decides)
+                    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
                     traced = torch.jit.trace(module, example)
                     check_matches_model(model, module, graph=traced)
                     _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
