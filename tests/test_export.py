@@ -648,3 +648,34 @@ def test_a_torchscript_export_of_rlspeeds_own_networks_warns_of_nothing(tmp_path
         warnings.simplefilter("always")
         model.export(tmp_path / "policy.pt")
     assert [str(item.message) for item in caught if item.category is torch.jit.TracerWarning] == []
+
+
+class _SplitActorCritic(rlspeed.nn.ActorCritic):
+    """An actor and a critic of different widths (SB3's net_arch=dict(pi=[32], vf=[64, 64])), rlspeed's ensemble
+    body left out."""
+
+    def __init__(self, obs_dim, action_space):
+        super().__init__(obs_dim, 0, False, (1,), action_space=action_space)
+        del self.body
+        self.pi = rlspeed.nn.mlp(obs_dim, (32,), self.action_dim)
+        self.vf = rlspeed.nn.mlp(obs_dim, (64, 64), 1)
+
+    def forward(self, obs):
+        features = self.features(obs)
+        return self.pi(features), self.vf(features).squeeze(-1)
+
+
+@pytest.mark.parametrize("format", ["torchscript", "exported_program"])
+def test_a_policy_network_of_ones_own_exports_through_its_forward(tmp_path, format):
+    """A `_build_policy` returning a subclass of ActorCritic with its own forward: the export reached into rlspeed's
+    ensemble body (an AttributeError where the subclass has none; a refusal where its forward changes the actor's
+    output). It runs the policy's forward, and gives predict's actions."""
+    class SplitPPO(rlspeed.PPO):
+        def _build_policy(self):
+            return _SplitActorCritic(self.spec.obs_dim, self.spec.action_space)
+
+    model = SplitPPO("Pendulum-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    path = model.export(tmp_path / f"policy{FORMATS[format]}", format=format)
+    graph = torch.jit.load(path) if format == "torchscript" else torch.export.load(path).module()
+    obs = np.random.default_rng(0).normal(size=(17, 3)).astype(np.float32)
+    np.testing.assert_allclose(graph(torch.from_numpy(obs)).numpy(), model.predict(obs)[0], atol=1e-5)

@@ -48,6 +48,7 @@ from torch import nn
 
 import rlspeed
 from rlspeed._version import __version__
+from rlspeed.accel.introspect import made_as
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import float32_default, major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
@@ -315,6 +316,9 @@ class ActorCriticExport(PolicyExport):
     def __init__(self, model):
         super().__init__(model)
         self.policy = _cpu_copy(model.policy)
+        #: the policy's class is a subclass's own with its own forward (a `_build_policy` override): the actor's
+        #: output is its forward's first, not rlspeed's actor member
+        self.own_forward = made_as(self.policy).forward is not ActorCritic.forward
         self.kind = self.policy.kind
         self.takes_action_mask = mask_size(self.action_space) is not None
         self.action_shape = tuple(self.action_space.shape or ())
@@ -325,8 +329,10 @@ class ActorCriticExport(PolicyExport):
             self.register_buffer("action_high", high)
 
     def actions(self, obs, action_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # the actor member only: no value head in the graph
-        out = self.policy.body(self.policy.features(obs), members=slice(0, 1))[0]
+        if self.own_forward:  # (a subclass's network: its forward, whatever it holds)
+            out = self.policy(obs)[0]
+        else:  # the actor member only: no value head in the graph
+            out = self.policy.body(self.policy.features(obs), members=slice(0, 1))[0]
         return self.to_env(self.policy.mode(out, action_mask))
 
     def to_env(self, actions: torch.Tensor) -> torch.Tensor:
