@@ -399,7 +399,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
         if key == "net_arch" and isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
             if len(value) != 1:  # SB3 1.x: [shared widths..., dict(pi=[...], vf=[...])]
                 raise UserError(f"net_arch={list(value)}: rlspeed's actor and critic share no layers; give one list "
-                                "of layer widths for both (net_arch=[64, 64]).")
+                                f"of layer widths for both (net_arch=[64, 64]), or {_OWN_NETWORKS}.")
             value = value[0]  # SB3 1.x: [dict(pi=[...], vf=[...])], the dict form below
         if key == "net_arch" and isinstance(value, dict):  # SB3 2.x: dict(pi=[...], vf=[...]) (or qf= off-policy)
             value = _shared_widths(value, config_cls)
@@ -480,6 +480,11 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
+#: how to have networks the settings do not make (the end of a refusal)
+_OWN_NETWORKS = ("build the networks in a subclass (PPO and A2C: its _build_policy, SAC, TD3 and DDPG: its _setup; "
+                 "docs/algorithms.md)")
+
+
 def _shared_widths(net_arch: dict, config_cls: type):
     """SB3 2.x's `net_arch=dict(pi=[...], vf=[...])` (`qf=` for SAC, TD3 and DDPG) as rlspeed's one list of widths
     for both networks: UserError unless it names exactly this algorithm's two networks with the same widths (SB3 gives
@@ -496,7 +501,7 @@ def _shared_widths(net_arch: dict, config_cls: type):
                         "the same widths; give them, or one list for both (net_arch=[64, 64]).")
     if len({repr(list(w) if isinstance(w, (list, tuple)) else w) for w in net_arch.values()}) != 1:
         raise UserError(f"net_arch={net_arch}: rlspeed's actor and critic take one list of layer widths "
-                        "(net_arch=[64, 64]); different widths per network are not supported.")
+                        f"(net_arch=[64, 64]); for different widths, {_OWN_NETWORKS}.")
     return next(iter(net_arch.values()))
 
 
