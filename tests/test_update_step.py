@@ -458,3 +458,34 @@ def test_networks_with_layers_of_their_own_are_outside_the_off_policy_hand_deriv
     sac.critic.extra = torch.nn.Linear(2, 2)
     assert "Q-network holds parameters" in fused_dqn.unsupported_reason(dqn.q_network)
     assert "critic holds parameters" in fused_sac.unsupported_reason(sac.actor, sac.critic)
+
+
+def test_a_q_network_a_subclass_puts_in_place_chooses_the_actions_it_collects_with():
+    """DQN collects with the Q-network's layers as bare kernels (a plain MLP, once per env step), taken when the
+    model was made: a Q-network a subclass's `_setup` put in place after `super()._setup()` (a subclass of QNetwork
+    with its own forward, here one that always prefers action 0) never chose an action; the untrained network built
+    first did. Collection calls the network in place, through its forward."""
+    from rlspeed.algos.off_policy import frozen_copy
+    from rlspeed.nn import QNetwork
+
+    class PreferLeft(QNetwork):
+        def forward(self, obs):
+            return super().forward(obs) + torch.tensor([100.0, 0.0])
+
+    class PreferLeftDQN(DQN):
+        def _setup(self):
+            super()._setup()
+            cfg, spec = self.config, self.spec
+            self.q_network = self.policy = PreferLeft(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation)
+            self.q_target = frozen_copy(self.q_network, self, ("q_network", "q_target"))
+            self._params, self._target_params = list(self.q_network.parameters()), list(self.q_target.parameters())
+            self.optimizer = torch.optim.Adam(self._params, lr=cfg.learning_rate)
+            self._update_step = self._make_update_step()
+
+    model = PreferLeftDQN("CartPole-v1", device="cpu", seed=0, learning_starts=0, exploration_initial_eps=0.0,
+                          exploration_final_eps=0.0, net_arch=[16])
+    actions = []
+    explore = model._explore
+    model._explore = lambda obs, timesteps, *masks: actions.append(explore(obs, timesteps, *masks)) or actions[-1]
+    model.learn(64, progress_bar=False)
+    assert actions and all(int(action) == 0 for action in torch.cat(actions))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlspeed.accel.introspect import made_as
 from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
@@ -126,10 +127,9 @@ class DQN(OffPolicyAlgorithm):
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._update_step = self._make_update_step()
         self._index_dtype = rules(self.device).index_dtype
-        # The greedy action during collection: a plain MLP on float vectors runs as its addmm/activation kernels,
-        # without the per-module call overhead (it is called once per env step)
-        plain = not cfg.dueling and self.q_network.encoder is None
-        self._body_linears = sequential_linears(self.q_network.body) if plain else None
+        # (see `_collection_linears`)
+        self._body_linears_of: torch.nn.Module | None = None
+        self._body_linears: tuple[list[torch.nn.Linear], bool] | None = None
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
         self._collect_weights: list[torch.Tensor] | None = None  # contiguous W^T copies [in, out]
 
@@ -189,6 +189,19 @@ class DQN(OffPolicyAlgorithm):
                     q_values = q_values.tanh_() if tanh else q_values.relu_()
         return masked_argmax(q_values, action_masks).to(self._index_dtype)
 
+    def _collection_linears(self) -> tuple[list[torch.nn.Linear], bool] | None:
+        """(linear layers, tanh?) of the Q-network, for the greedy action during collection (called once per env
+        step): a plain MLP on float vectors runs as its addmm/activation kernels, without the per-module call
+        overhead. Only rlspeed's own `QNetwork`, and the one now in `q_network`: a subclass's network (its own
+        forward), or one a subclass's `_setup` put in its place, is called as a module."""
+        network = self.q_network
+        if self._body_linears_of is not network:
+            plain = (made_as(network) is QNetwork and not getattr(network, "dueling", True)
+                     and network.encoder is None)
+            self._body_linears = sequential_linears(network.body) if plain else None
+            self._body_linears_of = network
+        return self._body_linears
+
     def _prepare_collection(self, start: int) -> None:
         """Before the next `train_freq` steps of every env (from env step `start`), during which the Q-network
         does not change: its weights laid out as W^T for `_greedy` (the product x W^T then reads memory in order),
@@ -196,7 +209,7 @@ class DQN(OffPolicyAlgorithm):
         epsilon) and its random action: with action masks, which are known only at the step, one uniform number per
         action instead, from which the step takes the allowed action with the largest (`allowed_uniform`)."""
         cfg, num_envs = self.config, self._env.num_envs
-        if self._body_linears is not None:
+        if self._collection_linears() is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
         span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
         # per collection step, which advances num_timesteps by every rank's envs
