@@ -489,3 +489,25 @@ def test_a_q_network_a_subclass_puts_in_place_chooses_the_actions_it_collects_wi
     model._explore = lambda obs, timesteps, *masks: actions.append(explore(obs, timesteps, *masks)) or actions[-1]
     model.learn(64, progress_bar=False)
     assert actions and all(int(action) == 0 for action in torch.cat(actions))
+
+
+def test_parameter_lists_left_from_a_network_a_subclass_replaced_are_one_sentence():
+    """A `_setup` that puts a Q-network, its target and an optimizer in place after `super()._setup()` but leaves
+    `_params` and `_target_params` as they were: the update clipped the replaced network's gradients (none) and the
+    target update moved the replaced target, so the target in place never followed, silently. learn refuses it."""
+    from rlspeed.algos.off_policy import frozen_copy
+    from rlspeed.nn import QNetwork
+
+    class Replaced(DQN):
+        def _setup(self):
+            super()._setup()
+            cfg, spec = self.config, self.spec
+            self.q_network = self.policy = QNetwork(spec.obs_dim, spec.action_dim, [16], cfg.activation)
+            self.q_target = frozen_copy(self.q_network, self, ("q_network", "q_target"))
+            self.optimizer = torch.optim.Adam(self.q_network.parameters(), lr=cfg.learning_rate)
+
+    model = Replaced("CartPole-v1", device="cpu", seed=0, learning_starts=16, batch_size=16)
+    with pytest.raises(UserError, match=r"Replaced\._params holds parameters of a network the model no longer has.*"
+                                        r"set self\._params again") as error:
+        model.learn(32, progress_bar=False)
+    assert "\n" not in str(error.value)

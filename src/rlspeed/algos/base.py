@@ -1647,6 +1647,22 @@ class Algorithm:
                         f"model.{name}.load_state_dict(state) (no assign=True), make a new model with the "
                         "architecture you want (net_arch, activation, ...), or freeze a parameter with "
                         "requires_grad_(False).")
+        self._check_parameter_lists()
+
+    def _check_parameter_lists(self) -> None:
+        """UserError where a list of parameters the model keeps (`_params`, what the update clips; `_target_params`,
+        what the target update moves; ...) holds a tensor no network of the model holds: a `_setup` put a network in
+        place after `super()._setup()` and left the lists of the one it replaced, so training would clip, or move
+        the targets of, a network nothing uses, silently."""
+        held = {id(p) for value in self._saved_modules().values()
+                for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
+        for name, value in vars(self).items():
+            if (isinstance(value, list) and value and all(isinstance(p, torch.nn.Parameter) for p in value)
+                    and any(id(p) not in held for p in value)):
+                raise UserError(f"{type(self).__name__}.{name} holds parameters of a network the model no longer has: "
+                                "a network was put in place of one after it was made (a _setup that replaces one "
+                                f"after super()._setup()); set self.{name} again for the networks in place, as "
+                                f"{type(self).__mro__[1].__name__}'s _setup sets it.")
 
     def _follow_replaced_optimizers(self) -> None:
         """An optimizer put in place of the model's after its update step was made for the old one (a subclass's
