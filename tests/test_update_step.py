@@ -511,3 +511,30 @@ def test_parameter_lists_left_from_a_network_a_subclass_replaced_are_one_sentenc
                                         r"set self\._params again") as error:
         model.learn(32, progress_bar=False)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("algo", [PPO, pytest.param(A2C, marks=needs_torch_2_9)], ids=lambda c: c.__name__)
+def test_a_step_a_subclass_takes_with_the_optimizer_itself_counts_once(algo):
+    """A subclass's update that also steps `self.optimizer` itself (an auxiliary value phase after each rollout, as
+    Phasic Policy Gradient's) while the hand-derived update trains: torch's optimizer advanced the step count all
+    parameters shared once per parameter (6 per call), so every later bias correction ran ahead and the weights
+    drifted from the autograd run's. Each parameter has its count, as in torch's optimizer."""
+    class AuxiliaryPhase(algo):
+        def _update_rollout(self, buf, advantages, returns):
+            metrics = super()._update_rollout(buf, advantages, returns)
+            loss = (self.policy.value(buf.obs.flatten(0, 1)) - returns.flatten()).square().mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            return metrics
+
+    def trained(fused_update):
+        model = AuxiliaryPhase("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32,
+                               fused_update=fused_update, **({"batch_size": 64, "n_epochs": 2} if algo is PPO else {}))
+        model.learn(384, progress_bar=False)
+        steps = {float(state["step"]) for state in model.optimizer.state.values()}
+        return torch.cat([p.detach().flatten() for p in model.policy.parameters()]), steps
+
+    (hand_derived, steps), (reference, reference_steps) = trained(True), trained(False)
+    assert steps == reference_steps == {3 * (4 if algo is PPO else 1) + 3}
+    torch.testing.assert_close(hand_derived, reference, rtol=1e-4, atol=1e-6)

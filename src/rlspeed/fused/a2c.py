@@ -64,7 +64,7 @@ class FlatRMSprop(FlatAdam):
         grad = self.grad
         group = self.optimizer.param_groups[0]
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
-        self.step_count += 1
+        self.count_step()
         self.exp_avg_sq.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
         avg = self.exp_avg_sq.sqrt().add_(eps)
         if isinstance(lr, torch.Tensor):  # (a learning rate held as a tensor: no host read)

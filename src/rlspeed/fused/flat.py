@@ -110,7 +110,11 @@ class FlatAdam:
         self.grad = torch.zeros_like(self.flat)
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
+        # One step count per parameter, as torch's Adam keeps them, each parameter's state "step" a view of its own:
+        # a step the optimizer itself takes (`model.optimizer.step()` in a subclass's update or a callback) advances
+        # each once, and the next step here goes on from there. `step_count` is the first (they move together).
+        self._step_counts = torch.zeros(len(self.params), dtype=torch.float32, device=device)
+        self.step_count = self._step_counts[0]
 
         def views(buffer: torch.Tensor) -> list[torch.Tensor]:
             return [chunk.view_as(p) for chunk, p in zip(buffer.split(sizes), self.params)]
@@ -133,8 +137,7 @@ class FlatAdam:
 
     def release(self) -> None:
         """Hand the parameters back to the optimizer's own `step` (an update that stops using this one): each
-        parameter's state gets its own step count. They share one while this class steps them all at once, and
-        torch's Adam would advance a shared count once per parameter, so its bias corrections would run ahead."""
+        parameter's step count becomes a tensor of its own, no longer a view of the counts this class advances."""
         for p in self.params:
             state = self.optimizer.state[p]
             state["step"] = state["step"].clone()
@@ -153,14 +156,19 @@ class FlatAdam:
                     for p, view in zip(self.params, key_views):
                         view.copy_(state[p][key])
                 # (on the buffer's device: as_tensor alone makes it on the caller's default device)
-                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32,
-                                                      device=self.step_count.device))
+                self._step_counts.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32,
+                                                        device=self.step_count.device).expand_as(self._step_counts))
             else:
                 self.exp_avg.zero_()
                 self.exp_avg_sq.zero_()
-                self.step_count.zero_()
+                self._step_counts.zero_()
         for index, p in enumerate(self.params):
-            state[p] = {"step": self.step_count, **{key: key_views[index] for key, key_views in views.items()}}
+            state[p] = {"step": self._step_counts[index],
+                        **{key: key_views[index] for key, key_views in views.items()}}
+
+    def count_step(self) -> None:
+        """Advance every parameter's step count by one (a step of the flat buffers)."""
+        self._step_counts.add_(1)
 
     def check(self) -> None:
         """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); parameters whose
@@ -208,7 +216,7 @@ class FlatAdam:
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay = group.get("weight_decay", 0.0)
         if advance:
-            self.step_count += 1
+            self.count_step()
         for part in [slice(None)] if parts is None else parts:
             flat, grad = self.flat[part], self.grad[part]
             exp_avg, exp_avg_sq = self.exp_avg[part], self.exp_avg_sq[part]
