@@ -106,7 +106,8 @@ class AccelReport:
 
     def summary(self) -> dict[str, str]:
         """The short form for summary.json: ``{"precision": ..., "compile": ..., "graphs": ..., "chosen_by": ...}`` of
-        the latest decision (`chosen_by`: search, cache, forced, only candidate, fallback; "not yet" before one)."""
+        the latest decision (`chosen_by`: search, cache, forced, only candidate, fallback, waiting; "not yet" before
+        one)."""
         chosen = self.chosen or Strategy()
         return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower(),
                 "chosen_by": self.decisions[-1].source if self.decisions else "not yet"}
