@@ -538,3 +538,27 @@ def test_a_step_a_subclass_takes_with_the_optimizer_itself_counts_once(algo):
     (hand_derived, steps), (reference, reference_steps) = trained(True), trained(False)
     assert steps == reference_steps == {3 * (4 if algo is PPO else 1) + 3}
     torch.testing.assert_close(hand_derived, reference, rtol=1e-4, atol=1e-6)
+
+
+def test_a_subclass_checkpoint_with_settings_of_its_own_names_the_class_that_loads_it(tmp_path):
+    """A subclass whose config adds a hyperparameter (docs/algorithms.md: 'make them hyperparameters of a config
+    subclass'): rlspeed's own class loading its file blamed a newer rlspeed or edited metadata. It names the subclass
+    that saved it and how to load it, in one sentence (and no warning first); the subclass loads it."""
+    import dataclasses
+
+    from rlspeed.algos.ppo import PPOConfig
+
+    @dataclasses.dataclass
+    class KLConfig(PPOConfig):
+        kl_coef: float = 0.1
+
+    class KLPPO(PPO):
+        config_cls = KLConfig
+
+    path = KLPPO("CartPole-v1", device="cpu", seed=0, kl_coef=0.5, num_envs=2, num_steps=16, batch_size=32).save(
+        tmp_path / "kl")
+    with pytest.raises(UserError, match=r"saved by .*KLPPO, whose settings PPO\.load does not have \(kl_coef\): load "
+                                        r"it with KLPPO\.load") as error:
+        PPO.load(path)
+    assert "\n" not in str(error.value)
+    assert KLPPO.load(path).config.kl_coef == 0.5

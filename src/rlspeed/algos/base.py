@@ -3022,12 +3022,15 @@ class Algorithm:
             if cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
                 raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
                                 f"rlspeed.{algo.__name__}.load.")
-        _warn_other_class(meta, algo, path, "load")
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
+        if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own)
+            raise UserError(f"'{path}' was saved by {other}, whose settings {algo.__name__}.load does not have "
+                            f"({', '.join(unknown)}): load it with {_saved_class_call(other, 'load')}.")
         if unknown:  # (the version is not told apart: a newer rlspeed's settings are the likely cause)
             raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
                             f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
                             "config class of someone else's, or its metadata was edited.")
+        _warn_other_class(meta, algo, path, "load")
         saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
