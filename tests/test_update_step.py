@@ -133,6 +133,9 @@ def test_optimizer_and_activation_overrides_that_would_be_ignored_are_refused():
     with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not .*\.Tanh"):
         PPO("CartPole-v1", device="cpu", activation=Tanh)
     assert PPO("CartPole-v1", device="cpu", activation=torch.nn.Tanh).config.activation == "tanh"
+    # (an instance, SB3's activation_fn written as a call: its class's name, not "Unknown activation 'ELU(...)'")
+    with pytest.raises(UserError, match=r"not a module \(ELU\(alpha=2\.0\)\): give activation='elu' or torch\.nn\.ELU"):
+        PPO("CartPole-v1", device="cpu", activation=torch.nn.ELU(alpha=2.0))
 
     class NormalActionNoise:  # (SB3's class for TD3's action_noise: the choice's own message, not activation's)
         pass

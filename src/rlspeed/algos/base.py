@@ -562,6 +562,11 @@ def coerce(key: str, value, hint):
                                     "so your class would be replaced by torch's; give your network to a subclass "
                                     "(docs/algorithms.md).")
                 return value.__name__.lower()
+            if key == "activation" and isinstance(value, torch.nn.Module):  # (an instance: its arguments would be lost)
+                name = type(value).__name__
+                raise UserError(f"Hyperparameter '{key}' takes a name or torch's class, not a module ({value!r}): "
+                                f"give activation='{name.lower()}' or torch.nn.{name}; a layer with arguments of its "
+                                "own goes in a network of a subclass (docs/algorithms.md).")
             return str(value)
     except (TypeError, ValueError):
         pass
