@@ -37,7 +37,9 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tanh",
         out_gain: float = 1.0) -> nn.Sequential:
-    """An MLP with orthogonal initialisation (gain sqrt(2) on hidden layers, `out_gain` on the last)."""
+    """An MLP from `in_dim` inputs through the `hidden` widths to `out_dim` outputs, `activation` (a name of
+    `ACTIVATIONS`) after each hidden layer, with orthogonal initialisation (gain sqrt(2) on hidden layers, `out_gain`
+    on the last) and zero biases."""
     if activation not in ACTIVATIONS:
         raise UserError(f"Unknown activation '{activation}': use one of {', '.join(ACTIVATIONS)}.")
     layers: list[nn.Module] = []
@@ -698,6 +700,13 @@ class ActorCritic(SB3Names, nn.Module):
 
     The MLPs take the observation's features: with an `encoder` (images, Dict, Discrete observations; `make_encoder`)
     its output, shared by actor and critic (SB3's `share_features_extractor`), else the flattened float observation.
+
+    Arguments: `obs_dim`, the flattened observation's size (the MLPs' input without an encoder); `action_space`, which
+    sets the distribution and the actor's output size (without it: `discrete` says categorical or Gaussian, with
+    `action_dim` logits or means); `hidden`, both MLPs' hidden widths; `activation`, a name of `ACTIVATIONS`;
+    `log_std_init`, the Gaussian's initial log standard deviation; `encoder`, as above. A subclass with a network of
+    its own (docs/algorithms.md) overrides `forward(obs) -> (actor output, value)`, which `act`, `evaluate`, `value`
+    and the export call.
     """
 
     sb3_names = SB3_ACTOR_CRITIC_ATTRIBUTES
