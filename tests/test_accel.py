@@ -606,6 +606,7 @@ def test_hand_derived_updates_are_checked_and_timed_by_the_same_search():
 
         def __init__(self):
             self.adam = SimpleNamespace(grad=torch.zeros(16), check=lambda: None)
+            self.adam.grad_views = [self.adam.grad]
             self.steps = 0
 
         def gradient(self, x):

@@ -1,5 +1,8 @@
 """`--accelerate auto` on the hand-derived updates: a measured matmul precision, forced choices, no trace."""
 
+import contextlib
+import types
+
 import pytest
 import torch
 from conftest import needs_torch_2_9
@@ -171,3 +174,50 @@ def test_the_summary_says_how_the_precision_was_chosen(monkeypatch):
     forced = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
     assert forced.acceleration_summary()["chosen_by"] == "forced"
     assert "forced by RLSPEED_ACCELERATE" in forced.update_summary()["reason"]
+
+
+class _TwoParameterUpdate:
+    """A stand-in hand-derived update: a large parameter whose gradient every precision computes alike, and a small
+    one (a value head's bias) whose gradient a reduced matmul precision garbles."""
+
+    def __init__(self, reduced):
+        self.reduced = reduced  # (whether the reduced-precision region is open now)
+        self.adam = types.SimpleNamespace(grad=torch.zeros(4096 + 16), check=lambda: None)
+        self.adam.grad_views = list(self.adam.grad.split([4096, 16]))
+        generator = torch.Generator().manual_seed(0)
+        self.large = torch.randn(4096, generator=generator)
+        self.small = torch.randn(16, generator=generator) * 0.01
+        self.garbled = torch.randn(16, generator=generator) * 0.01
+
+    def gradient(self, *batch):
+        self.adam.grad_views[0].copy_(self.large)
+        self.adam.grad_views[1].copy_(self.garbled if self.reduced["on"] else self.small)
+
+    def __call__(self, *batch):
+        self.gradient(*batch)
+        return None, {}
+
+
+def test_a_reduced_precision_that_garbles_one_parameters_gradient_is_rejected(monkeypatch):
+    """The hand-derived updates' search checks the gradient parameter by parameter, as `accelerate_step`'s does: a
+    small parameter's gradient gone wrong fails the check, though the whole flat gradient's cosine stays ~1."""
+    from rlspeed.fused import precision as fused_precision
+
+    reduced = {"on": False}
+
+    @contextlib.contextmanager
+    def region(device, precision):
+        reduced["on"] = True
+        try:
+            yield
+        finally:
+            reduced["on"] = False
+
+    monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
+    monkeypatch.setattr(fused_precision, "precision_context", region)
+    step = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
+    step(torch.zeros(1))
+    reference, candidate = step.trials
+    assert reference.reference and candidate.strategy.precision == "bf16-matmul"
+    assert not candidate.passed and "gradient cosine" in candidate.error
+    assert step.precision == "fp32"

@@ -5,10 +5,10 @@ the acceleration layer can add on top is a reduced internal precision for the ma
 matmuls on x86 CPUs with AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first call
 `AutoMatmulPrecision` hands the update's gradient computation to `rlspeed.accel.search.run_search`, the search
 `auto_accelerate` and `accelerate_step` use: fp32 and each reduced matmul precision compute the gradient of that
-batch from the same RNG seed, candidates whose gradient leaves the tolerances (`search.TOLERANCES`) are rejected,
-the rest are timed against fp32 in interleaved rounds, and the fastest wins only if it is at least `search.MARGIN`
-faster (confirmed on fresh rounds), else fp32; the choice is cached (`rlspeed.accel.cache`: the update, its batch's
-shapes, the machine and software), so a later run on the same machine takes it without searching.
+batch from the same RNG seed, candidates whose gradient of any parameter leaves the tolerances (`search.TOLERANCES`)
+are rejected, the rest are timed against fp32 in interleaved rounds, and the fastest wins only if it is at least
+`search.MARGIN` faster (confirmed on fresh rounds), else fp32; the choice is cached (`rlspeed.accel.cache`: the
+update, its batch's shapes, the machine and software), so a later run on the same machine takes it without searching.
 `RLSPEED_ACCELERATE` forces a precision. The search leaves no trace: the RNG is forked, and the gradient buffer is
 overwritten by the real step.
 """
@@ -40,7 +40,8 @@ TIMING_BUDGET_S = 0.1  # the timed rounds' budget: one gradient takes millisecon
 
 
 class AutoMatmulPrecision:
-    """Wraps a hand-derived update (an object with `gradient(...)`, `adam.grad` and `__call__(...)`)."""
+    """Wraps a hand-derived update (an object with `gradient(...)`, `adam.grad`, `adam.grad_views` (one view of
+    `adam.grad` per parameter) and `__call__(...)`)."""
 
     def __init__(self, update, device: torch.device, name: str):
         self.update, self.device, self.name = update, device, name
@@ -112,10 +113,12 @@ class AutoMatmulPrecision:
 
             return gradient
 
-        # the search compares the `.grad` of what it is given: here the update's one flat gradient buffer
-        flat_gradient = SimpleNamespace(grad=self.adam.grad)
+        # the search compares the `.grad` of what it is given, parameter by parameter: here the views of the update's
+        # flat gradient buffer, one per parameter (the flat buffer as one vector would let a small parameter's
+        # gradient, a value head's bias, go wrong behind the large ones)
+        per_parameter = [SimpleNamespace(grad=view) for view in self.adam.grad_views]
         started = time.perf_counter()
-        chosen, trials, reason = run_search(candidates, build, [flat_gradient], self.device,
+        chosen, trials, reason = run_search(candidates, build, per_parameter, self.device,
                                             budget_s=TIMING_BUDGET_S)
         decision = Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started)
         self._decided(decision)
