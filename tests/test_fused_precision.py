@@ -221,3 +221,7 @@ def test_a_reduced_precision_that_garbles_one_parameters_gradient_is_rejected(mo
     assert reference.reference and candidate.strategy.precision == "bf16-matmul"
     assert not candidate.passed and "gradient cosine" in candidate.error
     assert step.precision == "fp32"
+    # (a gradient computation has no output: the report says none was compared rather than an error of 0)
+    assert candidate.output_rel_err is None
+    line = next(line for line in str(step).splitlines() if line.split()[:1] == ["bf16-matmul"])
+    assert line.split()[4] == "-"  # (label, ms/call, speed-up, 1st call s, out err)
