@@ -1023,3 +1023,32 @@ def test_an_update_step_gives_the_gradient_norm_its_clipping_measured(clip):
     unclipped = accelerate_step(lambda x: net(x).pow(2).mean(), opt, precision="fp32", compile=False)
     unclipped(torch.randn(16, 3))
     assert unclipped.grad_norm is None
+
+
+def test_an_accelerated_module_inside_an_update_step_runs_as_the_step_chose(monkeypatch):
+    """The docs' pattern: `auto_accelerate(model)` and a step whose loss calls the model. Inside the step the model
+    runs its plain forward, so the step's strategy, checked on the loss itself, is what runs: a module decided on
+    bf16 for its own calls neither turns a step that chose fp32 into a bf16 one nor is the step search's fp32
+    reference; outside the step the module keeps its own decision."""
+    model, plain = auto_accelerate(_mlp(4, 1), precision="bf16"), _mlp(4, 1)
+    x, y = torch.randn(64, 4), torch.randn(64) * 100  # (large targets: a value loss)
+
+    def value_loss(obs, returns):
+        return (model(obs).squeeze(-1) - returns).square().mean()
+
+    step = accelerate_step(value_loss, torch.optim.Adam(model.parameters(), lr=1e-3), precision="fp32",
+                           fused_optimizer=False)
+    step(x, y)
+    plain_optimizer = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    (plain(x).squeeze(-1) - y).square().mean().backward()
+    plain_optimizer.step()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    with torch.no_grad():
+        assert not torch.equal(model(x), plain(x))  # (its own calls: bf16 autocast, as asked)
+
+    monkeypatch.setattr("rlspeed.accel.step.candidates", lambda *args, **kwargs: ([EAGER_FP32, BF16], []))
+    searched = accelerate_step(value_loss, torch.optim.Adam(model.parameters()), example_inputs=(x, y))
+    reference, candidate = searched.report.decisions[-1].trials
+    assert reference.reference and candidate.strategy == BF16
+    assert candidate.output_rel_err > 0  # (measured against a true fp32 run of the loss, not against bf16 itself)

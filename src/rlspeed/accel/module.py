@@ -15,6 +15,9 @@ it runs eager fp32, timed, and is searched only once its calls have taken long e
 `SEARCH_COST_SHARE` of that time (`search.expected_search_s`): the line never makes a script slower by more than
 that share, a short script or a model too small to gain never pays for a search, and a long run of a large model
 gets its speed-up after a short while. ``example_inputs=`` searches at once.
+
+Inside an accelerated step's loss function (`accelerate_step`) the module runs its plain forward: the step's strategy
+applies to the whole loss there.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ from rlspeed.errors import UserError
 
 # A kind of call is searched once the time spent in its calls is at least the search's expected cost divided by this.
 SEARCH_COST_SHARE = 0.03
+
+#: Per thread: how deep it is in calls of accelerated steps' loss functions (`in_step`). An accelerated module called
+#: there runs its plain forward: the step's strategy, checked against fp32 on the loss itself, is the one that applies
+#: (a module's own check sees its outputs only, and a reduced precision it chose would run inside a step that chose
+#: fp32, and inside the step search's fp32 reference).
+_STEP_SCOPE = threading.local()
 
 _CLASS_ATTRIBUTE = "_rlspeed_accelerated_class"  # where `_accelerated_class` keeps a class's accelerated subclass
 _ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
@@ -306,7 +315,8 @@ class ModuleAccelerator:
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         # (the fast path's checks are what every call of a small model pays: each is the cheapest form of itself)
-        if self._local.__dict__.get("depth"):  # a nested call (a method calling self() inside an accelerated call)
+        if self._local.__dict__.get("depth") or _STEP_SCOPE.__dict__.get("depth"):  # a nested call (a method calling
+            # self() inside an accelerated call), or a call inside an accelerated step's loss function
             return self.base_forward(module, *args, **kwargs)
         if args and not kwargs:  # fast path: tensors already in place (policy(obs), critic(obs, action)), a plain
             # or a waiting kind of call; the batch size is the first one of at least two dimensions (`batch_size_of`)
@@ -562,6 +572,21 @@ class ModuleAccelerator:
                 return to_float32(inner(*args, **kwargs))
 
         return fn
+
+
+def in_step(fn: Callable) -> Callable:
+    """`fn` (an accelerated step's loss function, as the step runs it) with the accelerated modules it calls running
+    their plain forward (`_STEP_SCOPE`)."""
+
+    @functools.wraps(fn)
+    def step_scope(*args: Any, **kwargs: Any) -> Any:
+        _STEP_SCOPE.depth = _STEP_SCOPE.__dict__.get("depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _STEP_SCOPE.depth -= 1
+
+    return step_scope
 
 
 class _Waiting:

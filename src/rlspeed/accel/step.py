@@ -498,7 +498,7 @@ class AcceleratedStep:
             fn = compile_function(fn, strategy, self.counter)
             if strategy.graphs:
                 fn = graph_safe(fn)
-        return fn
+        return module_policy.in_step(fn)  # (the accelerated modules it calls run as this strategy says)
 
     def _use(self, strategy: Strategy) -> None:
         self.strategy = strategy
