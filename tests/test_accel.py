@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import inspect
 import io
+import math
 import os
 import pickle
 import warnings
@@ -596,10 +597,12 @@ def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cach
 
 
 @needs_bf16_matmul
-def test_hand_derived_updates_are_checked_and_timed_by_the_same_search():
+def test_hand_derived_updates_are_checked_and_timed_by_the_same_search(monkeypatch):
     from types import SimpleNamespace
 
     from rlspeed.fused.precision import AutoMatmulPrecision
+
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", math.inf)  # (searched at the first call)
 
     class Update:
         """A hand-derived update whose gradient is wrong when matmuls run in bf16."""

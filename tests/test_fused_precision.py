@@ -1,6 +1,7 @@
 """`--accelerate auto` on the hand-derived updates: a measured matmul precision, forced choices, no trace."""
 
 import contextlib
+import math
 import types
 
 import pytest
@@ -14,6 +15,13 @@ from rlspeed.fused.precision import AutoMatmulPrecision
 from rlspeed.fused.sac import FusedSACUpdate
 
 pytestmark = pytest.mark.usefixtures("isolated_accel")  # (conftest: own cache, nothing forced, short timing)
+
+
+@pytest.fixture(autouse=True)
+def search_at_once(monkeypatch):
+    """The matmul-precision search at the first update (instead of once the updates have taken long enough to pay
+    for it: `test_the_search_waits_until_the_updates_pay_for_it` covers that rule)."""
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", math.inf)
 
 
 def _batch(batch=256):
@@ -225,3 +233,27 @@ def test_a_reduced_precision_that_garbles_one_parameters_gradient_is_rejected(mo
     assert candidate.output_rel_err is None
     line = next(line for line in str(step).splitlines() if line.split()[:1] == ["bf16-matmul"])
     assert line.split()[4] == "-"  # (label, ms/call, speed-up, 1st call s, out err)
+
+
+def test_the_search_waits_until_the_updates_pay_for_it(monkeypatch):
+    """`--accelerate auto` on a hand-derived update follows `accelerate_step`'s rule: fp32 (the bare update) until
+    the updates have taken long enough for the search to cost at most `SEARCH_COST_SHARE` of their time, so a short
+    run pays nothing for it; then one search, on that update's batch. DQN's updates on prepared batches count too."""
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 0.03)  # (the rule as shipped)
+    monkeypatch.setattr("rlspeed.fused.precision.reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
+    model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=8,
+                batch_size=16)
+    model.learn(256, progress_bar=False)
+    step = model._update_step.fn
+    assert model.acceleration_summary() == {"precision": "fp32", "compile": "off", "chosen_by": "waiting"}
+    assert not step.trials and step._waiting.calls == model._n_updates > 8
+    assert "until the update's calls have taken" in str(step)
+
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 1e6)  # (any update pays for it: the second searches)
+    model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=8,
+                batch_size=16)
+    model.learn(64, progress_bar=False)
+    step = model._update_step.fn
+    assert model.acceleration_summary()["chosen_by"] == "search"
+    assert [t.strategy.precision for t in step.trials] == ["fp32", "bf16-matmul"]
+    assert "searched after 1 fp32 updates" in step.reason

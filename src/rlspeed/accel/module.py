@@ -597,12 +597,13 @@ class _Waiting:
     def __init__(self, decision: Decision):
         self.decision, self.spent_s, self.calls, self.threshold_s = decision, 0.0, 0, 0.0
 
-    def search_due(self, eager: int, compiled: int, what: str) -> bool:
+    def search_due(self, eager: int, compiled: int, what: str, budget_s: float | None = None) -> bool:
         """Whether the calls (`what`, for the reason) have taken long enough to pay for a search of `eager` and
-        `compiled` candidates; otherwise the threshold is raised to what the search is now expected to cost (it grows
-        with the time per call). The rule of module calls and of steps alike."""
+        `compiled` candidates (with the timing budget `budget_s`, default the search's); otherwise the threshold is
+        raised to what the search is now expected to cost (it grows with the time per call). The rule of module
+        calls, of steps and of the hand-derived updates' matmul-precision search alike."""
         per_call = self.spent_s / self.calls if self.calls else 0.0
-        self.threshold_s = expected_search_s(per_call, eager, compiled) / SEARCH_COST_SHARE
+        self.threshold_s = expected_search_s(per_call, eager, compiled, budget_s) / SEARCH_COST_SHARE
         label = "fp32 eager" if self.decision.chosen == EAGER_FP32 else self.decision.chosen.label
         self.decision.reason = (f"{label} until {what} have taken {self.threshold_s:.3g} s, so that a search costs at "
                                 f"most {SEARCH_COST_SHARE:.0%} of their time")

@@ -221,17 +221,19 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
     return per_round
 
 
-def expected_search_s(per_call_s: float, eager: int, compiled: int = 0) -> float:
+def expected_search_s(per_call_s: float, eager: int, compiled: int = 0, budget_s: float | None = None) -> float:
     """Roughly what `run_search` costs for a call taking `per_call_s` with `eager` and `compiled` candidates: a
     checked call and the warm-up of each, the timed rounds (at least one call per candidate in each, cut short by
-    the hard limit) and the confirmation of a winner, and the compilation of one compiled candidate."""
+    the hard limit) and the confirmation of a winner, and the compilation of one compiled candidate. `budget_s`: the
+    search's `budget_s` (default `TIMING_BUDGET_S`)."""
     candidates = eager + min(compiled, 1)  # only the eager winner's precision is compiled
+    budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
 
     def timed(budget_s: float, count: int) -> float:
         rounds = max(budget_s, ROUNDS * count * per_call_s)
         return min(rounds, max(HARD_LIMIT_FACTOR * budget_s, 2 * count * per_call_s))
 
-    return (timed(TIMING_BUDGET_S, candidates) + timed(CONFIRM_BUDGET_FRACTION * TIMING_BUDGET_S, 2)
+    return (timed(budget_s, candidates) + timed(CONFIRM_BUDGET_FRACTION * budget_s, 2)
             + (1 + WARMUP_CALLS) * candidates * per_call_s + min(compiled, 1) * COMPILE_ESTIMATE_S)
 
 

@@ -1562,7 +1562,7 @@ class Algorithm:
 
     def report(self) -> str:
         """What runs and why: the update implementation and the rule that chose it, and what the acceleration layer
-        measured and chose (after the first update, with `accelerate="auto"`)."""
+        measured and chose (with `accelerate="auto"`, once the updates have paid for its search)."""
         choice = self._update_step.choice
         lines = [f"{self.name} update: {choice.implementation} ({choice.reason})"]
         for step in (self._update_step, *self._further_update_steps().values()):

@@ -17,6 +17,7 @@ the target's argmax (or max) over next actions takes the mask stored for the nex
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -260,7 +261,8 @@ class DQN(OffPolicyAlgorithm):
     def _prepare_batches(self, rows: dict[str, torch.Tensor]) -> dict:
         """With the hand-derived update: the target network's part of every batch of this iteration's gradient
         steps, in one pass (`FusedDQNUpdate.prepare`; the target network changes only after those steps, in
-        `_train_iteration`), in the matmul precision `--accelerate auto` chose (its first call chooses it)."""
+        `_train_iteration`), in the matmul precision `--accelerate auto` chose (fp32 while its search waits; the
+        update's own call runs the search)."""
         update, context = self._update_step.hand_derived, self._update_step.precision_context()
         if update is None or context is None:
             return rows
@@ -270,10 +272,10 @@ class DQN(OffPolicyAlgorithm):
         return {"obs": rows["obs"], "next_obs": rows["next_obs"], "prepared": prepared}
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if "prepared" in batch:
-            with self._update_step.precision_context():
-                _, metrics = self._update_step.hand_derived.step_prepared(batch["obs"], batch["next_obs"],
-                                                                          batch["prepared"])
+        if "prepared" in batch:  # (in fp32 while the precision's search waits, even where it became due meanwhile)
+            with self._update_step.precision_context() or contextlib.nullcontext():
+                _, metrics = self._update_step.timed(self._update_step.hand_derived.step_prepared, batch["obs"],
+                                                     batch["next_obs"], batch["prepared"])
         else:
             fields = BATCH_FIELDS + (("next_action_masks",) if "next_action_masks" in batch else ())
             _, metrics = self._update_step(*(batch[field] for field in fields))  # Adam step, clipped

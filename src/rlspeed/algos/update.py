@@ -91,8 +91,15 @@ class UpdateStep:
         return self.fn(*batch, **hints) if self.accepts_hints else self.fn(*batch)
 
     def precision_context(self):
-        """The context the hand-derived update runs in (its measured matmul precision); None before it chose."""
+        """The context the hand-derived update runs in (its measured matmul precision, fp32 while its search waits);
+        None where the step's own call must come next (before its first, and when its search is due)."""
         return fused_precision.chosen_precision(self.fn)
+
+    def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`: the hand-derived update run outside this step's call (DQN's on prepared batches), its time
+        counted towards the precision search's wait (`AutoMatmulPrecision.timed`) while that waits."""
+        timed = getattr(self.fn, "timed", None)
+        return fn(*args) if timed is None else timed(fn, *args)
 
 
 class _AutogradStep:

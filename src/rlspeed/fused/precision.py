@@ -2,8 +2,11 @@
 
 The hand-derived updates (`rlspeed.fused.ppo`, `.dqn`, `.sac`) are already the fast form of the step in fp32; what
 the acceleration layer can add on top is a reduced internal precision for the matrix products (bf16 inside fp32
-matmuls on x86 CPUs with AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first call
-`AutoMatmulPrecision` hands the update's gradient computation to `rlspeed.accel.search.run_search`, the search
+matmuls on x86 CPUs with AMX, TF32 on CUDA), where they dominate (256-wide layers). Without a cached choice the
+updates run in fp32 (the bare update) until they have taken long enough for the search to cost at most
+`rlspeed.accel.module.SEARCH_COST_SHARE` of their time, the rule of `auto_accelerate`'s calls and `accelerate_step`'s
+steps, so a short run pays nothing for it; then `AutoMatmulPrecision` hands that update's gradient computation to
+`rlspeed.accel.search.run_search`, the search
 `auto_accelerate` and `accelerate_step` use: fp32 and each reduced matmul precision compute the gradient of that
 batch from the same RNG seed, candidates whose gradient of any parameter leaves the tolerances (`search.TOLERANCES`)
 are rejected, the rest are timed against fp32 in interleaved rounds, and the fastest wins only if it is at least
@@ -22,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from rlspeed.accel import cache
+from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule and waiting state, shared)
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
@@ -51,6 +55,10 @@ class AutoMatmulPrecision:
         self.reason = ""
         request = normalise_request()  # RLSPEED_ACCELERATE, parsed as accelerate_step does
         self._report = AccelReport(f"the hand-derived {name} update", describe(device), request.to_dict())
+        self._candidates = [EAGER_FP32] + [Strategy(p) for p in MATMUL_PRECISIONS[1:]
+                                           if reduced_matmul_supported(device, p)]
+        self._waiting: module_policy._Waiting | None = None  # (fp32 updates, timed, until a search pays for itself)
+        self._first_key: str | None = None  # (the cache key of the first call's batch)
         if request.forced_by_env is not None:
             precision = request.precision
             if precision != "fp32" and not reduced_matmul_supported(device, precision):
@@ -79,30 +87,64 @@ class AutoMatmulPrecision:
 
     def __call__(self, *batch, **options):
         if self.precision is None:
-            self._choose(batch, options)
+            waiting = self._waiting or self._start(batch, options)
+            if waiting is not None:
+                if not self.search_due():
+                    return self.timed(self.update, *batch, **options)
+                self._search(batch, options)
         with self._context(self.precision):
             return self.update(*batch, **options)
+
+    def timed(self, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)`: an fp32 run of the update while the search waits (`__call__`'s, or one the algorithm
+        makes itself, DQN's on prepared batches), its time counted towards what the search must cost at most; just
+        the call otherwise."""
+        waiting = self._waiting
+        if waiting is None:
+            return fn(*args, **kwargs)
+        started = time.perf_counter()
+        result = fn(*args, **kwargs)
+        waiting.spent_s += time.perf_counter() - started
+        waiting.calls += 1
+        return result
+
+    def search_due(self) -> bool:
+        """Whether the search waits no longer: the fp32 updates have taken long enough for it to cost at most
+        `SEARCH_COST_SHARE` of their time (the rule of `auto_accelerate`'s calls and `accelerate_step`'s steps)."""
+        waiting = self._waiting
+        if waiting is None:
+            return False
+        return waiting.spent_s >= waiting.threshold_s and waiting.search_due(
+            len(self._candidates), 0, "the update's calls", budget_s=TIMING_BUDGET_S)
 
     def _decided(self, decision: Decision) -> None:
         self.precision, self.reason, self.trials = decision.chosen.precision, decision.reason, decision.trials
         self._report.decisions.append(decision)
 
-    def _choose(self, batch, options) -> None:
-        candidates = [EAGER_FP32] + [Strategy(p) for p in MATMUL_PRECISIONS[1:]
-                                     if reduced_matmul_supported(self.device, p)]
-        if len(candidates) == 1:
+    def _start(self, batch, options) -> module_policy._Waiting | None:
+        """At the first call: decide from the device (one candidate) or the cache, else start waiting in fp32 until
+        the calls pay for a search (returned)."""
+        if len(self._candidates) == 1:
             self._decided(Decision("all calls", EAGER_FP32, "only candidate",
                                    "no reduced matmul precision on this device"))
-            return
-        key = self._cache_key(batch, options)
-        record = cache.load(key)
+            return None
+        self._first_key = self._cache_key(batch, options)
+        record = cache.load(self._first_key)
         if record is not None:  # (a search of this update on this machine before: its choice)
             try:
                 self._decided(Decision("all calls", Strategy.from_dict(record["chosen"]), "cache",
                                        record.get("reason", ""), [Trial.from_dict(t) for t in record["trials"]]))
-                return
+                return None
             except (KeyError, TypeError, ValueError):
                 pass
+        waiting = self._waiting = module_policy._Waiting(Decision("all calls", EAGER_FP32, "waiting", ""))
+        self._report.decisions.append(waiting.decision)
+        waiting.search_due(len(self._candidates), 0, "the update's calls", budget_s=TIMING_BUDGET_S)  # (the reason)
+        return waiting
+
+    def _search(self, batch, options) -> None:
+        waiting, self._waiting = self._waiting, None
+        self._report.decisions.remove(waiting.decision)
         self.adam.check()
 
         def build(strategy: Strategy):
@@ -118,11 +160,17 @@ class AutoMatmulPrecision:
         # gradient, a value head's bias, go wrong behind the large ones)
         per_parameter = [SimpleNamespace(grad=view) for view in self.adam.grad_views]
         started = time.perf_counter()
-        chosen, trials, reason = run_search(candidates, build, per_parameter, self.device,
+        chosen, trials, reason = run_search(self._candidates, build, per_parameter, self.device,
                                             budget_s=TIMING_BUDGET_S)
+        if waiting.calls:
+            reason += (f" (searched after {waiting.calls} fp32 updates taking {waiting.spent_s:.2f} s, so that the "
+                       f"search costs at most {module_policy.SEARCH_COST_SHARE:.0%} of their time)")
         decision = Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started)
         self._decided(decision)
-        store_choice(key, decision, self._report, f"the hand-derived {self.name} update")
+        what = f"the hand-derived {self.name} update"
+        store_choice(self._cache_key(batch, options), decision, self._report, what)
+        if self._first_key is not None and self._first_key != self._cache_key(batch, options):
+            store_choice(self._first_key, decision, self._report, what)  # (a later run looks its first call's up)
 
     def _cache_key(self, batch, options) -> str:
         """The search's cache key: the update (its class, its gradient's size), the batch's shapes and dtypes, the
@@ -152,7 +200,10 @@ def applies() -> bool:
 
 def chosen_precision(step) -> contextlib.AbstractContextManager | None:
     """The context that runs a hand-derived update as `step` runs it: `AutoMatmulPrecision`'s chosen matmul
-    precision, or nothing for a bare update; None while the wrapper has not chosen yet (its first call does)."""
+    precision (fp32 while its search waits for the updates to pay for it), or nothing for a bare update; None where
+    the wrapper's own call must come next: before its first call, and once its search is due (that call searches)."""
     if isinstance(step, AutoMatmulPrecision):
-        return None if step.precision is None else step._context(step.precision)
+        if step.precision is not None:
+            return step._context(step.precision)
+        return contextlib.nullcontext() if step._waiting is not None and not step.search_due() else None
     return contextlib.nullcontext()
