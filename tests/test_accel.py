@@ -630,7 +630,8 @@ def test_hand_derived_updates_are_checked_and_timed_by_the_same_search(monkeypat
     assert isinstance(candidate, Trial) and reference.reference and candidate.strategy.precision == "bf16-matmul"
     assert not candidate.passed and "gradient cosine" in candidate.error  # the shared tolerances rejected it
     torch.testing.assert_close(update.adam.grad, (x.T @ x).sum(0))
-    assert auto.summary() == {"precision": "fp32", "compile": "off", "chosen_by": "search"}
+    assert auto.summary() == {"precision": "fp32", "compile": "off", "chosen_by": "search",
+                              "reason": "no other candidate passed the accuracy checks"}
     assert "bf16-matmul" in str(auto)
 
 

@@ -47,7 +47,8 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
         assert "no reduced matmul precision" in str(auto._update_step.fn)
         return
     assert [t.strategy.precision for t in auto._update_step.fn.trials][0] == "fp32"
-    assert auto.acceleration_summary() == {"precision": chosen, "compile": "off", "chosen_by": "search"}
+    assert auto.acceleration_summary() == {"precision": chosen, "compile": "off", "chosen_by": "search",
+                                           "reason": auto._update_step.fn.reason}
     assert chosen in str(auto._update_step.fn)
 
     # The same first step with the choice forced (no search): identical weights, so the search changed nothing
@@ -229,6 +230,7 @@ def test_a_reduced_precision_that_garbles_one_parameters_gradient_is_rejected(mo
     assert reference.reference and candidate.strategy.precision == "bf16-matmul"
     assert not candidate.passed and "gradient cosine" in candidate.error
     assert step.precision == "fp32"
+    assert step.summary()["reason"] == "no other candidate passed the accuracy checks"  # (summary.json says why)
     # (a gradient computation has no output: the report says none was compared rather than an error of 0)
     assert candidate.output_rel_err is None
     line = next(line for line in str(step).splitlines() if line.split()[:1] == ["bf16-matmul"])
@@ -245,7 +247,10 @@ def test_the_search_waits_until_the_updates_pay_for_it(monkeypatch):
                 batch_size=16)
     model.learn(256, progress_bar=False)
     step = model._update_step.fn
-    assert model.acceleration_summary() == {"precision": "fp32", "compile": "off", "chosen_by": "waiting"}
+    summary = model.acceleration_summary()
+    assert {key: summary[key] for key in ("precision", "compile", "chosen_by")} == {
+        "precision": "fp32", "compile": "off", "chosen_by": "waiting"}
+    assert summary["reason"].startswith("fp32 eager until the update's calls have taken")
     assert not step.trials and step._waiting.calls == model._n_updates > 8
     assert "until the update's calls have taken" in str(step)
 

@@ -105,12 +105,14 @@ class AccelReport:
                 "decisions": [decision.to_dict() for decision in self.decisions], "notes": list(self.notes)}
 
     def summary(self) -> dict[str, str]:
-        """The short form for summary.json: ``{"precision": ..., "compile": ..., "graphs": ..., "chosen_by": ...}`` of
-        the latest decision (`chosen_by`: search, cache, forced, only candidate, fallback, waiting; "not yet" before
-        one)."""
+        """The short form for summary.json: ``{"precision": ..., "compile": ..., "graphs": ..., "chosen_by": ...,
+        "reason": ...}`` of the latest decision (`chosen_by`: search, cache, forced, only candidate, waiting, fallback;
+        "not yet" before one; `reason`: why, in words, as `str(report)` gives it, with its kind of call where it is not
+        "all calls")."""
         chosen = self.chosen or Strategy()
         return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower(),
-                "chosen_by": self.decisions[-1].source if self.decisions else "not yet"}
+                "chosen_by": self.decisions[-1].source if self.decisions else "not yet",
+                "reason": decision_reason(self.decisions[-1]) if self.decisions else ""}
 
     def __str__(self) -> str:
         requested = " ".join(f"{key}={value}" for key, value in self.requested.items() if value is not None)
@@ -133,6 +135,11 @@ class AccelReport:
                                  f"{result}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def decision_reason(decision: Decision) -> str:
+    """A decision's reason for summary.json, with its kind of call where that is not "all calls"."""
+    return decision.reason if decision.signature == "all calls" else f"[{decision.signature}] {decision.reason}"
 
 
 def _f(value: float | None, spec: str) -> str:

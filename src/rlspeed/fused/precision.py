@@ -68,11 +68,13 @@ class AutoMatmulPrecision:
         self.report = self  # what Algorithm.acceleration_summary reads
 
     def summary(self) -> dict[str, str]:
-        """The short form for summary.json (README.md): precision and compile of the update step, and how the
-        precision was chosen (search, cache, forced, only candidate; "not yet" before the first update)."""
+        """The short form for summary.json (README.md): precision and compile of the update step, how the
+        precision was chosen (search, cache, forced, only candidate, waiting; "not yet" before the first update) and
+        why, in words (`reason`)."""
         decisions = self._report.decisions
         return {"precision": self.precision or "fp32", "compile": "off",
-                "chosen_by": decisions[-1].source if decisions else "not yet"}
+                "chosen_by": decisions[-1].source if decisions else "not yet",
+                "reason": decisions[-1].reason if decisions else ""}
 
     @property
     def forced(self) -> bool:
