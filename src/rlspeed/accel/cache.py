@@ -25,8 +25,10 @@ from rlspeed.device import describe
 
 # bump when the search, its tolerances or the keys change: old choices are then ignored
 # (2: keys hash the forward code of the module classes involved; 3: on CUDA, steps leave compiled candidates out
-# of compile="auto" for whole-step graphs, so a cached compiled choice would skip those)
-SEARCH_VERSION = 3
+# of compile="auto" for whole-step graphs, so a cached compiled choice would skip those; 4: the hand-derived updates'
+# search checks each parameter's gradient, and accelerated modules inside a step run as the step chose, so choices
+# cached under the flat-gradient check, or with a module's reduced precision inside a step, may no longer pass)
+SEARCH_VERSION = 4
 
 
 def cache_dir() -> Path | None:
