@@ -262,3 +262,38 @@ def test_the_search_waits_until_the_updates_pay_for_it(monkeypatch):
     assert model.acceleration_summary()["chosen_by"] == "search"
     assert [t.strategy.precision for t in step.trials] == ["fp32", "bf16-matmul"]
     assert "searched after 1 fp32 updates" in step.reason
+
+
+def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch):
+    """A reduced precision chosen early keeps being checked against fp32 (after RECHECK_FIRST of its updates, then
+    after twice as many more each time): while it passes it stays; once a parameter's gradient leaves the tolerances
+    (a critic's small gradients next to its fitted outputs, later in training) the update runs fp32 from there on,
+    and summary.json says why."""
+    from rlspeed.accel.strategy import Strategy
+    from rlspeed.fused import precision as fused_precision
+
+    reduced, garbling = {"on": False}, {"on": False}
+
+    @contextlib.contextmanager
+    def region(device, precision):
+        reduced["on"] = garbling["on"]
+        try:
+            yield
+        finally:
+            reduced["on"] = False
+
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 1e6)  # (the second call searches)
+    monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
+    monkeypatch.setattr(fused_precision, "precision_context", region)
+    monkeypatch.setattr(fused_precision, "RECHECK_FIRST", 3)
+    monkeypatch.setattr(fused_precision, "run_search", lambda *args, **kwargs: (
+        Strategy("bf16-matmul"), [], "bf16-matmul 1.5x faster than fp32"))
+    step = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
+    for _ in range(2 + 3 + 9):  # (fp32 while waiting, the search, then checks at its 3rd and 9th updates: pass)
+        step(torch.zeros(1))
+    assert step.precision == "bf16-matmul" and step.summary()["chosen_by"] == "search"
+    garbling["on"] = True
+    for _ in range(21):  # (the next check, at its 21st update)
+        step(torch.zeros(1))
+    assert step.precision == "fp32"
+    assert step.summary()["reason"].startswith("bf16-matmul failed its check again after 21 updates (gradient cosine")

@@ -331,6 +331,24 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
     return chosen, ordered, reason
 
 
+def check_again(strategy: Strategy, build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
+                device: torch.device) -> Trial:
+    """`strategy` checked against fp32 eager once more, on what `build`'s runners compute now (no timing): a trial
+    whose `passed` says whether it still keeps the tolerances. A reduced precision that passed early in training
+    may not later (a critic's small gradients next to its fitted outputs), which `run_search`'s one check cannot see.
+    RNG streams and `.grad` are put back, as the search puts them."""
+    trial = Trial(strategy)
+    with preserved_state(device, params):
+        reference, _ = probe(build(EAGER_FP32), params, device)
+        try:
+            result, trial.first_call_s = probe(build(strategy), params, device)
+        except Exception as error:  # (a candidate that cannot run now fails its check)
+            trial.passed, trial.error = False, _first_line(error)
+            return trial
+        compare(result, reference, TOLERANCES[strategy.precision], trial)
+    return trial
+
+
 def choose(candidates: Sequence[Strategy], trials: Sequence[Trial]) -> tuple[Strategy, str]:
     """The passing candidate with the largest speed-up over the simplest one, if that speed-up is at least
     1 / (1 - `MARGIN`) by the median of round-paired ratios and its best round also beats the simplest one's best

@@ -27,7 +27,7 @@ import torch
 from rlspeed.accel import cache
 from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule and waiting state, shared)
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import run_search, store_choice
+from rlspeed.accel.search import check_again, run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     ENV_VAR,
@@ -41,6 +41,9 @@ from rlspeed.errors import UserError
 
 MATMUL_PRECISIONS = ("fp32", "bf16-matmul", "tf32")
 TIMING_BUDGET_S = 0.1  # the timed rounds' budget: one gradient takes milliseconds, and this runs once per training
+#: a reduced precision chosen is checked against fp32 again after this many of its updates, then after twice as many
+#: more each time (two gradients per check: a negligible share of the updates between checks)
+RECHECK_FIRST = 500
 
 
 class AutoMatmulPrecision:
@@ -59,6 +62,8 @@ class AutoMatmulPrecision:
                                            if reduced_matmul_supported(device, p)]
         self._waiting: module_policy._Waiting | None = None  # (fp32 updates, timed, until a search pays for itself)
         self._first_key: str | None = None  # (the cache key of the first call's batch)
+        # (updates in a reduced precision chosen by a search or the cache, and the count at which it is checked again)
+        self._reduced_calls, self._next_check = 0, RECHECK_FIRST
         if request.forced_by_env is not None:
             precision = request.precision
             if precision != "fp32" and not reduced_matmul_supported(device, precision):
@@ -94,8 +99,40 @@ class AutoMatmulPrecision:
                 if not self.search_due():
                     return self.timed(self.update, *batch, **options)
                 self._search(batch, options)
+        if self.precision != "fp32" and not self.forced:
+            self._reduced_calls += 1
+            if self._reduced_calls >= self._next_check:
+                self._check_again(batch, options)
         with self._context(self.precision):
             return self.update(*batch, **options)
+
+    def _gradient_runner(self, batch, options):
+        """`build` for the search and its checks: a strategy's runner computes the update's gradient of `batch`."""
+        def build(strategy: Strategy):
+            def gradient() -> tuple[None, float]:
+                with self._context(strategy.precision):
+                    self.update.gradient(*batch, **options)
+                return None, 1.0
+
+            return gradient
+
+        return build
+
+    def _check_again(self, batch, options) -> None:
+        """The reduced precision checked against fp32 on this batch: kept while it passes (next check after twice as
+        many updates), else fp32 from here on, said in the report and summary.json and cached for later runs."""
+        self._next_check = 2 * self._reduced_calls + RECHECK_FIRST
+        chosen = Strategy(self.precision)
+        self.adam.check()
+        per_parameter = [SimpleNamespace(grad=view) for view in self.adam.grad_views]
+        trial = check_again(chosen, self._gradient_runner(batch, options), per_parameter, self.device)
+        if trial.passed:
+            return
+        reason = (f"{chosen.label} failed its check again after {self._reduced_calls:,} updates ({trial.error}): fp32 "
+                  "from there on")
+        decision = Decision("all calls", EAGER_FP32, "search", reason, [trial])
+        self._decided(decision)
+        store_choice(self._cache_key(batch, options), decision, self._report, f"the hand-derived {self.name} update")
 
     def timed(self, fn, *args, **kwargs):
         """`fn(*args, **kwargs)`: an fp32 run of the update while the search waits (`__call__`'s, or one the algorithm
@@ -148,15 +185,7 @@ class AutoMatmulPrecision:
         waiting, self._waiting = self._waiting, None
         self._report.decisions.remove(waiting.decision)
         self.adam.check()
-
-        def build(strategy: Strategy):
-            def gradient() -> tuple[None, float]:
-                with self._context(strategy.precision):
-                    self.update.gradient(*batch, **options)
-                return None, 1.0
-
-            return gradient
-
+        build = self._gradient_runner(batch, options)
         # the search compares the `.grad` of what it is given, parameter by parameter: here the views of the update's
         # flat gradient buffer, one per parameter (the flat buffer as one vector would let a small parameter's
         # gradient, a value head's bias, go wrong behind the large ones)
