@@ -16,6 +16,7 @@ from torch.distributed.run import main
 
 from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
 from rlspeed.files import forget_ended_processes_folders, process_folder_prefix
+from rlspeed.lifetime import LAUNCHER_PID_VARIABLE
 
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
 #: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended
@@ -82,6 +83,7 @@ def launcher_folder() -> str:
 if __name__ == "__main__":
     folder = launcher_folder()
     os.environ[SAID_FOLDER_VARIABLE] = folder  # (the workers inherit it)
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # (each worker's parent: `end_with_parent`)
     # torchrun's log directory goes into this folder, removed with it: without one torchrun made a torchelastic_*
     # directory in the temp directory at each launch and left it there (a --log-dir or PET_LOG_DIR given stands)
     if not os.environ.get("PET_LOG_DIR") and not any(arg.startswith(("--log-dir", "--log_dir"))

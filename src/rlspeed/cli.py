@@ -53,6 +53,7 @@ from rlspeed.files import (
     unwritable,
 )
 from rlspeed.files import write_text_atomic as _write_text
+from rlspeed.lifetime import adopting_orphans, end_with_parent, stop_ending_with_parent, wait_for_adopted
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
 
@@ -1627,6 +1628,16 @@ def _default_in_children(owner: int, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
 
+def _signal_arrived(owner: int, signum: int) -> None:
+    """What a handler of Ctrl-C, SIGTERM and the other `STOP_SIGNALS` in a process `owner` does first: in a forked
+    child, the signal's default action (`_default_in_children`); after SIGHUP, output to a closed terminal dropped
+    (`_quiet_closed_terminal`); and, the process stopping now, no more of the signal a torchrun worker gets when
+    torchrun ends (`stop_ending_with_parent`)."""
+    _default_in_children(owner, signum)
+    _quiet_closed_terminal(signum)
+    stop_ending_with_parent()
+
+
 @contextlib.contextmanager
 def _sigterm_raises():
     """Within the block SIGTERM (and the other `STOP_SIGNALS`) raises `Terminated` (a KeyboardInterrupt), as Ctrl-C
@@ -1635,8 +1646,7 @@ def _sigterm_raises():
     owner = os.getpid()
 
     def handler(signum, frame):
-        _default_in_children(owner, signum)
-        _quiet_closed_terminal(signum)
+        _signal_arrived(owner, signum)
         raise Terminated(_signal_name(signum))
 
     with _signal_handler(handler, STOP_SIGNALS):
@@ -1675,8 +1685,7 @@ def _stop_after_iteration():
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
 
     def handler(signum, frame):
-        _default_in_children(owner, signum)
-        _quiet_closed_terminal(signum)
+        _signal_arrived(owner, signum)
         if received and under_torchrun:
             return
         if received:
@@ -1768,8 +1777,7 @@ def _signals_deferred():
     owner = os.getpid()
 
     def handler(signum, frame):
-        _default_in_children(owner, signum)
-        _quiet_closed_terminal(signum)
+        _signal_arrived(owner, signum)
         received.append(signum)
 
     with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
@@ -2532,6 +2540,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+#: how long `rlspeed train --nproc` waits for the workers a torchrun killed with SIGKILL left (which stop when it
+#: ends: `rlspeed.lifetime`) before it kills them, as torchrun itself waits for its workers after its signal
+TORCHRUN_GRACE_S = 30.0
+
+
 def _launch_torchrun(args: argparse.Namespace) -> int:
     """`rlspeed train --nproc N ...`: check what the workers would refuse (settings, num_envs, devices, the run
     directory) once, then start torchrun with N local processes running the same command."""
@@ -2609,8 +2622,23 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    with _signal_handler(forward, (signal.SIGINT, *STOP_SIGNALS)):
+    with adopting_orphans(("-m", "rlspeed")) as orphans, _signal_handler(forward, (signal.SIGINT, *STOP_SIGNALS)):
         code = process.wait()
+    if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        print(f"rlspeed: torchrun ended by {name}"
+              + (f": waiting up to {TORCHRUN_GRACE_S:g} s for the {len(orphans)} process(es) it left to save where "
+                 "they are" if orphans else "") + ".", file=sys.stderr, flush=True)
+        code = 128 - code  # (as a shell reports a process a signal ended)
+    with _signals_ignored():  # (a second Ctrl-C must not unlock the run directory while they save in it)
+        left = wait_for_adopted(orphans, timeout_s=TORCHRUN_GRACE_S)
+    for pid in left:  # (as torchrun ends a worker that outlives its grace period)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        wait_for_adopted(left, timeout_s=5.0)
+        print(f"rlspeed: killed the {len(left)} process(es) still running {TORCHRUN_GRACE_S:g} s after torchrun "
+              "ended: the run keeps its last checkpoint.", file=sys.stderr, flush=True)
     if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
         with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
             (run_dir / RUN_LOCK).unlink(missing_ok=True)
@@ -3228,6 +3256,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if console and "TORCHELASTIC_RUN_ID" in os.environ:  # (a torchrun worker: SIGTERM, so saved, if torchrun dies)
+        end_with_parent()
     if console:  # (a path or env id the output's encoding cannot show, PYTHONIOENCODING=ascii: escaped, no traceback)
         codecs.register_error(_OUTPUT_ERRORS, _path_bytes_else_escaped)
         for stream in (sys.stdout, sys.stderr):

@@ -1,0 +1,132 @@
+"""`rlspeed train --nproc` where torchrun itself is killed with SIGKILL: its workers stop (SIGTERM, which saves them)
+and the launcher waits for them before it unlocks the run directory (Linux: `rlspeed.lifetime`)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rlspeed.cli import main
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl: Linux only (docs/checkpoints.md)")
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def _env(**extra: str) -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text() if path.exists() else ""
+
+
+# a torchrun worker's start: the `rlspeed` command's main, then what its Ctrl-C/SIGTERM handling does once a stop
+# signal comes (`_sigterm_raises`), each followed by the parent-death signal then asked for (PR_GET_PDEATHSIG)
+_WORKER = """
+    import ctypes, os, signal, sys
+    from rlspeed.cli import Terminated, _sigterm_raises, main
+
+    def death_signal():
+        value = ctypes.c_int()
+        ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0)  # (PR_GET_PDEATHSIG)
+        return value.value
+
+    sys.argv = ["rlspeed", "--version"]
+    try:
+        main()
+    except SystemExit:
+        pass
+    armed = death_signal()
+    try:
+        with _sigterm_raises():
+            os.kill(os.getpid(), signal.SIGTERM)
+    except Terminated:
+        pass
+    print(armed, death_signal())
+"""
+
+
+def test_a_torchrun_worker_asks_for_sigterm_when_torchrun_ends_until_it_stops(tmp_path):
+    """The `rlspeed` command under torchrun (TORCHELASTIC_RUN_ID) asks the kernel for SIGTERM when its parent
+    (torchrun) ends, which stops and saves it as a scheduler's SIGTERM does; a stop signal undoes that, since the
+    kernel sends it again for each thread of a dying torchrun and a repeat would cut the save short. Elsewhere nothing
+    is asked."""
+    worker = subprocess.run(_python(_WORKER), env=_env(TORCHELASTIC_RUN_ID="test"), capture_output=True, text=True,
+                            timeout=120)
+    assert worker.stdout.split()[-2:] == [str(int(signal.SIGTERM)), "0"], worker.stderr[-2000:]
+    plain = subprocess.run(_python(_WORKER), env={key: value for key, value in _env().items()
+                                                  if key != "TORCHELASTIC_RUN_ID"},
+                           capture_output=True, text=True, timeout=120)
+    assert plain.stdout.split()[-2:] == ["0", "0"], plain.stderr[-2000:]
+
+
+@pytest.mark.parametrize("parent_gone", ["after the request", "before the request"])
+def test_a_worker_gets_sigterm_when_its_parent_is_killed(tmp_path, parent_gone):
+    """`end_with_parent`: the worker gets SIGTERM once its parent dies of SIGKILL, also where the parent died before
+    the worker asked (it names its parent in RLSPEED_TORCHRUN_PID, as `python -m rlspeed._torchrun` does)."""
+    told = tmp_path / "told"
+    worker = f"""
+        import os, signal, sys, time
+        from rlspeed.lifetime import end_with_parent
+
+        signal.signal(signal.SIGTERM, lambda *_: (open({str(told)!r}, "w").write("SIGTERM"), sys.exit(0)))
+        open({str(tmp_path / "started")!r}, "w").close()
+        while not os.path.exists({str(tmp_path / "go")!r}):
+            time.sleep(0.02)
+        end_with_parent()
+        time.sleep(60)
+    """
+    parent = subprocess.Popen(_python(f"""
+        import os, subprocess, sys
+        os.environ["RLSPEED_TORCHRUN_PID"] = str(os.getpid())
+        subprocess.Popen({_python(worker)!r}, start_new_session=True)
+        sys.stdin.read()  # (until the test kills it)
+    """), env=_env(), stdin=subprocess.PIPE)
+    try:
+        assert _wait_for(tmp_path / "started") == ""
+        if parent_gone == "before the request":
+            parent.kill()
+            parent.wait()
+        (tmp_path / "go").touch()
+        if parent_gone == "after the request":
+            time.sleep(0.3)
+            parent.kill()
+        assert _wait_for(told) == "SIGTERM"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path, monkeypatch, capsys):
+    """torchrun killed with SIGKILL (by an out-of-memory killer, a `kill -9`) leaves its workers saving: the launcher
+    says so in one line, waits for them (it adopts them) before it unlocks the run directory, and ends with 137, as a
+    shell reports a kill. The stand-in torchrun here starts one worker (its command line `... -m rlspeed`, in a session
+    of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself."""
+    out = tmp_path / "run"
+    fake_torchrun = _python(f"""
+        import os, signal, subprocess, sys, time
+        worker = [sys.executable, "-c", "import time; time.sleep(0.5); open({str(out / 'saved')!r}, 'w').close()",
+                  "-m", "rlspeed"]
+        subprocess.Popen(worker, start_new_session=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: popen(
+        fake_torchrun if "rlspeed._torchrun" in command else command, **kwargs))
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out", str(out)])
+    stderr = capsys.readouterr().err
+    assert code == 137, stderr
+    assert (out / "saved").exists()  # (waited for before the launcher returned)
+    assert "torchrun ended by SIGKILL: waiting up to 30 s for the 1 process(es) it left" in stderr
