@@ -1985,8 +1985,9 @@ def test_printed_returns_keep_three_significant_digits_below_ten():
 
 def test_the_command_answers_help_without_torch_and_ctrl_c_while_torch_loads_is_interrupted(tmp_path):
     """`rlspeed --help` (and the import of the command) does not load torch, so it answers at once; Ctrl-C while torch
-    loads (the first second or two of every run) ends as any Ctrl-C does: "rlspeed: interrupted", exit code 130, no
-    traceback (the command's module imported torch before its Ctrl-C handling began)."""
+    loads (the first second or two of every run) ends as any Ctrl-C does: "rlspeed: interrupted (Ctrl-C) while
+    loading torch, ...", exit code 130, no traceback (the command's module imported torch before its Ctrl-C handling
+    began)."""
     script = (
         "import sys\n"
         "from rlspeed.cli import main\n"
@@ -2000,7 +2001,9 @@ def test_the_command_answers_help_without_torch_and_ctrl_c_while_torch_loads_is_
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert done.returncode == 130, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "rlspeed: interrupted" and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "rlspeed: interrupted (Ctrl-C) while loading torch, the env's packages and the preset, before training began: "
+        "nothing was trained or written.") and "Traceback" not in done.stderr
     helped = subprocess.run([sys.executable, "-c", "import sys\nfrom rlspeed.cli import main\n"
                              "assert main(['--help']) == 0\n"
                              "print('torch loaded:', 'torch' in sys.modules)"],
@@ -2478,6 +2481,62 @@ def test_a_signal_while_a_run_starts_leaves_no_half_made_run_behind(tmp_path, na
     assert done.returncode == code, done.stderr
     assert sorted(path.name for path in (tmp_path / "old").iterdir()) == ["config.yaml", "model.safetensors"]
     assert (tmp_path / "old" / "config.yaml").read_text() == "algo: ppo\n"  # (the replaced run is back)
+
+
+@pytest.mark.parametrize("command, where, stop", [
+    ("train", "_model", "Ctrl-C"), ("train", "_run_callbacks", "SIGTERM"), ("train --resume", "resume", "SIGTERM"),
+    ("train --seeds", "Population", "Ctrl-C"), ("tune", "_settings", "SIGTERM"), ("tune", "tune", "Ctrl-C")])
+def test_a_stop_before_the_work_begins_says_what_the_command_was_doing_and_what_is_left(tmp_path, monkeypatch, capsys,
+                                                                                       command, where, stop):
+    """Ctrl-C or SIGTERM before training (or tuning) began printed only "rlspeed: interrupted": not what the command
+    was doing (torch loading, the envs being built, a checkpoint loading) nor that nothing was trained. The line now
+    says both, and the exit code is the signal's."""
+    import rlspeed.population
+    import rlspeed.tune
+
+    monkeypatch.chdir(tmp_path)
+    if command == "train --resume":  # (a run with a checkpoint to resume)
+        assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
+                         "num_steps=16", "--set", "batch_size=32", "--checkpoint-freq", "32", "--target-return",
+                         "none", "--no-progress", "--out", "run"]) == 0
+        (tmp_path / "run" / "summary.json").unlink()  # (as a killed run leaves it)
+    owner = {"resume": PPO, "Population": rlspeed.population, "tune": rlspeed.tune}.get(where, cli)
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt if stop == "Ctrl-C" else cli.Terminated(stop)
+
+    monkeypatch.setattr(owner, where, stopped)
+    argv = {"train": ["train", "ppo", "CartPole-v1", "--out", "run", "--total-timesteps", "64"],
+            "train --resume": ["train", "ppo", "CartPole-v1", "--out", "run", "--resume", "--total-timesteps", "128"],
+            "train --seeds": ["train", "ppo", "CartPole-v1", "--out", "run", "--seeds", "0-1"],
+            "tune": ["tune", "ppo", "CartPole-v1", "--storage", str(tmp_path / "study.db"), "--trials", "2"]}[command]
+    capsys.readouterr()
+    assert cli.main(argv) == (130 if stop == "Ctrl-C" else 143)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    doing = {"_model": "building the envs and the model", "_run_callbacks": "starting the run",
+             "resume": "loading the checkpoint", "Population": "building the population's envs and models",
+             "_settings": "loading torch, the env's packages and the preset", "tune": "tuning"}[where]
+    left = {"train": "before training began: nothing was trained or written",
+            "train --seeds": "before training began: nothing was trained or written",
+            "train --resume": "before training began: nothing was trained, and 'run' holds what it held before",
+            "tune": ("the study had not begun, nothing was tuned or written" if where == "_settings" else
+                     "the study keeps the trials that finished (the same command goes on)")}[command]
+    if where == "_run_callbacks":
+        left = "before training began: nothing was trained, and 'run' holds what it held before"
+    assert line == f"rlspeed: interrupted ({stop}) while {doing}{':' if command == 'tune' else ','} {left}."
+    assert (tmp_path / "run").exists() == (command == "train --resume")
+
+
+def test_sigterm_while_tune_loads_ends_as_ctrl_c_does(tmp_path):
+    """SIGTERM to `rlspeed tune` while torch and the preset loaded (its first seconds) killed it without a word (its
+    SIGTERM handling began with the study); it ends as Ctrl-C does, with 143 and a line saying where it was."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_AT, "_settings", "SIGTERM", "tune", "ppo", "CartPole-v1",
+                           "--storage", str(tmp_path / "study.db")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "rlspeed: interrupted (SIGTERM) while loading torch, the env's packages and the preset: the study had not "
+        "begun, nothing was tuned or written.")
 
 
 def test_a_signal_while_the_finished_training_is_saved_waits_for_the_save(tmp_path):

@@ -374,6 +374,24 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
     args.gym_packages = list(dict.fromkeys(packages))
 
 
+#: what the command is doing before its work (training, tuning) begins, and what a stop there leaves, for the line
+#: Ctrl-C or SIGTERM prints where it ends the command there (`_main`); empty once the work's own handling of a stop
+#: takes over, or for a command that sets none (`_stage`)
+_STAGE: dict[str, str] = {}
+
+
+def _stage(doing: str | None, left: str | None = None, run_dir: Path | None = None) -> None:
+    """Record what the command is doing (`doing`, "building the envs and the model") and what a stop now leaves
+    (`left`; by default that training had not begun, and with `run_dir`, the run directory made or chosen, that it is
+    left as it was), for the line a Ctrl-C or SIGTERM that ends the command prints; None: the work has begun and says
+    itself what a stop left."""
+    _STAGE.clear()
+    if doing is not None:
+        _STAGE["said"] = f"while {doing}" + (f": {left}" if left is not None else ", before training began: nothing "
+                                             + (f"was trained, and '{run_dir}' holds what it held before"
+                                                if run_dir is not None else "was trained or written"))
+
+
 def _signals_stop_cleanly(command):
     """`command` with SIGTERM (and the other `STOP_SIGNALS`) raising `Terminated` wherever no narrower block decides
     (training's `_stopping`, the final save's `_signals_deferred`): a signal while the run starts (its directory made,
@@ -402,6 +420,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.dry_run_stdout = sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
             return cmd_train(args)
+    _stage("loading torch, the env's packages and the preset")
     _import_env_modules(args, "env_id")
     if args.out is not None:  # (one path for every file of the run: the checkpoints' writer expands "~" too)
         if not args.out.strip():
@@ -449,6 +468,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--save-replay-buffer applies to off-policy algorithms (dqn, sac, td3, ddpg), not "
                         f"{algo_cls.name}: drop it.")
     total = _total_timesteps(run_settings, args.total_timesteps)
+    if _under_torchrun():
+        _stage("joining the other processes (torch.distributed)")
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
         with _forked_children_apart("TORCHELASTIC_RUN_ID" in os.environ):
@@ -669,6 +690,7 @@ def _train_population(args: argparse.Namespace) -> int:
 
     # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
     args.encryption = encryption_settings()
+    _stage("building the population's envs and models")
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
@@ -686,6 +708,7 @@ def _train_population(args: argparse.Namespace) -> int:
             return _print_dry_run(args, config)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
+    _stage("starting the run", run_dir=run_dir)
     checkpoint = run_dir / CHECKPOINT_NAME
     resumed_from = None
     finishing = False  # (a checkpoint of the whole budget, of a run that did not finish: evaluated, not trained)
@@ -697,7 +720,9 @@ def _train_population(args: argparse.Namespace) -> int:
             _say_unapplied_settings(run_dir / "config.yaml", population, args, {**_plain(_config), **per_member})
             return 0
         if checkpoint.exists():
+            _stage("loading the checkpoint", run_dir=run_dir)
             _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
+            _stage("starting the run", run_dir=run_dir)
             resumed_from = population.num_timesteps
             _refuse_budget_below_trained(run_dir, total, resumed_from, f"steps per member '{checkpoint}' has "
                                          "trained", "its final evaluation and member models")
@@ -739,6 +764,7 @@ def _train_population(args: argparse.Namespace) -> int:
 
     if resumed_from is None:
         _forget_unsaved_attempt(run_dir)
+    _stage(None)  # (the training's own handling of a stop says what it saved)
     signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
     try:
         with (_stopping(population.env_backend) as signals,
@@ -917,10 +943,14 @@ def _one_process_only(command: str, why: str) -> None:
 
 
 # --- `rlspeed tune` ----------------------------------------------------------------------------------------------
+@_signals_stop_cleanly  # (SIGTERM as Ctrl-C: while torch loads too, which killed it without a word)
 def cmd_tune(args: argparse.Namespace) -> int:
     """`rlspeed tune`: an Optuna study over per-member hyperparameters, `--population` trials trained at once as one
     population (`rlspeed.tune`), resumable from its storage; writes the best configuration as a preset YAML."""
     from rlspeed.tune import require_optuna
+
+    _stage("loading torch, the env's packages and the preset", left="the study had not begun, nothing was tuned or "
+           "written")
 
     _one_process_only("tune", "its trials train as one population; each process would run the study on its own")
     require_optuna()
@@ -953,18 +983,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
     command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
-    with _sigterm_raises():
-        try:
-            tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
-                 study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target,
-                 eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
-                 confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
-                 device=device, command=command, progress_bar=not args.no_progress,
-                 env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None,
-                 gym_packages=tuple(args.gym_packages or ()), eval_episodes=_eval_episodes(args))
-        except Terminated as stop:
-            print(f"rlspeed: terminated ({stop.name})", file=sys.stderr)
-            return 143
+    _stage("tuning", left="the study keeps the trials that finished (the same command goes on)")
+    tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
+         study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target, eval_freq=eval_freq,
+         search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])), confirm_seeds=args.confirm_seeds,
+         out=out, total_timesteps=train_timesteps, seed=args.seed, device=device, command=command,
+         progress_bar=not args.no_progress,
+         env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None,
+         gym_packages=tuple(args.gym_packages or ()), eval_episodes=_eval_episodes(args))
     return 0
 
 
@@ -1809,6 +1835,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     args.encryption = encryption_settings()  # a bad key or cipher setting is refused now, not at the first save
     # the model first: a command that cannot train (an env the algorithm cannot act in, ...) must fail before
     # --overwrite deletes the run it would replace, and must leave no empty run directory behind
+    _stage("building the envs and the model")
     model = _model(args, algo_cls, hyper, strategy)
     created = args.out is None or not Path(args.out).exists()
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
@@ -1829,6 +1856,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             return _print_dry_run(args, _solo_config(args, algo_cls, model, total, target, recorded_eval_freq))
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled,
                                finished_enough=lambda ended: _trained_enough(ended, total, target))
+    _stage("starting the run", run_dir=run_dir)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
@@ -1858,6 +1886,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                        "--max-restarts)", flush=True)
     if (args.resume or restarts > 0) and checkpoint.exists():
         _keep_run_seed(args, model, run_dir / "config.yaml")
+        _stage("loading the checkpoint", run_dir=run_dir)
         model.make_training_env()
         try:
             with warnings.catch_warnings():  # (--env-kwargs with --resume changes the options: the run says so)
@@ -1871,6 +1900,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                             "--overwrite starts the run afresh.") from None
         resumed_from = model.num_timesteps
         restarts = max(restarts, model.restarts)
+        _stage("starting the run", run_dir=run_dir)
     run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
     if resumed_from is not None:
         total = max(total - resumed_from, 0)
@@ -1899,6 +1929,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     tracker = None
     try:
         with _left_clean_if_not_started(run_dir, created, fresh=main and not args.resume and restarts == 0):
+            _stage("starting the W&B run" if args.track else "starting the run", run_dir=run_dir)
             callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
             return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
                                    checkpoint_freq, restarts, resumed_from, callbacks, tracker)
@@ -2287,6 +2318,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker, "run_dir": run_dir}
+    _stage(None)  # (the training's own handling of a stop says what it saved)
     signals: list[int] = []
     # (a run a signal stopped gets its learning_curve.png last, after the files `_save_interrupted` writes: learn drew
     # it first, and on a loaded machine the plot outlasted a scheduler's grace period, whose kill left none of them)
@@ -2575,6 +2607,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     tempfile.gettempdir()  # (torchrun's launcher needs one: none writable is one sentence now, not its traceback)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
+    _stage("starting torchrun", run_dir=run_dir)
     rest: list[str] = []
     skip = False
     for item in args.argv:  # drop --nproc N / --nproc=N / --max-restarts R from what each worker runs
@@ -3647,6 +3680,7 @@ def _refuse_other_commands_option(parser: argparse.ArgumentParser, argv: list[st
 
 
 def _main(argv: list[str]) -> int:
+    _stage(None)  # (a caller's earlier command's is not this one's)
     stdout = sys.stdout if isinstance(sys.stdout, _ReaderMayLeave) else None  # (the `rlspeed` command's, `main`)
     if stdout is not None:  # --help and --version write while parsing: their output is all they do
         stdout.stop_when_gone = True
@@ -3735,7 +3769,11 @@ def _main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
         terminated = isinstance(stop, Terminated)
-        print(f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}", file=sys.stderr)
+        if _STAGE:  # (what it was doing, and what that leaves: before the work began, nothing of it)
+            print(f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}.",
+                  file=sys.stderr)
+        else:
+            print(f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}", file=sys.stderr)
         return 143 if terminated else 130
 
 
