@@ -355,8 +355,8 @@ def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_erro
     other errors are not renamed."""
     import torch.distributed as dist
 
-    from rlspeed.distributed import SAID_FOLDER_VARIABLE, tell_launcher
     from rlspeed.errors import PeerEnded
+    from rlspeed.lifetime import SAID_FOLDER_VARIABLE, tell_launcher
 
     strategy = DistributedStrategy.__new__(DistributedStrategy)
     strategy.world_size, strategy.rank, strategy.local_rank, strategy.device = 3, 0, 0, torch.device("cpu")

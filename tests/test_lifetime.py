@@ -130,3 +130,27 @@ def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path
     assert code == 137, stderr
     assert (out / "saved").exists()  # (waited for before the launcher returned)
     assert "torchrun ended by SIGKILL: waiting up to 30 s for the 1 process(es) it left" in stderr
+
+
+def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_the_launcher(tmp_path):
+    """A torchrun worker stopped while torch loaded (torchrun's SIGTERM as it ends, or the kernel's as torchrun dies,
+    within a worker's first seconds) printed its line, then a traceback: leaving its exit code for the launcher
+    imported torch again, which the stop had cut short. It ends in its one line, its code left for the launcher."""
+    script = textwrap.dedent("""
+        import sys
+        from rlspeed.cli import main
+        class Interrupt:  # (Ctrl-C the moment torch starts to load, and at each later try)
+            def find_spec(self, name, path=None, target=None):
+                if name == 'torch':
+                    raise KeyboardInterrupt
+        sys.meta_path.insert(0, Interrupt())
+        sys.argv = ['rlspeed', 'train', 'ppo', 'CartPole-v1', '--out', 'run']
+        raise SystemExit(main())
+    """)
+    said = tmp_path / "said"
+    said.mkdir()
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=_env(TORCHELASTIC_RUN_ID="test", RLSPEED_WORKERS_SAID=str(said), RANK="1"))
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted (Ctrl-C) while loading torch")
+    assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]

@@ -14,9 +14,8 @@ import tempfile
 
 from torch.distributed.run import main
 
-from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
 from rlspeed.files import forget_ended_processes_folders, process_folder_prefix
-from rlspeed.lifetime import LAUNCHER_PID_VARIABLE
+from rlspeed.lifetime import LAUNCHER_PID_VARIABLE, SAID_FOLDER_VARIABLE, workers_said
 
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
 #: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended

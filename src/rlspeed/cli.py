@@ -53,7 +53,14 @@ from rlspeed.files import (
     unwritable,
 )
 from rlspeed.files import write_text_atomic as _write_text
-from rlspeed.lifetime import adopting_orphans, end_with_parent, stop_ending_with_parent, wait_for_adopted
+from rlspeed.lifetime import (
+    adopting_orphans,
+    end_with_parent,
+    peers_said,
+    stop_ending_with_parent,
+    tell_launcher,
+    wait_for_adopted,
+)
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
 
@@ -1730,8 +1737,6 @@ def _stop_after_iteration():
 def _peer_said_why() -> bool:
     """Under `rlspeed train --nproc`: whether another worker of this attempt has ended saying why (torchrun then
     stops the others with SIGTERM, which is no stop a user asked for)."""
-    from rlspeed.distributed import peers_said
-
     return any(rank != int(os.environ.get("RANK", "0")) for rank in peers_said())
 
 
@@ -3337,9 +3342,7 @@ def main(argv: list[str] | None = None) -> int:
             return code
         finally:
             if code and "TORCHELASTIC_RUN_ID" in os.environ:  # (a torchrun worker that said why it ends)
-                from rlspeed.distributed import tell_launcher
-
-                tell_launcher(code)
+                tell_launcher(code)  # (no torch import: a stop may have cut torch's own short)
             _forget_worker_warnings()
             _settle_overwrites(succeeded=code == 0)  # (under the run directory's lock)
             _release_run_locks()  # (the command is over: the next one in this process may train there)
@@ -3737,8 +3740,6 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"rlspeed: {_one_line(str(error))}", file=sys.stderr)
-        from rlspeed.distributed import tell_launcher
-
         tell_launcher(1, follows=True)  # (the run's exit code is the process's that ended first)
         return 1
     except (MemoryError, RuntimeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)

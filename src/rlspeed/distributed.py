@@ -15,19 +15,15 @@ import datetime
 import os
 import sys
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from rlspeed.device import device_count, resolve_device
 from rlspeed.errors import PeerEnded, UserError
+from rlspeed.lifetime import peers_said, tell_launcher
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
-#: the environment variable naming the folder where each worker of `python -m rlspeed._torchrun` (`rlspeed train
-#: --nproc`) that ends having said why in its own line leaves a file (`tell_launcher`), so that the launcher ends with
-#: that worker's exit code instead of torchrun's failure report under the worker's line
-SAID_FOLDER_VARIABLE = "RLSPEED_WORKERS_SAID"
 #: what a broken collective's error says where a peer process ended or stopped answering (gloo, NCCL, the store)
 _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out",
               "communicator was aborted")
@@ -201,44 +197,6 @@ class DistributedStrategy:
                                 "above).") from error
             raise PeerEnded(f"{here} stopped: another process of the run ended or stopped answering (its message, "
                             "if it left one, is above; --debug shows where this one stopped).") from error
-
-
-def _attempt() -> str:
-    """Which of torchrun's attempts this process belongs to (0, then one more per restart)."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-
-
-def tell_launcher(code: int, follows: bool = False) -> None:
-    """Where this worker of `python -m rlspeed._torchrun` ends with `code` (not 0) after saying why in its own line:
-    leave that in the launcher's folder (`SAID_FOLDER_VARIABLE`), as `ATTEMPT RANK CODE` in a file named after this
-    process's id, which torchrun's failure report gives; `follows`: it ended because another process did
-    (`PeerEnded`), whose code is the run's. The first word of a process stands. Elsewhere nothing."""
-    folder = os.environ.get(SAID_FOLDER_VARIABLE)
-    if code and folder:
-        with contextlib.suppress(OSError), Path(folder, str(os.getpid())).open("x") as file:
-            file.write(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}" + (" follows" if follows else ""))
-
-
-def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int, bool]]:
-    """What `tell_launcher` left in `folder`: process id -> (attempt, rank, exit code, whether it followed another's
-    end)."""
-    said = {}
-    with contextlib.suppress(OSError):
-        for path in Path(folder).iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                attempt, rank, code, *follows = path.read_text().split()
-                said[int(path.name)] = (attempt, int(rank), int(code), follows == ["follows"])
-    return said
-
-
-def peers_said() -> dict[int, int]:
-    """The processes of this attempt that have ended saying why (`tell_launcher`), not because another did: rank ->
-    exit code."""
-    folder = os.environ.get(SAID_FOLDER_VARIABLE)
-    if not folder:
-        return {}
-    return {rank: code for attempt, rank, code, follows in workers_said(folder).values()
-            if attempt == _attempt() and not follows}
 
 
 def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:

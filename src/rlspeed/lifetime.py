@@ -5,7 +5,8 @@ leaves them training as orphans. A worker therefore asks the kernel for SIGTERM 
 (`end_with_parent`), which stops it as a scheduler's SIGTERM does: at the end of its iteration, saved. The launcher
 adopts the workers that torchrun's death orphans (`adopting_orphans`), so that it can wait for them to save before it
 unlocks the run directory. Other systems have neither call: there a worker outlives a torchrun killed with SIGKILL
-(docs/checkpoints.md). No torch import here: the CLI asks for it before it imports torch."""
+(docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`).
+No torch import here: the CLI asks for all this before it imports torch, or after a stop cut torch's import short."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from pathlib import Path
 #: the environment variable in which `python -m rlspeed._torchrun` gives its workers its process id: a worker whose
 #: parent is another process by the time it asks for `end_with_parent`'s signal was orphaned already
 LAUNCHER_PID_VARIABLE = "RLSPEED_TORCHRUN_PID"
+#: the environment variable naming the folder where each worker of `python -m rlspeed._torchrun` (`rlspeed train
+#: --nproc`) that ends having said why in its own line leaves a file (`tell_launcher`), so that the launcher ends with
+#: that worker's exit code instead of torchrun's failure report under the worker's line
+SAID_FOLDER_VARIABLE = "RLSPEED_WORKERS_SAID"
 _PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -112,3 +117,41 @@ def wait_for_adopted(adopted: list[int], timeout_s: float) -> list[int]:
             break
         time.sleep(0.1)
     return running
+
+
+def _attempt() -> str:
+    """Which of torchrun's attempts this process belongs to (0, then one more per restart)."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def tell_launcher(code: int, follows: bool = False) -> None:
+    """Where this worker of `python -m rlspeed._torchrun` ends with `code` (not 0) after saying why in its own line:
+    leave that in the launcher's folder (`SAID_FOLDER_VARIABLE`), as `ATTEMPT RANK CODE` in a file named after this
+    process's id, which torchrun's failure report gives; `follows`: it ended because another process did
+    (`PeerEnded`), whose code is the run's. The first word of a process stands. Elsewhere nothing."""
+    folder = os.environ.get(SAID_FOLDER_VARIABLE)
+    if code and folder:
+        with contextlib.suppress(OSError), Path(folder, str(os.getpid())).open("x") as file:
+            file.write(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}" + (" follows" if follows else ""))
+
+
+def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int, bool]]:
+    """What `tell_launcher` left in `folder`: process id -> (attempt, rank, exit code, whether it followed another's
+    end)."""
+    said = {}
+    with contextlib.suppress(OSError):
+        for path in Path(folder).iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                attempt, rank, code, *follows = path.read_text().split()
+                said[int(path.name)] = (attempt, int(rank), int(code), follows == ["follows"])
+    return said
+
+
+def peers_said() -> dict[int, int]:
+    """The processes of this attempt that have ended saying why (`tell_launcher`), not because another did: rank ->
+    exit code."""
+    folder = os.environ.get(SAID_FOLDER_VARIABLE)
+    if not folder:
+        return {}
+    return {rank: code for attempt, rank, code, follows in workers_said(folder).values()
+            if attempt == _attempt() and not follows}
