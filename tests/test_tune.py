@@ -72,6 +72,28 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     assert len(_states(tmp_path)) == 7
 
 
+@pytest.mark.parametrize("second", ["ask", "tell"])
+def test_no_trial_of_a_stopped_batch_is_left_running(tmp_path, monkeypatch, capsys, second):
+    """A stop between two of a batch's `study.ask()` calls left the trials asked RUNNING (the batch's list was not
+    made yet), and a second Ctrl-C while the stopped batch's trials were marked failed left the rest RUNNING:
+    optuna-dashboard showed them running until the next run. Every asked trial is marked failed."""
+    monkeypatch.setattr(PPOPopulation, "train_iteration", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    original = getattr(optuna.study.Study, second)
+    calls = []
+
+    def stopped(self, *args, **kwargs):
+        calls.append(second)
+        if len(calls) == 2:  # (a Ctrl-C as the second trial is asked, or as the first stopped one is marked)
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(optuna.study.Study, second, stopped)
+    assert cli.main(_command(tmp_path, "--trials", "2")) == 130
+    states = _states(tmp_path)
+    assert states and set(states.values()) == {"FAIL"}, states
+    assert f"its {len(states)} trial(s) marked failed" in capsys.readouterr().err
+
+
 def test_written_preset_trains_with_preset_file(tmp_path, capsys):
     assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "4")) == 0
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")

@@ -595,21 +595,17 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     while finished < trials:
         batch += 1
         size = min(population, trials - finished)
-        asked = [study.ask() for _ in range(size)]
+        asked: list = []
         told: set[int] = set()
         batch_started = time.perf_counter()
         try:
+            for _ in range(size):  # (one by one into the list: a stop between two asks fails those asked)
+                asked.append(study.ask())
             counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
-            try:
-                for trial in asked:
-                    if trial.number not in told:
-                        study.tell(trial, state=TrialState.FAIL)
-                marked = "marked failed"
-            except _storage_errors():  # (the storage failed, a full disk: the error that stopped the batch is said)
-                marked = "left running in the storage (the next run marks them failed)"
-            say(f"rlspeed: batch {batch} stopped; its {size} trial(s) {marked} (rerun the command to redo them)",
-                file=sys.stderr, flush=True)
+            marked = _fail_unfinished(study, asked, told)
+            say(f"rlspeed: batch {batch} stopped; its {len(asked)} trial(s) {marked} (rerun the command to redo "
+                "them)", file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
         _forget_outdated_confirmation(study)
@@ -641,6 +637,31 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
             f"({context['train']})")
     return {"finished": finished, "best": best, "out": str(out), "wall_s": time.perf_counter() - started,
             "confirmation": confirmation}
+
+
+def _fail_unfinished(study, asked: list, told: set[int]) -> str:
+    """Mark the trials `asked` that were not `told` failed (a stopped batch's), and say so: "marked failed", or where
+    the storage failed (a full disk), that they are left running. A Ctrl-C or SIGTERM while marking (the second of an
+    impatient user, the first having stopped the batch) does not leave the others running: marking goes on, up to
+    `_MARKING_STOPS` times (then they are left to the next run, which marks them)."""
+    from optuna.trial import TrialState
+
+    left = "left running in the storage (the next run marks them failed)"
+    for _ in range(_MARKING_STOPS + 1):
+        try:
+            for trial in asked:
+                if trial.number not in told:  # (one a stop cut short is either told or not: told again, or skipped)
+                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            return "marked failed"
+        except KeyboardInterrupt:
+            continue
+        except _storage_errors():  # (the error that stopped the batch is said; this one is not)
+            return left
+    return left
+
+
+#: the stops (Ctrl-C, SIGTERM) that `_fail_unfinished` rides out while it marks a stopped batch's trials
+_MARKING_STOPS = 3
 
 
 def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
