@@ -603,9 +603,10 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
                 asked.append(study.ask())
             counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
-            marked = _fail_unfinished(study, asked, told)
-            say(f"rlspeed: batch {batch} stopped; its {len(asked)} trial(s) {marked} (rerun the command to redo "
-                "them)", file=sys.stderr, flush=True)
+            if asked:  # (none where it stopped before the first was asked: nothing to say)
+                marked = _fail_unfinished(study, asked, told)
+                say(f"rlspeed: batch {batch} stopped; its {len(asked)} trial(s) {marked} (rerun the command to redo "
+                    "them)", file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
         _forget_outdated_confirmation(study)
