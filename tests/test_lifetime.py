@@ -154,3 +154,39 @@ def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted (Ctrl-C) while loading torch")
     assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]
+
+
+_CTRL_C_AT_NEXT_FORK: list[bool] = []  # (armed by the test below; the hook, registered once, is inert otherwise)
+_HOOKED: list[bool] = []
+
+
+def _ctrl_c_at_fork() -> None:
+    if _CTRL_C_AT_NEXT_FORK:
+        _CTRL_C_AT_NEXT_FORK.clear()
+        os.kill(os.getpid(), signal.SIGINT)  # (Ctrl-C as a worker is forked: its handler runs in an at-fork hook)
+
+
+def test_ctrl_c_while_subprocess_envs_are_forked_stops_and_leaves_no_worker():
+    """A Ctrl-C (or SIGTERM under the CLI) that came while `gymnasium-async` forked its env workers ran its handler in
+    an at-fork hook, where Python ignores the KeyboardInterrupt ("Exception ignored in: _releaseLock"): a population
+    stopped in its first second trained on to its end. The stop now raises once the env is made, and its workers go."""
+    import multiprocessing
+
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "fork"):
+        pytest.skip("the workers are forked only under the fork start method")
+    if not _HOOKED:  # (os.register_at_fork has no undo)
+        os.register_at_fork(before=_ctrl_c_at_fork)
+        _HOOKED.append(True)
+    before = set(multiprocessing.active_children())
+    _CTRL_C_AT_NEXT_FORK.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            GymnasiumEnv("CartPole-v1", num_envs=2, vectorization="async")
+    finally:
+        _CTRL_C_AT_NEXT_FORK.clear()
+    deadline = time.monotonic() + 10
+    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(multiprocessing.active_children()) - before

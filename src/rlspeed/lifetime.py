@@ -1,12 +1,13 @@
-"""How the processes of `rlspeed train --nproc` end with the ones that started them (Linux).
+"""How rlspeed's processes end: with the ones that started them, and when a stop is asked for.
 
 torchrun starts each worker in a session of its own and, killed itself with SIGKILL (which no process can catch),
 leaves them training as orphans. A worker therefore asks the kernel for SIGTERM when its parent ends
 (`end_with_parent`), which stops it as a scheduler's SIGTERM does: at the end of its iteration, saved. The launcher
 adopts the workers that torchrun's death orphans (`adopting_orphans`), so that it can wait for them to save before it
 unlocks the run directory. Other systems have neither call: there a worker outlives a torchrun killed with SIGKILL
-(docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`).
-No torch import here: the CLI asks for all this before it imports torch, or after a stop cut torch's import short."""
+(docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`). A
+Ctrl-C or SIGTERM that comes while a process forks its subprocess envs is not lost (`stops_kept_while_forking`). No
+torch import here: the CLI asks for all this before it imports torch, or after a stop cut torch's import short."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 #: the environment variable in which `python -m rlspeed._torchrun` gives its workers its process id: a worker whose
@@ -155,3 +156,36 @@ def peers_said() -> dict[int, int]:
         return {}
     return {rank: code for attempt, rank, code, follows in workers_said(folder).values()
             if attempt == _attempt() and not follows}
+
+
+@contextlib.contextmanager
+def stops_kept_while_forking(undo: Callable[[], object] | None = None) -> Iterator[None]:
+    """Within the block (subprocess envs' workers forked), a Ctrl-C or SIGTERM that comes during a fork still stops the
+    command: its handler ran in an at-fork hook (logging's `_releaseLock`), where Python reports what a handler raises
+    as "Exception ignored in ..." and goes on, so the KeyboardInterrupt (or the CLI's `Terminated`) was lost and
+    training went on. Such a stop is kept (`sys.unraisablehook`) and raised as the block ends, after `undo()` (which
+    closes what the block made); one raised elsewhere in the block (a worker that never answers) stops it as always.
+    Outside the main thread nothing changes."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept: list[BaseException] = []
+    previous = sys.unraisablehook
+
+    def keep_stops(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and not kept:
+            kept.append(unraisable.exc_value)
+        elif not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+
+    sys.unraisablehook = keep_stops
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+    if kept:
+        if undo is not None:
+            undo()
+        raise kept[0].with_traceback(None)

@@ -7,6 +7,7 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import functools
@@ -38,6 +39,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.packages import register_family
 from rlspeed.errors import UserError, warn_at_caller
+from rlspeed.lifetime import stops_kept_while_forking
 
 #: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
 USER_VECTOR_ENV, USER_SB3_VEC_ENV = "user-vector-env", "user-sb3-vec-env"
@@ -1023,33 +1025,36 @@ class GymnasiumEnv(BatchedEnv):
             if vectorization == "async":
                 vector_kwargs.update(_worker_warnings())
                 wrappers = [functools.partial(SubprocessEnv, env_id=env_id)]
-            try:
+            # (a Ctrl-C or SIGTERM while the workers are forked is not lost; the workers made go)
+            with (stops_kept_while_forking(lambda: vector_env is not None and vector_env.close(terminate=True))
+                  if vectorization == "async" else contextlib.nullcontext()):
                 try:
-                    vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                                              vector_kwargs=vector_kwargs, wrappers=wrappers, **(env_kwargs or {}))
-                except ValueError as error:
-                    # subprocess envs whose observation space has a part without shared memory (MiniGrid's mission
-                    # text): their observations travel through the pipes instead
-                    if vectorization != "async" or "shared_memory" not in str(error):
+                    try:
+                        vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                                  vector_kwargs=vector_kwargs, wrappers=wrappers, **(env_kwargs or {}))
+                    except ValueError as error:
+                        # subprocess envs whose observation space has a part without shared memory (MiniGrid's mission
+                        # text): their observations travel through the pipes instead
+                        if vectorization != "async" or "shared_memory" not in str(error):
+                            raise
+                        vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                                  vector_kwargs={**vector_kwargs, "shared_memory": False},
+                                                  wrappers=wrappers, **(env_kwargs or {}))
+                except gym.error.DependencyNotInstalled as error:
+                    raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
+                except (*REJECTED_VALUE_ERRORS, pickle.PicklingError) as error:
+                    if not env_kwargs:
                         raise
-                    vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                                              vector_kwargs={**vector_kwargs, "shared_memory": False},
-                                              wrappers=wrappers, **(env_kwargs or {}))
-            except gym.error.DependencyNotInstalled as error:
-                raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
-            except (*REJECTED_VALUE_ERRORS, pickle.PicklingError) as error:
-                if not env_kwargs:
-                    raise
-                spawned = vectorization == "async" and multiprocessing.get_start_method() != "fork"
-                unsent = _unpicklable_options(env_kwargs) if spawned else []
-                if unsent:  # (the subprocesses get the options pickled: spawn and forkserver, not fork)
-                    raise UserError(f"The env options {', '.join(unsent)} cannot be sent to the env subprocesses of "
-                                    f"backend 'gymnasium-async' (they are pickled where processes are spawned, as "
-                                    f"on macOS and Windows): give options that pickle, or use "
-                                    f"env_backend='gymnasium' (one process).") from None
-                # most likely an option the env's constructor does not take (a typo, or a native-env option), or a
-                # value it refuses
-                raise rejected_options(env_id, env_kwargs, error) from None
+                    spawned = vectorization == "async" and multiprocessing.get_start_method() != "fork"
+                    unsent = _unpicklable_options(env_kwargs) if spawned else []
+                    if unsent:  # (the subprocesses get the options pickled: spawn and forkserver, not fork)
+                        raise UserError(f"The env options {', '.join(unsent)} cannot be sent to the env subprocesses "
+                                        f"of backend 'gymnasium-async' (they are pickled where processes are spawned, "
+                                        f"as on macOS and Windows): give options that pickle, or use "
+                                        f"env_backend='gymnasium' (one process).") from None
+                    # most likely an option the env's constructor does not take (a typo, or a native-env option), or a
+                    # value it refuses
+                    raise rejected_options(env_id, env_kwargs, error) from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
         else:
             check_vector_api(vector_env)
