@@ -279,6 +279,42 @@ def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_
     assert summary["interrupted"] is True and (out / "model.safetensors").exists()
 
 
+def test_torchrun_killed_with_sigkill_leaves_no_worker_training_and_the_run_saved(tmp_path):
+    """torchrun itself killed with SIGKILL (an out-of-memory killer, `kill -9`) left its workers training as orphans,
+    and `rlspeed train --nproc` returned at once, silently, exit status 247. The workers now stop at their iteration's
+    end and save (the kernel's SIGTERM as torchrun dies), the launcher waits for them, says so and exits 137, and no
+    process of the run is left (Linux: `rlspeed.lifetime`)."""
+    if sys.platform != "linux":
+        pytest.skip("prctl and /proc: Linux only")
+    out = tmp_path / "run"
+    with open(tmp_path / "stderr.txt", "w") as stderr_file:
+        process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
+                                    "--total-timesteps", "2000000", "--checkpoint-freq", "4096", "--target-return",
+                                    "none", "--no-progress", "--device", "cpu", "--out", str(out)],
+                                   env=clean_env(), stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (out / "checkpoint.safetensors").exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert (out / "checkpoint.safetensors").exists(), (tmp_path / "stderr.txt").read_text()[-3000:]
+        torchrun = subprocess.run(["pgrep", "-f", f"rlspeed._torchrun .*{out}"], capture_output=True,
+                                  text=True).stdout.split()
+        assert len(torchrun) == 1
+        os.kill(int(torchrun[0]), signal.SIGKILL)
+        assert process.wait(timeout=120) == 137
+        left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+        assert not left  # (no worker trains on: their command lines name the run directory)
+    finally:
+        process.kill()
+        for pid in subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)  # (a failed test leaves no trainer behind)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert "rlspeed: torchrun ended by SIGKILL: waiting up to 30 s for the 2 process(es) it left" in stderr, stderr
+    assert "Traceback" not in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and (out / "model.safetensors").exists()
+
+
 def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
     """What the workers would refuse (`--accelerate auto`), and --nproc under torchrun, are one sentence from the
     launcher, exit 2, before any worker starts or any directory is made."""
