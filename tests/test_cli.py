@@ -3124,3 +3124,27 @@ def test_set_parameters_refuses_weights_trained_on_another_observation_scale(tmp
     model = PPO("Pendulum-v1", num_envs=2, num_steps=64, normalize_obs=True)
     model.set_parameters(tmp_path / "ppo.safetensors")
     assert torch.equal(model.obs_rms.mean, source.obs_rms.mean) and torch.equal(model.obs_rms.var, source.obs_rms.var)
+
+
+def test_resume_with_another_init_from_than_the_run_started_from_is_refused(capsys, monkeypatch, tmp_path):
+    """`--resume --init-from FILE` of a run with a checkpoint: the run goes on from its checkpoint's weights, so a
+    file other than the one config.yaml records (or any, for a run started from scratch) is one sentence (exit 2),
+    where config.yaml recorded the file as the run's start, silently; the same file as the run started from is
+    taken."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--target-return", "none", "--no-progress", "--quiet", "--checkpoint-freq", "256"]
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--out", "first", *common]) == 0
+    for out, start in (("scratch", []), ("warm", ["--init-from", "first"])):
+        assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--out", out, *start,
+                         *common]) == 0
+        for name in ("model.safetensors", "summary.json"):  # (as a killed run leaves it: a checkpoint)
+            (tmp_path / out / name).unlink()
+    error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--total-timesteps", "768", "--out", "scratch",
+                               "--resume", "--init-from", "first", *common])
+    assert error.startswith("rlspeed: error: --init-from applies where a run starts: the run in 'scratch' started "
+                            "from scratch")
+    assert yaml.safe_load((tmp_path / "scratch" / "config.yaml").read_text())["init_from"] is None
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "768", "--out", "warm", "--resume",
+                     "--init-from", "first", *common]) == 0
+    assert yaml.safe_load((tmp_path / "warm" / "config.yaml").read_text())["init_from"] == str(
+        (tmp_path / "first" / "model.safetensors").resolve())

@@ -47,6 +47,7 @@ from rlspeed.errors import (
 )
 from rlspeed.files import (
     forget_ended_processes_folders,
+    local_path,
     process_folder_prefix,
     refuse_symlinks,
     remove_stale_temporaries,
@@ -2105,6 +2106,8 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if ("video_every" not in given and isinstance(video_every, int) and not isinstance(video_every, bool)
             and video_every >= 1):
         args.video_every = video_every
+    if "init_from" in given and (Path(args.out) / "checkpoint.safetensors").exists():
+        _refuse_other_init_file(args, config.get("init_from"))
     if "init_from" not in given and isinstance(config.get("init_from"), str):
         args.init_from = config["init_from"]
     if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
@@ -2123,6 +2126,19 @@ def _resume_settings(args: argparse.Namespace) -> None:
         # (a recorded None is kept: no target, or learn's own evaluation frequency, not the preset's)
         args.resume_run_settings = {key: config[key] for key in ("total_timesteps", "eval_freq", "target_return")
                                     if key in config and (config[key] is not None or key != "total_timesteps")}
+
+
+def _refuse_other_init_file(args: argparse.Namespace, recorded) -> None:
+    """UserError where `--resume --init-from FILE` names another file than the one the run's networks started from
+    (config.yaml's `init_from`, `recorded`; None: from scratch): the run goes on from its checkpoint's weights, so
+    config.yaml would record a start the run never had. The same file is config.yaml's path again."""
+    named = local_path(args.init_from).resolve()
+    if isinstance(recorded, str) and Path(recorded) in (named, named / "model.safetensors"):
+        args.init_from = recorded  # (config.yaml's, resolved, stays)
+        return
+    started = f"from the networks of '{recorded}'" if isinstance(recorded, str) else "from scratch"
+    raise UserError(f"--init-from applies where a run starts: the run in '{args.out}' started {started} and goes on "
+                    "from its checkpoint; drop --init-from, or give another --out for a new run from that file.")
 
 
 def _run_config(path: Path) -> dict:
