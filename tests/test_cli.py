@@ -3148,3 +3148,15 @@ def test_resume_with_another_init_from_than_the_run_started_from_is_refused(caps
                      "--init-from", "first", *common]) == 0
     assert yaml.safe_load((tmp_path / "warm" / "config.yaml").read_text())["init_from"] == str(
         (tmp_path / "first" / "model.safetensors").resolve())
+
+
+def test_a_torchrun_restart_goes_on_from_the_checkpoint_without_the_init_from_file(monkeypatch, tmp_path):
+    """A restart of the group (`--max-restarts`: TORCHELASTIC_RESTART_COUNT > 0, no --resume) resumes from the
+    run's checkpoint, as --resume does: the --init-from file the run started from is not needed again (it may be
+    gone), so it is neither read nor applied."""
+    (tmp_path / "checkpoint.safetensors").write_bytes(b"")
+    args = argparse.Namespace(resume=False, out=str(tmp_path))
+    assert not cli._resumes_checkpoint(args)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert cli._resumes_checkpoint(args)
+    assert not cli._resumes_checkpoint(argparse.Namespace(resume=False, out=str(tmp_path / "other")))

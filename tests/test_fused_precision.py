@@ -264,7 +264,7 @@ def test_the_search_waits_until_the_updates_pay_for_it(monkeypatch):
     assert "searched after 1 fp32 updates" in step.reason
 
 
-def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch):
+def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch, isolated_accel):
     """A reduced precision chosen early keeps being checked against fp32 (after RECHECK_FIRST of its updates, then
     after twice as many more each time): while it passes it stays; once a parameter's gradient leaves the tolerances
     (a critic's small gradients next to its fitted outputs, later in training) the update runs fp32 from there on,
@@ -289,11 +289,17 @@ def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch):
     monkeypatch.setattr(fused_precision, "run_search", lambda *args, **kwargs: (
         Strategy("bf16-matmul"), [], "bf16-matmul 1.5x faster than fp32"))
     step = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
-    for _ in range(2 + 3 + 9):  # (fp32 while waiting, the search, then checks at its 3rd and 9th updates: pass)
+    for _ in range(2):  # (fp32 while waiting, then the search, on the first call's batch shape)
         step(torch.zeros(1))
+    for _ in range(3 + 9):  # (checks at its 3rd and 9th updates: pass; batches of another shape from here on)
+        step(torch.zeros(2))
     assert step.precision == "bf16-matmul" and step.summary()["chosen_by"] == "search"
     garbling["on"] = True
     for _ in range(21):  # (the next check, at its 21st update)
-        step(torch.zeros(1))
+        step(torch.zeros(2))
     assert step.precision == "fp32"
     assert step.summary()["reason"].startswith("bf16-matmul failed its check again after 21 updates (gradient cosine")
+    # (a later run, which looks its first call's batch up in the cache, starts on fp32)
+    again = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
+    again(torch.zeros(1))
+    assert again.precision == "fp32" and again.summary()["chosen_by"] == "cache"

@@ -1097,8 +1097,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
 
 
 def _resumes_checkpoint(args: argparse.Namespace) -> bool:
-    """Whether this `--resume` finds a checkpoint in --out to go on from."""
-    return bool(getattr(args, "resume", False) and args.out and (Path(args.out) / "checkpoint.safetensors").exists())
+    """Whether this command goes on from a checkpoint in --out: `--resume`, or a torchrun restart of the group
+    (`--max-restarts`), which resumes as `--resume` does."""
+    going_on = getattr(args, "resume", False) or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return bool(going_on and args.out and (Path(args.out) / "checkpoint.safetensors").exists())
 
 
 def _init_model_file(args: argparse.Namespace) -> Path:

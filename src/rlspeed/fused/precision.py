@@ -132,7 +132,12 @@ class AutoMatmulPrecision:
                   "from there on")
         decision = Decision("all calls", EAGER_FP32, "search", reason, [trial])
         self._decided(decision)
-        store_choice(self._cache_key(batch, options), decision, self._report, f"the hand-derived {self.name} update")
+        # cached under the key of this batch and of the first call's, which a later run looks up first (as `_search`
+        # stores); not through `store_choice`, which keeps a choice without timings (this check's) out of the cache
+        record = {"chosen": EAGER_FP32.to_dict(), "reason": reason, "trials": [trial.to_dict()]}
+        for key in dict.fromkeys((self._cache_key(batch, options), self._first_key)):
+            if key is not None:
+                cache.store(key, record)
 
     def timed(self, fn, *args, **kwargs):
         """`fn(*args, **kwargs)`: an fp32 run of the update while the search waits (`__call__`'s, or one the algorithm
