@@ -459,16 +459,18 @@ def cmd_train(args: argparse.Namespace) -> int:
                         "directory under runs/, where there is nothing to resume).")
     if args.resume:
         _resume_settings(args)
-    from rlspeed.provenance import provenance
-
-    args.provenance = provenance(getattr(args, "argv", None))  # (summary.json's; the command as it starts)
     if args.video_every == 0:  # (no videos, also where the resumed run recorded some)
         args.video_every = None
+    if args.seeds is None:
+        _refuse_member_values_without_seeds(args)
+        if args.nproc is not None:  # (the launcher writes no summary: each worker takes its own provenance)
+            return _launch_torchrun(args)
+    if not args.dry_run:
+        from rlspeed.provenance import provenance
+
+        args.provenance = provenance(getattr(args, "argv", None))  # (summary.json's; the command as it starts)
     if args.seeds is not None:
         return _train_population(args)
-    _refuse_member_values_without_seeds(args)
-    if args.nproc is not None:
-        return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
 
     algo_cls, run_settings, hyper, _config = _settings(args)
