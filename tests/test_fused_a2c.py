@@ -192,3 +192,17 @@ def test_masked_runs_leave_the_flat_rollout_for_the_masked_policy():
     assert summary["implementation"] == "autograd" and "action masks" in summary["reason"]
     assert summary["rollout"] == "policy module"
     assert _MaskedVectorPick.taken[0] == 0 and _MaskedVectorPick.taken.sum() == model.num_timesteps
+
+
+def test_accelerate_auto_on_a_cpu_rolls_out_as_off_does(monkeypatch):
+    """On a CPU, `accelerate="auto"` keeps the rollout on the hand-derived update's flat parameters, as `off` does
+    (the policy module's measured forms ran its rollouts slower, with other random draws): while its search keeps
+    fp32, an auto run trains exactly as an off run of the same seed."""
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    trained = {}
+    for accelerate in ("off", "auto"):  # (one after the other: each model seeds torch's global stream when built)
+        model = A2C("CartPole-v1", device="cpu", seed=0, num_envs=8, accelerate=accelerate)
+        model.learn(800, progress_bar=False)
+        assert model.update_summary()["rollout"].startswith("hand-derived")
+        trained[accelerate] = [p.detach().clone() for p in model.policy.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(trained["off"], trained["auto"]))
