@@ -1121,9 +1121,8 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     """With `--init-from FILE`: the settings that decide the networks (net_arch, activation, encoder, ...) set in
     `hyper` to the file's, whose weights the model takes; returns (key, note) for those that differ from the
     preset's (a `--set` of the key replaces the file's value, and the weights are then refused in one sentence)."""
-    from rlspeed.algos.base import _weights_keys, build_config
+    from rlspeed.algos.base import build_config, saved_weights_settings
     from rlspeed.checkpoint import load_checkpoint, refuse_non_model
-    from rlspeed.envs.base import space_from_json
 
     path = _init_model_file(args)
     _, meta = load_checkpoint(path, device="cpu")
@@ -1131,15 +1130,10 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     if meta.get("algo") != algo_cls.name:
         raise UserError(f"--init-from '{path}' holds a model of {meta.get('algo')}, not of {algo_cls.name}: give a "
                         f"{algo_cls.name} model (the networks it starts from).")
-    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-    saved = build_config(algo_cls.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
-    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     notes = []
     before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
-    for key in _weights_keys(saved, space):
-        if key not in fields:
-            continue
-        value = _plain(saved)[key]
+    for key, value in saved_weights_settings(algo_cls, meta).items():
+        value = list(value) if isinstance(value, tuple) else value  # (as config.yaml and _plain write it)
         if key in given and _plain(build_config(algo_cls.config_cls, {key: given[key]}))[key] != value:
             raise UserError(f"--set {key}={given[key]} and --init-from '{path}' (networks with {key}={value}) "
                             f"disagree: drop --set {key}, whose networks could not take the file's weights.")

@@ -132,9 +132,9 @@ def _load(run_dir: Path) -> list[SeedResult]:
     if why is not None:
         raise UserError(f"The run '{run_dir}' {why}; leave it out of the report, or finish it first.")
     config = _read_config(run_dir / "config.yaml")
-    # (a setting an older rlspeed did not record is one it did not have: init_from None, as a run today records it)
-    settings = {key: config[key] for key in EXPERIMENT_SETTINGS if config.get(key) is not None or
-                (key in config and key != "init_from")}
+    settings = {key: config.get(key) for key in EXPERIMENT_SETTINGS if key in config}
+    if settings.get("init_from") is None:  # (a run from scratch: an older rlspeed's config.yaml has no such key)
+        settings.pop("init_from", None)
     settings.setdefault("target_return", summary.get("target_return"))
     hyperparameters = dict(settings.get("hyperparameters") or {})
     common = {"algo": str(summary["algo"]), "env_id": str(summary["env_id"]), "run_dir": run_dir}

@@ -305,6 +305,15 @@ def _weights_keys(config, observation_space: gym.Space | None) -> list[str]:
     return [*_network_keys(config, observation_space), *(["normalize_obs"] if hasattr(config, "normalize_obs") else [])]
 
 
+def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
+    """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
+    checkpoint metadata), by name, as its config holds them: what `set_parameters` compares and `--init-from` takes."""
+    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+    saved = build_config(algo_cls.config_cls, {key: value for key, value in meta["config"].items() if key in fields})
+    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+    return {key: getattr(saved, key) for key in _weights_keys(saved, space) if key in fields}
+
+
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
 _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
                 "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm",
@@ -2975,12 +2984,9 @@ class Algorithm:
             raise UserError(f"'{path}' holds a model of {meta.get('algo')!r}, not of {self.name!r}: set_parameters "
                             f"takes the networks of a {type(self).__name__} model.")
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
-        saved = build_config(type(self).config_cls, {key: value for key, value in meta["config"].items()
-                                                     if key in {f.name for f in dataclasses.fields(self.config)}})
-        for key in _weights_keys(saved, observation_space):
-            if hasattr(self.config, key) and getattr(saved, key) != getattr(self.config, key):
-                theirs, ours = (list(v) if isinstance(v, tuple) else v
-                                for v in (getattr(saved, key), getattr(self.config, key)))
+        for key, value in saved_weights_settings(type(self), meta).items():
+            if value != getattr(self.config, key):
+                theirs, ours = (list(v) if isinstance(v, tuple) else v for v in (value, getattr(self.config, key)))
                 raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
                                 f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),

@@ -63,7 +63,7 @@ class AutoMatmulPrecision:
         self._waiting: module_policy._Waiting | None = None  # (fp32 updates, timed, until a search pays for itself)
         self._first_key: str | None = None  # (the cache key of the first call's batch)
         # (updates in a reduced precision chosen by a search or the cache, and the count at which it is checked again)
-        self._reduced_calls, self._next_check = 0, RECHECK_FIRST
+        self._reduced_calls, self._next_check, self._rechecked = 0, RECHECK_FIRST, False
         if request.forced_by_env is not None:
             precision = request.precision
             if precision != "fp32" and not reduced_matmul_supported(device, precision):
@@ -99,7 +99,7 @@ class AutoMatmulPrecision:
                 if not self.search_due():
                     return self.timed(self.update, *batch, **options)
                 self._search(batch, options)
-        if self.precision != "fp32" and not self.forced:
+        if self._rechecked:
             self._reduced_calls += 1
             if self._reduced_calls >= self._next_check:
                 self._check_again(batch, options)
@@ -164,6 +164,8 @@ class AutoMatmulPrecision:
     def _decided(self, decision: Decision) -> None:
         self.precision, self.reason, self.trials = decision.chosen.precision, decision.reason, decision.trials
         self._report.decisions.append(decision)
+        # (a reduced precision measured here or cached is checked again as training goes on; a forced one is not)
+        self._rechecked = self.precision != "fp32" and decision.source != "forced"
 
     def _start(self, batch, options) -> module_policy._Waiting | None:
         """At the first call: decide from the device (one candidate) or the cache, else start waiting in fp32 until
