@@ -9,6 +9,7 @@ import torch
 import rlspeed
 from rlspeed.buffers import gae
 from rlspeed.buffers import rollout as rollout_module
+from rlspeed.envs.base import EnvWrapper
 
 
 def reference_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda):
@@ -161,3 +162,42 @@ def test_a_rollouts_advantages_bootstrap_truncations_from_their_last_observation
     expected, _ = reference_gae(rewards.numpy(), handed["values"].numpy(), handed["final_values"].numpy(),
                                 terminated.numpy(), (terminated | truncated).numpy(), 0.9, 0.8)
     np.testing.assert_allclose(handed["advantages"].numpy(), expected, rtol=0, atol=1e-5)
+
+
+class _LostLife(EnvWrapper):
+    """Ends row 0's learning episode on every step without its env restarting it, as Atari's lost life does
+    (`AtariTraining`): terminated, not among the env's `final_rows`, so no bootstrap value is written for it."""
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        lost = torch.zeros_like(terminated)
+        lost[0] = True
+        return obs, reward, terminated | (lost & ~(terminated | truncated)), truncated, info
+
+
+@pytest.mark.parametrize("path", ["matrix", "loop"])
+def test_a_terminated_step_never_reads_its_bootstrap_value(monkeypatch, path):
+    """A terminated step does not bootstrap, whatever V(final_obs) holds: a NaN or inf there leaves every advantage
+    as with 0 (multiplied by 0 it made them all NaN)."""
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62 if path == "matrix" else 0)
+    rewards, values, next_values, terminated, dones = random_rollout(12, 3, seed=5, dtype=torch.float32)
+    assert terminated.any()
+    expected = gae(rewards, values, next_values.masked_fill(terminated, 0.0), terminated, dones, 0.9, 0.8)
+    for bad in (float("nan"), float("inf")):
+        got = gae(rewards, values, next_values.masked_fill(terminated, bad), terminated, dones, 0.9, 0.8)
+        for actual, wanted in zip(got, expected):
+            torch.testing.assert_close(actual, wanted, rtol=0, atol=0)
+
+
+def test_lost_lives_after_a_diverged_rollout_train_on():
+    """Rows a wrapper terminates without their env restarting them (Atari's lost lives) have no bootstrap value
+    written for their step: the slot keeps what an earlier rollout left there, NaN where a diverged policy valued
+    it (the numerics guard rolls the policy back, not the rollout storage). That NaN, times 0, made every advantage
+    NaN, each later update was rolled back, and the run ended in DivergedError."""
+    env = _LostLife(rlspeed.make_env("FrozenLake-v1", num_envs=2, device="cpu", seed=0, backend="gymnasium"))
+    model = rlspeed.PPO(env, device="cpu", seed=0, num_steps=8, batch_size=16, n_epochs=1)
+    model.learn(16, progress_bar=False)
+    assert model.buffer.next_obs is None  # (Discrete observations: finished rows' values written during the rollout)
+    model.buffer.final_values.fill_(float("nan"))  # (a rollout valued by a diverged policy)
+    model.learn(16, progress_bar=False)
+    assert all(bool(p.isfinite().all()) for p in model.policy.parameters())

@@ -59,9 +59,12 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
 
     The recursion is evaluated as one weighted sum, A = G @ delta with G[t, s] = prod_{k=t}^{s-1} c_k, built with
     one cumprod over a `[T, T, N]` tensor: a handful of kernels instead of T small steps.
+
+    A terminated step's `next_values` is never read, whatever it holds (selected away, not multiplied by 0: a NaN
+    there, such as the unwritten bootstrap slot of a row a wrapper terminated without its env restarting it, Atari's
+    lost life, after a rollout valued by a diverged policy, would make every advantage NaN).
     """
-    not_terminated = (~terminated).to(rewards.dtype)
-    deltas = torch.addcmul(rewards, next_values.mul(gamma), not_terminated).sub_(values)
+    deltas = rewards.add(torch.where(terminated, 0.0, next_values.mul(gamma))).sub_(values)
     # c_t, [T, N], in the rewards' dtype (a Python gamma * lambda in torch.where would be rounded to float32 first)
     carry = (~dones).to(rewards.dtype).mul_(gamma * gae_lambda)
     steps = rewards.shape[0]
