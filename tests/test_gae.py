@@ -201,3 +201,33 @@ def test_lost_lives_after_a_diverged_rollout_train_on():
     model.buffer.final_values.fill_(float("nan"))  # (a rollout valued by a diverged policy)
     model.learn(16, progress_bar=False)
     assert all(bool(p.isfinite().all()) for p in model.policy.parameters())
+
+
+def test_advantages_and_returns_are_sb3s_which_adds_gamma_v_final_obs_to_a_truncated_steps_reward():
+    """Stable-Baselines3's rollouts bootstrap a truncation by adding gamma * V(terminal_observation) to that step's
+    reward and then cut the episode there; rlspeed keeps the env's reward and bootstraps in GAE from V(final_obs).
+    The advantages and returns are the same (a porter's numbers carry over; `model.buffer.rewards` are the env's)."""
+    pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import RolloutBuffer as SB3RolloutBuffer
+
+    steps, num_envs, gamma, gae_lambda = 16, 3, 0.9, 0.8
+    rewards, values, next_values, terminated, dones = random_rollout(steps, num_envs, seed=7, dtype=torch.float32)
+    truncated = dones & ~terminated
+    assert truncated.any() and terminated.any()
+    # a rollout of one policy: a step that did not end its episode leads to the next step's observation
+    after = torch.randn(num_envs, generator=torch.Generator().manual_seed(8))  # V(the observation after the rollout)
+    following = torch.cat((values[1:], after.unsqueeze(0)))
+    next_values = torch.where(dones, next_values, following)
+    advantages, returns = gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda)
+
+    sb3 = SB3RolloutBuffer(steps, gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2), device="cpu", gamma=gamma,
+                           gae_lambda=gae_lambda, n_envs=num_envs)
+    starts = torch.cat((torch.ones(1, num_envs, dtype=torch.bool), dones[:-1]))  # (SB3's episode_starts)
+    for t in range(steps):
+        bootstrapped = rewards[t] + gamma * torch.where(truncated[t], next_values[t], 0.0)  # (SB3's rollout loop)
+        sb3.add(np.zeros((num_envs, 1)), np.zeros((num_envs, 1)), bootstrapped.numpy(), starts[t].numpy(),
+                values[t].clone(), torch.zeros(num_envs))
+    sb3.compute_returns_and_advantage(last_values=after, dones=dones[-1].numpy())
+    np.testing.assert_allclose(advantages.numpy(), sb3.advantages, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(returns.numpy(), sb3.returns, rtol=0, atol=1e-5)
