@@ -123,17 +123,39 @@ def test_float64_rollouts_get_float64_advantages(monkeypatch, path):
     np.testing.assert_allclose(returns.numpy(), expected_returns, rtol=1e-12, atol=1e-12)
 
 
+class _Chunked(EnvWrapper):
+    """Truncates row 0's learning episode every 4th step without its env restarting it (its next observation goes
+    on in the same episode, and is not among the env's `final_rows`)."""
+
+    steps = cuts = 0
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.steps += 1
+        cut = torch.zeros_like(truncated)
+        cut[0] = self.steps % 4 == 0
+        cut &= ~(terminated | truncated)
+        self.cuts += int(cut.sum())
+        return obs, reward, terminated, truncated | cut, info
+
+
 @pytest.mark.parametrize("algo", ["PPO", "A2C"])
-@pytest.mark.parametrize("env_id", [
-    "CartPole-v1",  # float vectors: the rollout stores the next observations, valued after it
-    "FrozenLake-v1",  # encoded (index) observations: the finished rows' last observations are valued during it
+@pytest.mark.parametrize(("env_id", "chunked"), [
+    ("CartPole-v1", False),  # float vectors: the rollout stores the next observations, valued after it
+    ("FrozenLake-v1", False),  # encoded (index) observations: the restarted rows' last ones are valued during it
+    ("CartPole-v1", True),
+    # (rows a wrapper truncated without a restart: their next observation is the next step's, whose value is taken;
+    # they read an unwritten bootstrap slot, 0 in the first rollout)
+    ("FrozenLake-v1", True),
 ])
-def test_a_rollouts_advantages_bootstrap_truncations_from_their_last_observation(algo, env_id):
+def test_a_rollouts_advantages_bootstrap_truncations_from_their_last_observation(algo, env_id, chunked):
     """What a learn() rollout hands the update is GAE over what the env returned: a truncated episode (a 3-step time
-    limit) is bootstrapped from V of its true last observation (`info["final_obs"]`, not the next episode's first),
-    a terminated one not at all."""
+    limit, or a wrapper's cut) is bootstrapped from V of its true last observation (`info["final_obs"]`, not the
+    next episode's first), a terminated one not at all."""
     env = rlspeed.make_env(env_id, num_envs=2, device="cpu", seed=0, backend="gymnasium",
-                           env_kwargs={"max_episode_steps": 3})
+                           env_kwargs={"max_episode_steps": 5 if chunked else 3})
+    if chunked:
+        env = _Chunked(env)
     model = getattr(rlspeed, algo)(env, device="cpu", seed=0, num_steps=12, gamma=0.9, gae_lambda=0.8,
                                    **({"batch_size": 24} if algo == "PPO" else {}))
     steps = []
@@ -159,6 +181,7 @@ def test_a_rollouts_advantages_bootstrap_truncations_from_their_last_observation
     model._train_iteration()
     rewards, terminated, truncated = (torch.stack([step[i] for step in steps]) for i in range(3))
     assert (truncated & ~terminated).any()
+    assert not chunked or env.cuts > 0
     expected, _ = reference_gae(rewards.numpy(), handed["values"].numpy(), handed["final_values"].numpy(),
                                 terminated.numpy(), (terminated | truncated).numpy(), 0.9, 0.8)
     np.testing.assert_allclose(handed["advantages"].numpy(), expected, rtol=0, atol=1e-5)

@@ -129,21 +129,26 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
         """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap: of the stored
-        next observations, or (buffers without them) the next step's values, V of the observation after the rollout
-        for the last step, and the finished rows' `final_values`."""
+        next observations, or (buffers without them) the `final_values` of the rows the env restarted and, for the
+        others, whose next observation is the next step's (also where a wrapper ended the learner's episode without
+        a restart, Atari's lost life), the next step's values, V of the observation after the rollout for the last
+        step."""
         if buf.next_obs is not None:
             return self.policy.value(map_obs(lambda v: v.flatten(0, 1), buf.next_obs)).view_as(buf.values)
         following = torch.cat((buf.values[1:], self.policy.value(self._obs).unsqueeze(0)))
-        return torch.where(buf.dones, buf.final_values, following)
+        return torch.where(torch.as_tensor(buf.valued, device=self.device), buf.final_values, following)
 
     def _store_final_values(self, buf: RolloutBuffer, step: int, info: dict) -> None:
-        """Buffers without next observations: V of the finished rows' last observations (`info["final_obs"]`) into
-        `buf.final_values[step]`. The env adapters that know on the host which rows finished say so
-        (`info["final_rows"]`): no pass when none did, a pass over those rows only otherwise; without it, all rows."""
+        """Buffers without next observations: V of the last observations (`info["final_obs"]`) of the rows the env
+        restarted into `buf.final_values[step]`, marked in `buf.valued[step]`. The env adapters that know on the host
+        which rows they restarted say so (`info["final_rows"]`): no pass when none did, a pass over those rows only
+        otherwise; without it, all rows."""
         rows = info.get("final_rows")
+        buf.valued[step] = rows is None
         if rows is None:
             buf.final_values[step].copy_(self.policy.value(info["final_obs"]))
         elif len(rows):
+            buf.valued[step, rows] = True
             index = torch.as_tensor(rows, device=self.device)
             final = map_obs(lambda v: v[index.to(v.device)], info["final_obs"])
             buf.final_values[step].index_copy_(0, index, self.policy.value(final))

@@ -6,6 +6,7 @@ import functools
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
@@ -60,9 +61,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     The recursion is evaluated as one weighted sum, A = G @ delta with G[t, s] = prod_{k=t}^{s-1} c_k, built with
     one cumprod over a `[T, T, N]` tensor: a handful of kernels instead of T small steps.
 
-    A terminated step's `next_values` is never read, whatever it holds (selected away, not multiplied by 0: a NaN
-    there, such as the unwritten bootstrap slot of a row a wrapper terminated without its env restarting it, Atari's
-    lost life, after a rollout valued by a diverged policy, would make every advantage NaN).
+    A terminated step's `next_values` is never read, whatever it holds: selected away, not multiplied by 0 (a NaN or
+    inf there, V of a terminal observation a network overflows on or a bootstrap slot a diverged policy valued,
+    would make the advantages NaN).
     """
     deltas = rewards.add(torch.where(terminated, 0.0, next_values.mul(gamma))).sub_(values)
     # c_t, [T, N], in the rewards' dtype (a Python gamma * lambda in torch.where would be rounded to float32 first)
@@ -145,8 +146,9 @@ class RolloutBuffer:
 
     GAE bootstraps every step from V of the observation its action led to. `store_next_obs` keeps those observations
     (`next_obs`, `info["final_obs"]`; V of all of them in one pass after the rollout: the fewest kernels, for small
-    vectors); without it, the algorithm writes V of the finished rows' last observations into `final_values` during
-    the rollout, and the other rows' are the next step's values: images are stored once, not twice. `extra_nbytes`:
+    vectors); without it, the algorithm writes V of the rows its env restarted (their last observations) into
+    `final_values` during the rollout and marks them in `valued` (host bool `[T, N]`); the other rows' observation
+    after the step is the next step's, whose value is taken: images are stored once, not twice. `extra_nbytes`:
     what a subclass stores per step and env besides, counted when checking that the rollout fits in memory.
     """
 
@@ -163,6 +165,7 @@ class RolloutBuffer:
         # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
         self.next_obs = allocate_observations(observation, (num_steps, num_envs), device) if store_next_obs else None
         self.final_values = None if store_next_obs else zeros()
+        self.valued = None if store_next_obs else np.zeros((num_steps, num_envs), dtype=bool)
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.log_probs = zeros()
         self.values = zeros()
