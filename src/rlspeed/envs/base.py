@@ -8,10 +8,11 @@ Dict and Tuple spaces), reward float32 `[N]`, terminated/truncated bool `[N]`. A
 is already reset in the returned `obs`, and `info["final_obs"]` (same layout and dtypes as `obs`) holds, for every
 row, the observation the action led to: the true last observation for finished rows, the same as `obs` for the
 others. Bootstrapping a truncated episode reads it directly. Adapters that know on the host which rows finished
-(Gymnasium's, SB3's, EnvPool's) also give `info["final_rows"]`, their indices as a numpy array (no device read). Envs
-with action masks give `info["action_mask"]` for `obs`; the Gymnasium adapter also gives `info["final_action_mask"]`,
-the mask at `final_obs` (so a truncated row's bootstrap respects it); where it is absent, all actions count as allowed
-at a final observation.
+(Gymnasium's, SB3's, EnvPool's) also give `info["final_rows"]`, their indices as a numpy array (no device read): the
+rows the env restarted, which a wrapper that ends episodes without a restart (Atari's lost life) leaves as they are.
+Envs with action masks give `info["action_mask"]` for `obs`; the Gymnasium adapter also gives
+`info["final_action_mask"]`, the mask at `final_obs` (so a truncated row's bootstrap respects it); where it is absent,
+all actions count as allowed at a final observation.
 
 Observations are stored in these dtypes (rollout and replay storage) and converted to float by the networks at their
 input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the env to the first layer.
