@@ -367,3 +367,50 @@ def test_fused_member_adam_steps_equal_the_flat_formula():
                     [*params[1], adams[1].exp_avg, adams[1].exp_avg_sq]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert not torch.allclose(params[0][0], start[0])
+
+
+def _chain_env_id() -> str:
+    """An env whose observation is (steps into the episode, episode number) and whose reward is the step's number
+    (1, 2, ...); episodes end at step `end` (terminated; None: never) and at the 4-step time limit (truncated)."""
+    import gymnasium as gym
+    import numpy as np
+
+    class Chain(gym.Env):
+        observation_space = gym.spaces.Box(-1e3, 1e3, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, end=None):
+            self.end, self.episode, self.t = end, -1, 0
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.episode, self.t = self.episode + 1, 0
+            return np.array([0, self.episode], np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.array([self.t, self.episode], np.float32), float(self.t), self.t == self.end, False, {}
+
+    if "RlspeedTest/Chain-v0" not in gym.registry:
+        gym.register("RlspeedTest/Chain-v0", entry_point=Chain, max_episode_steps=4)
+    return "RlspeedTest/Chain-v0"
+
+
+@pytest.mark.parametrize("end", [None, 3])
+def test_member_n_step_returns_stop_at_episode_ends_with_each_members_gamma(end):
+    """3-step returns by hand, each member's with its own gamma: a time limit (step 4) cuts the sum and keeps the
+    bootstrap from the true last observation, (4, episode); a termination (step 3) cuts both."""
+    population = Population(DQN, _chain_env_id(), seeds=[0, 1], num_envs=1, n_step=3, learning_starts=10**6,
+                            buffer_size=100, gamma=[0.5, 0.25], env_kwargs={"end": end}, env_backend="gymnasium")
+    population.learn(12, progress_bar=False)
+    buffer, length = population.buffer, end or 4
+    assert buffer.written == 10  # (the last 2 steps wait for their third)
+    for k, gamma in enumerate((0.5, 0.25)):
+        for row in range(10):
+            episode, t = divmod(row, length)
+            steps = min(3, length - t)  # (the steps summed: up to the episode's end)
+            assert buffer.obs[row, k, 0].tolist() == [t, episode]
+            assert buffer.next_obs[row, k, 0].tolist() == [t + steps, episode]
+            assert buffer.rewards[row, k, 0].item() == sum(gamma ** i * (t + 1 + i) for i in range(steps))
+            assert buffer.discounts[row, k, 0].item() == gamma ** steps
+            assert buffer.terminated[row, k, 0].item() == float(end is not None and t + steps == end)
