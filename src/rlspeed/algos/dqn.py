@@ -262,8 +262,10 @@ class DQN(OffPolicyAlgorithm):
         """With the hand-derived update: the target network's part of every batch of this iteration's gradient
         steps, in one pass (`FusedDQNUpdate.prepare`; the target network changes only after those steps, in
         `_train_iteration`), in the matmul precision `--accelerate auto` chose (fp32 while its search waits; the
-        update's own call runs the search)."""
-        update, context = self._update_step.hand_derived, self._update_step.precision_context()
+        update's own call runs the search, and the checks of a reduced precision chosen against fp32: the batches
+        in which one is due are not prepared)."""
+        batches = rows["actions"].shape[0] // self.config.batch_size
+        update, context = self._update_step.hand_derived, self._update_step.precision_context(batches)
         if update is None or context is None:
             return rows
         update.follow(self.config)  # (double_q as the config says now: the autograd loss reads it at each step)

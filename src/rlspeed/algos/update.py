@@ -90,14 +90,16 @@ class UpdateStep:
     def __call__(self, *batch, **hints):
         return self.fn(*batch, **hints) if self.accepts_hints else self.fn(*batch)
 
-    def precision_context(self):
-        """The context the hand-derived update runs in (its measured matmul precision, fp32 while its search waits);
-        None where the step's own call must come next (before its first, and when its search is due)."""
-        return fused_precision.chosen_precision(self.fn)
+    def precision_context(self, updates: int = 1):
+        """The context the hand-derived update's next `updates` updates run in (its measured matmul precision, fp32
+        while its search waits); None where the step's own call must come next (before its first, when its search is
+        due, and when a check of its reduced precision against fp32 is due within those updates)."""
+        return fused_precision.chosen_precision(self.fn, updates)
 
     def timed(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)`: the hand-derived update run outside this step's call (DQN's on prepared batches), its time
-        counted towards the precision search's wait (`AutoMatmulPrecision.timed`) while that waits."""
+        counted towards the precision search's wait (`AutoMatmulPrecision.timed`) while that waits, and towards the
+        next check of a reduced precision chosen after."""
         timed = getattr(self.fn, "timed", None)
         return fn(*args) if timed is None else timed(fn, *args)
 

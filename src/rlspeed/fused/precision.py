@@ -142,15 +142,23 @@ class AutoMatmulPrecision:
     def timed(self, fn, *args, **kwargs):
         """`fn(*args, **kwargs)`: an fp32 run of the update while the search waits (`__call__`'s, or one the algorithm
         makes itself, DQN's on prepared batches), its time counted towards what the search must cost at most; just
-        the call otherwise."""
+        the call otherwise, counted towards the next check of a reduced precision chosen (`check_due`)."""
         waiting = self._waiting
         if waiting is None:
+            if self._rechecked:
+                self._reduced_calls += 1
             return fn(*args, **kwargs)
         started = time.perf_counter()
         result = fn(*args, **kwargs)
         waiting.spent_s += time.perf_counter() - started
         waiting.calls += 1
         return result
+
+    def check_due(self, updates: int = 1) -> bool:
+        """Whether one of the next `updates` updates checks the reduced precision chosen against fp32 again
+        (`__call__` checks: an algorithm that runs the update itself, DQN on prepared batches, calls the wrapper for
+        those updates instead)."""
+        return self._rechecked and self._reduced_calls + updates >= self._next_check
 
     def search_due(self) -> bool:
         """Whether the search waits no longer: the fp32 updates have taken long enough for it to cost at most
@@ -236,12 +244,14 @@ def applies() -> bool:
                                              and request.graphs == "off")
 
 
-def chosen_precision(step) -> contextlib.AbstractContextManager | None:
-    """The context that runs a hand-derived update as `step` runs it: `AutoMatmulPrecision`'s chosen matmul
-    precision (fp32 while its search waits for the updates to pay for it), or nothing for a bare update; None where
-    the wrapper's own call must come next: before its first call, and once its search is due (that call searches)."""
+def chosen_precision(step, updates: int = 1) -> contextlib.AbstractContextManager | None:
+    """The context that runs the next `updates` updates of a hand-derived update as `step` runs them:
+    `AutoMatmulPrecision`'s chosen matmul precision (fp32 while its search waits for the updates to pay for it), or
+    nothing for a bare update; None where the wrapper's own call must come next: before its first call, once its
+    search is due (that call searches), and where a check of its reduced precision against fp32 is due within those
+    updates (the call at which it is due checks)."""
     if isinstance(step, AutoMatmulPrecision):
         if step.precision is not None:
-            return step._context(step.precision)
+            return None if step.check_due(updates) else step._context(step.precision)
         return contextlib.nullcontext() if step._waiting is not None and not step.search_due() else None
     return contextlib.nullcontext()
