@@ -1,5 +1,7 @@
 """FlatAdam: parameters as views of one buffer, what it refuses, and what it notices."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -261,3 +263,31 @@ def test_flat_adam_in_parts_equals_one_step_and_counts_it_once():
         parts.step([slice(0, 4), slice(4, 10)], advance=False)
         torch.testing.assert_close(parts.flat, whole.flat, rtol=1e-6, atol=1e-8)  # (vector lanes differ at the tails)
         assert float(parts.step_count) == float(whole.step_count) == step + 1
+
+
+def test_a_loaded_state_keeps_each_parameters_own_step_count():
+    """Torch's Adam counts steps per parameter: a step the optimizer takes itself with a parameter left without a
+    gradient advances the others only, and a parameter added since (no state) starts at 0. A state saved and loaded
+    again (`optimizer.load_state_dict`: resume, `load`) keeps each parameter's count and moments."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2))
+    for _ in range(2):
+        adam.grad.normal_()
+        adam.step()
+    net(torch.randn(5, 3)).square().sum().backward()
+    net[0].weight.grad = None  # (the optimizer's own step leaves this parameter alone)
+    adam.optimizer.step()
+    saved = copy.deepcopy(adam.optimizer.state_dict())  # (as read back from a file)
+    assert [float(state["step"]) for state in saved["state"].values()] == [2.0, 3.0, 3.0, 3.0]
+    adam.optimizer.load_state_dict(saved)
+    adam.check()
+    assert adam._step_counts.tolist() == [2.0, 3.0, 3.0, 3.0]
+    del saved["state"][3]  # (as the state of a parameter added after the others' steps)
+    adam.optimizer.load_state_dict(copy.deepcopy(saved))
+    adam.check()
+    assert adam._step_counts.tolist() == [2.0, 3.0, 3.0, 0.0]
+    assert adam.exp_avg_sq[:12].ne(0).all() and adam.exp_avg_sq[-2:].eq(0).all()
+    again = adam.optimizer.state_dict()["state"]
+    assert [float(again[i]["step"]) for i in range(4)] == [2.0, 3.0, 3.0, 0.0]
+    for i in range(3):
+        torch.testing.assert_close(again[i]["exp_avg"], saved["state"][i]["exp_avg"], rtol=0, atol=0)

@@ -147,21 +147,22 @@ class FlatAdam:
         return {"exp_avg": self._exp_avg_views, "exp_avg_sq": self._exp_avg_sq_views}
 
     def _adopt_optimizer_state(self) -> None:
-        """Copy whatever state the optimizer holds into the flat buffers, then point its state at views of them."""
+        """Copy whatever state the optimizer holds into the flat buffers, each parameter's own (its step count and
+        moments; a parameter without state starts from zero, as the optimizer starts it), then point its state at
+        views of them."""
         state, views = self.optimizer.state, self._state_views()
         with torch.no_grad():
-            loaded = state.get(self.params[0])
-            if loaded and all(key in loaded for key in views):
+            for index, p in enumerate(self.params):
+                loaded = state.get(p)
+                complete = loaded and "step" in loaded and all(key in loaded for key in views)
                 for key, key_views in views.items():
-                    for p, view in zip(self.params, key_views):
-                        view.copy_(state[p][key])
+                    if complete:
+                        key_views[index].copy_(loaded[key])
+                    else:
+                        key_views[index].zero_()
                 # (on the buffer's device: as_tensor alone makes it on the caller's default device)
-                self._step_counts.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32,
-                                                        device=self.step_count.device).expand_as(self._step_counts))
-            else:
-                self.exp_avg.zero_()
-                self.exp_avg_sq.zero_()
-                self._step_counts.zero_()
+                self._step_counts[index].copy_(torch.as_tensor(loaded["step"] if complete else 0.0,
+                                                               dtype=torch.float32, device=self.step_count.device))
         for index, p in enumerate(self.params):
             state[p] = {"step": self._step_counts[index],
                         **{key: key_views[index] for key, key_views in views.items()}}
