@@ -5,6 +5,7 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import warnings
 
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 import rlspeed
-from rlspeed import PPO, SAC
+from rlspeed import DQN, PPO, SAC
+from rlspeed.callbacks import BaseCallback
 
 
 @pytest.fixture(scope="module")
@@ -479,3 +481,35 @@ def test_episode_returns_are_summed_in_float64():
         model.close()
     finally:
         gym.registry.pop("rlspeed_test/Tenths-v0", None)
+
+
+class _LargeRewardEnv(_TenthsEnv):
+    """Ten rewards of 123456.7 (float32: 123456.703125), returns of 1234567.03125: float32 keeps 1234567.0."""
+
+    def step(self, action):
+        self._t += 1
+        return np.zeros(2, np.float32), 123456.7, self._t >= 10, False, {}
+
+
+@pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda c: c.__name__)
+def test_training_rows_average_episode_returns_in_float64(algo):
+    """The metrics rows' episode_return (progress bar, metrics.csv, TensorBoard, a callback's `self.metrics`) is the
+    mean of the finished episodes' float64 returns, as their own float64 sums are: returns of about 1e6 keep their
+    fraction (float32 holds eighths there)."""
+    rows = []
+
+    class Rows(BaseCallback):
+        def _on_step(self):
+            if self.metrics is not None and not math.isnan(self.metrics["episode_return"]):
+                rows.append(self.metrics["episode_return"])
+            return True
+
+    gym.register("rlspeed_test/LargeReward-v0", entry_point=_LargeRewardEnv)
+    try:
+        model = algo("rlspeed_test/LargeReward-v0", num_envs=2, device="cpu", seed=0, env_backend="gymnasium",
+                     **({"num_steps": 16, "batch_size": 32} if algo is PPO else {"learning_starts": 32}))
+        model.learn(128, callback=Rows(), log_interval_s=0, progress_bar=False)
+        model.close()
+    finally:
+        gym.registry.pop("rlspeed_test/LargeReward-v0", None)
+    assert rows and all(row == float(np.float32(123456.7)) * 10 == 1234567.03125 for row in rows)

@@ -215,9 +215,9 @@ def test_minigrid_dict_observations_stay_uint8_and_int64_from_env_to_rollout_sto
     assert {dtype for dtype, _ in seen} == {torch.uint8}
     # rollout steps (4 rows), minibatches (16 rows), never the whole rollout (32 rows) at once
     assert max(rows for _, rows in seen) == ON_POLICY["batch_size"] < ON_POLICY["num_envs"] * ON_POLICY["num_steps"]
-    # bytes per step: image 147 + direction 8, an int64 action, 5 float32 (log-prob, value, reward, final value,
-    # episode return), 3 flags (terminated, done, episode end)
-    assert buffer.bytes_per_step() == (147 + 8) + 8 + 5 * 4 + 3
+    # bytes per step: image 147 + direction 8, an int64 action, 4 float32 (log-prob, value, reward, final value), a
+    # float64 episode return, 3 flags (terminated, done, episode end)
+    assert buffer.bytes_per_step() == (147 + 8) + 8 + 4 * 4 + 8 + 3
 
 
 def test_minatar_bool_images_stay_bool_in_the_replay_buffer_and_its_memory_report_counts_bytes(minatar_id):

@@ -2680,10 +2680,12 @@ class Algorithm:
             return {}
         keys = list(sums)
         # metrics of an env on another device than the model (a Gymnasium env's episode returns on the CPU, a model
-        # on CUDA) join the model's device first
-        stacked = (self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, torch.float32).reshape(())
+        # on CUDA) join the model's device first, in float64 where it has it (the episode returns' sums are float64:
+        # a float32 sum of returns near 1e6 keeps eighths)
+        dtype = torch.float64 if rules(self.device).float64 else torch.float32
+        stacked = (self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, dtype).reshape(())
                                                              for k in keys]))
-                   if keys else torch.zeros(0, device=self.device))
+                   if keys else torch.zeros(0, device=self.device, dtype=dtype))
         if extra is not None:  # (float64 where the device has it: step counts beyond float32's exact integers)
             stacked = torch.cat((stacked.to(extra.dtype), extra))
         values = stacked.cpu().tolist()  # ok-sync: once per log interval

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
+from rlspeed.device import rules
 from rlspeed.envs.base import Observation, observation_layout
 from rlspeed.errors import UserError
 
@@ -87,6 +88,12 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     return advantages, advantages + values
 
 
+def _returns_dtype(device: torch.device) -> torch.dtype:
+    """The dtype a rollout keeps the finished episodes' returns in: float64 where the device has it, as the envs sum
+    them (float32 on MPS)."""
+    return torch.float64 if rules(torch.device(device)).float64 else torch.float32
+
+
 def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                         action_dtype: torch.dtype, device: torch.device, mask_size: int | None,
                         store_next_obs: bool, extra_nbytes: int = 0) -> None:
@@ -97,9 +104,11 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
                                                                                          torch.float32)
     action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
-    # observations (twice with next_obs), actions, 5 float32 and 3 bool fields per step and env, the masks
-    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0)
-                + extra_nbytes)
+    returns_bytes = torch.empty((), dtype=_returns_dtype(device)).element_size()
+    # observations (twice with next_obs), actions, 4 float32 fields, the episode returns and 3 bool fields per step
+    # and env, the masks
+    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 4 * 4 + returns_bytes + 3
+                + (mask_size or 0) + extra_nbytes)
     check_rollout_bytes(num_steps, num_envs, per_step, device)
 
 
@@ -174,9 +183,10 @@ class RolloutBuffer:
         self.dones = zeros(dtype=torch.bool)
         self.action_masks = zeros(mask_size, dtype=torch.bool) if mask_size is not None else None
         # the finished episodes' returns, for the learn loop's statistics: episode_ends[t] marks the rows whose
-        # (whole) episode ended at step t, episode_returns[t] their returns (other rows: running totals, unread)
+        # (whole) episode ended at step t, episode_returns[t] their returns (other rows: running totals, unread), in
+        # float64 where the device has it, as the env sums them
         self.episode_ends = zeros(dtype=torch.bool)
-        self.episode_returns = zeros()
+        self.episode_returns = zeros(dtype=_returns_dtype(device))
         # Each step's row of every field, as views made once: `add` copies a step in one foreach call (for a few
         # envs, creating the row views and dispatching a copy per field cost more than the copies).
         self._rows = [self._fields_at(step) for step in range(num_steps)]
