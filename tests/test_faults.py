@@ -503,7 +503,7 @@ def test_a_replay_buffer_the_disk_has_no_room_for_is_refused_before_anything_is_
     model = _replay_saver("solo", run)
     before = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
     free = len(before["checkpoint.replay.safetensors"]) - 1
-    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(free=free))
+    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(total=2**40, free=free))
     opened = []
     mkstemp = checkpoint.tempfile.mkstemp
     monkeypatch.setattr(checkpoint.tempfile, "mkstemp", lambda *args, **kwargs: opened.append(kwargs) or mkstemp(
@@ -524,7 +524,7 @@ def test_save_replay_buffer_says_at_the_start_when_the_disk_cannot_hold_its_chec
     import types
 
     free = 1_500_000  # (the 20,000-transition buffer is 1,040,000 bytes: two files need 2,080,000)
-    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(free=free))
+    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(total=2**40, free=free))
     argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "256", "--set", "learning_starts=64", "--set",
             "buffer_size=20000", "--save-replay-buffer", "--target-return", "none", "--no-progress", "--quiet"]
     assert cli.main([*argv, "--out", str(tmp_path / "short")]) == 0  # (256 transitions fit: the run goes on)
@@ -535,6 +535,25 @@ def test_save_replay_buffer_says_at_the_start_when_the_disk_cannot_hold_its_chec
                     "unless space is freed there (or buffer_size is smaller)."]
     free = 2_100_000
     assert cli.main([*argv, "--out", str(tmp_path / "room")]) == 0
+    assert "--save-replay-buffer needs" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("total", [0, 2**40], ids=["no-total", "total"])
+def test_a_disk_that_says_nothing_free_does_not_refuse_checkpoints(tmp_path, monkeypatch, capsys, total):
+    """Some FUSE file systems report 0 bytes free (and 0 in total) while writes succeed: the free-space check refused
+    every checkpoint's replay buffer there, and the CLI warned that the run would stop. Nothing free is read as "not
+    known" (a disk that is really full fails the write itself, which then has nothing left to fill)."""
+    import shutil
+    import types
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda directory: types.SimpleNamespace(total=total, used=0, free=0))
+    run = tmp_path / "run"
+    model = _replay_saver("solo", run)
+    model.save(run / "checkpoint.safetensors")
+    assert (run / "checkpoint.replay.safetensors").stat().st_size > 0
+    argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "128", "--set", "learning_starts=64", "--set",
+            "buffer_size=20000", "--save-replay-buffer", "--target-return", "none", "--no-progress", "--quiet"]
+    assert cli.main([*argv, "--out", str(tmp_path / "cli")]) == 0
     assert "--save-replay-buffer needs" not in capsys.readouterr().err
 
 

@@ -21,7 +21,6 @@ import hmac
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from rlspeed.device import training_threads
 from rlspeed.errors import UserError
-from rlspeed.files import local_path, process_running
+from rlspeed.files import free_disk_bytes, local_path, process_running
 
 FORMAT = "rlspeed-checkpoint"
 #: 2: the metadata carries a digest. Format-1 files (no digest) still load, with a warning.
@@ -677,11 +676,8 @@ def _check_free_space(path: Path, needed: int) -> None:
     its new file: a replay buffer's file (7.6 GB for a full 1,000,000-transition Atari buffer) is written beside the
     one it replaces, which stays until the new one is whole, and a write that ran out of space filled the disk (other
     writers, metrics.csv say, then failed) before it was refused."""
-    try:
-        free = shutil.disk_usage(path.parent).free
-    except OSError:  # (a file system that does not say: the write itself finds out)
-        return
-    if needed > free:
+    free = free_disk_bytes(path.parent)
+    if free is not None and needed > free:  # (a file system that does not say: the write itself finds out)
         raise UserError(f"Cannot write the checkpoint '{_unstaged(path)}': it needs {_bytes(needed)} and the disk "
                         f"holding it has {_bytes(free)} free; {_what_stays(path)}.")
 

@@ -47,6 +47,7 @@ from rlspeed.errors import (
 )
 from rlspeed.files import (
     forget_ended_processes_folders,
+    free_disk_bytes,
     local_path,
     process_folder_prefix,
     refuse_symlinks,
@@ -2253,9 +2254,8 @@ def _warn_replay_disk(buffer_bytes: int, run_dir: Path) -> None:
     bytes, more than the current checkpoint's file; a finished run's model.replay.safetensors, which a --resume keeps
     until the new end, is on disk already). Said at the start: the checkpoint that does not fit stops the run hours
     later (`rlspeed.checkpoint`'s check before each write)."""
-    try:
-        free = shutil.disk_usage(run_dir).free
-    except OSError:  # (a file system that does not say: each write checks for itself)
+    free = free_disk_bytes(run_dir)
+    if free is None:  # (a file system that does not say: each write checks for itself)
         return
     replay = run_dir / "checkpoint.replay.safetensors"
     held = replay.stat().st_size if replay.is_file() else 0

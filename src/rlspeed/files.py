@@ -87,6 +87,17 @@ def _temporaries(path: Path) -> list[Path]:
     return list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
+def free_disk_bytes(directory: str | os.PathLike) -> int | None:
+    """The bytes free to this user on the disk holding `directory`, or None where the file system does not say: it
+    refuses (OSError), or it reports no total or nothing free, as some FUSE file systems do while writes succeed (a
+    disk that is really full fails the write itself, which then has nothing left to fill)."""
+    try:
+        usage = shutil.disk_usage(directory)
+    except OSError:
+        return None
+    return usage.free if usage.total > 0 and usage.free > 0 else None
+
+
 def unwritable(directory: str | os.PathLike) -> str | None:
     """Why no file can be made in `directory` (the OS's reason), or None where one can: found by making a temporary
     file there, which leaves nothing behind. A real write, not `os.access`, which a read-only file system, NFS
