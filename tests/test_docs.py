@@ -455,3 +455,16 @@ def test_the_cli_synopsis_names_every_option_with_the_parsers_choices_and_defaul
             if re.fullmatch(r"\d+", value) and str(action.default) != value and f"default {value}" not in action.help:
                 problems.append(f"{label} {option}: docs/cli.md shows {value}, the default is {action.default}")
     assert not problems, "\n".join(problems)
+
+
+def test_profiling_page_words_the_phases_as_the_profiler_does():
+    """docs/profiling.md's phase table and its sample report describe each phase as `rlspeed profile` prints it (the
+    sample said "(PPO)" and "replay sampling included ..." after the profiler had reworded both)."""
+    from rlspeed.diagnostics.profiler import _PHASE_TEXT
+
+    page = ROOT / "docs" / "profiling.md"
+    table = {name: text.replace("`", "") for name, text in
+             re.findall(r"^\| `(\w+)` \| (.+?) \|$", docs_prose(page), re.MULTILINE)}
+    sample = next(block.code for block in code_blocks(page) if block.code.startswith("rlspeed profile:"))
+    shown = dict(re.findall(r"^  (\w+) +[\d.]+ +\d+%   (.+)$", sample, re.MULTILINE))
+    assert table == _PHASE_TEXT and shown == _PHASE_TEXT
