@@ -149,6 +149,17 @@ def assert_type(value, expected) -> None:
         assert isinstance(value, tuple(t for t in flat if t is not None)) and not isinstance(value, bool)
 
 
+def test_the_docs_summary_sample_has_every_field():
+    """docs/cli.md's summary.json sample is strict JSON with every field a run writes, each of its type (it lacked
+    `provenance`, which a run has written since)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    sample = re.search(r"`summary.json` from the Quick start's run[^`]*```json\n(.*?)```", page, re.DOTALL)[1]
+    summary = json.loads(sample, parse_constant=lambda c: pytest.fail(c))
+    assert set(summary) == set(SUMMARY_FIELDS)
+    for field, expected in SUMMARY_FIELDS.items():
+        assert_type(summary[field], expected)
+
+
 def test_train_writes_the_run_directory(runs):
     assert_succeeded(runs.result("train"))
     run_dir = runs.cwd / "plain"
