@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,6 +60,13 @@ def fake_population(path, seeds, finals, curves, algo="ppo", env_id="CartPole-v1
     return path
 
 
+def docs_report_columns() -> dict[str, list[str]]:
+    """The columns docs/cli.md gives for `rlspeed report`'s final_scores.csv and curves.csv, by file."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    return {name: [column.strip() for column in re.sub(r"\s+", " ", columns).split(",")]
+            for name, columns in re.findall(r"`(final_scores\.csv|curves\.csv)` \([^`]*`([^`]*)`", page)}
+
+
 def test_a_report_pools_a_population_and_solo_runs_of_the_same_settings(tmp_path, capsys):
     """Seeds 0 and 1 as a population and seed 2 as a solo run, at the same settings, are one experiment of 3 runs:
     its final-score row is rlspeed.stats.aggregate of the three final evaluations, and the population alone gives
@@ -82,6 +91,9 @@ def test_a_report_pools_a_population_and_solo_runs_of_the_same_settings(tmp_path
     with open(out / "curves.csv", newline="", encoding="utf-8") as handle:
         curve = list(csv.DictReader(handle))
     assert [(int(row["timesteps"]), int(row["runs"])) for row in curve] == [(128, 3), (256, 3)]
+    # (the columns docs/cli.md lists: its curves.csv lacked algo, env_id, variant and normalized)
+    documented = docs_report_columns()
+    assert list(row) == documented["final_scores.csv"] and list(curve[0]) == documented["curves.csv"]
     assert (out / "curves.png").stat().st_size > 0
     table, _ = final_scores(collect_runs([population]))
     assert {key: table[0][key] for key in ("runs", "median", "median_ci", "iqm", "iqm_ci")} == \
