@@ -112,6 +112,18 @@ def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
     assert yaml.safe_load((run / "config.yaml").read_text())["video_every"] is None
 
 
+def test_cli_train_says_where_video_every_filmed_nothing(tmp_path, capsys):
+    """A run that ends before its first video was due (CartPole's preset reaches its target in about 6,000 steps,
+    and the docs' example asked for a video every 20,000) says so, instead of a videos folder left empty unsaid."""
+    run = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
+                     "num_steps=32", "--target-return", "none", "--no-progress", "--out", str(run),
+                     "--total-timesteps", "512", "--video-every", "20000"]) == 0
+    assert not any((run / "videos").iterdir())
+    assert ("rlspeed: note: --video-every 20000 filmed no video: training ended at 512 steps, before one was due"
+            in capsys.readouterr().err)
+
+
 def _disk_fills_after(monkeypatch, frames: int) -> None:
     """imageio's writers fail as on a full disk once `frames` frames are written."""
     import errno

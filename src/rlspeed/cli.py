@@ -2290,6 +2290,17 @@ def _reached_before(model, target) -> bool:
     return target is not None and loop.get("steps_to_target") is not None and loop.get("target_return") == target
 
 
+def _say_no_video(say, callbacks: list, steps: int) -> None:
+    """A note where `--video-every` filmed nothing: the run ended (at its target, say) before the first video was
+    due, which would otherwise pass unsaid."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    for callback in callbacks:
+        if isinstance(callback, VideoRecorderCallback) and not callback.videos:
+            say(f"rlspeed: note: --video-every {callback.video_every} filmed no video: training ended at {steps:,} "
+                "steps, before one was due; a smaller --video-every films sooner.", file=sys.stderr)
+
+
 def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval_freq, total: int, checkpoint: Path,
                     checkpoint_freq, restarts: int, resumed_from, callbacks: list, tracker) -> int:
     """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
@@ -2431,6 +2442,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"holding NaN or infinite values by 0 (the first: env "
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
+    _say_no_video(say, callbacks, model.num_timesteps)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): "
                        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")  # (the result: --quiet too)
