@@ -104,7 +104,11 @@ def docs_sandbox(tmp_path, monkeypatch):
 
 def run_page(page: Path) -> int:
     """Execute a page's runnable Python blocks in order in one namespace; returns how many ran. An exception names
-    the page and line of the block it came from."""
+    the page and line of the block it came from, and so does a warning of rlspeed's that a block's own line gets (a
+    reader running the example would see it: `UnusedSettingWarning` for a batch larger than the rollout, ...); an
+    example that shows a warning on purpose catches it."""
+    import warnings
+
     namespace: dict = {"__name__": "__docs__"}
     ran = 0
     for block in code_blocks(page):
@@ -113,10 +117,17 @@ def run_page(page: Path) -> int:
         # compile with the page's line numbers, so a traceback points into the Markdown file
         source = "\n" * block.line + block.code
         try:
-            exec(compile(source, str(page), "exec"), namespace)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                exec(compile(source, str(page), "exec"), namespace)
         except Exception as error:
             raise AssertionError(f"the Python block at {block.where} failed: {type(error).__name__}: {error}") \
                 from error
+        warned = [warning for warning in caught if warning.filename == str(page)
+                  and (warning.category.__module__.startswith("rlspeed") or str(warning.message).startswith("rlspeed"))]
+        if warned:
+            raise AssertionError(f"the Python block at {block.where} warns at line {warned[0].lineno}: "
+                                 f"{warned[0].category.__name__}: {warned[0].message}")
         ran += 1
     return ran
 
@@ -149,6 +160,10 @@ def test_a_broken_block_fails(tmp_path, docs_sandbox):
     page.write_text("# Example\n\n```python\nimport rlspeed\nrlspeed.make_env('CartPole-v1').reset()\n```\n\n"
                     "```python\nrlspeed.PPO('CartPole-v1', n_epoch=3)\n```\n")
     with pytest.raises(AssertionError, match=r"broken\.md:8 failed: UserError"):
+        run_page(page)
+    page.write_text("# Example\n\n```python\nimport rlspeed\n"
+                    "rlspeed.PPO('CartPole-v1', num_envs=2, num_steps=8)\n```\n")
+    with pytest.raises(AssertionError, match=r"broken\.md:3 warns at line 5: UnusedSettingWarning: batch_size 256"):
         run_page(page)
 
 
