@@ -173,8 +173,9 @@ def test_readme_is_a_front_door():
         f"README.md has {len(lines)} lines; keep it <= {README_MAX_LINES} and move details to a docs/ page")
 
 
-def relative_links(page: Path) -> list[tuple[int, str]]:
-    """(line, target) of each relative Markdown link or image outside code blocks."""
+def relative_links(page: Path, within: bool = False) -> list[tuple[int, str]]:
+    """(line, target) of each relative Markdown link or image outside code blocks (`within`: the links within the
+    page, `#section`, too)."""
     fenced = set()
     for block in code_blocks(page):
         fenced.update(range(block.line, block.line + block.code.count("\n") + 2))
@@ -185,7 +186,7 @@ def relative_links(page: Path) -> list[tuple[int, str]]:
         line = re.sub(r"`[^`]*`", "", line)  # inline code is not a link
         for match in _LINK.finditer(line):
             target = match["target"]
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or (target.startswith("#") and not within):
                 continue  # http:, https:, mailto: ... and links within the page
             links.append((number, target))
     return links
@@ -483,3 +484,48 @@ def test_profiling_page_words_the_phases_as_the_profiler_does():
     sample = next(block.code for block in code_blocks(page) if block.code.startswith("rlspeed profile:"))
     shown = dict(re.findall(r"^  (\w+) +[\d.]+ +\d+%   (.+)$", sample, re.MULTILINE))
     assert table == _PHASE_TEXT and shown == _PHASE_TEXT
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (outside code blocks), as the site's Markdown (Python-Markdown's toc) makes
+    them: the text without its Markdown, lower case, punctuation dropped, runs of spaces and hyphens one hyphen; a
+    repeated one gets `_1`, `_2`, ..."""
+    import unicodedata
+
+    anchors: set[str] = set()
+    for line in docs_prose(page).splitlines():
+        heading = re.match(r"^#{1,6}\s+(.+?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading[1]).replace("`", "")
+        text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+        anchor = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+        unique, count = anchor, 0
+        while unique in anchors:
+            count += 1
+            unique = f"{anchor}_{count}"
+        anchors.add(unique)
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_links_to_sections_point_to_headings(page):
+    """A link's `#section` (in the page or another one) is a heading's anchor there: a renamed heading would break
+    its links silently (`mkdocs build --strict` reports a missing anchor as info only, and GitHub not at all)."""
+    broken = []
+    for number, target in relative_links(page, within=True):
+        if "#" not in target:
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (page.parent / file) if file else page
+        if linked.suffix == ".md" and linked.exists() and anchor not in heading_anchors(linked):
+            broken.append(f"{page.relative_to(ROOT)}:{number}: {target}")
+    assert not broken, "links to sections that do not exist:\n" + "\n".join(broken)
+
+
+def test_section_anchors_are_the_sites():
+    """The anchors the link check expects are those the site makes (`cli.md#rlspeed-report` from "`rlspeed report`",
+    a heading's `(`set_parameters`, `--init-from`)` with its hyphens merged)."""
+    assert "rlspeed-report" in heading_anchors(ROOT / "docs" / "cli.md")
+    checkpoints = heading_anchors(ROOT / "docs" / "checkpoints.md")
+    assert "fine-tuning-from-a-saved-model-set_parameters-init-from" in checkpoints
