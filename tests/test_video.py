@@ -120,8 +120,8 @@ def test_cli_train_says_where_video_every_filmed_nothing(tmp_path, capsys):
                      "num_steps=32", "--target-return", "none", "--no-progress", "--out", str(run),
                      "--total-timesteps", "512", "--video-every", "20000"]) == 0
     assert not any((run / "videos").iterdir())
-    assert ("rlspeed: note: --video-every 20000 filmed no video: training ended at 512 steps, before one was due"
-            in capsys.readouterr().err)
+    assert ("rlspeed: note: --video-every 20000 filmed no video: training ended at 512 steps, before the first was "
+            "due at 20,000" in capsys.readouterr().err)
 
 
 def _disk_fills_after(monkeypatch, frames: int) -> None:
@@ -160,6 +160,7 @@ def test_a_full_disk_is_one_sentence_and_training_goes_on_without_its_video(tmp_
                          "--out", str(run), "--video-every", "512"])
     assert code == 0, capsys.readouterr().err
     assert (run / "model.safetensors").exists() and not list((run / "videos").iterdir())
+    assert "filmed no video" not in capsys.readouterr().err  # (the videos were due: the warning said why none)
 
 
 def test_a_directory_that_cannot_be_written_is_one_sentence_before_filming(tmp_path, monkeypatch, capsys):

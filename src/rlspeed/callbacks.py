@@ -903,7 +903,9 @@ class VideoRecorderCallback(BaseCallback):
     `step-000020000-1.mp4`, with a warning; `overwrite=True` replaces it instead (a folder of the run's own, which
     a resumed run films again from its checkpoint on: `rlspeed train --video-every`). `on_video(path, steps)`,
     when given, receives each file (the W&B tracker uploads it). `env_id`: the registered env to film (default: the
-    model's own; a model trained on a vector env you built, which cannot be made again, needs one with its spaces)."""
+    model's own; a model trained on a vector env you built, which cannot be made again, needs one with its spaces).
+    `videos` lists the files written; `first_due` is the step count at which a `learn` call's first video is due (a
+    run that ends before it films none: `rlspeed train --video-every` says so)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
                  on_video: Callable[[Path, int], None] | None = None, verbose: int = 0, overwrite: bool = False,
@@ -925,6 +927,7 @@ class VideoRecorderCallback(BaseCallback):
         self.overwrite = bool(overwrite)
         self.videos: list[Path] = []
         self._period = _Period(self.video_every)
+        self.first_due: int | None = None
 
     def _init_callback(self) -> None:
         from rlspeed.evaluation import env_options
@@ -937,6 +940,7 @@ class VideoRecorderCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
+        self.first_due = self._period.next
 
     def _on_rollout_end(self) -> bool:
         if not self._period.due(self.num_timesteps):

@@ -2292,13 +2292,15 @@ def _reached_before(model, target) -> bool:
 
 def _say_no_video(say, callbacks: list, steps: int) -> None:
     """A note where `--video-every` filmed nothing: the run ended (at its target, say) before the first video was
-    due, which would otherwise pass unsaid."""
+    due, which would otherwise pass unsaid (a video that could not be written has its own warning)."""
     from rlspeed.callbacks import VideoRecorderCallback
 
     for callback in callbacks:
-        if isinstance(callback, VideoRecorderCallback) and not callback.videos:
+        if (isinstance(callback, VideoRecorderCallback) and callback.first_due is not None
+                and steps < callback.first_due):
             say(f"rlspeed: note: --video-every {callback.video_every} filmed no video: training ended at {steps:,} "
-                "steps, before one was due; a smaller --video-every films sooner.", file=sys.stderr)
+                f"steps, before the first was due at {callback.first_due:,}; a smaller --video-every films sooner.",
+                file=sys.stderr)
 
 
 def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval_freq, total: int, checkpoint: Path,
