@@ -525,10 +525,9 @@ def test_links_to_sections_point_to_headings(page):
 
 def test_section_anchors_are_the_sites():
     """The anchors the link check expects are those the site makes (`cli.md#rlspeed-report` from "`rlspeed report`",
-    a heading's `(`set_parameters`, `--init-from`)` with its hyphens merged)."""
+    presets.md's "Where a preset comes from (`--preset`)" with its hyphens merged)."""
     assert "rlspeed-report" in heading_anchors(ROOT / "docs" / "cli.md")
-    checkpoints = heading_anchors(ROOT / "docs" / "checkpoints.md")
-    assert "fine-tuning-from-a-saved-model-set_parameters-init-from" in checkpoints
+    assert "where-a-preset-comes-from-preset" in heading_anchors(ROOT / "docs" / "presets.md")
 
 
 #: flags the docs show a command refusing (CleanRL's names), which must stay refused: (command, flag)
