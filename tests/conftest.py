@@ -21,6 +21,10 @@ from rlspeed.files import process_running
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
+# The signal tests send SIGHUP to the CLI's processes, which keep a signal they were started ignoring ignored (nohup's
+# SIGHUP, as a user's `nohup rlspeed train` asks): a suite started under nohup gives its processes the default again.
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 #: a session's cache directory is <temp dir>/rlspeed-tests-cache-<the session's process id>-<random>
 TESTS_CACHE_PREFIX = "rlspeed-tests-cache-"
 
