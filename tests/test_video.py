@@ -798,3 +798,46 @@ def test_a_population_refuses_video_every_saying_how_to_film_a_member(tmp_path, 
     assert code == 2
     assert "drop it (film a member after training: rlspeed eval OUT/members/seed_<S>.safetensors --video" in \
         capsys.readouterr().err
+
+
+class _SaysItsOwn(_Sized):
+    """`_Sized` whose filmed instance (render_mode rgb_array) warns as it is made and as it steps: warnings of the
+    user's env."""
+
+    def __init__(self, size, render_mode=None):
+        super().__init__(size, render_mode)
+        if render_mode == "rgb_array":
+            warnings.warn("rlspeed-test: made for a video", UserWarning, stacklevel=2)
+
+    def step(self, action):
+        if self.render_mode == "rgb_array":
+            warnings.warn("rlspeed-test: a filmed step", UserWarning, stacklevel=2)
+        return super().step(action)
+
+
+def test_a_videos_env_keeps_its_own_warnings_and_only_the_render_mode_notice_is_left_out(tmp_path, monkeypatch):
+    """Filming ignored every UserWarning while the env was made (and VideoRecorderCallback while the whole video
+    was recorded), so the user's env's own warnings vanished; only Gymnasium's notice of a render mode the env lacks
+    (which the refusal says) and a video's episode cut at its step limit are left out."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    monkeypatch.setitem(gym.registry, "rlspeed-test/Says-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/Says-v0", entry_point=_SaysItsOwn,
+                                                      disable_env_checker=True, max_episode_steps=2))
+    model = PPO("rlspeed-test/Says-v0", env_kwargs={"size": 3}, seed=0, device="cpu", num_envs=2, num_steps=8,
+                batch_size=16)
+    callback = VideoRecorderCallback(16, tmp_path / "videos")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(16, callback=callback, progress_bar=False)
+    model.close()
+    said = [str(warning.message) for warning in caught]
+    assert "rlspeed-test: made for a video" in said and "rlspeed-test: a filmed step" in said, said
+    assert not [text for text in said if "still running" in text], said  # (the cut episode: still a video)
+    assert [path.name for path in callback.videos] == ["step-000000016.mp4"]
+
+    monkeypatch.setattr(_Sized, "metadata", {"render_modes": ["human"]})  # (Gymnasium's notice: the refusal says it)
+    with warnings.catch_warnings(), pytest.raises(UserError, match="its render modes: human"):
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message="rlspeed-test: ")
+        video.check_video_support("rlspeed-test/Says-v0", tmp_path / "v.mp4", env_kwargs={"size": 3})

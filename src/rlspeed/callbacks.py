@@ -956,8 +956,9 @@ class VideoRecorderCallback(BaseCallback):
                           RuntimeWarning, stacklevel=2)
         seed = (self.model.seed or 0) + 300_000 + self.num_timesteps
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
+            with warnings.catch_warnings():  # (an episode cut at the step limit is still a video; others are said)
+                warnings.filterwarnings("ignore", message="record_video: .* episodes were still running",
+                                        category=UserWarning)
                 record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
                              overwrite=self.overwrite, env_id=self.env_id)
         except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)

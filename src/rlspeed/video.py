@@ -77,6 +77,12 @@ def _headless_rendering() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
+#: Gymnasium's warnings (the start of their text, after its colour code and "WARN: ") of an env made with a render
+#: mode it lacks, or without render modes
+_RENDER_MODE_WARNINGS = (r".*The environment is being initialised with render_mode=",
+                         r".*The environment creator metadata doesn't include `render_modes`")
+
+
 def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None,
                 backend: str | None = None) -> gym.Env:
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
@@ -117,8 +123,11 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         env_kwargs["make_kwargs"] = {**(env_kwargs.get("make_kwargs") or {}), **render_mode}
         render_mode = {}
     try:
-        with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
-            warnings.simplefilter("ignore", UserWarning)
+        with warnings.catch_warnings():
+            # (Gymnasium's warnings of a render mode the env lacks, which the check below says in one sentence; any
+            # other warning, such as one of the env's own constructor, is the caller's to see)
+            for said in _RENDER_MODE_WARNINGS:
+                warnings.filterwarnings("ignore", message=said, category=UserWarning)
             env = (atari.make_atari_env(env_id, render_mode="rgb_array", **env_kwargs) if atari_game
                    else gym.make(make_id, **render_mode, **env_kwargs))
     except TypeError as error:
