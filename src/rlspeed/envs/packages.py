@@ -122,10 +122,11 @@ class MujocoGLError(UserError):
 
 def route_mujoco_messages(env_id: str) -> None:
     """For an id of Gymnasium's MuJoCo envs: route MuJoCo's warnings (model compiler notices, simulation
-    instabilities) to Python's `warnings` (DeprecationWarning where MuJoCo says deprecated, else RuntimeWarning;
-    each message once per process), unless the user set MuJoCo's handler. Without a handler MuJoCo prints them and
-    appends them to MUJOCO_LOG.TXT in the working directory, a file the user did not ask for (HalfCheetah-v5 writes
-    one on every make with MuJoCo 4)."""
+    instabilities) to Python's `warnings`, each message once per process, unless the user set MuJoCo's handler: a
+    deprecation in a model file of Gymnasium's is a DeprecationWarning of that file (module `mujoco`: hidden unless
+    warnings are asked for, `-W default`), one in another model a FutureWarning (shown), others RuntimeWarnings.
+    Without a handler MuJoCo prints them and appends them to MUJOCO_LOG.TXT in the working directory, a file the user
+    did not ask for (HalfCheetah-v5 writes one on every make with MuJoCo 4)."""
     global _mujoco_routed
     spec = gym.registry.get(env_id)
     entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
@@ -155,7 +156,35 @@ def _mujoco_warning(text: str) -> None:
         return
     _mujoco_said.add(key)
     try:
-        warnings.warn(f"MuJoCo: {text}", DeprecationWarning if "deprecated" in text else RuntimeWarning,
-                      stacklevel=2)
+        if "deprecated" not in text:
+            warnings.warn(f"MuJoCo: {text}", RuntimeWarning, stacklevel=2)
+        elif (model := _model_file_loading()) is not None and _inside(model, Path(gym.__file__).parent):
+            # (a model file of Gymnasium's own, HalfCheetah-v5's with MuJoCo 4: Gymnasium's to change, not the user's;
+            # a DeprecationWarning of the file, hidden as Python hides a library's unless warnings are asked for)
+            warnings.warn_explicit(f"MuJoCo: {text}", DeprecationWarning, str(model), 0, module="mujoco")
+        else:  # (the user's model, or one not known: for the user to change, shown)
+            warnings.warn(f"MuJoCo: {text}" + (f" (in {model})" if model is not None else ""), FutureWarning,
+                          stacklevel=2)
     except Exception:
         sys.stderr.write(f"MuJoCo: {text}\n")
+
+
+def _model_file_loading() -> Path | None:
+    """The model file MuJoCo is loading from a Gymnasium MuJoCo env (its `fullpath`) while it calls
+    `_mujoco_warning`, else None."""
+    frame = sys._getframe(2)  # (the Python code that called into MuJoCo)
+    for _ in range(4):
+        if frame is None:
+            break
+        path = getattr(frame.f_locals.get("self"), "fullpath", None)
+        if isinstance(path, str):
+            return Path(path)
+        frame = frame.f_back
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        return False
