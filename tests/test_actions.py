@@ -12,8 +12,6 @@ import rlspeed
 from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 
 def test_multi_categorical_and_bernoulli_match_torch_distributions():
     torch.manual_seed(0)

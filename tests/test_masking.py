@@ -17,8 +17,6 @@ from rlspeed.envs.gymnasium_env import check_action_masks
 from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
 
 def _policy(space: gym.Space, seed: int = 0) -> ActorCritic:
     torch.manual_seed(seed)

@@ -80,8 +80,8 @@ def test_deterministic_other_than_true_or_false_is_refused_not_taken_by_its_trut
     from rlspeed.callbacks import EvalCallback
     from rlspeed.errors import UserError
 
-    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
-    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
+    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
     obs = np.zeros((3, 4), np.float32)
     assert model.predict(obs, deterministic=np.True_)[0].tolist() == model.predict(obs, deterministic=1)[0].tolist()
     for wrong in ("False", None, 0.5, [True]):
@@ -100,7 +100,7 @@ def test_act_refuses_what_is_not_a_batch_of_observation_tensors_in_one_sentence(
     torch's matrix-shape RuntimeError), as did a list of action masks."""
     from rlspeed.errors import UserError
 
-    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
     batch = torch.zeros(3, 4)
     assert model.act(batch).shape == (3,)
     for wrong, match in ((batch.numpy(), r"tensor of shape \(N, 4\), not a ndarray"),
@@ -111,7 +111,7 @@ def test_act_refuses_what_is_not_a_batch_of_observation_tensors_in_one_sentence(
             model.act(wrong)
     with pytest.raises(UserError, match=r"^act takes action_masks as a bool tensor \[N, n\], not a list"):
         model.act(batch, action_masks=[[True, False]] * 3)
-    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
     with pytest.raises(UserError, match=r"^act_with_state takes a batch of observations .* not \(4,\)"):
         recurrent.act_with_state(batch[0], None, None)
 
@@ -222,7 +222,7 @@ def test_a_space_mismatch_names_what_differs_on_one_line():
     low = np.array([-2.5, -2.5, -10.0, -10.0, -6.2831855, -10.0, -0.0, -0.0], np.float32)
     eight = gym.spaces.Box(low, -low + 1, dtype=np.float32)
     assert "\n" in str(eight) and "\n" not in space_text(eight)
-    assert space_text(gym.spaces.Box(np.arange(24.0), np.arange(24.0) + 1)) == (
+    assert space_text(gym.spaces.Box(np.arange(24, dtype=np.float32), np.arange(24, dtype=np.float32) + 1)) == (
         "Box((24,), float32, bounds per component)")
     assert space_text(gym.spaces.Box(-1, 1, (24,))) == "Box(-1.0, 1.0, (24,), float32)"
     model = PPO("MountainCar-v0", seed=0, device="cpu", num_envs=1, num_steps=8, batch_size=8)

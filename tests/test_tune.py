@@ -430,6 +430,7 @@ def test_a_second_process_on_a_running_study_and_another_studys_preset_are_refus
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
     time.sleep(0.1)
     (tmp_path / "best.yaml").write_text("# Tuned by rlspeed tune (2026-12-02 10:00 UTC): study 'other' in "
                                         "sqlite:///elsewhere.db.\nCartPole-v1:\n  learning_rate: 0.001\n")
