@@ -211,3 +211,21 @@ def test_bad_input_is_one_sentence_and_exit_code_2(tmp_path, capsys, case, expec
     assert expected in cli_error(capsys, argv)
     if case == "held":
         assert (tmp_path / "out" / "final_scores.csv").read_text() == "mine"
+
+
+def test_a_plot_of_experiments_named_by_many_settings_is_written_without_matplotlibs_layout_warning(tmp_path):
+    """Runs that differ in many hyperparameters name their experiments with all of them: the plot's legend was one
+    line wider than its panel, and matplotlib warned "Tight layout not applied" to a user who could do nothing
+    about it (`rlspeed report` said it as its warning). The labels are wrapped to the panel; the plot is written."""
+    import warnings
+
+    from rlspeed.report import plot_curves
+
+    many = {"clip_range": 0.3, "ent_coef": 3.74481e-07, "gae_lambda": 0.999634, "gamma": 0.973828,
+            "max_grad_norm": 0.887289, "num_envs": 32, "num_steps": 8, "vf_coef": 0.5}
+    for index in range(3):
+        fake_run(tmp_path / "runs" / f"r{index}", hyper={key: value * (index + 1) for key, value in many.items()})
+    curves = learning_curves(collect_runs([tmp_path / "runs"]), reps=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_curves(curves, tmp_path / "curves.png").stat().st_size > 0

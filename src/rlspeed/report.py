@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -312,6 +313,10 @@ def _csv_text(header: list[str], rows) -> str:
     return text.getvalue()
 
 
+#: characters per line of an experiment's name in a plot's legend (a panel is 4.5 inches wide)
+LEGEND_WIDTH = 48
+
+
 def plot_curves(curves: list[dict], path: str | os.PathLike) -> Path | None:
     """Save the experiments' `curves` (`learning_curves`') as a picture at `path` (its format from the suffix: png,
     pdf, svg) and return the path: one panel per env, each experiment's IQM as a line with its 95% bootstrap band,
@@ -328,7 +333,9 @@ def plot_curves(curves: list[dict], path: str | os.PathLike) -> Path | None:
         shown = [curve for curve in curves if curve["env_id"] == env_id]
         for colour, curve in zip(_colours(len(shown)), shown):
             runs = max(curve["runs"])
-            label = f"{_label(curve)}, {_runs(runs)}"
+            # (wrapped to the panel: a legend wider than it is cut off, and matplotlib warns that it cannot lay out
+            # the figure)
+            label = textwrap.fill(f"{_label(curve)}, {_runs(runs)}", LEGEND_WIDTH, break_long_words=False)
             ax.fill_between(curve["steps"], curve["ci_low"], curve["ci_high"], color=colour, alpha=0.25, linewidth=0)
             ax.plot(curve["steps"], curve["iqm"], color=colour, linewidth=1.8, label=label,
                     marker="o" if len(curve["steps"]) == 1 else None)
@@ -337,7 +344,8 @@ def plot_curves(curves: list[dict], path: str | os.PathLike) -> Path | None:
         ax.set_ylabel("normalized score (IQM)" if shown[0]["normalized"] else "evaluation return (IQM)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.suptitle("IQM across runs with 95% bootstrap CI (deterministic evaluations)", fontsize="medium")
+    fig.suptitle(textwrap.fill("IQM across runs with 95% bootstrap CI (deterministic evaluations)", 60 * columns),
+                 fontsize="medium")  # (one panel's width holds about 60 of its characters)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path)
