@@ -35,3 +35,20 @@ def test_a_passed_tests_tmp_path_is_removed_as_it_ends(pytestconfig):
         test_extra = tomllib.load(handle)["project"]["optional-dependencies"]["test"]
     floor = next(requirement for requirement in test_extra if requirement.startswith("pytest>="))
     assert tuple(map(int, floor.removeprefix("pytest>=").split("."))) >= (7, 3)
+
+
+def test_a_deprecated_call_in_rlspeeds_code_fails_its_test_and_a_tests_own_deprecation_does_not():
+    """pyproject.toml's filterwarnings: a DeprecationWarning or FutureWarning attributed to a module of rlspeed (a
+    library's deprecated function that rlspeed calls) is an error in the suite; one raised elsewhere (a test's own,
+    a library's inside itself) is recorded as before."""
+    import warnings
+
+    import rlspeed.algos.base
+
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        with pytest.raises(category, match="old_call is deprecated"):
+            warnings.warn_explicit("old_call is deprecated", category, rlspeed.algos.base.__file__, 1,
+                                   module="rlspeed.algos.base")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn("old_call is deprecated", DeprecationWarning, stacklevel=1)
+    assert [str(warning.message) for warning in caught] == ["old_call is deprecated"]
