@@ -841,3 +841,52 @@ def test_a_videos_env_keeps_its_own_warnings_and_only_the_render_mode_notice_is_
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", message="rlspeed-test: ")
         video.check_video_support("rlspeed-test/Says-v0", tmp_path / "v.mp4", env_kwargs={"size": 3})
+
+
+class _GLFWError(UserWarning):
+    """GLFW's warning class (glfw.GLFWError), as MuJoCo's default OpenGL platform gives its errors."""
+
+    __module__ = "glfw"
+
+
+class _NoDisplay(_Sized):
+    """`_Sized` whose renderer fails as MuJoCo's does through GLFW on a machine without a display: GLFW's error given
+    as a warning, then the renderer's own error."""
+
+    def render(self):
+        warnings.warn("(65550) b'X11: The DISPLAY environment variable is missing'", _GLFWError, stacklevel=2)
+        raise RuntimeError("an OpenGL platform library has not been loaded into this process")
+
+
+def test_a_renderer_whose_glfw_warning_is_raised_under_python_w_error_names_the_fix(tmp_path, monkeypatch):
+    """Under `python -W error` GLFW's warning that no display exists was raised inside MuJoCo's context set-up: the
+    sentence named it without the fix it gives MuJoCo's own error (MUJOCO_GL=egl)."""
+    monkeypatch.setitem(gym.registry, "rlspeed-test/NoDisplay-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/NoDisplay-v0", entry_point=_NoDisplay,
+                                                      disable_env_checker=True))
+    for error in (True, False):
+        with warnings.catch_warnings(), pytest.raises(UserError, match=r"cannot render frames here \(.*\); on a "
+                                                                       r"machine without a display, set MUJOCO_GL=egl"):
+            warnings.simplefilter("error" if error else "ignore")
+            video.check_video_support("rlspeed-test/NoDisplay-v0", tmp_path / "v.mp4", env_kwargs={"size": 1})
+
+
+class _WarnsEachFrame(_Sized):
+    def render(self):
+        warnings.warn("rlspeed-test: a frame drawn", UserWarning, stacklevel=2)
+        return super().render()
+
+
+def test_an_envs_warning_at_every_frame_is_shown_once_as_python_shows_it(tmp_path, monkeypatch):
+    """Python shows a warning once per place it is raised from ("default"); a filter set around every frame's render
+    would make it forget, and show the env's warning at every frame of a video."""
+    monkeypatch.setitem(gym.registry, "rlspeed-test/EachFrame-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/EachFrame-v0", entry_point=_WarnsEachFrame,
+                                                      disable_env_checker=True))
+    model = PPO("rlspeed-test/EachFrame-v0", env_kwargs={"size": 6}, seed=0, device="cpu", num_envs=2, num_steps=8,
+                batch_size=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        assert video.record_video(model, tmp_path / "v.gif", episodes=2, seed=0)["frames"] == 14
+    model.close()
+    assert [str(warning.message) for warning in caught].count("rlspeed-test: a frame drawn") == 1

@@ -201,8 +201,10 @@ def _rendered(env: gym.Env, env_id: str):
         return env.render()
     except Exception as error:  # noqa: BLE001 (a renderer's own exception types: mujoco.FatalError, ...)
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        # (GLFW, MuJoCo's default OpenGL platform, gives "The DISPLAY environment variable is missing" as a warning,
+        # GLFWError: raised as an error under `python -W error`)
         mujoco = "mujoco" in type(error).__module__ or "MUJOCO_GL" in str(error) or "OpenGL" in str(error) \
-            or "glGetError" in str(error)
+            or "glGetError" in str(error) or type(error).__module__.partition(".")[0] == "glfw"
         hint = ("; on a machine without a display, set MUJOCO_GL=egl (or osmesa, with its library installed) before "
                 "the command" if mujoco else "")
         raise UserError(f"'{env_id}' cannot render frames here ({type(error).__name__}: {detail[:160]}){hint}.") \
