@@ -1957,3 +1957,18 @@ def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_
         warnings.simplefilter("always")
         rlspeed.PPO(_same_step_vector_env([gym.wrappers.NormalizeReward]), device="cpu", num_steps=16, batch_size=32)
     assert not [w for w in caught if said in str(w.message)]
+
+
+def test_a_box2d_env_is_made_under_python_w_error_for_deprecations(tmp_path):
+    """Box2D's SWIG-made extension warns about its own types (DeprecationWarnings) as it is imported: raised as errors
+    (`python -W error::DeprecationWarning`, a test suite's filter) they crashed the interpreter inside the import, a
+    segmentation fault without a sentence, on the first LunarLander or BipedalWalker env rlspeed made."""
+    pytest.importorskip("Box2D")
+    import subprocess
+
+    script = ("from rlspeed.envs import make_env\n"
+              "make_env('LunarLander-v3', num_envs=1, device='cpu').close()\n"
+              "print('made')\n")
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", script], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "made"), done.stderr[-2000:]

@@ -27,7 +27,13 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
-from rlspeed.envs.packages import PACKAGE_FAMILIES, import_gym_packages, register_family, route_mujoco_messages
+from rlspeed.envs.packages import (
+    PACKAGE_FAMILIES,
+    import_box2d,
+    import_gym_packages,
+    register_family,
+    route_mujoco_messages,
+)
 from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
@@ -76,6 +82,7 @@ def _check_registered(env_id: str) -> None:
     register_family(env_id)
     if env_id in gym.registry:
         route_mujoco_messages(env_id)
+        import_box2d(env_id)
         return
     if not _looks_like_atari(env_id):
         return

@@ -1,6 +1,6 @@
 """Env packages that register their ids with Gymnasium when imported: `--gym-packages` modules, and the families of
 ids whose package rlspeed imports by itself on the first id (`PACKAGE_FAMILIES`); MuJoCo's messages routed to
-Python's warnings (`route_mujoco_messages`)."""
+Python's warnings (`route_mujoco_messages`); Box2D imported without its import warnings (`import_box2d`)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,28 @@ def route_mujoco_messages(env_id: str) -> None:
     _mujoco_routed = True
     if mujoco.get_mju_user_warning() is None:
         mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+#: Box2D's SWIG-made extension warns about its own types as it is imported (DeprecationWarnings)
+_BOX2D_IMPORT_WARNINGS = r"builtin type (SwigPyPacked|SwigPyObject|swigvarlink) has no __module__ attribute"
+
+
+def import_box2d(env_id: str) -> None:
+    """For an id of Gymnasium's Box2D envs (LunarLander, BipedalWalker, CarRacing): import Box2D now, with its import
+    warnings ignored. Raised as errors (`python -W error`, a test suite's filter of DeprecationWarnings) they crash
+    the interpreter inside the extension's import: a segmentation fault, no sentence."""
+    if "Box2D" in sys.modules:
+        return
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
+    if not entry.startswith("gymnasium.envs.box2d") or importlib.util.find_spec("Box2D") is None:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_BOX2D_IMPORT_WARNINGS, category=DeprecationWarning)
+        try:
+            import Box2D  # noqa: F401
+        except ImportError:  # (a broken install: Gymnasium's make says it)
+            pass
 
 
 _mujoco_said: set[str] = set()
