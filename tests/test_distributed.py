@@ -87,7 +87,7 @@ def test_two_rank_ppo_solves_cartpole(tmp_path):
 def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     out = tmp_path / "run"
     command = torchrun("-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--out", str(out),
-                       "--target-return", "none", "--total-timesteps", "24576", "--checkpoint-freq", "4096",
+                       "--target-return", "none", "--total-timesteps", "12288", "--checkpoint-freq", "2048",
                        logs=tmp_path / "logs", max_restarts=1)
     # Output goes to files, not pipes: a full pipe would block the workers while the test waits for a checkpoint.
     stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
@@ -108,10 +108,10 @@ def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["distributed"]["restarts"] == summary["distributed"]["resumes"] == 1
     resumed = summary["distributed"]["resumed_from_timesteps"]
-    assert resumed is not None and resumed >= 4096
+    assert resumed is not None and resumed >= 2048
     # the restarted group trained only what was left after the checkpoint
-    assert resumed + summary["total_timesteps"] >= 24576
-    assert summary["distributed"]["max_lost_timesteps"] == 4096
+    assert resumed + summary["total_timesteps"] >= 12288
+    assert summary["distributed"]["max_lost_timesteps"] == 2048
 
 
 @pytest.mark.parametrize("bad", ["3"])
@@ -252,7 +252,7 @@ def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_
     backend = ["--env-backend", "gymnasium-async", "--num-envs", "4"] if "subprocess" in target else []
     with open(stdout_path, "w") as stdout_file, open(stderr_path, "w") as stderr_file:
         process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
-                                    "--total-timesteps", "2000000", "--checkpoint-freq", "4096", "--target-return",
+                                    "--total-timesteps", "2000000", "--checkpoint-freq", "1024", "--target-return",
                                     "none", "--no-progress", "--device", "cpu", "--out", str(out), *backend],
                                    env=clean_env(), stdout=stdout_file, stderr=stderr_file, text=True,
                                    start_new_session=True)
@@ -289,7 +289,7 @@ def test_torchrun_killed_with_sigkill_leaves_no_worker_training_and_the_run_save
     out = tmp_path / "run"
     with open(tmp_path / "stderr.txt", "w") as stderr_file:
         process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
-                                    "--total-timesteps", "2000000", "--checkpoint-freq", "4096", "--target-return",
+                                    "--total-timesteps", "2000000", "--checkpoint-freq", "1024", "--target-return",
                                     "none", "--no-progress", "--device", "cpu", "--out", str(out)],
                                    env=clean_env(), stdout=subprocess.DEVNULL, stderr=stderr_file, text=True)
     try:
