@@ -291,3 +291,88 @@ def test_a_loaded_state_keeps_each_parameters_own_step_count():
     assert [float(again[i]["step"]) for i in range(4)] == [2.0, 3.0, 3.0, 0.0]
     for i in range(3):
         torch.testing.assert_close(again[i]["exp_avg"], saved["state"][i]["exp_avg"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_each_parameter_steps_with_its_own_count_as_torchs_adam_steps_it(fused):
+    """Torch's Adam corrects each parameter's bias with that parameter's own step count: after a step of the
+    optimizer itself that left a parameter without a gradient out (a value-only loss leaves log_std's None), or a reset
+    of one parameter's state, the flat steps go on as torch's Adam does (whole, clipped, and in parts); while every
+    parameter's count is the same they stay one step over the whole buffer."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    reference = copy.deepcopy(net)
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2), max_grad_norm=0.5)
+    if not fused:
+        adam._fused_adam = None
+
+    def flat_step(parts=None):
+        grad = torch.randn_like(adam.grad)
+        adam.grad.copy_(grad)
+        if parts is None:
+            adam.step()
+        else:
+            adam.max_grad_norm = None
+            adam.step(parts[:1])
+            adam.step(parts[1:], advance=False)
+            adam.max_grad_norm = 0.5
+        for p, chunk in zip(reference.parameters(), grad.split([p.numel() for p in net.parameters()])):
+            p.grad = chunk.view_as(p).clone()
+        if parts is None:
+            nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        torch_adam.step()
+
+    def own_step(left_out: int | None):
+        x = torch.randn(5, 3)
+        for model, optimizer in ((net, adam.optimizer), (reference, torch_adam)):
+            optimizer.zero_grad()
+            model(x).square().sum().backward()
+            if left_out is not None:
+                list(model.parameters())[left_out].grad = None
+            optimizer.step()
+
+    for _ in range(3):
+        flat_step()
+    own_step(left_out=None)
+    assert not adam.uneven_steps  # (the optimizer's own step with every gradient: the counts stay equal)
+    adam.check()
+    flat_step()
+    own_step(left_out=3)
+    assert adam.uneven_steps
+    adam.check()
+    for _ in range(3):
+        flat_step()
+    flat_step(parts=[slice(0, 10), slice(10, None)])  # (SAC's pieces: cut inside a parameter, too)
+    torch.testing.assert_close(adam.flat, torch.cat([p.detach().reshape(-1) for p in reference.parameters()]),
+                               rtol=1e-5, atol=1e-7)
+    assert adam._step_counts.tolist() == [float(torch_adam.state[p]["step"]) for p in reference.parameters()]
+
+    adam.optimizer.state[list(net.parameters())[2]] = {}  # (not the first parameter's: noticed all the same)
+    torch_adam.state[list(reference.parameters())[2]] = {}
+    adam.check()
+    flat_step()
+    flat_step()
+    torch.testing.assert_close(adam.flat, torch.cat([p.detach().reshape(-1) for p in reference.parameters()]),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_copies_notice_their_own_optimizers_steps_and_even_counts_step_whole():
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2))
+    adam.grad.normal_()
+    adam.step()
+    copied = copy.deepcopy(adam)
+    for flat in (copied, adam):
+        assert not flat.uneven_steps
+        flat.params[0].grad = None
+        flat.optimizer.step()
+        assert flat.uneven_steps
+        flat.check()
+        assert flat._step_counts.tolist() == [1.0, 2.0, 2.0, 2.0]
+    saved = copy.deepcopy(adam.optimizer.state_dict())
+    for state in saved["state"].values():
+        state["step"] = torch.tensor(5.0)
+    adam.optimizer.load_state_dict(saved)  # (equal counts again: one step over the whole buffer)
+    adam.check()
+    assert not adam.uneven_steps

@@ -14,6 +14,9 @@ as with autograd: its per-parameter state tensors are views of the flat moments,
 from __future__ import annotations
 
 import copy
+import itertools
+import operator
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -83,6 +86,20 @@ def copy_attributes(obj, memo: dict):
     return new
 
 
+class _NoteSkippedParameters:
+    """An optimizer step pre-hook that tells its `FlatAdam` (held weakly) when the optimizer's own step leaves some
+    of its parameters out (their `.grad` is None): their step counts then fall behind the others'."""
+
+    def __init__(self, flat: FlatAdam):
+        self._flat = weakref.ref(flat)
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        flat = self._flat()
+        if flat is not None and not flat.uneven_steps:
+            missing = sum(p.grad is None for p in flat.params)
+            flat.uneven_steps = 0 < missing < len(flat.params)
+
+
 class FlatAdam:
     """Adam over `params` (the parameters `optimizer` holds, in its order) on flat buffers.
 
@@ -91,6 +108,11 @@ class FlatAdam:
     decay are read from the optimizer's first param group on every step, so schedules that set `group["lr"]` work.
     `max_grad_norm`: each step first clips the global gradient norm to it (None: no clipping); `strategy`: a
     `DistributedStrategy` over whose processes the gradient is averaged first (None, or a single process: none).
+
+    `uneven_steps`: whether the parameters' step counts may differ (a step of the optimizer itself that left a
+    parameter without a gradient out, a loaded state with unequal counts, one parameter's state reset). Each step
+    then runs per parameter, with each one's own count in its bias correction, as `torch.optim.Adam` steps them;
+    while False (the usual case) a step is one kernel over the whole buffer with the first parameter's count.
     """
 
     def __init__(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, *,
@@ -112,9 +134,13 @@ class FlatAdam:
         self.exp_avg_sq = torch.zeros_like(self.flat)
         # One step count per parameter, as torch's Adam keeps them, each parameter's state "step" a view of its own:
         # a step the optimizer itself takes (`model.optimizer.step()` in a subclass's update or a callback) advances
-        # each once, and the next step here goes on from there. `step_count` is the first (they move together).
+        # each once, and the next step here goes on from there. `step_count` is the first: the others' too while
+        # `uneven_steps` is False.
         self._step_counts = torch.zeros(len(self.params), dtype=torch.float32, device=device)
-        self.step_count = self._step_counts[0]
+        self._step_views = list(self._step_counts.unbind())
+        self.step_count = self._step_views[0]
+        self._bounds = [(end - size, end) for size, end in zip(sizes, itertools.accumulate(sizes))]
+        self.uneven_steps = False
 
         def views(buffer: torch.Tensor) -> list[torch.Tensor]:
             return [chunk.view_as(p) for chunk, p in zip(buffer.split(sizes), self.params)]
@@ -126,18 +152,43 @@ class FlatAdam:
             p.grad = grad
         self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
         self._adopt_optimizer_state()
+        self._watch_optimizer()
+
+    def _watch_optimizer(self) -> None:
+        """Register the hook that notices the optimizer's own steps leaving a parameter out (a copied or unpickled
+        optimizer holds no hooks: torch drops them)."""
+        self._hook = self.optimizer.register_step_pre_hook(_NoteSkippedParameters(self))
 
     def __deepcopy__(self, memo: dict) -> FlatAdam:
         """A copy whose parameters live in its own flat buffer again: a Parameter's deepcopy clones its data, so the
         copied model's parameters (`copy.deepcopy(model)`, a frozen snapshot) would no longer be views of the copied
         buffer, and its next update would refuse them."""
-        new = copy_attributes(self, memo)
+        hook, self._hook = self._hook, None
+        try:
+            new = copy_attributes(self, memo)
+        finally:
+            self._hook = hook
         hold_in(new.flat, new.params, new.grad_views)
+        new._watch_optimizer()
         return new
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_hook": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "_step_views" not in state:  # (one an older rlspeed pickled: its counts moved together)
+            self._step_views = [self.step_count, *self._step_counts[1:].unbind()]
+            self._bounds = [(end - view.numel(), end) for view, end in
+                            zip(self.param_views, itertools.accumulate(view.numel() for view in self.param_views))]
+            self.uneven_steps = False
+            self._state = None  # (adopted again before the next step)
+        self._watch_optimizer()
 
     def release(self) -> None:
         """Hand the parameters back to the optimizer's own `step` (an update that stops using this one): each
         parameter's step count becomes a tensor of its own, no longer a view of the counts this class advances."""
+        self._hook.remove()
         for p in self.params:
             state = self.optimizer.state[p]
             state["step"] = state["step"].clone()
@@ -161,11 +212,27 @@ class FlatAdam:
                     else:
                         key_views[index].zero_()
                 # (on the buffer's device: as_tensor alone makes it on the caller's default device)
-                self._step_counts[index].copy_(torch.as_tensor(loaded["step"] if complete else 0.0,
-                                                               dtype=torch.float32, device=self.step_count.device))
+                self._step_views[index].copy_(torch.as_tensor(loaded["step"] if complete else 0.0,
+                                                              dtype=torch.float32, device=self.step_count.device))
+            self.uneven_steps = bool(self._step_counts.ne(self.step_count).any())
         for index, p in enumerate(self.params):
-            state[p] = {"step": self._step_counts[index],
+            state[p] = {"step": self._step_views[index],
                         **{key: key_views[index] for key, key_views in views.items()}}
+        self._state, self._entries = state, list(state.values())
+        self._own_entries = [state[p] for p in self.params]
+        self._state_key, self._key_views = next(iter(views.items()))
+
+    def _state_replaced(self) -> bool:
+        """Whether some parameter's optimizer state is no longer the views of the flat buffers (a state loaded, or
+        one parameter's reset: `optimizer.state[p] = {}`). Read without hashing a parameter (a Python call each):
+        the state's entries, in the dict's order, are those `_adopt_optimizer_state` left."""
+        state = self.optimizer.state
+        if state is not self._state or len(state) != len(self._entries):
+            return True
+        own = self._own_entries
+        return (any(map(operator.is_not, state.values(), self._entries))
+                or any(map(operator.is_not, map(dict.get, own, itertools.repeat("step")), self._step_views))
+                or any(map(operator.is_not, map(dict.get, own, itertools.repeat(self._state_key)), self._key_views)))
 
     def count_step(self) -> None:
         """Advance every parameter's step count by one (a step of the flat buffers)."""
@@ -176,8 +243,7 @@ class FlatAdam:
         data was replaced on their device (`p.data = pretrained`, `vector_to_parameters`) go back into the flat
         buffer with their new values (`hold_in`), and the update trains those; fail if one was moved to another
         device or given another shape."""
-        key, views = next(iter(self._state_views().items()))
-        if self.optimizer.state.get(self.params[0], {}).get(key) is not views[0]:
+        if self._state_replaced():
             self._adopt_optimizer_state()
         if any(p.data_ptr() != view.data_ptr() for p, view in zip(self.params, self.param_views)):
             if any(p.device != self.flat.device or p.shape != view.shape
@@ -209,7 +275,8 @@ class FlatAdam:
         `parts`: only the elements in these slices of the flat buffers (default: all). One Adam step taken in
         pieces, each computed from the parameters the one before changed (SAC's critics, then its actor), passes
         `advance=False` after the first piece: the step count moves once per step, as torch's Adam moves each
-        parameter's. Clipping covers the whole gradient only: pieces take none (`max_grad_norm` None).
+        parameter's. Clipping covers the whole gradient only: pieces take none (`max_grad_norm` None). With
+        `uneven_steps`, each parameter's elements take their own step count.
         """
         if parts is not None and self.max_grad_norm is not None:
             raise ValueError("A step in parts cannot clip the global gradient norm.")
@@ -219,21 +286,30 @@ class FlatAdam:
         if advance:
             self.count_step()
         for part in [slice(None)] if parts is None else parts:
-            flat, grad = self.flat[part], self.grad[part]
-            exp_avg, exp_avg_sq = self.exp_avg[part], self.exp_avg_sq[part]
-            grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None, grad=grad)
+            grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None, grad=self.grad[part])
+            pieces = self._per_parameter(part) if self.uneven_steps else [(part, self.step_count)]
+            flats, grads, exp_avgs, exp_avg_sqs = ([buffer[piece] for piece, _ in pieces]
+                                                   for buffer in (self.flat, self.grad, self.exp_avg, self.exp_avg_sq))
+            steps = [step for _, step in pieces]
             if self._fused_adam is not None:
-                self._fused_adam([flat], [grad], [exp_avg], [exp_avg_sq], [], [self.step_count], amsgrad=False, lr=lr,
+                self._fused_adam(flats, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr,
                                  beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
                                  grad_scale=grad_scale, found_inf=None)
                 continue
-            grad = grad if not weight_decay else grad.add(flat, alpha=weight_decay)
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            bias1 = 1 - torch.pow(beta1, self.step_count)
-            bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
-            denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
-            flat.addcdiv_(exp_avg, denom * (bias1 / lr), value=-1.0)
+            for flat, grad, exp_avg, exp_avg_sq, step in zip(flats, grads, exp_avgs, exp_avg_sqs, steps):
+                grad = grad if not weight_decay else grad.add(flat, alpha=weight_decay)
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias1 = 1 - torch.pow(beta1, step)
+                bias2_sqrt = (1 - torch.pow(beta2, step)).sqrt()
+                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+                flat.addcdiv_(exp_avg, denom * (bias1 / lr), value=-1.0)
+
+    def _per_parameter(self, part: slice) -> list[tuple[slice, torch.Tensor]]:
+        """`part` of the flat buffers cut at the parameters' bounds, each piece with its parameter's step count."""
+        start, stop, _ = part.indices(self.flat.numel())
+        return [(slice(max(start, begin), min(stop, end)), step)
+                for (begin, end), step in zip(self._bounds, self._step_views) if max(start, begin) < min(stop, end)]
 
 
 def activation_backward(grad: torch.Tensor, output: torch.Tensor, tanh: bool) -> torch.Tensor:
