@@ -376,3 +376,26 @@ def test_a_population_built_inside_inference_mode_trains_outside_it(algo, env_id
         population = Population(algo, env_id, seeds=[0, 1], **hyper)
     population.learn(128, progress_bar=False)
     assert population.num_timesteps >= 128
+
+
+def test_a_members_noise_restarts_where_its_solo_runs_does_when_a_wrapper_ends_learning_episodes(monkeypatch):
+    """A wrapper that ends the learner's episode without ending the game (Atari's episodic life: `terminated`, with
+    `info["done"]` still False) restarts no Ornstein-Uhlenbeck noise in a solo run (which restarts it at whole
+    episodes' ends); a member's noise restarts where its solo run's does, and it trains as its solo run."""
+    from rlspeed.envs.base import EpisodeStatistics
+
+    step = EpisodeStatistics.step
+
+    def lives_lost_every_fifth_step(self, actions):
+        obs, reward, terminated, truncated, info = step(self, actions)
+        return obs, reward, terminated | (info["episode_length"] % 5 == 0), truncated, info
+
+    monkeypatch.setattr(EpisodeStatistics, "step", lives_lost_every_fifth_step)
+    hyper = {**SMALL, "action_noise": "ornstein-uhlenbeck"}
+    population = Population(TD3, "Pendulum-v1", seeds=[3], env_backend="torch", **hyper)
+    population._start(STEPS)
+    while population.num_timesteps < STEPS:
+        population.train_iteration()
+    _, solo_trained = _solo(TD3, 3, STEPS, action_noise="ornstein-uhlenbeck")
+    for name, value in population.member_state(0).items():
+        torch.testing.assert_close(value, solo_trained[name], atol=1e-5, rtol=0)

@@ -870,7 +870,7 @@ class OffPolicyPopulation(PopulationBase):
                     self._action_mask = info["action_mask"]
                 buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following,
                            reset_rows=info.get("final_rows"))
-                self._on_dones(terminated | truncated)
+                self._on_dones(info["done"])  # (whole episodes' ends, as the solo run restarts its noise)
                 self._obs = next_obs
         steps = cfg.train_freq * envs
         if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer):
