@@ -86,6 +86,25 @@ def check_evaluated_model(model) -> None:
                         f"{type(model).__name__}{sb3}.")
 
 
+#: the steps an evaluation episode runs at most where neither `max_steps` nor the env's time limit says (a continuing
+#: env's episodes never end): it then counts with the return collected so far
+UNLIMITED_EPISODE_STEPS = 10_000
+
+
+#: what `warn_unfinished` tells to do: `max_steps=` runs longer; an env made from an id takes a time limit
+RUN_LONGER = "pass max_steps= to run longer"
+TIME_LIMIT = "on the command line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps"
+
+
+def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, unstarted: int = 0) -> None:
+    """The warning of an evaluation whose `unfinished` of `episodes` episodes were still running after `limit` steps
+    (and `unstarted` never started within them: a vector env of the caller's); `remedy` says how to run them longer."""
+    warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they count "
+                   "with the return collected so far" + (
+                       f", and {unstarted} did not start within the {limit} steps per episode the evaluation runs"
+                       if unstarted else "") + f" ({remedy}).", UserWarning)
+
+
 def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
@@ -179,7 +198,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
                                             seed=seed, backend=backend, evaluation=True, env_kwargs=options))
-    limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
+    limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)
     lengths = torch.zeros(episodes, device=env.device)
@@ -236,9 +255,8 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     if unfinished:
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
-        warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
-                       "they count with the return collected so far (pass max_steps= to run longer; on the command "
-                       "line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps).", UserWarning)
+        warn_unfinished(unfinished, episodes, limit,
+                        f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
     values = returns.cpu().tolist()
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
@@ -319,11 +337,7 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
-        warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they "
-                       "count with the return collected so far" + (
-                           f", and {episodes - len(values)} did not start within the {limit} steps per episode "
-                           "the evaluation runs" if len(values) < episodes else "")
-                       + " (pass max_steps= to run longer).", UserWarning)
+        warn_unfinished(unfinished, episodes, limit, RUN_LONGER, unstarted=episodes - len(values))
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     result = {"mean": mean, "std": std, "episodes": len(values), "returns": values, "lengths": spread["lengths"],

@@ -27,6 +27,7 @@ from rlspeed.device import float32_default, set_training_threads, training_threa
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
+from rlspeed.evaluation import TIME_LIMIT, UNLIMITED_EPISODE_STEPS, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -506,7 +507,7 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
     training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
     asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation)."""
-    limit = env.spec.max_episode_steps or 10_000
+    limit = env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS
     returns = torch.zeros(obs.shape[0], device=obs.device)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
     succeeded = None
@@ -807,6 +808,14 @@ class PopulationBase:
         finally:
             if env is not None:
                 env.close()
+        #: each evaluated member's episodes still running at the step limit (counted with their returns so far, as
+        #: `rlspeed.evaluate` counts them, with its warning), the last `evaluate`'s, by position
+        self.last_unfinished = (~finished).view(len(seeds), episodes).sum(1).tolist()  # ok-sync: evaluation
+        if sum(self.last_unfinished):
+            warn_unfinished(sum(self.last_unfinished), len(seeds) * episodes,
+                            env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS,
+                            "env_kwargs={'max_episode_steps': N} gives the env a time limit of N steps, in training "
+                            "too; " + TIME_LIMIT)
         #: each evaluated member's share of successful episodes among the finished ones (None: not known), where
         #: the env reports `info["is_success"]` (goal envs), else None; the last `evaluate`'s, by position
         self.last_success_rates = None
@@ -1166,6 +1175,7 @@ class PopulationBase:
     #: a stop request that ends an evaluation unfinished (`learn`'s final one: a signal need not wait for its games)
     _evaluation_stop: Callable[[], bool] | None = None
     last_return_stds: list[float] | None = None  # (`_mean_returns`)
+    last_unfinished: list[int] | None = None  # (`_mean_returns`)
 
     #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
     #: innermost `EpisodeStatistics`, as a single run's guard sits (`_attach_env_guard`)
@@ -1476,6 +1486,7 @@ class PopulationBase:
         finals_by_member = dict(zip(scored, final_means))
         rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}
         stds = dict(zip(scored, _shortest(self.last_return_stds))) if scored and self.last_return_stds else {}
+        cut = dict(zip(scored, self.last_unfinished)) if scored and self.last_unfinished else {}
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
@@ -1484,7 +1495,8 @@ class PopulationBase:
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
                      "final_eval": ({"mean": finals_by_member[k], "std": stds.get(k), "episodes": eval_episodes,
                                      "seed": final_seeds[k], "deterministic": True,
-                                     **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
+                                     **({"success_rate": rates[k]} if rates.get(k) is not None else {}),
+                                     **({"unfinished": cut[k]} if cut.get(k) else {})}
                                     if k in finals_by_member else None),
                      "curve": loop.curves[k], "confirmations": loop.confirmations[k]}
             entry.update(loop.left.get(k, {}))
