@@ -1033,6 +1033,30 @@ def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_pa
     assert json.loads(capsys.readouterr().out)["lengths"] == [7]
 
 
+def test_evaluations_of_episodes_without_end_say_so_in_the_result_line_and_summary(tmp_path, monkeypatch, capsys):
+    """A run on an env whose episodes never end: the final evaluation's line and `rlspeed eval`'s say how many
+    episodes were cut short at the step limit, and summary.json's final_eval counts them (`unfinished`); they read
+    as if the episodes had ended, the warning long scrolled by."""
+    import gymnasium as gym
+
+    import rlspeed.evaluation
+
+    if "Endless-v0" not in gym.registry:
+        gym.register("Endless-v0", entry_point=_endless_env)
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="2 of 2 episodes were still running after 30 steps"):
+        assert cli.main(["train", "ppo", "Endless-v0", "--total-timesteps", "64", "--set", "num_envs=2", "--set",
+                         "num_steps=32", "--set", "batch_size=64", "--eval-episodes", "2", "--no-progress", "--out",
+                         "run"]) == 0
+    assert "2 episodes, 2 of them cut short at the step limit, seed" in capsys.readouterr().out
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]
+    assert (final["mean"], final["unfinished"]) == (-30.0, 2)
+    with pytest.warns(UserWarning, match="1 of 1 episodes were still running"):
+        assert cli.main(["eval", "run", "--episodes", "1", "--seed", "0"]) == 0
+    assert "1 episode, 1 of them cut short at the step limit, seed 0: -30" in capsys.readouterr().out
+
+
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "not a key")
