@@ -513,3 +513,27 @@ def test_training_rows_average_episode_returns_in_float64(algo):
     finally:
         gym.registry.pop("rlspeed_test/LargeReward-v0", None)
     assert rows and all(row == float(np.float32(123456.7)) * 10 == 1234567.03125 for row in rows)
+
+
+def test_the_advice_for_episodes_without_end_works_in_learns_evaluations(monkeypatch):
+    """learn(eval_freq=...) on an env whose episodes never end: its evaluations stop at the step limit with a warning
+    whose advice learn can follow (it said "pass max_steps=", which learn and EvalCallback do not take): the time
+    limit it names, given as the model's env option, ends the evaluation episodes there."""
+    import re
+
+    import rlspeed.evaluation
+
+    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
+        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 20)  # (10,000 steps: the same, slower)
+    settings = {"device": "cpu", "seed": 0, "num_envs": 2, "num_steps": 16, "batch_size": 32}
+    model = PPO("rlspeed_test/EndlessPendulum-v1", **settings)
+    with pytest.warns(UserWarning, match="2 of 2 episodes were still running after 20 steps") as caught:
+        model.learn(32, eval_freq=32, eval_episodes=2, progress_bar=False)
+    advice = re.search(r"env_kwargs=\{'(\w+)': N\}", str(caught[0].message))
+    assert advice is not None, str(caught[0].message)
+    limited = PPO("rlspeed_test/EndlessPendulum-v1", env_kwargs={advice.group(1): 7}, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        limited.learn(32, eval_freq=32, eval_episodes=2, progress_bar=False)
+        assert limited.evaluate(episodes=2, seed=0)["lengths"] == [7, 7]

@@ -91,9 +91,12 @@ def check_evaluated_model(model) -> None:
 UNLIMITED_EPISODE_STEPS = 10_000
 
 
-#: what `warn_unfinished` tells to do: `max_steps=` runs longer; an env made from an id takes a time limit
-RUN_LONGER = "pass max_steps= to run longer"
-TIME_LIMIT = "on the command line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps"
+#: what `warn_unfinished` tells to do: `evaluate(max_steps=N)` runs longer (learn's evaluations and EvalCallback take
+#: no `max_steps`); an env made from an id takes a time limit as an option (the model's `env_kwargs` reach its
+#: evaluations)
+RUN_LONGER = "evaluate(max_steps=N) runs them longer"
+TIME_LIMIT = ("env_kwargs={'max_episode_steps': N}, or --env-kwargs max_episode_steps=N on the command line, gives the "
+              "env a time limit of N steps")
 
 
 def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, unstarted: int = 0) -> None:

@@ -814,8 +814,7 @@ class PopulationBase:
         if sum(self.last_unfinished):
             warn_unfinished(sum(self.last_unfinished), len(seeds) * episodes,
                             env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS,
-                            "env_kwargs={'max_episode_steps': N} gives the env a time limit of N steps, in training "
-                            "too; " + TIME_LIMIT)
+                            f"{TIME_LIMIT}, in training too")
         #: each evaluated member's share of successful episodes among the finished ones (None: not known), where
         #: the env reports `info["is_success"]` (goal envs), else None; the last `evaluate`'s, by position
         self.last_success_rates = None
