@@ -307,6 +307,32 @@ def test_an_infinite_loss_with_finite_weights_is_reported():
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
 
 
+def test_an_infinite_loss_is_reported_at_the_first_row_that_logged_it(tmp_path, monkeypatch):
+    """Rows are logged more often than the parameters are checked (with a run directory, each 1/50 of the budget;
+    checks once a second): a loss infinite from the first row was reported at the step of the next check
+    (summary.json's "value_loss from 3,072 steps" where metrics.csv showed inf from 1,024). It is now the first row's
+    step, once a check finds the parameters finite."""
+    import csv
+    import types
+
+    import rlspeed.algos.base
+
+    # (a clock that stands still: a row per iteration, and the parameters checked once, at the end)
+    monkeypatch.setattr(rlspeed.algos.base, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+
+    def huge_rewards():
+        return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: r * 1e20)
+
+    env = gym.vector.SyncVectorEnv([huge_rewards] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(env, seed=0, device="cpu", num_steps=64, batch_size=64, n_epochs=1, normalize_reward=False)
+    with pytest.warns(RuntimeWarning, match=r"value_loss is inf at 128 steps"):
+        model.learn(512, progress_bar=False, run_dir=tmp_path)
+    with open(tmp_path / "metrics.csv") as file:
+        rows = list(csv.DictReader(file))
+    first = next(int(row["timesteps"]) for row in rows if not math.isfinite(float(row["value_loss"])))
+    assert len(rows) == 4 and model.numerics_report()["nonfinite_losses"] == {"value_loss": first} and first == 128
+
+
 def test_losses_of_a_rolled_back_update_are_not_called_finite_weights():
     """Rewards of 1e38 make the parameters non-finite (rolled back): the loss warning said "while the parameters are
     finite" beside the rollback, and summary.json listed both."""

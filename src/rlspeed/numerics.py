@@ -236,6 +236,9 @@ class NumericsGuard:
         self._rolled_back_to = 0  # the step of the last rollback (or snapshot): what a rollback discards starts there
         #: each logged loss first seen non-finite while the parameters stayed finite: {name: step}
         self.nonfinite_losses: dict[str, int] = {}
+        #: losses seen non-finite in rows logged since the last check of the parameters (rows come more often than
+        #: checks): {name: (step, value, episode return)}, reported once a check finds the parameters finite
+        self._unchecked_losses: dict[str, tuple[int, float, object]] = {}
         #: the run's hyperparameters that differ from the defaults (`key=value, ...`), named when training diverges
         self.settings = ""
 
@@ -301,6 +304,7 @@ class NumericsGuard:
             return False
         self.rollbacks += 1
         self.consecutive_rollbacks += 1
+        self._unchecked_losses.clear()  # (losses of the stretch rolled back: not of finite parameters)
         # (the steps since the last snapshot or rollback: a second rollback to the same snapshot counts only its own)
         self.rolled_back_timesteps += timesteps - max(self._snapshot_timesteps, self._rolled_back_to)
         self._rolled_back_to = timesteps
@@ -319,23 +323,29 @@ class NumericsGuard:
                       "episodes.", RuntimeWarning, stacklevel=3)
         return True
 
-    def check_losses(self, row: dict, timesteps: int) -> None:
+    def check_losses(self, row: dict, timesteps: int, checked: bool) -> None:
         """Warn (once per loss) where a logged loss is NaN or infinite while the parameters are finite: a value loss
         of returns too large for float32 squares is infinite, and its gradient, clipped to max_grad_norm, leaves the
-        other terms' gradients almost nothing (the policy stops changing, silently)."""
+        other terms' gradients almost nothing (the policy stops changing, silently). `checked`: this row's
+        parameters were checked and found finite; a row logged between checks is held until the next check finds
+        them finite (a rollback forgets it), and the warning names the first row's step."""
         if not self.enabled:
             return
         for name, value in row.items():
             if (name.endswith("loss") and name not in self.nonfinite_losses and isinstance(value, float)
                     and not math.isfinite(value)):
-                self.nonfinite_losses[name] = int(timesteps)
-                returns = row.get("episode_return")
-                scale = (f" (episode returns about {returns:.3g})" if isinstance(returns, float)
-                         and math.isfinite(returns) else "")
-                warnings.warn(f"rlspeed: {name} is {value} at {timesteps:,} steps while the parameters are finite: "
-                              f"its terms overflow float32{scale}, and the clipped gradient leaves the rest of the "
-                              "update almost nothing; scale the rewards down (normalize_reward=True where the "
-                              "algorithm has it, or a reward wrapper).", RuntimeWarning, stacklevel=3)
+                self._unchecked_losses.setdefault(name, (int(timesteps), value, row.get("episode_return")))
+        if not checked:
+            return
+        for name, (steps, value, returns) in self._unchecked_losses.items():
+            self.nonfinite_losses[name] = steps
+            scale = (f" (episode returns about {returns:.3g})" if isinstance(returns, float)
+                     and math.isfinite(returns) else "")
+            warnings.warn(f"rlspeed: {name} is {value} at {steps:,} steps while the parameters are finite: its "
+                          f"terms overflow float32{scale}, and the clipped gradient leaves the rest of the update "
+                          "almost nothing; scale the rewards down (normalize_reward=True where the algorithm has it, "
+                          "or a reward wrapper).", RuntimeWarning, stacklevel=3)
+        self._unchecked_losses.clear()
 
     def restore(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy the snapshot into `tensors` in place (views of flat buffers and captured graphs keep their memory);

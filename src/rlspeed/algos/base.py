@@ -2553,8 +2553,8 @@ class Algorithm:
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
                             stop = True
-                    if finite_checked:
-                        self._numerics.check_losses(row, self.num_timesteps)
+                    if numerics is None or finite_checked:  # (a row's losses: not those of a rolled-back stretch)
+                        self._numerics.check_losses(row, self.num_timesteps, checked=finite_checked)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=row.get("eval_mean"))
                     if logger is not None:
