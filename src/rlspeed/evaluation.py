@@ -139,7 +139,8 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     `device`: where the evaluation env and the policy's inputs live (default: the model's device). `progress_bar`:
-    a bar over the episodes finished (long evaluations: Atari games, many episodes), as `learn`'s over its steps.
+    a bar over the episodes finished (long evaluations: Atari games, many episodes), as `learn`'s over its steps,
+    with the steps run toward the limit.
     The policy acts on the model's `num_threads`, as in `learn`'s evaluations (a CPU's sums depend on the thread count),
     and the caller's count is given back.
 
@@ -243,7 +244,8 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
                 # Device-native envs are checked every few steps only, to avoid a host sync per step.
                 if step % check_every == 0:
                     done = int(finished.sum())  # (one host read, as `finished.all()` was)
-                    bar.update(done - bar.bar.n)
+                    # (the steps toward the limit: episodes that end late, or never, left the bar at 0/N as if hung)
+                    bar.update(done - bar.bar.n, step=f"{step:,}/{limit:,}" if progress_bar else None)
                     if done == episodes:
                         break
             # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
