@@ -1049,12 +1049,12 @@ def test_evaluations_of_episodes_without_end_say_so_in_the_result_line_and_summa
         assert cli.main(["train", "ppo", "Endless-v0", "--total-timesteps", "64", "--set", "num_envs=2", "--set",
                          "num_steps=32", "--set", "batch_size=64", "--eval-episodes", "2", "--no-progress", "--out",
                          "run"]) == 0
-    assert "2 episodes, 2 of them cut short at the step limit, seed" in capsys.readouterr().out
+    assert "2 episodes, 2 of 2 cut short at the step limit, seed" in capsys.readouterr().out
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]
     assert (final["mean"], final["unfinished"]) == (-30.0, 2)
     with pytest.warns(UserWarning, match="1 of 1 episodes were still running"):
         assert cli.main(["eval", "run", "--episodes", "1", "--seed", "0"]) == 0
-    assert "1 episode, 1 of them cut short at the step limit, seed 0: -30" in capsys.readouterr().out
+    assert "1 episode, 1 of 1 cut short at the step limit, seed 0: -30" in capsys.readouterr().out
 
 
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):

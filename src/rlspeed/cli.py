@@ -163,11 +163,10 @@ def _episodes(number: int) -> str:
     return f"{number} episode{'' if number == 1 else 's'}"
 
 
-def _cut_short(evaluation: dict) -> str:
-    """', N of them cut short' where an evaluation's episodes were still running at its step limit (they count with
-    the return collected so far: a continuing env's episodes never end)."""
-    unfinished = evaluation.get("unfinished")
-    return f", {unfinished} of them cut short at the step limit" if unfinished else ""
+def _cut_short(unfinished: int | None, episodes: int) -> str:
+    """', N of M cut short at the step limit' where `unfinished` of an evaluation's `episodes` were still running at
+    its step limit (they count with the return collected so far: a continuing env's episodes never end)."""
+    return f", {unfinished} of {episodes} cut short at the step limit" if unfinished else ""
 
 
 def _eval_command(path, seed: int, episodes: int) -> str:
@@ -882,9 +881,10 @@ def _train_population(args: argparse.Namespace) -> int:
                      f"{_interval(steps, lambda value: f'{value:,.0f}')}")
         say(f"rlspeed: {line}")
     if final is not None:  # (the result: --quiet too)
-        cut = sum((member["final_eval"] or {}).get("unfinished", 0) for member in summary["members"])
-        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each"
-              f"{_cut_short({'unfinished': cut})}): median "
+        evaluated = [member["final_eval"] for member in summary["members"] if member["final_eval"] is not None]
+        cut = _cut_short(sum(entry.get("unfinished", 0) for entry in evaluated),
+                         sum(entry["episodes"] for entry in evaluated))
+        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each{cut}): median "
               f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}; training "
               f"{summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
@@ -2456,8 +2456,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             file=sys.stderr)
     _say_no_video(say, callbacks, model.num_timesteps)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
-    _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{_cut_short(final)}, seed "
-                       f"{eval_seed}): "
+    cut = _cut_short(final.get("unfinished"), episodes)
+    _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{cut}, seed {eval_seed}): "
                        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")  # (the result: --quiet too)
     say(f"rlspeed: run directory {run_dir}")
     return 0
@@ -2849,7 +2849,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     how = "deterministic" if deterministic else "stochastic"
     made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
     episodes = f"{args.episodes} episode{'s' if args.episodes != 1 else ''}"
-    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}{_cut_short(result)}{seed_note}: "
+    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}"
+          f"{_cut_short(result.get('unfinished'), result['episodes'])}{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:
