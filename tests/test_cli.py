@@ -1008,7 +1008,7 @@ def _endless_env():
     return Endless()
 
 
-def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_path, capsys):
+def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_path, capsys, monkeypatch):
     """Episodes still running at evaluate's step limit count with a warning, whose advice (`max_steps=`) `rlspeed
     eval` has no flag for; the command-line advice it gives now works: the episodes end at the limit it sets."""
     import warnings
@@ -1016,12 +1016,14 @@ def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_pa
     import gymnasium as gym
 
     import rlspeed
+    import rlspeed.evaluation
 
     if "Endless-v0" not in gym.registry:
         gym.register("Endless-v0", entry_point=_endless_env)
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 50)  # (10,000 steps: the same, slower)
     rlspeed.DQN("Endless-v0", device="cpu", seed=0).save(tmp_path / "model")
     argv = ["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--seed", "0", "--json"]
-    with pytest.warns(UserWarning, match="1 of 1 episodes were still running after 10000 steps") as caught:
+    with pytest.warns(UserWarning, match="1 of 1 episodes were still running after 50 steps") as caught:
         assert cli.main(argv) == 0
     warning = str(caught[0].message)
     advice = re.search(r"(--env-kwargs) (\w+)=N\b", warning)
