@@ -901,6 +901,20 @@ class NanRewards(gym.Wrapper):
 
 
 gym.register("NanRewards-v0", entry_point=NanRewards, max_episode_steps=100)
+
+
+class HugeObservations(gym.ObservationWrapper):
+    # (CartPole's observations times 1e39: past float32's range, infinite in every row; `metadata`: as above)
+    metadata = {"render_modes": []}
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1", disable_env_checker=True))
+
+    def observation(self, observation):
+        return (observation.astype("float64") + 1.0) * 1e39
+
+
+gym.register("HugeObservations-v0", entry_point=HugeObservations, max_episode_steps=100, disable_env_checker=True)
 """
 
 
@@ -915,7 +929,27 @@ def test_masked_non_finite_env_rows_are_counted_in_the_closing_lines(tmp_path, m
                      "--target-return", "none", "--no-progress", "--nan-policy", "mask", "--out", "run"]) == 0
     masked = json.loads((tmp_path / "run" / "summary.json").read_text())["numerics"]["nonfinite_env_rows_masked"]
     assert masked > 0
-    assert f"--nan-policy mask replaced {masked:,} env rows of 256 holding NaN" in capsys.readouterr().err
+    assert (f"--nan-policy mask replaced {masked:,} env rows holding NaN or infinite values by 0 (rows of 256 steps "
+            "and of the envs' resets;") in capsys.readouterr().err
+
+
+def test_masked_rows_of_an_env_whose_every_observation_is_infinite_are_not_said_to_exceed_the_steps(tmp_path,
+                                                                                                    monkeypatch,
+                                                                                                    capsys):
+    """Observations past float32's range (1e39) are infinite in every row, resets included: the closing note said
+    "replaced 258 env rows of 256", more rows than all there were; the rows counted are the steps' and the resets'."""
+    (tmp_path / "nan_rewards_env.py").write_text(NAN_ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "HugeObservations-v0", "--gym-packages", "nan_rewards_env", "--num-envs", "2",
+                     "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "256",
+                     "--target-return", "none", "--no-progress", "--nan-policy", "mask", "--out", "run",
+                     "--eval-episodes", "1"]) == 0
+    masked = json.loads((tmp_path / "run" / "summary.json").read_text())["numerics"]["nonfinite_env_rows_masked"]
+    err = capsys.readouterr().err
+    assert masked == 256 + 2 and f"{masked:,} env rows of 256" not in err  # (every step's rows, and the 2 resets)
+    assert f"replaced {masked:,} env rows holding NaN or infinite values by 0 (rows of 256 steps and of the envs' " \
+           "resets; the first: env 0 at its step 0)" in err
 
 
 @needs_torch_export

@@ -2448,10 +2448,12 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             "train little or not at all; scale the rewards down (normalize_reward=True where the algorithm has it).",
             file=sys.stderr)
     if numerics.get("nonfinite_env_rows_masked"):  # (--nan-policy mask: how much of the data it replaced)
-        of = (f"of this process's {summary['total_timesteps'] // model.strategy.world_size:,} (rank 0)"
-              if model.strategy.enabled else f"of {summary['total_timesteps']:,}")
-        say(f"rlspeed: note: --nan-policy mask replaced {numerics['nonfinite_env_rows_masked']:,} env rows {of} "
-            f"holding NaN or infinite values by 0 (the first: env "
+        # (the rows counted are each step's and each reset's: an env whose every observation is NaN has more than
+        # the steps, which read as more than all of them)
+        of = (f"this process's {summary['total_timesteps'] // model.strategy.world_size:,} steps (rank 0)"
+              if model.strategy.enabled else f"{summary['total_timesteps']:,} steps")
+        say(f"rlspeed: note: --nan-policy mask replaced {numerics['nonfinite_env_rows_masked']:,} env rows holding "
+            f"NaN or infinite values by 0 (rows of {of} and of the envs' resets; the first: env "
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     _say_no_video(say, callbacks, model.num_timesteps)
