@@ -1972,3 +1972,28 @@ def test_a_box2d_env_is_made_under_python_w_error_for_deprecations(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", script], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "made"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("key, value", [("final_obs", math.nan), ("final_info", 1.0)])
+def test_an_envs_own_info_key_that_gymnasiums_vector_envs_keep_is_one_sentence(key, value):
+    """An env whose own info has `final_obs` or `final_info`, the keys Gymnasium's vector envs (a vector env you
+    build, the gymnasium-async backend) keep for an episode's end: merged with theirs, every row read as an episode
+    that ended with that value (NaN: "a NaN or infinite observation or reward", of an env whose observations and
+    rewards are finite), or a traceback ("truth value of an array is ambiguous"). Now one sentence naming the key."""
+    class OwnKey(gym.Env):
+        observation_space, action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), 1.0, False, False, {key: value}
+
+    # (a SyncVectorEnv under a vector wrapper is stepped as a whole, as an AsyncVectorEnv is: rlspeed steps a bare
+    # one env by env)
+    env = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv([OwnKey] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    model = rlspeed.PPO(env, seed=0, device="cpu", num_steps=16, batch_size=32)
+    with pytest.raises(rlspeed.UserError, match=rf"gives info\['{key}'\] of its own.*rename that key"):
+        model.learn(32, progress_bar=False)

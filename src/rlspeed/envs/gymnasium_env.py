@@ -1351,7 +1351,9 @@ class GymnasiumEnv(BatchedEnv):
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                        None if self._float_vector else self._host)
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
-        final_info = info.get("final_info") or {}  # (the finished envs' last infos, before their reset)
+        final_info = info.get("final_info", {})  # (the finished envs' last infos, before their reset)
+        if not isinstance(final_info, dict):  # (an env's own info key: the vector env merged it as an array)
+            self._reserved_info_key("final_info")
         if not self._step_masks_checked:
             self._check_step_masks(info)
             self._step_masks_checked = True
@@ -1379,7 +1381,10 @@ class GymnasiumEnv(BatchedEnv):
         `final_obs` is refused: its returned observation is the next episode's first, and a truncated episode
         bootstrapped from it would learn from the wrong state."""
         if "_final_obs" in info:
-            return np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool))
+            rows = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool))
+            if not done[rows].all():  # (an env's own info key, merged by the vector env as its last observations)
+                self._reserved_info_key("final_obs")
+            return rows
         if not done.any():
             return _NO_ROWS
         if "final_obs" not in info:
@@ -1387,6 +1392,15 @@ class GymnasiumEnv(BatchedEnv):
                             "vector env with SAME_STEP autoreset gives each finished env's last observation there "
                             "(and info['_final_obs'], a bool mask of those envs), as Gymnasium's do.")
         return np.flatnonzero(done)
+
+    def _reserved_info_key(self, key: str) -> None:
+        """UserError for an env whose own info has `key`, which Gymnasium's vector envs keep for an episode's last
+        observation or info (SAME_STEP autoreset): merged with theirs, every env's value read as an episode's end
+        (its NaN as a non-finite observation)."""
+        self._subprocess_failure("step")  # (subprocess envs: ended first, as for another break of the contract)
+        raise UserError(f"'{self.spec.env_id}' gives info['{key}'] of its own, a key Gymnasium's vector envs (here "
+                        f"{type(getattr(self.vector_env, 'unwrapped', self.vector_env)).__name__}) keep for the "
+                        "last observation and info of an episode that ended: rename that key in the env's info.")
 
     def _subprocess_failure(self, call: str, error: Exception | None = None) -> None:
         """After subprocess envs (Gymnasium's AsyncVectorEnv) failed in a `call` ("step" or "reset"; `error`: what
