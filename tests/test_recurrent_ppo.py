@@ -12,6 +12,7 @@ import torch
 import rlspeed
 from rlspeed.algos.recurrent_ppo import RecurrentPPO
 from rlspeed.envs import NATIVE_ENVS, make_env
+from rlspeed.envs.base import EnvWrapper
 from rlspeed.errors import UserError
 from rlspeed.nn import RecurrentActorCritic, SequenceLayout
 from rlspeed.presets import load_preset, split_run_settings
@@ -244,6 +245,52 @@ def test_evaluate_carries_the_state_and_resets_it_per_episode(trained):
     expected = {(length, row) for row, length in enumerate(lengths) if length < max(lengths)}
     assert {(t, row) for t, call in enumerate(calls[1:], 1) for row in call[1].nonzero().flatten().tolist()} == expected
     assert evaluation["unfinished"] == 0
+
+
+class _LifeLoss(EnvWrapper):
+    """Ends the learner's episode at every 5th step of a game, the game going on (`info["done"]` unset), as Atari's
+    episodic life does at a lost life; keeps each step's (lost, done) rows."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.t = torch.zeros(env.num_envs, dtype=torch.long)
+        self.history = []
+
+    def reset(self, seed=None):
+        self.t.zero_()
+        return self.env.reset(seed=seed)
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.t = torch.where(info["done"], 0, self.t + 1)
+        lost = (self.t % 5 == 0) & ~info["done"]
+        self.history.append((lost, info["done"]))
+        return obs, reward, terminated | lost, truncated, info
+
+
+def test_a_lost_life_ends_the_learners_episode_but_not_the_lstm_memory_in_training_and_evaluation():
+    """A wrapper that ends the learner's episode while the game goes on (Atari's lost life) cuts the bootstrap there
+    (`dones`), but the LSTM state goes on: it is reset only where a whole game starts, in the rollout, in the update's
+    sequences and in evaluation (whose envs play whole games), so the policy is evaluated as it was trained."""
+    env = _LifeLoss(make_env(ENV_ID, num_envs=4, seed=0, device="cpu", backend="torch"))
+    model = RecurrentPPO(env, device="cpu", seed=0, **SMALL)
+    model.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    buf = model.buffer
+    lost = buf.dones & ~buf.episode_ends
+    assert lost[:-1].any() and buf.episode_ends[:-1].any(), "the rollout must hold both cases"
+    assert torch.equal(buf.episode_starts[1:], buf.episode_ends[:-1])
+    after_lost = buf.states[1:].transpose(1, 2)[lost[:-1]]  # [K, 4, H]
+    assert after_lost.abs().sum(dim=(1, 2)).gt(0).all()  # the state the lost life ended in goes on
+    calls = []
+    act_with_state = model.act_with_state
+    model.act_with_state = lambda obs, state, start, **kwargs: (calls.append(start), act_with_state(
+        obs, state, start, **kwargs))[1]
+    evaluation_env = _LifeLoss(make_env(ENV_ID, num_envs=2, seed=1, device="cpu", backend="torch"))
+    rlspeed.evaluate(model, evaluation_env, episodes=4)
+    lost_rows = [lost for lost, _ in evaluation_env.history]
+    assert torch.stack(lost_rows).any()
+    for start, (_, done) in zip(calls[1:], evaluation_env.history):
+        assert torch.equal(start.cpu(), done)  # reset where a game ended, not where a life was lost
 
 
 def test_checkpoint_round_trip(trained, tmp_path):

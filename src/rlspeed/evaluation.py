@@ -276,8 +276,9 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
 
 class _Acting:
     """`model`'s policy stepping `env` in an evaluation: masked where the env gives action masks and the model takes
-    them; a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts (the
-    learner's episodes, as in training: an SB3 env's Monitor may count whole games)."""
+    them; a recurrent policy (RecurrentPPO) carries its state from step to step, reset where a whole episode starts
+    (`info["done"]`, as in training: not at a lost life that a wrapper, SB3's `EpisodicLifeEnv`, makes the learner's
+    episode end in, the game going on)."""
 
     def __init__(self, model, env, deterministic: bool):
         self.model, self.env, self.deterministic = model, env, deterministic
@@ -294,7 +295,9 @@ class _Acting:
             actions = self.model.act(obs, deterministic=self.deterministic, **masks)
         # (the env may live on another device than the model (`device=`; act moves obs): a no-op when they share)
         obs, _reward, terminated, truncated, info = self.env.step(actions.to(self.env.device))
-        self.episode_start = terminated | truncated
+        # (whole episodes, as the training rollout resets the state: not at a lost life where a wrapper ends the
+        # learner's episode and the game goes on)
+        self.episode_start = info.get("done", terminated | truncated)
         return obs, info
 
 

@@ -125,7 +125,9 @@ class OnPolicyAlgorithm(Algorithm):
         return self.policy.act(obs, action_masks=action_masks)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
-        """Called after each rollout step with the finished rows (bool `[N]`), e.g. to reset recurrent state."""
+        """Called after each rollout step with the rows whose whole episode ended (bool `[N]`, `info["done"]`: not
+        where a wrapper ended only the learner's episode and the game goes on, Atari's lost life), e.g. to reset
+        recurrent state."""
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
         """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap: of the stored
@@ -305,15 +307,16 @@ class OnPolicyAlgorithm(Algorithm):
                     dones = terminated | truncated
                     # whole episodes for the statistics (a training wrapper may end a learning episode earlier,
                     # e.g. Atari's lost life: `info["done"]` still marks the game's end)
+                    ends = info.get("done", dones)
                     buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones,
-                            info.get("done", dones), info["episode_return"], action_masks=masks)
+                            ends, info["episode_return"], action_masks=masks)
                     if buf.next_obs is None:
                         self._store_final_values(buf, step, info)
                     if masking:
                         self._action_mask = info["action_mask"]
                     if "is_success" in info:
                         successes.append((info.get("done", dones), info["is_success"]))
-                    self._on_dones(dones)
+                    self._on_dones(ends)
                 obs = next_obs
             self._obs, self._mid_rollout = obs, False
             # 2. GAE, bootstrapping every step from V(final_obs); termination cuts the bootstrap, truncation not.

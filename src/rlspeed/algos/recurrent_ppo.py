@@ -3,7 +3,9 @@
 What differs from PPO, and nothing else:
 
 1. Rollout: every env carries an LSTM state `[4, N, H]` (actor h, c; critic h, c) from step to step on the device,
-   zeroed exactly where an episode starts. The buffer keeps the state each step started from.
+   zeroed exactly where an episode starts: a whole one (`info["done"]`), so the state goes on through a lost life
+   that ends only the learner's episode (Atari's episodic life: the value bootstrap is cut there, the game and its
+   memory go on, as in evaluation, whose envs play whole games). The buffer keeps the state each step started from.
 2. GAE bootstraps V(final_obs) from the critic state the step produced (one batched LSTM step for the rollout).
 3. Update: minibatches are whole sequences, i.e. env columns of the rollout (`batch_size / num_steps` columns each).
    The LSTMs are re-run over each column from the state stored at its first step, with the state zeroed at episode

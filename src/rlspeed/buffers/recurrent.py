@@ -15,7 +15,8 @@ class RecurrentRolloutBuffer(RolloutBuffer):
 
     `states[t]` `[S, N, H]` is the state step t's action was computed from (already zero where an episode started),
     `next_states[t]` the state step t produced (what V of `next_obs[t]` continues from), `episode_starts[t]` whether
-    `obs[t]` is the first observation of an episode (`dones[t - 1]`, or the previous rollout's last `dones`).
+    `obs[t]` is the first observation of a whole episode (`episode_ends[t - 1]`, or the previous rollout's last
+    ones: `dones` but where a wrapper ended only the learner's episode, Atari's lost life).
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
