@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlspeed import DQN, PPO, UserError
+from rlspeed import DQN, PPO, RecurrentPPO, UserError
 from rlspeed.callbacks import (
     BaseCallback,
     CallbackList,
@@ -763,6 +763,22 @@ def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
     with pytest.raises(AttributeError, match=r"the Gymnasium vector env this one adapts is env.unwrapped.vector_env"):
         env.get_attr("spec")
     env.close()
+
+
+def test_sb3_contribs_recurrent_locals_name_where_recurrent_ppo_keeps_them():
+    """sb3-contrib's RecurrentPPO callbacks read `self.locals["lstm_states"]` / `["episode_starts"]`: a KeyError
+    naming the buffer's fields, which hold them (a bare KeyError said nothing)."""
+    from rlspeed.callbacks import LearnLocals
+
+    model = RecurrentPPO("CartPoleNoVel-v1", seed=0, device="cpu", num_envs=2, num_steps=4, batch_size=8,
+                         lstm_hidden_size=4, n_epochs=1)
+    model.learn(8, progress_bar=False)
+    for key, field in (("lstm_states", "states"), ("episode_starts", "episode_starts")):
+        with pytest.raises(KeyError, match=rf"self.locals\['{key}'\] is Stable-Baselines3's; .*"
+                                           rf"self.model.buffer.{field}\b"):
+            LearnLocals()[key]
+        assert isinstance(getattr(model.buffer, field), torch.Tensor)
+    assert model.buffer.states.shape == (4, 4, 2, 4)
 
 
 def test_wrapped_callbacks_hear_of_an_error_that_ends_training():

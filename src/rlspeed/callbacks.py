@@ -91,6 +91,11 @@ SB3_LOCALS = {
                       "update has used and a change to it reaches no update (Stable-Baselines3's _on_rollout_end "
                       "runs before its update): change rewards in the env (a Gymnasium wrapper)",
     "env": "the training env is self.training_env",
+    # (sb3-contrib's RecurrentPPO's rollout locals)
+    **dict.fromkeys(("lstm_states", "episode_starts"),
+                    "callbacks run once per iteration, and RecurrentPPO's rollout keeps the LSTM state each step "
+                    "started from in self.model.buffer.states ([num_steps, 4, num_envs, lstm_hidden_size]: actor h, "
+                    "c, critic h, c) and where episodes started in self.model.buffer.episode_starts"),
 }
 
 
