@@ -2054,6 +2054,14 @@ def test_printed_returns_keep_three_significant_digits_below_ten():
         ["0.92", "-0.125", "0", "500.0", "-1634.6", "nan"]
 
 
+def test_huge_returns_print_a_float32s_digits_not_its_noise():
+    """A return of 1e20 rewards summed in float32 reads 4.8e+21, not 4800000096196211245056.0; ordinary ones keep their
+    format (999999.9 below 1e6)."""
+    huge = 4800000096196211245056.0  # (float32(4.8e21))
+    assert [cli._score(v) for v in (huge, -1e20, 1234567.8, 999999.9, float("inf"))] == \
+        ["4.8e+21", "-1e+20", "1.23457e+06", "999999.9", "inf"]
+
+
 def test_the_command_answers_help_without_torch_and_ctrl_c_while_torch_loads_is_interrupted(tmp_path):
     """`rlspeed --help` (and the import of the command) does not load torch, so it answers at once; Ctrl-C while torch
     loads (the first second or two of every run) ends as any Ctrl-C does: "rlspeed: interrupted (Ctrl-C) while

@@ -28,7 +28,7 @@ import numpy as np
 import rlspeed
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.files import local_path, write_atomic
-from rlspeed.logging import print_beside_bars, tensorboard_tag
+from rlspeed.logging import format_return, print_beside_bars, tensorboard_tag
 
 # (the model's and the envs' classes are named through the package, `rlspeed.algos.Algorithm`, which
 # typing.get_type_hints imports as it resolves the annotation: an import of algos here would close a cycle, algos.base
@@ -517,8 +517,8 @@ class StopTrainingOnRewardThreshold(BaseCallback):
     def _check(self, mean: float) -> bool:
         keep_going = not mean >= self.reward_threshold
         if not keep_going and self.verbose:
-            print_beside_bars(f"rlspeed: stopping: mean evaluation return {mean:.2f} >= threshold "
-                              f"{self.reward_threshold:g}")
+            print_beside_bars(f"rlspeed: stopping: mean evaluation return {format_return(mean, decimals=2)} >= "
+                              f"threshold {self.reward_threshold:g}")
         return keep_going
 
     def _on_step(self) -> bool:
@@ -796,8 +796,8 @@ class EvalCallback(BaseCallback):
             # (whole or not at all: a run killed while writing it is resumed, and reads it back)
             write_atomic(self.log_path / "evaluations.npz", archive.getvalue())
         if self.verbose:
-            print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- "
-                              f"{result['std']:.2f}{success}")
+            mean, std = (format_return(result[key], decimals=2) for key in ("mean", "std"))
+            print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {mean} +/- {std}{success}")
         keep_going = True
         if result["mean"] > self.best_mean_reward:
             self.best_mean_reward = result["mean"]

@@ -63,6 +63,7 @@ from rlspeed.lifetime import (
     tell_launcher,
     wait_for_adopted,
 )
+from rlspeed.logging import format_return as _score
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
 
@@ -775,7 +776,7 @@ def _train_population(args: argparse.Namespace) -> int:
             curves[member].append([steps, mean])
         values = sorted(means.values())
         say(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
-            f"{statistics.median(values):.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
+            f"{_score(statistics.median(values))}, range {_score(values[0])} to {_score(values[-1])} "
             f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
@@ -3248,12 +3249,6 @@ def _interval(aggregate: dict, number: Callable[[float], str]) -> str:
         return "(one member: no interval)"
     low, high = aggregate["iqm_ci"]
     return f"(95% CI {number(low)} to {number(high)})"
-
-
-def _score(value: float) -> str:
-    """An evaluation's return as printed: one decimal from 10 on (500.0, -1634.6), three significant digits below
-    (0.92, -0.125), where rewards of order 1 would otherwise all read 0.9."""
-    return f"{value:.1f}" if not math.isfinite(value) or abs(value) >= 10 else f"{value:.3g}"
 
 
 def _shadowing_torch() -> Path | None:

@@ -68,6 +68,22 @@ def agg_figure(path: Path, **options):
     return figure
 
 
+#: from this magnitude on a return is printed to six significant digits: a float32's (4.8e+21), not its noise digits
+#: (4800000096196211245056.0)
+LARGE_RETURN = 1e6
+
+
+def format_return(value: float, decimals: int | None = None) -> str:
+    """A return as printed: six significant digits from 1e6 on (`LARGE_RETURN`); below, `decimals` decimals where
+    given, else one decimal from 10 on (500.0, -1634.6) and three significant digits below (0.92, -0.125), where
+    rewards of order 1 would otherwise all read 0.9."""
+    if math.isfinite(value) and abs(value) >= LARGE_RETURN:
+        return f"{value:.6g}"
+    if decimals is not None:
+        return f"{value:.{decimals}f}"
+    return f"{value:.1f}" if not math.isfinite(value) or abs(value) >= 10 else f"{value:.3g}"
+
+
 def finite_or_none(value):
     """`value` with every NaN or infinite float (also inside dicts, lists and tuples) replaced by None."""
     if isinstance(value, float):
@@ -187,8 +203,9 @@ class ProgressBar:
             _drawing(id(self), True)
 
     def update(self, steps: int, **postfix) -> None:
-        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
-        shown = {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()
+        """Advance the bar by `steps` env steps and show `postfix` (floats as `format_return` with one decimal; None and
+        NaN left out)."""
+        shown = {k: (format_return(v, decimals=1) if isinstance(v, float) else v) for k, v in postfix.items()
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if shown:
             self.bar.set_postfix(shown, refresh=False)

@@ -25,7 +25,7 @@ import yaml
 
 from rlspeed.errors import UserError
 from rlspeed.files import local_path, write_text_atomic
-from rlspeed.logging import agg_figure, save_figure
+from rlspeed.logging import agg_figure, format_return, save_figure
 from rlspeed.stats import CURVE_REPS, aggregate, iqm_curve
 
 #: the files `write_report` writes into its folder (an existing one is replaced only with `overwrite=True`)
@@ -293,9 +293,7 @@ def _label(row: dict) -> str:
 def markdown_table(rows: list[dict]) -> str:
     """The final-score table's `rows` (`final_scores`') as Markdown: IQM and median with their 95% intervals, and the
     mean."""
-    def number(value: float) -> str:
-        return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
-
+    number = format_return
     lines = ["| algorithm | env | runs | IQM (95% CI) | median (95% CI) | mean |", "|---|---|---|---|---|---|"]
     for row in rows:
         env = row["env_id"] + (" (normalized)" if row["normalized"] and row["env_id"] != "all normalized" else "")

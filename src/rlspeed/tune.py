@@ -50,6 +50,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.files import unwritable, write_atomic
+from rlspeed.logging import format_return
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
 #: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
@@ -818,7 +819,7 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
     if best is None:
         return "no trial completed yet"
     what = (f"{best['steps_to_target']:,} steps to {target_return:g}" if best.get("steps_to_target") is not None
-            else f"final eval {best['final_eval']:.1f}")
+            else f"final eval {format_return(best['final_eval'])}")
     values = ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                        for key, value in best["hyperparameters"].items())
     return f"best trial {best['number']}: {what} ({values})"
@@ -855,7 +856,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         header.append(f"# Command: {without_password(context['command'])}")
     if best["number"] is not None:
         result = (f"reached {setup.target_return:g} after {best['steps_to_target']:,} steps"
-                  if best["steps_to_target"] is not None else f"final evaluation {best['final_eval']:.1f}")
+                  if best["steps_to_target"] is not None else f"final evaluation {format_return(best['final_eval'])}")
         finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         header.append(f"# Trial {best['number']} of {len(finished)} finished (seed {best['seed']}) "
                       f"{result}; objective {best['value']:g} (lower is better).")
