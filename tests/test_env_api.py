@@ -173,6 +173,19 @@ def test_native_state_is_settable_through_make_env():
     assert info["final_obs"][0, 2] > THETA_THRESHOLD
 
 
+def test_episode_lengths_count_past_float32s_whole_numbers():
+    """An episode's length counts every step past 2**24 (where a float32 count stops: 2**24 + 1 is 2**24 in
+    float32)."""
+    from rlspeed.envs.base import EpisodeStatistics, find_wrapper
+
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
+    env.reset()
+    statistics = find_wrapper(env, EpisodeStatistics)
+    statistics._length.fill_(2**24)
+    _, _, terminated, truncated, info = env.step(torch.tensor([0, 1]))
+    assert not (terminated | truncated).any() and info["episode_length"].tolist() == [2**24 + 1] * 2
+
+
 @pytest.mark.parametrize("backend", ["gymnasium", "torch"])
 def test_pendulum_truncates_after_200_steps_and_never_terminates(backend):
     if backend == "torch" and "Pendulum-v1" not in NATIVE_ENVS:

@@ -205,7 +205,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)
-    lengths = torch.zeros(episodes, device=env.device)
+    lengths = torch.zeros(episodes, device=env.device, dtype=torch.int64)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
     running, running_lengths = returns, lengths
     succeeded = None  # (an env reporting info["is_success"]: each first episode's)

@@ -751,7 +751,8 @@ class EpisodeStatistics(EnvWrapper):
         # a thousand rewards is off in the fourth digit; MPS has no float64)
         dtype = torch.float32 if self.device.type == "mps" else torch.float64
         self._return = torch.zeros(self.num_envs, device=self.device, dtype=dtype)
-        self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        # (lengths counted in int64: a float32 count stops at 2**24 steps, an episode of a few hours at 1,000 steps/s)
+        self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
     def reset(self, seed: int | None = None) -> ResetResult:
@@ -769,7 +770,7 @@ class EpisodeStatistics(EnvWrapper):
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
 
-        The totals (`[N]`; returns float64, float32 on MPS; lengths float32) are the finished episodes' where
+        The totals (`[N]`; returns float64, float32 on MPS; lengths int64) are the finished episodes' where
         `info["done"]` is True; elsewhere they are the current episode's running totals, which callers should ignore.
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
@@ -778,12 +779,12 @@ class EpisodeStatistics(EnvWrapper):
         done = terminated | truncated
         # Fresh tensors each step (no copies): the returned totals stay valid after later steps. An env that
         # normalises its rewards itself (SB3's VecNormalize) gives the original ones as `raw_reward`.
-        episode_return, episode_length = self._return + info.get("raw_reward", reward), self._length + 1.0
+        episode_return, episode_length = self._return + info.get("raw_reward", reward), self._length + 1
         ends = info.pop("episode_ends", None)
         if ends is not None:  # (whole episodes the inner env knows: those, and their returns, count)
             done, ended_returns = ends
             episode_return = torch.where(done, ended_returns, episode_return)
-        self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0.0)
+        self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0)
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length
         return obs, reward, terminated, truncated, info
