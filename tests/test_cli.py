@@ -1157,8 +1157,9 @@ def test_a_warning_made_an_error_by_python_w_error_is_one_line_without_a_traceba
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
         "rlspeed: error: batch_size 256 is larger than a rollout (num_envs 2 x num_steps 8 = 16 steps): every update "
-        "uses the whole rollout as one minibatch (UnusedSettingWarning, an error by the warning filter, -W error or "
-        "PYTHONWARNINGS; --debug shows the traceback)."]
+        "uses the whole rollout as one minibatch; set batch_size to 16 or less, or raise num_envs x num_steps to 256 "
+        "(UnusedSettingWarning, an error by the warning filter, -W error or PYTHONWARNINGS; --debug shows the "
+        "traceback)."]
     assert not (tmp_path / "run").exists()
 
 

@@ -83,7 +83,8 @@ BOOL_IMAGE = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
     (rlspeed.SAC, {"ent_coef": 0.2, "ent_coef_init": 0.5}, VECTOR, BOX_ACTIONS,
      "ent_coef_init=0.5 has no effect: .*ent_coef=0.2 holds it fixed .*ent_coef=auto_0.5"),
     (rlspeed.PPO, {"num_envs": 4, "num_steps": 16, "batch_size": 128}, VECTOR, gym.spaces.Discrete(2),
-     r"batch_size 128 is larger than a rollout \(num_envs 4 x num_steps 16 = 64 steps\)"),
+     r"batch_size 128 is larger than a rollout \(num_envs 4 x num_steps 16 = 64 steps\): .*; set batch_size to 64 "
+     r"or less, or raise num_envs x num_steps to 128\.$"),
 ])
 def test_a_setting_that_changes_nothing_on_the_env_is_named(algo, options, observations, actions, message):
     """A hyperparameter set away from its default that does nothing for this env's spaces (image options without

@@ -647,7 +647,8 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
     if None not in (batch_size, num_envs, num_steps) and batch_size > num_envs * num_steps:
         found.append(f"batch_size {batch_size:,} is larger than a rollout (num_envs {num_envs} x num_steps "
                      f"{num_steps} = {num_envs * num_steps:,} steps): every update uses the whole rollout as one "
-                     "minibatch.")
+                     f"minibatch; set batch_size to {num_envs * num_steps:,} or less, or raise num_envs x num_steps "
+                     f"to {batch_size:,}.")
     if batch_size is not None and buffer_size is not None and batch_size > buffer_size:
         found.append(f"batch_size ({batch_size:,}) is above buffer_size ({buffer_size:,}): every batch samples the at "
                      f"most {buffer_size:,} stored transitions with repeats; lower batch_size or raise buffer_size.")
