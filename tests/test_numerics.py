@@ -244,9 +244,14 @@ def test_training_that_keeps_diverging_stops_with_a_clear_error():
 
     stops = pytest.raises(DivergedError, match=f"{MAX_CONSECUTIVE_ROLLBACKS} times in a row.*this run's settings "
                                                r"other than the defaults: .*ent_coef=0\.5")
-    with pytest.warns(RuntimeWarning), stops:
+    with pytest.warns(RuntimeWarning) as caught, stops:
         model.learn(10_000, progress_bar=False, log_interval_s=0.0, callback=poison)
     assert _weights_finite(model)  # the last finite weights are what a caller saving the model gets
+    rollbacks = [str(w.message) for w in caught if "restored those of step" in str(w.message)]
+    # (what to do, said by the first rollback's warning only)
+    advice = "lower learning_rate, check the rewards' scale, or clip gradients (max_grad_norm)"
+    assert len(rollbacks) > 1 and rollbacks[0].endswith(f"; if it recurs, {advice}.")
+    assert not any(advice in message for message in rollbacks[1:])
 
 
 @pytest.mark.parametrize("backend", ["torch", "gymnasium"])

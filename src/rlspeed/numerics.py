@@ -31,6 +31,10 @@ import torch
 from rlspeed.device import rules
 from rlspeed.errors import UserError
 
+#: what to do about training whose parameters became NaN or infinite (a DivergedError, a rollback, a population
+#: member dropped)
+DIVERGED_ADVICE = "lower learning_rate, check the rewards' scale, or clip gradients (max_grad_norm)"
+
 NAN_POLICIES = ("raise", "mask")
 
 #: Rollbacks in a row (log intervals whose updates made a tensor non-finite) before training stops.
@@ -313,14 +317,14 @@ class NumericsGuard:
             raise DivergedError(
                 f"Training made the parameters or optimizer state NaN or infinite {self.consecutive_rollbacks} times "
                 f"in a row (at {timesteps:,} steps), even after restoring the last finite ones (those of step "
-                f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
-                f"(max_grad_norm){self._settings_text()}.")
+                f"{self._snapshot_timesteps:,}); {DIVERGED_ADVICE}{self._settings_text()}.")
         if self.env_guard is not None:
             self._masked_before = self.masked_env_rows  # (the device count restarts)
             self.env_guard.forget()
+        advice = f"; if it recurs, {DIVERGED_ADVICE}" if self.rollbacks == 1 else ""  # (the first one says it)
         warnings.warn(f"rlspeed: non-finite parameters or optimizer state at {timesteps:,} steps: restored those of "
                       f"step {self._snapshot_timesteps:,} (rollback {self.rollbacks}); the training envs restart their "
-                      "episodes.", RuntimeWarning, stacklevel=3)
+                      f"episodes{advice}.", RuntimeWarning, stacklevel=3)
         return True
 
     def check_losses(self, row: dict, timesteps: int, checked: bool) -> None:
@@ -367,8 +371,7 @@ class NumericsGuard:
             raise DivergedError(
                 f"Every update of this training was NaN or infinite and rolled back ({self.consecutive_rollbacks} "
                 f"rollback(s) up to {timesteps:,} steps): the model holds the weights it started with (step "
-                f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
-                f"(max_grad_norm){self._settings_text()}.")
+                f"{self._snapshot_timesteps:,}); {DIVERGED_ADVICE}{self._settings_text()}.")
 
     def _settings_text(self) -> str:
         return f" (this run's settings other than the defaults: {self.settings})" if self.settings else ""

@@ -31,6 +31,7 @@ from rlspeed.evaluation import TIME_LIMIT, UNLIMITED_EPISODE_STEPS, warn_unfinis
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
+from rlspeed.numerics import DIVERGED_ADVICE
 from rlspeed.stats import aggregate
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
@@ -1224,7 +1225,8 @@ class PopulationBase:
             left[k] = {"diverged_at": self.num_timesteps}
         warnings.warn(f"Population member(s) {', '.join(map(str, diverged))} (seed(s) "
                       f"{', '.join(str(self.seeds[k]) for k in diverged)}) diverged (non-finite parameters) by step "
-                      f"{self.num_timesteps} and were dropped; the others continue.", stacklevel=3)
+                      f"{self.num_timesteps} and were dropped (the others continue): to keep such members, "
+                      f"{DIVERGED_ADVICE}.", stacklevel=3)
         self.remove(diverged)
 
     def check_fits(self, total_timesteps: int) -> None:
