@@ -1859,7 +1859,8 @@ def test_a_subprocess_envs_breach_is_told_from_a_worker_trace_of_numpy_before_1_
 
 def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
     """An env's own error in a worker is not taken for a breach (nothing probed breaks the contract): EnvStepError
-    with Gymnasium's log of the worker's traceback as before, the traceback also chained; workers ended."""
+    with the worker's traceback chained, shown once (Gymnasium's log of the same traceback, as warnings, showed it a
+    second time, and a third with two workers failing alike); workers ended."""
     from rlspeed import PPO
     from rlspeed.envs.gymnasium_env import WorkerTraceback
     from rlspeed.errors import EnvStepError
@@ -1873,10 +1874,31 @@ def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
         assert "(gymnasium-async backend)" in str(raised.value)  # (it said "gymnasium backend")
         assert isinstance(raised.value.__cause__.__cause__, WorkerTraceback)
         assert "in step" in str(raised.value.__cause__.__cause__)
-        assert any("Received the following error from Worker" in str(w.message) for w in recwarn)
+        assert not any("Traceback" in str(w.message) or "Worker" in str(w.message) for w in recwarn), \
+            [str(w.message) for w in recwarn]
         assert not multiprocessing.active_children()
     finally:
         model.close()
+
+
+def test_a_workers_traceback_other_than_the_chained_one_is_still_shown():
+    """Of Gymnasium's log of its workers' errors, what the error raised again does not show stays: another worker's
+    different traceback, with its header line."""
+    from types import SimpleNamespace
+
+    from rlspeed.envs.gymnasium_env import WorkerTraceback, _untold
+
+    def trace(error):
+        return f"Traceback (most recent call last):\n  File \"env.py\", line 1, in step\n{error}"
+
+    log = ["Received the following error from Worker-0 - Shutting it down", trace("KeyError: 'a'"),
+           "Received the following error from Worker-1 - Shutting it down", trace("ValueError: b"),
+           "Raising the last exception back to the main process."]
+    logged = [SimpleNamespace(message=f"\x1b[31mERROR: {line}\x1b[0m") for line in log]
+    error = ValueError("b")
+    assert _untold(logged, error) == logged  # (nothing chained: the log is all there is)
+    error.__cause__ = WorkerTraceback(trace("ValueError: b"))
+    assert _untold(logged, error) == logged[:2]
 
 
 def test_subprocess_envs_passed_in_that_failed_are_not_blamed_on_an_interrupt():

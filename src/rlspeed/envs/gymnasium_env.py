@@ -788,6 +788,12 @@ def _worker_raised_storing(trace: str) -> bool:
             or _UNPACKS_INNER_ENV.search(line) is not None)
 
 
+def _logged_trace(text: str) -> str:
+    """The traceback in a message of Gymnasium's log: from its "Traceback" on, without the colour code that closes
+    it."""
+    return text[text.index("Traceback"):].removesuffix("\x1b[0m").rstrip()
+
+
 def _worker_error(logged: list) -> tuple[int | None, str | None]:
     """(worker index, traceback) of the error Gymnasium raised again from a subprocess env's worker (the last it
     reported), from the messages its `_raise_if_errors` logs; (None, None) where they say none."""
@@ -798,8 +804,29 @@ def _worker_error(logged: list) -> tuple[int | None, str | None]:
         if found:
             index, trace = int(found.group(1)), None
         elif "Traceback (most recent call last)" in text and index is not None:
-            trace = text[text.index("Traceback"):]
+            trace = _logged_trace(text)
     return (index, trace) if trace is not None else (None, None)
+
+
+def _untold(logged: list, error: Exception | None) -> list:
+    """The messages of Gymnasium's log of its workers' errors (`logged`) that `error`, raised again from them, does not
+    tell: all where no worker's traceback is chained to it; else those of workers whose traceback differs from the
+    chained one (shown with it, a traceback is shown once: Gymnasium's line that it raises it again goes too)."""
+    cause = getattr(error, "__cause__", None)
+    if not isinstance(cause, WorkerTraceback):
+        return logged
+    kept, header = [], None
+    for message in logged:
+        text = str(message.message)
+        if re.search(r"Received the following error from Worker-\d+", text):
+            header = message
+        elif "Traceback (most recent call last)" in text:
+            if _logged_trace(text) != cause.trace:
+                kept += [shown for shown in (header, message) if shown is not None]
+            header = None
+        elif "Raising the last exception back to the main process" not in text:
+            kept.append(message)
+    return kept
 
 
 def _hold_worker_errors(vector_env: gym.vector.AsyncVectorEnv, held: list) -> None:
@@ -1406,9 +1433,9 @@ class GymnasiumEnv(BatchedEnv):
         """After subprocess envs (Gymnasium's AsyncVectorEnv) failed in a `call` ("step" or "reset"; `error`: what
         it raised, None where its answer broke the contract without an error): UserError in one sentence where a
         fresh env made from their constructor (`probe_made_env`) shows what breaks Gymnasium's contract in what the
-        env returns, as the one-process backend says it; else Gymnasium's log of a worker's own error, as it gave it.
-        Either way the subprocesses are ended first (their workers that failed have stopped; a run cannot go on with
-        them: `disrupted` says so). Nothing for other vector envs."""
+        env returns, as the one-process backend says it; else Gymnasium's log of a worker's own error, less what the
+        error shows (`_untold`). Either way the subprocesses are ended first (their workers that failed have stopped; a
+        run cannot go on with them: `disrupted` says so). Nothing for other vector envs."""
         inner = getattr(self.vector_env, "unwrapped", self.vector_env)
         if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
             return
@@ -1432,7 +1459,8 @@ class GymnasiumEnv(BatchedEnv):
             problem = probe_made_env(self.spec.env_id, call, env_fns[worker if worker is not None and worker < len(
                 env_fns) else 0], shape, None if self._float_vector else self._host)
         if problem is None:
-            for message in logged:  # (Gymnasium's log of its worker's error, held back by `_hold_worker_errors`)
+            for message in _untold(logged, error):  # (Gymnasium's log of its workers' errors, held back by
+                # `_hold_worker_errors`)
                 warnings.warn_explicit(WorkerLogWarning(str(message.message)), WorkerLogWarning, message.filename,
                                        message.lineno)
         self.close()
