@@ -152,9 +152,10 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
                                   "description": "raw observations as the env returns them (not normalised)"}]
     assert [(o["name"], o["dtype"], o["shape"]) for o in sidecar["outputs"]] == [("actions", "float32", ["batch", 1])]
     assert sidecar["action_space"] == {"type": "box", "shape": [1], "low": [-2.0], "high": [2.0], "dtype": "float32"}
-    # the space as checkpoints record it (rlspeed.envs.base.space_to_json): unbounded entries as null
-    assert sidecar["observation_space"] == {"type": "box", "shape": [3], "low": None, "high": None,
-                                            "dtype": "float32"}
+    # the space as checkpoints record it (rlspeed.envs.base.space_to_json): Gymnasium's env's bounds (they were null,
+    # "unbounded", for the native envs)
+    assert sidecar["observation_space"] == {"type": "box", "shape": [3], "low": [-1.0, -1.0, -8.0],
+                                            "high": [1.0, 1.0, 8.0], "dtype": "float32"}
     assert sidecar["observation_normalization"] is None and sidecar["preprocessing"] is None
     proto = onnx.load(str(path))
     metadata = {prop.key: prop.value for prop in proto.metadata_props}
@@ -183,6 +184,10 @@ def test_archives_carry_the_sidecar(tmp_path):
     described = json.loads(extra["rlspeed.json"])
     assert described["algo"] == "dqn" and described["action_space"] == {"type": "discrete", "n": 2}
     assert described == json.loads((tmp_path / "q.pt.json").read_text())
+    # CartPole's bounds, finite for position and angle, unbounded (null: JSON has no infinity) for the velocities
+    low, high = (described["observation_space"][key] for key in ("low", "high"))
+    assert low[1] is low[3] is high[1] is high[3] is None
+    assert (low[0], low[2], high[0], high[2]) == pytest.approx((-4.8, -0.41888, 4.8, 0.41888), abs=1e-5)
 
 
 def test_export_checkpoint_from_a_run_directory(tmp_path):

@@ -426,9 +426,11 @@ def test_spec_matches_gymnasium(env_id):
     assert env_class.spec.action_space == gym_env.action_space
     assert env_class.spec.max_episode_steps == registered.max_episode_steps
     assert env_class.spec.reward_threshold == registered.reward_threshold
-    # Unbounded components: Gymnasium 1.x writes inf, CartPole here the float32 max of older Gymnasium; same meaning.
-    gym_high = np.minimum(gym_env.observation_space.high, np.finfo(np.float32).max)
-    np.testing.assert_array_equal(env_class.observation_high, gym_high)
+    # (the bounds too: checkpoints and export sidecars record them, whichever backend the model trained on)
+    space = env_class.spec.observation_space
+    assert space == gym_env.observation_space and space.dtype == gym_env.observation_space.dtype
+    np.testing.assert_array_equal(space.low, gym_env.observation_space.low)  # (exactly: Box's == is approximate)
+    np.testing.assert_array_equal(space.high, gym_env.observation_space.high)
     assert resolve_backend(env_id) == "torch"
     gym_env.close()
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from rlspeed.envs.base import EnvSpec
-from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.native import NativeEnv, observation_box
 
 DT = 0.2
 LINK_LENGTH_1 = 1.0
@@ -72,8 +71,8 @@ class Acrobot(NativeEnv):
     """
 
     state_size = 4
-    spec = EnvSpec("Acrobot-v1", (6,), gym.spaces.Discrete(3), max_episode_steps=500, reward_threshold=-100.0)
-    observation_high = np.array([1.0, 1.0, 1.0, 1.0, MAX_VEL_1, MAX_VEL_2], dtype=np.float32)
+    spec = EnvSpec("Acrobot-v1", (6,), gym.spaces.Discrete(3), max_episode_steps=500, reward_threshold=-100.0,
+                   observation_space=observation_box([1.0, 1.0, 1.0, 1.0, MAX_VEL_1, MAX_VEL_2]))
 
     def sample_state(self, num: int) -> torch.Tensor:
         # Gymnasium draws in float64 and stores float32.

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from rlspeed.envs.base import EnvSpec
-from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.native import NativeEnv, observation_box
 
 GRAVITY = 9.8
 MASS_CART = 1.0
@@ -27,9 +26,8 @@ class CartPole(NativeEnv):
     """N CartPole-v1 envs. State `[N, 4]` = (x, x_dot, theta, theta_dot), as gymnasium's `unwrapped.state`."""
 
     state_size = 4
-    spec = EnvSpec("CartPole-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=500, reward_threshold=475.0)
-    observation_high = np.array([X_THRESHOLD * 2, np.finfo(np.float32).max, THETA_THRESHOLD * 2,
-                                 np.finfo(np.float32).max], dtype=np.float32)
+    spec = EnvSpec("CartPole-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=500, reward_threshold=475.0,
+                   observation_space=observation_box([X_THRESHOLD * 2, math.inf, THETA_THRESHOLD * 2, math.inf]))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

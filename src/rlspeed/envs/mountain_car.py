@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from rlspeed.envs.base import EnvSpec
-from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.native import NativeEnv, observation_box
 
 MIN_POSITION = -1.2
 MAX_POSITION = 0.6
@@ -26,8 +25,8 @@ class MountainCar(NativeEnv):
     """
 
     state_size = 2
-    spec = EnvSpec("MountainCar-v0", (2,), gym.spaces.Discrete(3), max_episode_steps=200, reward_threshold=-110.0)
-    observation_high = np.array([MAX_POSITION, MAX_SPEED], dtype=np.float32)
+    spec = EnvSpec("MountainCar-v0", (2,), gym.spaces.Discrete(3), max_episode_steps=200, reward_threshold=-110.0,
+                   observation_space=observation_box([MAX_POSITION, MAX_SPEED], low=[MIN_POSITION, -MAX_SPEED]))
 
     def sample_state(self, num: int) -> torch.Tensor:
         return self.uniform(num, [-0.6, 0.0], [-0.4, 0.0])

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import EnvSpec
-from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.native import NativeEnv, observation_box
 
 MIN_ACTION = -1.0
 MAX_ACTION = 1.0
@@ -35,8 +35,8 @@ class MountainCarContinuous(NativeEnv):
 
     state_size = 2
     spec = EnvSpec("MountainCarContinuous-v0", (2,), gym.spaces.Box(MIN_ACTION, MAX_ACTION, (1,), np.float32),
-                   max_episode_steps=999, reward_threshold=90.0)
-    observation_high = np.array([MAX_POSITION, MAX_SPEED], dtype=np.float32)
+                   max_episode_steps=999, reward_threshold=90.0,
+                   observation_space=observation_box([MAX_POSITION, MAX_SPEED], low=[MIN_POSITION, -MAX_SPEED]))
 
     def sample_state(self, num: int) -> torch.Tensor:
         return self.uniform(num, [-0.6, 0.0], [-0.4, 0.0])

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import secrets
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult
 
 _MAX_BLOCK_STEPS = 64  # per-env draws made at once (fewer kernels per step at small N) ...
 _BLOCK_ELEMENTS = 1 << 18  # ... holding at most this many numbers
+
+
+def observation_box(high: list[float], low: list[float] | None = None) -> gym.Space:
+    """A native env's observation space: Gymnasium's env's float32 Box, bounded by `high` and `low` (-`high` where
+    not given; inf where unbounded), what checkpoints and export sidecars record of it."""
+    high_array = np.array(high, dtype=np.float32)
+    return gym.spaces.Box(-high_array if low is None else np.array(low, dtype=np.float32), high_array,
+                          dtype=np.float32)
 
 
 def _int32(value: int) -> int:

@@ -47,7 +47,8 @@ class CartPoleNoVel(CartPole):
     The state is CartPole's, `[N, 4]` = (x, x_dot, theta, theta_dot); observations are (x, 0, theta, 0).
     """
 
-    spec = EnvSpec("CartPoleNoVel-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=500, reward_threshold=475.0)
+    spec = EnvSpec("CartPoleNoVel-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=500, reward_threshold=475.0,
+                   observation_space=CartPole.spec.observation_space)  # (the Gymnasium env's: MaskVelocity keeps it)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import EnvSpec
-from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.native import NativeEnv, observation_box
 
 MAX_SPEED = 8.0
 MAX_TORQUE = 2.0
@@ -33,8 +33,8 @@ class Pendulum(NativeEnv):
 
     state_size = 2
     spec = EnvSpec("Pendulum-v1", (3,), gym.spaces.Box(-MAX_TORQUE, MAX_TORQUE, (1,), np.float32),
-                   max_episode_steps=200, reward_threshold=None)
-    observation_high = np.array([1.0, 1.0, MAX_SPEED], dtype=np.float32)
+                   max_episode_steps=200, reward_threshold=None,
+                   observation_space=observation_box([1.0, 1.0, MAX_SPEED]))
 
     def sample_state(self, num: int) -> torch.Tensor:
         return self.uniform(num, [-math.pi, -1.0], [math.pi, 1.0])
