@@ -526,3 +526,48 @@ def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypa
     venv = vector([_StepOnlyMasks, _StepOnlyMasks], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
         rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
+
+
+class _OneEnvLacksMasks(gym.Env):
+    """Masks at reset and on steps, except where `lacks` says: "reset" (none at reset), "step" (none on steps),
+    "none" (None as the step's mask)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def __init__(self, lacks=""):
+        self.lacks = lacks
+
+    def _info(self, call):
+        if self.lacks == call:
+            return {}
+        return {"action_mask": None if self.lacks == "none" and call == "step" else np.array([1, 0, 1], bool)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), self._info("reset")
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, self._info("step")
+
+
+@pytest.mark.parametrize(("first", "second", "call", "rows"), [("", "reset", "reset", r"env \[1\]"),
+                                                          ("", "step", "step", r"env \[1\]"),
+                                                          ("none", "none", "step", r"envs \[0, 1\]")])
+def test_a_mask_missing_from_one_of_a_vector_envs_infos_is_named_not_read_as_allowing_nothing(first, second, call,
+                                                                                             rows):
+    """Gymnasium's vector envs merge infos into arrays, filling the rows of envs that gave no mask with zeros: read as
+    masks, env 1's row 'allowed no action' (and masks that were all None gave 'has shape [2]'), naming the wrong
+    problem."""
+    from functools import partial
+
+    venv = gym.vector.AsyncVectorEnv([partial(_OneEnvLacksMasks, first), partial(_OneEnvLacksMasks, second)],
+                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(venv, device="cpu")
+    try:
+        with pytest.raises(UserError, match=rf"gave no info\['action_mask'\] on this {call} for {rows}.*give it on "
+                                            "every step and reset"):
+            env.reset(seed=0)
+            env.step(torch.zeros(2, dtype=torch.int64))
+    finally:
+        env.close()

@@ -172,6 +172,19 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
     return allowed
 
 
+def masks_missing(info: dict, env_id: str, call: str) -> None:
+    """UserError naming the envs that gave no `action_mask` (or None) in a vector env's merged `info` of a `call`
+    ("reset", "step") where others gave one: Gymnasium's merging fills their rows with zeros, masks that allow no
+    action."""
+    values, given = info["action_mask"], info.get("_action_mask")
+    rows = [row for row in range(len(values)) if (given is not None and not given[row])
+            or (isinstance(values, np.ndarray) and values.dtype == object and values[row] is None)]
+    if rows:
+        raise UserError(f"{env_id} gave no info['action_mask'] on this {call} for env{'s' if len(rows) > 1 else ''} "
+                        f"{rows[:5]}{f' and {len(rows) - 5} more' if len(rows) > 5 else ''}, though it gives masks: "
+                        "give it on every step and reset, or pass use_masking=false.")
+
+
 def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.Space, source: str) -> torch.Tensor:
     """`info["final_action_mask"]`: the actions allowed at each row's `final_obs`: the step's masks (bool `[N, n]`)
     with each finished row's replaced by the mask its env gave with its last observation (`final_masks`: row ->
@@ -1193,6 +1206,8 @@ class GymnasiumEnv(BatchedEnv):
             warn_unapplied_masks(self.spec)
         if self._mask_width is not None and ("action_mask" in reset_info or self._mask_method):
             self.has_action_masks = True
+            if not self._mask_method:
+                masks_missing(reset_info, self.spec.env_id, "reset")
             info["action_mask"] = self._masks(reset_info.get("action_mask"),
                                               f"{self.spec.env_id}'s info['action_mask']")
         if self._float_vector:
@@ -1388,6 +1403,8 @@ class GymnasiumEnv(BatchedEnv):
             if not self._mask_method and "action_mask" not in info:
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
                                 "on every step and reset, or pass use_masking=false.")
+            if not self._mask_method:
+                masks_missing(info, self.spec.env_id, "step")
             out_info["action_mask"] = self._masks(info.get("action_mask"), source)
             if not len(finished):
                 out_info["final_action_mask"] = out_info["action_mask"]
