@@ -571,3 +571,46 @@ def test_a_mask_missing_from_one_of_a_vector_envs_infos_is_named_not_read_as_all
             env.step(torch.zeros(2, dtype=torch.int64))
     finally:
         env.close()
+
+
+class _ComponentMasks(gym.Env):
+    """MultiDiscrete([2, 3]) whose `action_masks()` gives one flag array per component (a list), allowing action
+    [1, 2] only, and whose episode's last observation allows no action of the second component."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.MultiDiscrete([2, 3])
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def action_masks(self):
+        return [np.array([False, True]), np.array([False, False, self.t < 3])]
+
+    def step(self, action):
+        assert list(action) == [1, 2], action
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, self.t >= 3, False, {}
+
+
+def test_multi_discrete_masks_given_per_component_are_concatenated():
+    """A mask per component ([3 flags], [4 flags]), for one observation or for each, was refused with numpy's
+    'inhomogeneous shape' text; an episode's last observation whose mask allowed nothing in one component (a
+    terminal state, where nothing is chosen) stopped training, as only fully empty last masks were let through."""
+    space = gym.spaces.MultiDiscrete([3, 4])
+    flat = np.array([[1, 0, 0, 0, 1, 1, 0], [0, 1, 0, 1, 0, 0, 0]], bool)
+    per_component = [[row[:3], row[3:]] for row in flat]
+    assert np.array_equal(check_action_masks(per_component[0], space, 1, "test"), flat[:1])
+    assert np.array_equal(check_action_masks(tuple(per_component), space, 2, "test"), flat)
+    with pytest.raises(UserError, match=r"one sequence per component of sizes \[3, 4\]"):
+        check_action_masks([flat[0, :3], flat[0, 3:6]], space, 1, "test")
+    from rlspeed.envs.gymnasium_env import final_action_masks
+
+    last = {1: np.array([1, 0, 0, 0, 0, 0, 0], bool)}  # (row 1's last observation: nothing in component 2)
+    assert final_action_masks(torch.ones(2, 7, dtype=torch.bool), last, space, "test").all()
+    venv = gym.vector.SyncVectorEnv([_ComponentMasks] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = rlspeed.PPO(venv, seed=0, num_steps=8, batch_size=16, device="cpu")
+    model.learn(32, progress_bar=False)  # (the env asserts every action is its only allowed one)
+    assert model.predict(np.zeros((2, 2), np.float32), action_masks=[[[True, False], [False, True, False]]] * 2
+                         )[0].tolist() == [[0, 1], [0, 1]]

@@ -127,16 +127,20 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
 
 
 # --- action masks ------------------------------------------------------------------------------------------------
-def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.ndarray:
+def check_action_masks(masks, space: gym.Space, num: int, source: str, terminal: bool = False) -> np.ndarray:
     """A batch of action masks as a bool array `[num, mask_size(space)]`, or UserError in one sentence naming the
     mask and the fix: a mask of another shape, a space that takes no mask, or a row that allows no action (which
-    would leave the policy nothing to choose: checked here, on the host, where the mask arrives)."""
+    would leave the policy nothing to choose: checked here, on the host, where the mask arrives). MultiDiscrete masks
+    may also come as one flag sequence per component. `terminal`: the masks of episodes' last observations, where
+    no choice is made: a row that allows no action (in some component) allows all instead."""
     width = mask_size(space)
     if width is None:
         raise UserError(f"The action mask from {source} is for a {type(space).__name__} action space; masks apply to "
                         "Discrete and MultiDiscrete actions only: " + ("leave action_masks out." if
                                                                        source.startswith("predict") else
                                                                        "drop the mask (use_masking=false)."))
+    if isinstance(space, gym.spaces.MultiDiscrete) and isinstance(masks, (list, tuple)):
+        masks = _joined_components(masks, space.nvec.reshape(-1), num)
     try:
         array = np.asarray(masks)
         if array.dtype == object:
@@ -150,8 +154,10 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
                         f"per action, shape [{num}, {width}].") from None
     if array.shape != (num, width):
         raise UserError(f"The action mask from {source} has shape {list(array.shape)}, but {space} needs "
-                        f"[{num}, {width}] (one flag per action" + (", the components' masks concatenated"
-                                                                      if width != getattr(space, "n", width) else "")
+                        f"[{num}, {width}] (one flag per action" + (
+                            f", the components' masks concatenated, or one sequence per component of sizes "
+                            f"{space.nvec.reshape(-1).tolist()}" if isinstance(space, gym.spaces.MultiDiscrete)
+                            else "")
                         + ("): give one flag per action for each observation." if source.startswith("predict")
                            else "): fix the env's action_mask / action_masks()."))
     allowed = array.astype(bool)
@@ -160,7 +166,9 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
         empty = ~np.logical_or.reduceat(allowed, starts, axis=1).all(axis=1)
     else:
         empty = ~allowed.any(axis=1)
-    if empty.any():
+    if empty.any() and terminal:
+        allowed[empty] = True
+    elif empty.any():
         all_rows = np.flatnonzero(empty)
         rows = all_rows[:5].tolist()
         more = f" and {len(all_rows) - 5} more" if len(all_rows) > 5 else ""
@@ -170,6 +178,22 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
                         + ": every row needs at least one allowed action; fix the env's mask, or end the episode "
                           "where no action is valid.")
     return allowed
+
+
+def _joined_components(masks: list | tuple, nvec: np.ndarray, num: int) -> list | tuple | np.ndarray:
+    """MultiDiscrete masks given as one flag sequence per component (sizes `nvec`), for one observation or for each
+    of `num`, with each observation's components concatenated; other masks as they are."""
+    def joined(row):
+        if isinstance(row, (list, tuple)) and len(row) == len(nvec) and all(
+                np.ndim(part) == 1 and len(part) == size for part, size in zip(row, nvec)):
+            return np.concatenate([np.asarray(part, dtype=bool) for part in row])
+        return None
+
+    one = joined(masks) if num == 1 else None
+    if one is not None:
+        return one[None]
+    rows = [joined(row) for row in masks] if len(masks) == num else []
+    return np.stack(rows) if rows and all(row is not None for row in rows) else masks
 
 
 def masks_missing(info: dict, env_id: str, call: str) -> None:
@@ -193,9 +217,7 @@ def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.S
     if not final_masks:
         return step_masks
     rows = list(final_masks)
-    array = np.array(check_action_masks(
-        [np.ones(mask_size(space), bool) if not np.asarray(m, bool).any() else m for m in final_masks.values()],
-        space, len(rows), source))
+    array = check_action_masks(list(final_masks.values()), space, len(rows), source, terminal=True)
     masks = step_masks.clone()
     masks[torch.as_tensor(rows, device=masks.device)] = torch.as_tensor(array, device=masks.device)
     return masks
