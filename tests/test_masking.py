@@ -227,8 +227,8 @@ def test_predict_and_evaluate_use_masks():
     with pytest.raises(UserError, match=r"predict\(action_masks=...\) has shape .* give one flag per action for each "
                                         r"observation"):  # (the caller's mask: nothing to fix in the env)
         model.predict(obs, action_masks=masks[:, :5])
-    with pytest.raises(UserError, match="allows no action"):
-        model.predict(obs, action_masks=np.zeros((3, 6), dtype=bool))
+    with pytest.raises(UserError, match=r"allows no action in rows \[0, 1, 2\]: .*allow one for each observation\.$"):
+        model.predict(obs, action_masks=np.zeros((3, 6), dtype=bool))  # (not "fix the env's mask": the caller's)
     # an algorithm without masks names those that take them, DQN among them
     with pytest.raises(UserError, match="^SAC does not take action masks: drop action_masks, or use ppo, a2c, "
                                         "recurrent_ppo or dqn.$"):

@@ -175,8 +175,9 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str, terminal:
         raise UserError(f"The action mask from {source} allows no action in row{'s' if len(rows) > 1 else ''} {rows}"
                         f"{more}"
                         + (" (in some component)" if isinstance(space, gym.spaces.MultiDiscrete) else "")
-                        + ": every row needs at least one allowed action; fix the env's mask, or end the episode "
-                          "where no action is valid.")
+                        + ": every row needs at least one allowed action; " + (
+                            "allow one for each observation." if source.startswith("predict") else
+                            "fix the env's mask, or end the episode where no action is valid."))
     return allowed
 
 
