@@ -516,14 +516,17 @@ class _StepOnlyMasks(gym.Env):
         return np.zeros(2, np.float32), 1.0, False, self.t >= 5, {"action_mask": np.array([1, 0, 1], np.int8)}
 
 
-@pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv])
+@pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, "DummyVecEnv"])
 def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypatch, vector):
     """An env whose steps' infos hold "action_mask" but whose reset's does not trained with every action allowed,
-    without a word: the masks are learnt of at reset. It warns now."""
+    without a word: the masks are learnt of at reset. It warns now (in Stable-Baselines3's VecEnvs too)."""
     from rlspeed.envs import gymnasium_env
 
     monkeypatch.setattr(gymnasium_env, "_WARNED_STEP_MASKS", set())
-    venv = vector([_StepOnlyMasks, _StepOnlyMasks], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if vector == "DummyVecEnv":
+        venv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv([_StepOnlyMasks, _StepOnlyMasks])
+    else:
+        venv = vector([_StepOnlyMasks, _StepOnlyMasks], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
         rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
 

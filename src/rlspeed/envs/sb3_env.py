@@ -31,6 +31,7 @@ from rlspeed.envs.gymnasium_env import (
     probe_contract,
     registered_vector_env_id,
     to_device,
+    warn_step_only_masks,
     warn_unapplied_masks,
 )
 from rlspeed.errors import UserError
@@ -145,6 +146,7 @@ class SB3VecEnv(BatchedEnv):
         self.has_action_masks = self._maskable and self._mask_method
         if self._mask_method and not self.has_action_masks:
             warn_unapplied_masks(self.spec)
+        self._step_masks_checked = False  # (whether the first step's infos were looked at for masks, see `_masks`)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
         self._normalizer = vec_normalize_of(vec_env, "norm_reward")
@@ -156,6 +158,10 @@ class SB3VecEnv(BatchedEnv):
         or their infos (`infos`: a step's, whose `finished` rows' masks are in `reset_infos`: their observations
         start new episodes; None: the reset's), or {} without masks."""
         if not self.has_action_masks:
+            if infos is not None and not self._step_masks_checked:  # (the first step's: masks not learnt of at reset)
+                self._step_masks_checked = True
+                if self._maskable and any("action_mask" in row for row in infos):
+                    warn_step_only_masks(self.spec)
             return {}
         if self._mask_method:
             masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
