@@ -617,3 +617,18 @@ def test_multi_discrete_masks_given_per_component_are_concatenated():
     model.learn(32, progress_bar=False)  # (the env asserts every action is its only allowed one)
     assert model.predict(np.zeros((2, 2), np.float32), action_masks=[[[True, False], [False, True, False]]] * 2
                          )[0].tolist() == [[0, 1], [0, 1]]
+
+
+def test_a_mask_of_values_other_than_0_and_1_is_refused_not_read_as_truthy():
+    """An additive mask (0 allowed, -inf masked) was read as bools: every masked action allowed and every allowed one
+    masked, silently. Bools and 0/1 of any dtype (Taxi's int8) are still taken."""
+    space = gym.spaces.Discrete(4)
+    assert check_action_masks(np.array([[0, 1, 1, 0]], np.int8), space, 1, "test").tolist() == [[False, True, True,
+                                                                                                   False]]
+    assert check_action_masks([[0.0, 1.0, 0.0, 0.0]], space, 1, "test").tolist() == [[False, True, False, False]]
+    with pytest.raises(UserError, match=r"holds -inf, where a mask holds only bools or 0 and 1 .*0 and -inf would "
+                                        r"read the other way round"):
+        check_action_masks([[0.0, -np.inf, 0.0, 0.0]], space, 1, "test")
+    model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=8, device="cpu")
+    with pytest.raises(UserError, match=r"predict\(action_masks=...\) holds 0.5"):
+        model.predict(0, action_masks=[0, 0, 0, 0, 0.5, 0])

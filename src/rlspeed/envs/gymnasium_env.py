@@ -160,6 +160,15 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str, terminal:
                             else "")
                         + ("): give one flag per action for each observation." if source.startswith("predict")
                            else "): fix the env's action_mask / action_masks()."))
+    if array.dtype != bool:
+        odd = ~((array == 0) | (array == 1))
+        if odd.any():
+            value = array[odd].flat[0]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise UserError(f"The action mask from {source} holds {value!r}, where a mask holds only bools or 0 and 1 "
+                            "(True or 1: allowed): " + ("give" if source.startswith("predict") else
+                                                                   "make the env give")
+                            + " 0 and 1 (an additive mask of 0 and -inf would read the other way round).")
     allowed = array.astype(bool)
     if isinstance(space, gym.spaces.MultiDiscrete):
         starts = np.concatenate(([0], np.cumsum(space.nvec.reshape(-1))[:-1]))
