@@ -211,6 +211,18 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: EvalCallback("CartPole-v1", n_eval_episodes=0), "n_eval_episodes must be a whole number >= 1, got 0"),
     (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
     (lambda: CheckpointCallback(32, "ckpt", keep_last=0), "keep_last must be a whole number >= 1, got 0"),
+    # (an AttributeError of the child's parent, a TypeError of pathlib, int()'s ValueError, iterating None)
+    (lambda: EvalCallback("CartPole-v1", callback_on_new_best=3), "callback_on_new_best is a callback"),
+    (lambda: EvalCallback("CartPole-v1", callback_after_eval=StopTrainingOnNoModelImprovement),
+     r"callback_after_eval=StopTrainingOnNoModelImprovement is the class: pass an instance"),
+    (lambda: EvalCallback("CartPole-v1", best_model_save_path=3), "best_model_save_path is a path"),
+    (lambda: EvalCallback("CartPole-v1", log_path=b"logs"), "log_path is a path"),
+    (lambda: StopTrainingOnNoModelImprovement("3"), "max_no_improvement_evals must be a whole number >= 0, got '3'"),
+    # (a negative count stopped training at the first evaluation)
+    (lambda: StopTrainingOnNoModelImprovement(-1), "max_no_improvement_evals must be a whole number >= 0, got -1"),
+    (lambda: StopTrainingOnNoModelImprovement(3, min_evals=None), "min_evals must be a whole number >= 0, got None"),
+    (lambda: CallbackList(None), "CallbackList takes a list of callbacks, got NoneType"),
+    (lambda: CallbackList("callbacks"), "CallbackList takes a list of callbacks, got str"),
     # (one env, as Stable-Baselines3 takes it: its id is what rlspeed takes)
     (lambda: EvalCallback(gym.make("CartPole-v1")), r"a TimeLimit: pass its id, EvalCallback\('CartPole-v1', ...\)"),
     (lambda: EvalCallback(gym.make("CartPole-v1", render_mode="rgb_array")), r"pass its id, EvalCallback\("),

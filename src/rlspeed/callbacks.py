@@ -27,7 +27,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed.errors import UserError, positive_whole, true_or_false
-from rlspeed.files import local_path, write_atomic
+from rlspeed.files import given_path, local_path, write_atomic
 from rlspeed.logging import format_return, print_beside_bars, tensorboard_tag
 
 # (the model's and the envs' classes are named through the package, `rlspeed.algos.Algorithm`, which
@@ -318,6 +318,8 @@ class CallbackList(BaseCallback):
 
     def __init__(self, callbacks: Iterable[BaseCallback | Callable[..., bool | None]]):
         super().__init__()
+        if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+            raise UserError(f"CallbackList takes a list of callbacks, got {type(callbacks).__name__}.")
         given = [as_callback(callback) for callback in callbacks]
         if None in given:
             raise UserError("A list of callbacks holds None: leave it out (learn(callback=None) is no callback).")
@@ -455,6 +457,19 @@ def as_callback(callback: CallbackLike) -> BaseCallback | None:
     raise UserError(f"callback must be a BaseCallback, a list of them or a function, got {type(callback).__name__}.")
 
 
+def _child_callback(name: str, callback: BaseCallback | None) -> BaseCallback | None:
+    """EvalCallback's `name` (callback_on_new_best or callback_after_eval): None or a BaseCallback, which it runs
+    with itself as the parent; UserError for anything else (a class, a number, a function: Stable-Baselines3's
+    EvalCallback takes callbacks there too)."""
+    if callback is None or isinstance(callback, BaseCallback):
+        return callback
+    if isinstance(callback, type) and issubclass(callback, BaseCallback):
+        raise UserError(f"EvalCallback's {name}={callback.__name__} is the class: pass an instance, "
+                        f"{callback.__name__}(...).")
+    raise UserError(f"EvalCallback's {name} is a callback (e.g. StopTrainingOnRewardThreshold(...) or "
+                    f"StopTrainingOnNoModelImprovement(...)), not {callback!r}."[:300])
+
+
 class EveryNTimesteps(BaseCallback):
     """Runs `callback` (its `_on_rollout_end`, then its `_on_step`) at the end of the first iteration after every
     `n_steps` env steps; a CheckpointCallback or EvalCallback inside it also keeps its own period (`save_freq=1`
@@ -530,14 +545,23 @@ class StopTrainingOnRewardThreshold(BaseCallback):
         return self._check(self.evaluation["mean"])
 
 
+def _evaluations(name: str, value) -> int:
+    """StopTrainingOnNoModelImprovement's `name`, a number of evaluations (a whole number >= 0); UserError naming it
+    otherwise (None, a string, 2.5, a negative number, which would stop training at the first evaluation)."""
+    count = positive_whole(f"StopTrainingOnNoModelImprovement's {name}", value, minimum=0)
+    if count is None:
+        raise UserError(f"StopTrainingOnNoModelImprovement's {name} must be a whole number >= 0, got None.")
+    return count
+
+
 class StopTrainingOnNoModelImprovement(BaseCallback):
     """Stop when `max_no_improvement_evals` evaluations in a row have not beaten the best mean return (counted after
     `min_evals` evaluations). Use it as `EvalCallback(callback_after_eval=...)`, as in Stable-Baselines3."""
 
     def __init__(self, max_no_improvement_evals: int, min_evals: int = 0, verbose: int = 0):
         super().__init__(verbose)
-        self.max_no_improvement_evals = int(max_no_improvement_evals)
-        self.min_evals = int(min_evals)
+        self.max_no_improvement_evals = _evaluations("max_no_improvement_evals", max_no_improvement_evals)
+        self.min_evals = _evaluations("min_evals", min_evals)
         self.last_best_mean_reward: float = -math.inf
         self.no_improvement_evals = 0
 
@@ -639,15 +663,16 @@ class EvalCallback(BaseCallback):
         eval_freq = positive_whole("EvalCallback's eval_freq", eval_freq)
         n_eval_episodes = positive_whole("EvalCallback's n_eval_episodes", n_eval_episodes)
         self.eval_env = eval_env
-        self.callback_on_new_best = callback_on_new_best
-        self.callback_after_eval = callback_after_eval
-        for child in (callback_on_new_best, callback_after_eval):
+        self.callback_on_new_best = _child_callback("callback_on_new_best", callback_on_new_best)
+        self.callback_after_eval = _child_callback("callback_after_eval", callback_after_eval)
+        for child in (self.callback_on_new_best, self.callback_after_eval):
             if child is not None:
                 child.parent = self
         self.n_eval_episodes = int(n_eval_episodes)
         self.eval_freq = int(eval_freq)
-        self.log_path = local_path(log_path) if log_path is not None else None
-        self.best_model_save_path = local_path(best_model_save_path) if best_model_save_path is not None else None
+        self.log_path = given_path("EvalCallback's log_path", log_path) if log_path is not None else None
+        self.best_model_save_path = (given_path("EvalCallback's best_model_save_path", best_model_save_path)
+                                     if best_model_save_path is not None else None)
         self.deterministic = true_or_false("EvalCallback(deterministic=...)", deterministic)
         self.seed = seed
         self.best_mean_reward: float = -math.inf

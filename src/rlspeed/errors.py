@@ -110,15 +110,16 @@ def infinite_advice(key: str) -> str:
     return ""
 
 
-def positive_whole(name: str, value, needed_by: str | None = None):
-    """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool, a
-    string, 2.5, NaN or infinity), and for None where `needed_by` (what needs the value, "evaluate") is given."""
+def positive_whole(name: str, value, needed_by: str | None = None, minimum: int = 1):
+    """`value` (None, or a whole number >= `minimum`, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool,
+    a string, 2.5, NaN or infinity), and for None where `needed_by` (what needs the value, "evaluate") is given."""
     if value is None:
         if needed_by is not None:
-            raise UserError(f"{needed_by} needs {name}, a whole number >= 1, not None.")
+            raise UserError(f"{needed_by} needs {name}, a whole number >= {minimum}, not None.")
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
-        raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer()
+            or value < minimum):
+        raise UserError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
     return int(value)
 
 

@@ -31,6 +31,14 @@ def local_path(path: str | os.PathLike) -> Path:
     return path
 
 
+def given_path(name: str, value) -> Path:
+    """`value`, the path argument `name` names ("export's path"), as `local_path` gives it; UserError naming `name`
+    for anything but a str or os.PathLike (None, a number), which pathlib refuses with a bare TypeError."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise UserError(f"{name} is a path (a str or pathlib.Path), not {value!r}."[:200])
+    return local_path(value)
+
+
 def _process_umask() -> int:
     mask = os.umask(0o022)  # (read once, at import: setting it back and forth is not thread-safe later)
     os.umask(mask)
