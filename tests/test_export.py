@@ -282,6 +282,11 @@ def test_bad_requests_are_one_sentence(tmp_path, monkeypatch):
         model.export(tmp_path / "q.pt", format="onnx")
     with pytest.raises(UserError, match=r"Cannot tell the export format from .*q'.*\.onnx, \.pt, \.pt2"):
         model.export(tmp_path / "q")
+    # (pathlib's TypeError; a string taken for True)
+    with pytest.raises(UserError, match="export's path is a path \\(a str or pathlib.Path\\), not None"):
+        model.export(None)
+    with pytest.raises(UserError, match=r"export\(action_mask=...\) is True or False, got 'no'"):
+        model.export(tmp_path / "q.pt", action_mask="no")
     assert not list(tmp_path.iterdir())
     program = model.export(tmp_path / "q.PT2")  # (the suffix's format: an exported program, whatever the case)
     assert json.loads(program.with_name("q.PT2.json").read_text())["format"] == "exported_program"

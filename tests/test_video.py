@@ -241,6 +241,26 @@ def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
         video.record_video(_cartpole(), tmp_path / "missing" / "x.mp4")
 
 
+@pytest.mark.parametrize("arguments, words", [
+    # (pathlib's TypeError, a comparison of str and int, range()'s TypeError, imageio's division, a string taken for
+    # True)
+    (dict(path=None), r"record_video's path is a path \(a str or pathlib.Path\), not None"),
+    (dict(episodes="2"), "record_video's episodes must be a whole number >= 1, got '2'"),
+    (dict(episodes=1.5), "record_video's episodes must be a whole number >= 1, got 1.5"),
+    (dict(max_steps=0), "record_video's max_steps must be a whole number >= 1, got 0"),
+    (dict(fps="30"), "record_video's fps is a number of frames per second above 0"),
+    (dict(seed=-1), "A seed is a whole number"),
+    (dict(deterministic="no"), r"record_video\(deterministic=...\) is True or False, got 'no'"),
+    (dict(overwrite="no"), r"record_video\(overwrite=...\) is True or False, got 'no'"),
+    (dict(model="runs/ppo"), r"record_video takes a model, not a path \('runs/ppo'\): load it first"),
+])
+def test_record_video_refuses_bad_arguments_in_one_sentence(arguments, words, tmp_path):
+    given = {"model": _cartpole(), "path": tmp_path / "v.gif", **arguments}
+    with pytest.raises(UserError, match=words):
+        video.record_video(**given)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_model_of_a_vector_env_one_built_is_filmed_on_an_id_given_not_said_unrenderable(tmp_path):
     """A model trained on a vector env of one's own has no id a video can make its env from: the refusal says so and
     how to film it (it said the env 'cannot render frames', as if its renderer were missing); with env_id given it

@@ -71,18 +71,18 @@ def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = 
         raise UserError(f"evaluate takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 
-def check_evaluated_model(model) -> None:
-    """UserError in one sentence where `evaluate`'s model is no rlspeed model (each failed at its first attribute, an
-    AttributeError about `env_id`): a checkpoint's path, which the command line's `rlspeed eval` takes, or a
-    Stable-Baselines3 model."""
+def check_evaluated_model(model, caller: str = "evaluate", command: str = "rlspeed eval PATH") -> None:
+    """UserError in one sentence where the model of `caller` (rlspeed.evaluate, rlspeed.record_video) is no rlspeed
+    model (each failed at its first attribute, an AttributeError about `env_id`): a checkpoint's path, which the
+    command line's `command` takes, or a Stable-Baselines3 model."""
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-        raise UserError(f"evaluate takes a model, not a path ({str(model)[:80]!r}): load it first, "
-                        "rlspeed.evaluate(PPO.load(path), ...) with the model's class (rlspeed eval PATH on the "
+        raise UserError(f"{caller} takes a model, not a path ({str(model)[:80]!r}): load it first, "
+                        f"rlspeed.{caller}(PPO.load(path), ...) with the model's class ({command} on the "
                         "command line).")
     if not hasattr(type(model), "act") or not hasattr(model, "spec") or not hasattr(model, "env_id"):
         sb3 = " (Stable-Baselines3's models: their own evaluate_policy)" if type(model).__module__.startswith(
             ("stable_baselines3", "sb3_contrib")) else ""
-        raise UserError(f"evaluate takes an rlspeed model (PPO(...), PPO.load(path), ...), not a "
+        raise UserError(f"{caller} takes an rlspeed model (PPO(...), PPO.load(path), ...), not a "
                         f"{type(model).__name__}{sb3}.")
 
 

@@ -53,8 +53,8 @@ from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_mode
 from rlspeed.device import float32_default, major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
-from rlspeed.errors import UserError, warn_at_caller
-from rlspeed.files import local_path, write_atomic
+from rlspeed.errors import UserError, true_or_false, warn_at_caller
+from rlspeed.files import given_path, local_path, write_atomic
 from rlspeed.nn import (
     ActorCritic,
     DeterministicActor,
@@ -659,11 +659,12 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
     `action_mask` (bool `[B, n]`; all True is no mask) for policies that take masks; None adds it when the model's
     last training run used the env's masks.
     """
+    path = given_path("export's path", path)
     format = export_format(path, format)
+    action_mask = None if action_mask is None else true_or_false("export(action_mask=...)", action_mask)
     _check_torch(format)
     if format == "onnx":
         _check_onnx_packages()
-    path = Path(path).expanduser()
     if path.is_dir():
         raise UserError(f"'{path}' is a directory; give the file to write, e.g. {path / ('policy' + FORMATS[format])}.")
     try:

@@ -14,6 +14,7 @@ import errno
 import glob
 import importlib.util
 import math
+import numbers
 import os
 import tempfile
 import typing
@@ -26,9 +27,9 @@ import gymnasium as gym
 import numpy as np
 
 import rlspeed
-from rlspeed.errors import UserError
-from rlspeed.evaluation import _own_random_stream, env_options
-from rlspeed.files import move_into_place, process_running
+from rlspeed.errors import UserError, positive_whole, true_or_false
+from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
+from rlspeed.files import given_path, move_into_place, process_running
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -346,14 +347,21 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     (interrupted, killed, a full disk, or an error of the env or the model) leaves no file at `path`, and the file that
     `overwrite` replaces stays as it was.
     """
-    path = Path(path)
+    check_evaluated_model(model, "record_video", "rlspeed eval PATH --video FILE.mp4")
+    path = given_path("record_video's path", path)
     _require_writer(path)
     from rlspeed.envs import BACKENDS
+    from rlspeed.envs.base import check_seed
 
     if backend is not None and backend not in BACKENDS:
         raise UserError(f"record_video's backend={backend!r} is not one of {', '.join(BACKENDS)}.")
-    if episodes < 1:
-        raise UserError(f"A video needs at least one episode, got {episodes}.")
+    episodes = positive_whole("record_video's episodes", episodes, needed_by="record_video")
+    max_steps = positive_whole("record_video's max_steps", max_steps)
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf):
+        raise UserError(f"record_video's fps is a number of frames per second above 0 (None: the env's), got {fps!r}.")
+    seed = None if seed is None else check_seed(seed, limit_bits=63)  # (evaluate's: episode i is its episode i)
+    deterministic = true_or_false("record_video(deterministic=...)", deterministic)
+    overwrite = true_or_false("record_video(overwrite=...)", overwrite)
     if not path.parent.is_dir():
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
     require_writable_directory(path)
