@@ -538,6 +538,23 @@ def test_make_env_rejects_keywords_the_backend_does_not_take(backend, kwargs, ma
         rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend=backend, **kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    # (torch.zeros' TypeError; the others were taken silently: a string as True, a gamma outside [0, 1], a float seed)
+    ({"state_dtype": "float64"}, "state_dtype is the torch dtype of the native env's state, torch.float32 or"),
+    ({"state_dtype": torch.int32}, "state_dtype is the torch dtype"),
+    ({"compile": "no"}, r"make_env\(compile=...\) is True or False, got 'no'"),
+    ({"normalize_obs": "no"}, r"make_env\(normalize_obs=...\) is True or False, got 'no'"),
+    ({"normalize_reward": None}, r"make_env\(normalize_reward=...\) is True or False, got None"),
+    ({"evaluation": "yes"}, r"make_env\(evaluation=...\) is True or False"),
+    ({"normalize_reward": True, "gamma": 1.5}, r"make_env's gamma .* must be a number in \[0, 1\], got 1.5"),
+    ({"gamma": "0.99"}, r"make_env's gamma .* got '0.99'"),
+    ({"seed": 1.5}, "A seed is a whole number from 0 to 2\\*\\*63 - 1, not 1.5"),
+])
+def test_make_env_refuses_values_of_the_wrong_kind_in_one_sentence(kwargs, match):
+    with pytest.raises(rlspeed.UserError, match=match):
+        rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", **kwargs)
+
+
 def test_an_option_value_the_env_cannot_use_is_named():
     """FrozenLake's map_name="9x9" raises KeyError in its constructor (an internal error, exit 1, before); a value
     the env takes but fails on later (Pendulum's g="abc", in its first step) names the options it was made with."""

@@ -12,7 +12,16 @@ import torch
 from rlspeed.device import resolve_device
 from rlspeed.envs import atari
 from rlspeed.envs.acrobot import Acrobot
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics, ResetResult, StepResult, find_wrapper
+from rlspeed.envs.base import (
+    BatchedEnv,
+    EnvSpec,
+    EnvWrapper,
+    EpisodeStatistics,
+    ResetResult,
+    StepResult,
+    check_seed,
+    find_wrapper,
+)
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
@@ -38,7 +47,7 @@ from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
-from rlspeed.errors import EnvStepError, UserError, first_line
+from rlspeed.errors import EnvStepError, UserError, first_line, true_or_false
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
@@ -288,6 +297,13 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
         raise UserError(f"num_envs is a whole number of envs, at least 1, got {num_envs!r}.")
     num_envs = int(num_envs)
     device = resolve_device(device)
+    seed = None if seed is None else check_seed(seed, limit_bits=63)  # (an evaluation's: a model's seed plus offsets)
+    normalize_obs = true_or_false("make_env(normalize_obs=...)", normalize_obs)
+    normalize_reward = true_or_false("make_env(normalize_reward=...)", normalize_reward)
+    evaluation = true_or_false("make_env(evaluation=...)", evaluation)
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0 <= gamma <= 1:
+        raise UserError(f"make_env's gamma (the discount of the returns normalize_reward scales by) must be a number "
+                        f"in [0, 1], got {gamma!r}.")
     atari_game = False
     options = check_env_kwargs(env_kwargs)
     both = sorted(set(options) & set(kwargs))

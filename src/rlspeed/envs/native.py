@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult
+from rlspeed.errors import UserError, true_or_false
 
 _MAX_BLOCK_STEPS = 64  # per-env draws made at once (fewer kernels per step at small N) ...
 _BLOCK_ELEMENTS = 1 << 18  # ... holding at most this many numbers
@@ -95,6 +96,10 @@ class NativeEnv(BatchedEnv):
                  state_dtype: torch.dtype = torch.float32, compile: bool = False):
         self.num_envs = int(num_envs)
         self.device = torch.device(device)
+        if not isinstance(state_dtype, torch.dtype) or not state_dtype.is_floating_point:
+            raise UserError(f"state_dtype is the torch dtype of the native env's state, torch.float32 or "
+                            f"torch.float64, not {state_dtype!r}.")
+        compile = true_or_false("make_env(compile=...)", compile)
         self.state_dtype = state_dtype
         # Per-env random streams: env i's draws depend only on (seed, i), so they are the same for any num_envs and
         # on any device: a counter-based generator (a 32-bit hash of the env's key and the draw number, int32
