@@ -134,6 +134,12 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     for steps in (0, -64):
         with pytest.raises(UserError, match=f"total_timesteps must be positive, got {steps}"):
             model.learn(steps)
+    # (a string was taken as True: progress_bar="no" showed the bar)
+    for keyword in ("progress_bar", "confirm_target"):
+        with pytest.raises(UserError, match=rf"learn\({keyword}=...\) is True or False, got 'no'"):
+            model.learn(64, **{keyword: "no"})
+    with pytest.raises(UserError, match=r"evaluate\(progress_bar=...\) is True or False, got 'no'"):
+        model.evaluate(episodes=1, progress_bar="no")
 
 
 def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_as_sb3():

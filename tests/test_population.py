@@ -349,6 +349,7 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
     ({"total_timesteps": 64, "eval_freq": 1.5}, "eval_freq must be a whole number"),  # (evaluated every iteration)
     ({"total_timesteps": 64, "eval_episodes": 0}, "eval_episodes must be a whole number"),
     ({"total_timesteps": 64, "target_return": float("nan")}, "target_return must be a finite number"),
+    ({"total_timesteps": 64, "confirm_target": "no"}, r"learn\(confirm_target=...\) is True or False, got 'no'"),
 ])
 def test_learn_checks_its_values_as_a_solo_learn_does(options, words):
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)

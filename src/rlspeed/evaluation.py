@@ -152,6 +152,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     refuse_evaluate_keywords(stable_baselines3)
     check_evaluated_model(model)
     deterministic = true_or_false("evaluate(deterministic=...)", deterministic)
+    progress_bar = true_or_false("evaluate(progress_bar=...)", progress_bar)
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)

@@ -2284,6 +2284,8 @@ class Algorithm:
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
         log_interval_s = _seconds("log_interval_s", log_interval_s)
         checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
+        progress_bar = true_or_false("learn(progress_bar=...)", progress_bar)
+        confirm_target = true_or_false("learn(confirm_target=...)", confirm_target)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
