@@ -555,6 +555,24 @@ def test_make_env_refuses_values_of_the_wrong_kind_in_one_sentence(kwargs, match
         rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", **kwargs)
 
 
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_a_step_of_actions_that_are_no_tensor_of_one_row_per_env_is_one_sentence(backend):
+    """A list or an array was an EnvStepError of the backend's AttributeError ('list' object has no attribute
+    'device'); a tensor of another number of rows was stepped silently."""
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", backend=backend)
+    env.reset(seed=0)
+    try:
+        for actions, got in (([0, 1], "a list"), (np.array([0, 1]), "a ndarray"),
+                             (torch.zeros(3, dtype=torch.long), r"a tensor of shape \[3\]"),
+                             (torch.tensor(1), r"a tensor of shape \[\]")):
+            with pytest.raises(rlspeed.UserError, match=rf"^'CartPole-v1'.step takes the actions as a torch tensor "
+                                                        rf"with one row per env \(2 rows\), got {got}: "):
+                env.step(actions)
+        assert env.step(torch.zeros(2, dtype=torch.long))[0].shape == (2, 4)
+    finally:
+        env.close()
+
+
 def test_an_option_value_the_env_cannot_use_is_named():
     """FrozenLake's map_name="9x9" raises KeyError in its constructor (an internal error, exit 1, before); a value
     the env takes but fails on later (Pendulum's g="abc", in its first step) names the options it was made with."""

@@ -497,6 +497,14 @@ class NamesEnvErrors(EnvWrapper):
                                self.spec.env_kwargs or ()) from error
 
     def step(self, actions: torch.Tensor) -> StepResult:
+        # (a list or an array reached the backend's `.device` or `.numpy()`, an AttributeError named as the env's; a
+        # tensor of another number of rows was stepped silently, a native env broadcasting or a Gymnasium one
+        # dropping rows)
+        if not isinstance(actions, torch.Tensor) or actions.dim() == 0 or actions.shape[0] != self.num_envs:
+            got = (f"a tensor of shape {list(actions.shape)}" if isinstance(actions, torch.Tensor)
+                   else f"a {type(actions).__name__}")
+            raise UserError(f"'{self.spec.env_id}'.step takes the actions as a torch tensor with one row per env "
+                            f"({self.num_envs} rows), got {got}: e.g. torch.as_tensor(actions, device=env.device).")
         try:
             return self.env.step(actions)
         except (UserError, EnvStepError):
