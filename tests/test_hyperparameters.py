@@ -163,6 +163,17 @@ def test_an_on_off_setting_takes_as_text_what_yaml_reads_as_on_or_off():
         build_config(PPOConfig, {"anneal_lr": "maybe"})
 
 
+@pytest.mark.parametrize("value", [[[64], [64]], "64,64", [64.5], None])
+def test_a_net_arch_that_is_no_list_of_widths_says_how_to_write_one(value):
+    """Said only "which is not a valid tuple" (a Python type name, not what to give)."""
+    from rlspeed.algos import DQNConfig
+    from rlspeed.algos.base import build_config
+
+    with pytest.raises(UserError, match=r"^Hyperparameter 'net_arch' got .*, which is not a valid tuple\. Give the "
+                                        r"hidden layers' widths as one list of whole numbers, e.g\. \[64, 64\]\.$"):
+        build_config(DQNConfig, {"net_arch": value})
+
+
 def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocated():
     """num_steps=1e9 failed inside the allocator, 1e30 inside torch: one sentence naming the settings instead."""
     model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=1, num_steps=10**12, batch_size=64)

@@ -590,6 +590,8 @@ def coerce(key: str, value, hint):
         advice = " Give auto for the automatically tuned value, or a number."
     if hint is bool:
         advice = " Give true or false (yes or no, on or off, 1 or 0)."
+    if origin in (tuple, list):
+        advice = " Give the hidden layers' widths as one list of whole numbers, e.g. [64, 64]."
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
                     f"{getattr(hint, '__name__', hint)}.{advice}")
 
