@@ -342,10 +342,10 @@ def test_restart_episodes_stores_the_steps_waiting_for_their_n_step_return_as_sh
 
 
 def test_load_replay_buffer_refuses_values_the_spaces_do_not_have_and_keeps_refusing_until_they_fit():
-    """Demonstrations whose actions a Discrete space does not have (they failed in the update's indexing, or a
-    device assert) or whose states a Discrete observation space does not have, Box actions in the env's units, and
-    SB3's truncate_last_traj=False are refused in one sentence; a buffer a learn refuses (another n_step) is refused
-    again by the next learn, which trained without it."""
+    """Demonstrations holding NaN or infinite values, whose actions a Discrete space does not have (they failed in the
+    update's indexing, or a device assert) or whose states a Discrete observation space does not have, Box actions in
+    the env's units, and SB3's truncate_last_traj=False are refused in one sentence; a buffer a learn refuses (another
+    n_step) is refused again by the next learn, which trained without it."""
     from rlspeed import DQN, SAC
     from rlspeed.errors import UserError
 
@@ -361,6 +361,14 @@ def test_load_replay_buffer_refuses_values_the_spaces_do_not_have_and_keeps_refu
     box.add(torch.zeros(1, 3), torch.full((1, 1), 2.0), torch.ones(1), torch.zeros(1, 3), torch.tensor([False]),
             torch.tensor([False]))
     with pytest.raises(UserError, match=r"its actions reach 2: the buffer holds actions in the policy's scale"):
+        SAC("Pendulum-v1", device="cpu").load_replay_buffer(box)
+    nan = make_buffer(10, 1, obs_dim=4)  # (loaded, they ended the first learn in DivergedError, blaming the lr)
+    nan.add(torch.tensor([[0.0, float("nan"), 0.0, 0.0]]), torch.tensor([1]), torch.ones(1), torch.zeros(1, 4),
+            torch.tensor([False]), torch.tensor([False]))
+    with pytest.raises(UserError, match=r"cannot fill this model's replay buffer: its obs hold NaN or infinite values"):
+        DQN("CartPole-v1", device="cpu").load_replay_buffer(nan)
+    box.rewards[0] = float("inf")
+    with pytest.raises(UserError, match=r"its rewards hold NaN or infinite values"):
         SAC("Pendulum-v1", device="cpu").load_replay_buffer(box)
     # (FrozenLake8x8's states in FrozenLake's 16: the update's one-hot encoding failed on them)
     states = ReplayBuffer(10, 1, gym.spaces.Discrete(64), (), torch.int64, "cpu")

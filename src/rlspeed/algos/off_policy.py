@@ -615,7 +615,8 @@ class OffPolicyAlgorithm(Algorithm):
         learn refuses them, and the next one again); updates may start, and the uniform random actions of the
         warm-up end, as soon as it holds `learning_starts` transitions, the loaded ones counted. The stored rows
         must match this model's observation and action shapes, its n_step (n-step rows: also its gamma) and its
-        action space's values (Discrete actions below n; Box actions in the policy's scale, [-1, 1]); a buffer of
+        action space's values (Discrete actions below n; Box actions in the policy's scale, [-1, 1]), and hold no
+        NaN or infinite values; a buffer of
         another capacity gives its newest transitions. Steps still waiting for their n-step return are stored as
         shorter ones, their episodes truncated there (Stable-Baselines3's `truncate_last_traj=True`; False, which
         continues them in the model's envs, is refused: the envs' episodes are not theirs)."""
@@ -657,13 +658,18 @@ class OffPolicyAlgorithm(Algorithm):
         self._buffer_start = self.num_timesteps - len(self.buffer)  # (the loaded rows count for learning_starts)
 
     def _replay_values_problem(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
-        """Why the stored actions (and Discrete observations) of a replay source cannot be this model's, else None:
-        values a Discrete space does not have fail in the update's indexing, and Box actions outside [-1, 1] are
-        in the env's units, not the policy's scale the buffer holds."""
+        """Why the stored values of a replay source cannot be this model's, else None: NaN or infinite ones, and
+        actions (and Discrete observations) that are not this model's: values a Discrete space does not have fail in
+        the update's indexing, and Box actions outside [-1, 1] are in the env's units, not the policy's scale the
+        buffer holds."""
         rows = int(meta.get("rows", meta.get("size", 0)))
         actions = tensors.get("actions")
         if actions is None or not rows:
             return None
+        for key, values in tensors.items():  # (NaN passes the range checks below, and trains NaN weights)
+            if key.split(".")[0] in BATCH_FIELDS and values.is_floating_point() and not all(
+                    bool(part.isfinite().all()) for part in values[:rows].split(_SAMPLE_ROWS)):  # (bounded memory)
+                return f"its {key} hold NaN or infinite values"
         actions = actions[:rows]
         if self.spec.discrete:
             n = self.spec.action_dim
