@@ -412,3 +412,30 @@ def test_dqn_on_minatar_stores_each_observation_once_and_trains_as_the_dense_lay
     assert lean.buffer.bytes_per_transition < 0.7 * dense.buffer.bytes_per_transition
     for (name, want), got in zip(dense.q_network.state_dict().items(), lean.q_network.state_dict().values()):
         assert torch.equal(want, got), name
+
+
+def test_demonstrations_in_a_replay_buffer_you_fill_name_frame_dedup_where_the_model_stores_images_once(monkeypatch):
+    """A ReplayBuffer of demonstrations (dense: the documented way) given to a model whose buffer stores each image
+    once was 'another replay layout or other observation keys'; it names frame_dedup=False, which takes it."""
+    pytest.importorskip("minatar")
+    from rlspeed import DQN
+    from rlspeed.algos import off_policy
+    from rlspeed.errors import UserError
+
+    monkeypatch.setattr(off_policy, "_SHARED_OBSERVATIONS_BYTES", 0)
+    options = dict(device="cpu", env_backend="gymnasium", buffer_size=100, learning_starts=100, num_envs=1, seed=0)
+    lean = DQN("MinAtar/Breakout-v1", **options)
+    space = lean.observation_space
+    demos = ReplayBuffer(20, 1, space, (), torch.int64, "cpu")
+    for _ in range(20):
+        demos.add(torch.zeros((1, *space.shape), dtype=torch.bool), torch.tensor([1]), torch.ones(1),
+                  torch.zeros((1, *space.shape), dtype=torch.bool), torch.tensor([False]), torch.tensor([False]))
+    lean.load_replay_buffer(demos)
+    with pytest.raises(UserError, match=r"it stores observations whole \(a ReplayBuffer's dense layout\), and this "
+                                        r"model's buffer stores each observation once: make the model with "
+                                        r"frame_dedup=False"):
+        lean.learn(4, progress_bar=False)
+    dense = DQN("MinAtar/Breakout-v1", frame_dedup=False, **options)
+    dense.load_replay_buffer(demos)
+    dense.learn(4, progress_bar=False)
+    assert len(dense.buffer) == 24

@@ -528,7 +528,12 @@ class ReplayBuffer:
         if meta.get("layout", "dense") == self.layout and missing == {"next_action_masks"}:
             return ("it holds no action masks, and this model's env gives them (make the buffer with mask_size, "
                     "the number of actions)")
-        if meta.get("layout", "dense") != self.layout or missing:
+        layout = meta.get("layout", "dense")
+        if layout == "dense" != self.layout:  # (a ReplayBuffer of demonstrations, for an image env's model)
+            return (f"it stores observations whole (a ReplayBuffer's dense layout), and this model's buffer stores "
+                    f"{'each frame' if self.layout == 'frames' else 'each observation'} once: make the model with "
+                    "frame_dedup=False (--set frame_dedup=false) to take it")
+        if layout != self.layout or missing:
             return "it holds another replay layout or other observation keys than this model's"
         capacity = int(meta.get("capacity", self.capacity))
         if capacity != self.capacity and self.layout != "dense":
