@@ -223,6 +223,20 @@ def test_a_stable_baselines3_zip_is_named(tmp_path):
         PPO.load(tmp_path / "ppo_cartpole")
 
 
+def test_a_pickle_is_named_as_one_with_the_way_in_for_transitions(tmp_path):
+    """Stable-Baselines3's save_replay_buffer file given to load_replay_buffer read "is not an rlspeed checkpoint (its
+    contents are not safetensors: header too large): give a model file", which a replay buffer is not."""
+    import pickle
+
+    from rlspeed import DQN
+
+    path = tmp_path / "replay_buffer.pkl"
+    path.write_bytes(pickle.dumps({"observations": [0.0] * 8}, protocol=4))
+    with pytest.raises(rlspeed.UserError, match=r"'.*replay_buffer\.pkl' is a pickle \(Stable-Baselines3's "
+                                                r"save_replay_buffer .*rlspeed\.buffers\.ReplayBuffer you fill"):
+        DQN("CartPole-v1", device="cpu").load_replay_buffer(path)
+
+
 def test_a_stable_baselines3_zip_name_of_an_rlspeed_file_names_the_file(tmp_path):
     """A ported script's PPO.load("best/best_model.zip") (SB3's EvalCallback file): where rlspeed's
     best_model.safetensors is there, the error names it."""

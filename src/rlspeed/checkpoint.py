@@ -743,6 +743,11 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             header = json.loads(data[8:8 + header_len])
             metadata = json.loads(header.get("__metadata__", {}).get("rlspeed", "{}"))
         except (SafetensorError, ValueError, AttributeError, json.JSONDecodeError) as error:
+            if data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # (pickle's PROTO opcode)
+                raise UserError(f"'{path}' is a pickle (Stable-Baselines3's save_replay_buffer and VecNormalize.save "
+                                "write one, as does pickle.dump), not an rlspeed checkpoint, and rlspeed never "
+                                "unpickles a file (transitions from elsewhere go in through an "
+                                "rlspeed.buffers.ReplayBuffer you fill: load_replay_buffer).") from None
             raise UserError(f"'{path}' is not an rlspeed checkpoint (its contents are not safetensors: {error}): "
                             "give a model file (.safetensors) that rlspeed wrote, or its run directory.") from None
         except RecursionError:
