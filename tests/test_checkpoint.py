@@ -857,3 +857,16 @@ def test_a_module_a_subclass_trains_of_its_own_is_saved_loaded_and_resumed(tmp_p
         AuxPPO.load(plain)
     assert any("no weights for AuxPPO.aux_head, which this model trains: it starts as built" in str(item.message)
                for item in caught)
+
+
+def test_observation_statistics_fitted_from_demonstrations_before_the_first_learn_carry_on(tmp_path):
+    """docs/checkpoints.md (Demonstrations): statistics folded in through make_training_env() and obs_rms.update go on
+    updating in learn, not replaced by fresh ones, and a save carries them."""
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=8, batch_size=16, normalize_obs=True)
+    model.make_training_env()
+    states = torch.full((100, 4), 3.0)
+    model.obs_rms.update(states)
+    model.learn(16, progress_bar=False)
+    assert float(model.obs_rms.count) > 100 and bool((model.obs_rms.mean > 2.5).all())
+    loaded = PPO.load(model.save(tmp_path / "fitted"), device="cpu")
+    assert torch.equal(loaded.obs_rms.mean, model.obs_rms.mean)
