@@ -521,3 +521,23 @@ def test_rows_a_host_buffer_has_yet_to_fill_count_as_taken_for_the_next_buffer(m
     del first
     assert buffer().capacity == 7_500
     gc.collect()
+
+
+def test_load_replay_buffer_refuses_returns_of_another_n_step_or_gamma_as_it_is_given():
+    """A ReplayBuffer of 1-step demonstrations given to a model of n_step 3 (SAC Pendulum's preset) was taken and
+    refused only at the next learn, which makes the model's buffer; the n_step and gamma are known at once: refused
+    there, naming the ReplayBuffer to fill or the model to make."""
+    from rlspeed import DQN
+    from rlspeed.errors import UserError
+
+    one = make_buffer(10, 1, obs_dim=4)
+    with pytest.raises(UserError, match=r"holds 1-step transitions, and this model takes 3-step ones with gamma 0\.9 "
+                                        r"\(a ReplayBuffer you fill: ReplayBuffer\(\.\.\., n_step=3, gamma=0\.9\); "
+                                        r"or make the model with n_step=1\)"):
+        DQN("CartPole-v1", device="cpu", n_step=3, gamma=0.9).load_replay_buffer(one)
+    three = make_buffer(10, 1, n_step=3, gamma=0.5, obs_dim=4)
+    with pytest.raises(UserError, match=r"holds 3-step transitions summed with gamma 0\.5, and this model takes "
+                                        r"3-step ones with gamma 0\.9 .* make the model with n_step=3, gamma=0\.5\)"):
+        DQN("CartPole-v1", device="cpu", n_step=3, gamma=0.9).load_replay_buffer(three)
+    DQN("CartPole-v1", device="cpu", n_step=3, gamma=0.5).load_replay_buffer(three)  # (the same returns: taken)
+    DQN("CartPole-v1", device="cpu", gamma=0.5).load_replay_buffer(make_buffer(10, 1, gamma=0.9, obs_dim=4))  # (1-step)

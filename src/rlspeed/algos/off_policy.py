@@ -614,9 +614,9 @@ class OffPolicyAlgorithm(Algorithm):
         model's replay buffer, now if learn made it, else when the next learn makes it (where they do not fit, that
         learn refuses them, and the next one again); updates may start, and the uniform random actions of the
         warm-up end, as soon as it holds `learning_starts` transitions, the loaded ones counted. The stored rows
-        must match this model's observation and action shapes, its n_step (n-step rows: also its gamma) and its
-        action space's values (Discrete actions below n; Box actions in the policy's scale, [-1, 1]), and hold no
-        NaN or infinite values; a buffer of
+        must match this model's observation and action shapes, its n_step (n-step rows: also its gamma; refused
+        here, as the values are) and its action space's values (Discrete actions below n; Box actions in the
+        policy's scale, [-1, 1]), and hold no NaN or infinite values; a buffer of
         another capacity gives its newest transitions. Steps still waiting for their n-step return are stored as
         shorter ones, their episodes truncated there (Stable-Baselines3's `truncate_last_traj=True`; False, which
         continues them in the model's envs, is refused: the envs' episodes are not theirs)."""
@@ -638,7 +638,7 @@ class OffPolicyAlgorithm(Algorithm):
         else:
             raise UserError(f"load_replay_buffer reads a file (a str or pathlib.Path) or takes an "
                             f"rlspeed.buffers.ReplayBuffer, not {type(path).__name__}.")
-        problem = self._replay_values_problem(tensors, meta)
+        problem = self._replay_values_problem(tensors, meta) or self._replay_returns_problem(meta)
         if problem is not None:
             raise UserError(f"{name} cannot fill this model's replay buffer: {problem}.")
         self._replay_source = (tensors, meta, name)
@@ -656,6 +656,20 @@ class OffPolicyAlgorithm(Algorithm):
         self._replay_source = None
         self.buffer.restart_episodes()  # (its steps waiting for their n-step return: stored, truncated)
         self._buffer_start = self.num_timesteps - len(self.buffer)  # (the loaded rows count for learning_starts)
+
+    def _replay_returns_problem(self, meta: dict) -> str | None:
+        """Why a replay source's returns cannot be this model's (another n_step, or n-step returns summed with another
+        gamma), else None: known from the settings alone, so said as the source is given rather than at the learn
+        that makes the buffer (the other checks need it)."""
+        n_step, gamma = self.config.n_step, self.config.gamma
+        steps, summed = int(meta.get("n_step", n_step)), meta.get("gamma", gamma)
+        if steps == n_step and (steps == 1 or summed == gamma):
+            return None
+        held = f"{steps}-step transitions" + (f" summed with gamma {summed}" if steps > 1 else "")
+        return (f"it holds {held}, and this model takes {n_step}-step ones" + (f" with gamma {gamma}" if n_step > 1
+                                                                                else "")
+                + f" (a ReplayBuffer you fill: ReplayBuffer(..., n_step={n_step}, gamma={gamma}); or make the model "
+                  f"with n_step={steps}" + (f", gamma={summed}" if steps > 1 else "") + ")")
 
     def _replay_values_problem(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
         """Why the stored values of a replay source cannot be this model's, else None: NaN or infinite ones, and
