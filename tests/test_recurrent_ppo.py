@@ -289,6 +289,7 @@ def test_a_lost_life_ends_the_learners_episode_but_not_the_lstm_memory_in_traini
     rlspeed.evaluate(model, evaluation_env, episodes=4)
     lost_rows = [lost for lost, _ in evaluation_env.history]
     assert torch.stack(lost_rows).any()
+    assert len(calls) == len(evaluation_env.history) > 1  # (the evaluation acted through the wrapped call: checked)
     for start, (_, done) in zip(calls[1:], evaluation_env.history):
         assert torch.equal(start.cpu(), done)  # reset where a game ended, not where a life was lost
 

@@ -86,7 +86,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
-from rlspeed.envs.wrappers import observation_statistics
+from rlspeed.envs.wrappers import observation_statistics, statistics_dtype
 from rlspeed.errors import (
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
@@ -695,10 +695,12 @@ def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
     return [space]
 
 
-def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq) -> tuple:
-    """`learn`'s budget and evaluation settings (a model's and a population's) as (total_timesteps, eval_freq,
-    eval_episodes, checkpoint_freq) ints (None where not given); UserError naming the one that is not a whole number
-    >= 1 (1e6 is one), or a target_return that is not a finite number."""
+def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
+                         confirm_target) -> tuple:
+    """`learn`'s budget, evaluation and display settings (a model's and a population's) as (total_timesteps,
+    eval_freq, eval_episodes, checkpoint_freq) ints (None where not given) and (progress_bar, confirm_target) bools;
+    UserError naming the one that is not a whole number >= 1 (1e6 is one), a target_return that is not a finite
+    number, or a flag that is not True or False (a string was taken as True)."""
     if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
             or not math.isfinite(total_timesteps) or not float(total_timesteps).is_integer()):
         raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
@@ -709,7 +711,8 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
         raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
     return (int(total_timesteps), positive_whole("eval_freq", eval_freq), positive_whole("eval_episodes",
                                                                                             eval_episodes),
-            positive_whole("checkpoint_freq", checkpoint_freq))
+            positive_whole("checkpoint_freq", checkpoint_freq), true_or_false("learn(progress_bar=...)", progress_bar),
+            true_or_false("learn(confirm_target=...)", confirm_target))
 
 
 def _seconds(name: str, value) -> float | None:
@@ -2282,12 +2285,11 @@ class Algorithm:
         if whole_count_schedules:
             del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
-        total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
-            total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
+        (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
+         confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
+                                                checkpoint_freq, progress_bar, confirm_target)
         log_interval_s = _seconds("log_interval_s", log_interval_s)
         checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
-        progress_bar = true_or_false("learn(progress_bar=...)", progress_bar)
-        confirm_target = true_or_false("learn(confirm_target=...)", confirm_target)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
@@ -2687,7 +2689,7 @@ class Algorithm:
         # metrics of an env on another device than the model (a Gymnasium env's episode returns on the CPU, a model
         # on CUDA) join the model's device first, in float64 where it has it (the episode returns' sums are float64:
         # a float32 sum of returns near 1e6 keeps eighths)
-        dtype = torch.float64 if rules(self.device).float64 else torch.float32
+        dtype = statistics_dtype(self.device)
         stacked = (self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, dtype).reshape(())
                                                              for k in keys]))
                    if keys else torch.zeros(0, device=self.device, dtype=dtype))

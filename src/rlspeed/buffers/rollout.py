@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-from rlspeed.device import rules
 from rlspeed.envs.base import Observation, observation_layout
+from rlspeed.envs.wrappers import statistics_dtype
 from rlspeed.errors import UserError
 
 
@@ -88,12 +88,6 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     return advantages, advantages + values
 
 
-def _returns_dtype(device: torch.device) -> torch.dtype:
-    """The dtype a rollout keeps the finished episodes' returns in: float64 where the device has it, as the envs sum
-    them (float32 on MPS)."""
-    return torch.float64 if rules(torch.device(device)).float64 else torch.float32
-
-
 def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                         action_dtype: torch.dtype, device: torch.device, mask_size: int | None,
                         store_next_obs: bool, extra_nbytes: int = 0) -> None:
@@ -104,7 +98,7 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
                                                                                          torch.float32)
     action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
-    returns_bytes = torch.empty((), dtype=_returns_dtype(device)).element_size()
+    returns_bytes = torch.empty((), dtype=statistics_dtype(device)).element_size()
     # observations (twice with next_obs), actions, 4 float32 fields, the episode returns and 3 bool fields per step
     # and env, the masks
     per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 4 * 4 + returns_bytes + 3
@@ -186,7 +180,7 @@ class RolloutBuffer:
         # (whole) episode ended at step t, episode_returns[t] their returns (other rows: running totals, unread), in
         # float64 where the device has it, as the env sums them
         self.episode_ends = zeros(dtype=torch.bool)
-        self.episode_returns = zeros(dtype=_returns_dtype(device))
+        self.episode_returns = zeros(dtype=statistics_dtype(device))
         # Each step's row of every field, as views made once: `add` copies a step in one foreach call (for a few
         # envs, creating the row views and dispatching a copy per field cost more than the copies).
         self._rows = [self._fields_at(step) for step in range(num_steps)]

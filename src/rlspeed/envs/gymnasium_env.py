@@ -211,9 +211,12 @@ def masks_missing(info: dict, env_id: str, call: str) -> None:
     ("reset", "step") where others gave one: Gymnasium's merging fills their rows with zeros, masks that allow no
     action."""
     values, given = info["action_mask"], info.get("_action_mask")
-    rows = [row for row in range(len(values)) if (given is not None and not given[row])
-            or (isinstance(values, np.ndarray) and values.dtype == object and values[row] is None)]
-    if rows:
+    # (numpy over the rows: this runs at every step of a masked env; the per-row look only for None values)
+    missing = np.zeros(len(values), dtype=bool) if given is None else ~np.asarray(given, dtype=bool)
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        missing |= np.fromiter((value is None for value in values), dtype=bool, count=len(values))
+    if missing.any():
+        rows = np.flatnonzero(missing).tolist()
         raise UserError(f"{env_id} gave no info['action_mask'] on this {call} for env{'s' if len(rows) > 1 else ''} "
                         f"{rows[:5]}{f' and {len(rows) - 5} more' if len(rows) > 5 else ''}, though it gives masks: "
                         "give it on every step and reset, or pass use_masking=false.")

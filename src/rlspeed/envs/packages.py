@@ -120,6 +120,14 @@ class MujocoGLError(UserError):
                          f"MuJoCo loads that OpenGL platform on import; {MUJOCO_GL_ADVICE}.")
 
 
+def _gymnasium_family(env_id: str, family: str) -> bool:
+    """Whether `env_id` is registered as one of Gymnasium's own envs of `family` ("mujoco", "box2d"): its entry point
+    a module of `gymnasium.envs.<family>`."""
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
+    return entry.startswith(f"gymnasium.envs.{family}")
+
+
 def route_mujoco_messages(env_id: str) -> None:
     """For an id of Gymnasium's MuJoCo envs: route MuJoCo's warnings (model compiler notices, simulation
     instabilities) to Python's `warnings`, each message once per process, unless the user set MuJoCo's handler: a
@@ -128,9 +136,7 @@ def route_mujoco_messages(env_id: str) -> None:
     Without a handler MuJoCo prints them and appends them to MUJOCO_LOG.TXT in the working directory, a file the user
     did not ask for (HalfCheetah-v5 writes one on every make with MuJoCo 4)."""
     global _mujoco_routed
-    spec = gym.registry.get(env_id)
-    entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
-    if _mujoco_routed or not entry.startswith("gymnasium.envs.mujoco") or importlib.util.find_spec("mujoco") is None:
+    if _mujoco_routed or not _gymnasium_family(env_id, "mujoco") or importlib.util.find_spec("mujoco") is None:
         return
     try:
         import mujoco
@@ -153,11 +159,7 @@ def import_box2d(env_id: str) -> None:
     """For an id of Gymnasium's Box2D envs (LunarLander, BipedalWalker, CarRacing): import Box2D now, with its import
     warnings ignored. Raised as errors (`python -W error`, a test suite's filter of DeprecationWarnings) they crash
     the interpreter inside the extension's import: a segmentation fault, no sentence."""
-    if "Box2D" in sys.modules:
-        return
-    spec = gym.registry.get(env_id)
-    entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
-    if not entry.startswith("gymnasium.envs.box2d") or importlib.util.find_spec("Box2D") is None:
+    if "Box2D" in sys.modules or not _gymnasium_family(env_id, "box2d") or importlib.util.find_spec("Box2D") is None:
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_BOX2D_IMPORT_WARNINGS, category=DeprecationWarning)

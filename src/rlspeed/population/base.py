@@ -26,7 +26,7 @@ from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_stage
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, true_or_false
+from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.evaluation import TIME_LIMIT, UNLIMITED_EPISODE_STEPS, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
@@ -1282,10 +1282,9 @@ class PopulationBase:
                             "checkpoint_freq writes checkpoints, and member_model(k) is member k's model after it.")
         refuse_learn_keywords(unknown, self.algo_cls.config_cls, f"Population({self.algo_cls.__name__}, env_id, seeds",
                               PopulationBase.learn)
-        total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
-            total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
-        progress_bar = true_or_false("learn(progress_bar=...)", progress_bar)
-        confirm_target = true_or_false("learn(confirm_target=...)", confirm_target)
+        (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
+         confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
+                                                checkpoint_freq, progress_bar, confirm_target)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
         # members are evaluated towards a target, for `on_eval`, or where an evaluation frequency is given
