@@ -171,3 +171,18 @@ def test_a_set_value_whose_bytes_the_locale_cannot_read_says_how_to_run():
     assert "locale's encoding, ascii" in said and "LC_ALL=C.UTF-8" in said and said.splitlines()[-1] == "2"
     with pytest.raises(UserError, match="cannot read value .* not UTF-8 text"):  # (UTF-8 mode: bytes of another code)
         cli._parse_set(["gamma=" + os.fsdecode(b"\xff")])
+
+
+def test_episode_returns_are_summed_in_float32_on_a_device_without_float64(monkeypatch):
+    # NPUs and Intel's Arc GPUs have no float64, like MPS: the env's episode statistics follow the device's rule (they
+    # asked for float64 everywhere but MPS)
+    from rlspeed import device, make_env
+
+    monkeypatch.setattr(device, "rules", lambda d: device.DeviceRules(torch.int32, False, False, float64=False))
+    env = make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
+    env.reset()
+    returns = []
+    for _ in range(60):
+        _, _, _, _, info = env.step(torch.zeros(2, dtype=torch.long))
+        returns.append(info["episode_return"])
+    assert {r.dtype for r in returns} == {torch.float32}

@@ -149,6 +149,13 @@ def rules(device: torch.device) -> DeviceRules:
                        channels_last_convs=device.type == "cpu")
 
 
+def statistics_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype running statistics are kept in: float64 where the device has it (as SB3's `RunningMeanStd`), else
+    float32. In float32 a mean stops moving for features offset by 1e5 or more against their spread, a count stops
+    counting past 2**24 rows and a square of 2e19 overflows; the normalised data keep the observations' dtype."""
+    return torch.float64 if rules(torch.device(device)).float64 else torch.float32
+
+
 def _xpu_has_fp64(device: torch.device) -> bool:
     """Whether an Intel GPU computes in float64 (its properties' `has_fp64`; assumed not where torch cannot say)."""
     try:

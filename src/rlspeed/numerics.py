@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from rlspeed.device import rules
+from rlspeed.device import statistics_dtype
 from rlspeed.errors import UserError
 
 #: what to do about training whose parameters became NaN or infinite (a DivergedError, a rollback, a population
@@ -269,7 +269,7 @@ class NumericsGuard:
             return None
         floats = [t for t in tensors.values() if t.is_floating_point()]
         finite = torch.stack([t.isfinite().all() for t in floats]).all() if floats else torch.ones((), dtype=bool)
-        dtype = torch.float64 if rules(device).float64 else torch.float32
+        dtype = statistics_dtype(device)
         parts = [finite.to(device, dtype).reshape(1)]
         if self.env_guard is not None:
             parts.append(self.env_guard.summary().to(device, dtype))

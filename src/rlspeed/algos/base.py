@@ -48,6 +48,7 @@ from rlspeed.device import (
     rules,
     set_flush_denormal,
     set_training_threads,
+    statistics_dtype,
     training_threads,
 )
 from rlspeed.diagnostics.phases import phase
@@ -86,7 +87,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
-from rlspeed.envs.wrappers import observation_statistics, statistics_dtype
+from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import (
     OtherEnvOptionsWarning,
     UnusedSettingWarning,

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
+from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import Observation, observation_layout
-from rlspeed.envs.wrappers import statistics_dtype
 from rlspeed.errors import UserError
 
 

@@ -33,6 +33,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlspeed.device import statistics_dtype
 from rlspeed.errors import UserError
 
 #: An observation batch: one tensor, or one tensor per key of a Dict (or Tuple) space.
@@ -748,8 +749,8 @@ class EpisodeStatistics(EnvWrapper):
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
         # (returns summed in float64, as Gymnasium's and SB3's episode statistics sum Python floats: a float32 sum of
-        # a thousand rewards is off in the fourth digit; MPS has no float64)
-        dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        # a thousand rewards is off in the fourth digit; float32 where the device has no float64)
+        dtype = statistics_dtype(self.device)
         self._return = torch.zeros(self.num_envs, device=self.device, dtype=dtype)
         # (lengths counted in int64: a float32 count stops at 2**24 steps, an episode of a few hours at 1,000 steps/s)
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
@@ -770,8 +771,9 @@ class EpisodeStatistics(EnvWrapper):
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
 
-        The totals (`[N]`; returns float64, float32 on MPS; lengths int64) are the finished episodes' where
-        `info["done"]` is True; elsewhere they are the current episode's running totals, which callers should ignore.
+        The totals (`[N]`; returns in `statistics_dtype`, float64 where the device has it; lengths int64) are the
+        finished episodes' where `info["done"]` is True; elsewhere they are the current episode's running totals, which
+        callers should ignore.
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.numerics is not None:

@@ -8,16 +8,9 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from rlspeed.device import rules
+from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, ResetResult, StepResult, observation_layout
 from rlspeed.errors import UserError
-
-
-def statistics_dtype(device: torch.device | str) -> torch.dtype:
-    """The dtype running statistics are kept in: float64 where the device has it (as SB3's `RunningMeanStd`), else
-    float32. In float32 a mean stops moving for features offset by 1e5 or more against their spread, a count stops
-    counting past 2**24 rows and a square of 2e19 overflows; the normalised data keep the observations' dtype."""
-    return torch.float64 if rules(torch.device(device)).float64 else torch.float32
 
 
 class RunningMeanStd(nn.Module):

@@ -17,8 +17,8 @@ import dataclasses
 
 import torch
 
+from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
-from rlspeed.envs.wrappers import statistics_dtype
 
 _CLIP, _EPS, _INITIAL_COUNT = 10.0, 1e-8, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
 
