@@ -1710,8 +1710,9 @@ class Algorithm:
         """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update
         steps every parameter, so the update is chosen again (autograd, whose optimizer step leaves a parameter
         without a gradient alone; `update_summary` says why). Likewise when every parameter is trained again after
-        frozen ones decided the update: it is chosen anew (the hand-derived one where the other rules allow; looked
-        at when `learn` starts, `learn_start`, not after every callback: it reads every parameter's step count)."""
+        frozen ones decided the update: it is chosen anew (the hand-derived one where the other rules allow, its flat
+        Adam taking each parameter's own step count from the optimizer; looked at when `learn` starts,
+        `learn_start`, not after every callback)."""
         step = getattr(self, "_update_step", None)
         hand_derived = getattr(step, "hand_derived", None)
         params = getattr(self, "_params", None)
@@ -1723,25 +1724,7 @@ class Algorithm:
                 hand_derived.adam.release()
         elif frozen or not learn_start or not getattr(getattr(step, "choice", None), "by_frozen_parameters", False):
             return
-        elif not self._optimizer_steps_aligned():
-            # (Adam's bias correction counts each parameter's own steps, the hand-derived update one count for all:
-            # the autograd reference goes on, and says why now)
-            step.choice = dataclasses.replace(
-                step.choice,
-                reason="parameters frozen for part of the training have optimizer step counts of their own (the "
-                       "hand-derived update keeps one count for all)")
-            return
         self._update_step = self._make_update_step()
-
-    def _optimizer_steps_aligned(self) -> bool:
-        """Whether every parameter the model's optimizers hold has taken as many steps as the others (none counts as
-        zero)."""
-        steps = set()
-        for optimizer in self._optimizers().values():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    steps.add(float(optimizer.state.get(param, {}).get("step", 0)))
-        return len(steps) <= 1
 
     def _setup(self) -> None:
         """Build networks and optimisers (called once from __init__, env not built yet)."""
