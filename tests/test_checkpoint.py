@@ -870,3 +870,18 @@ def test_observation_statistics_fitted_from_demonstrations_before_the_first_lear
     assert float(model.obs_rms.count) > 100 and bool((model.obs_rms.mean > 2.5).all())
     loaded = PPO.load(model.save(tmp_path / "fitted"), device="cpu")
     assert torch.equal(loaded.obs_rms.mean, model.obs_rms.mean)
+
+
+def test_float32_bounds_are_recorded_as_the_decimals_the_env_gave():
+    """A checkpoint's and an export sidecar's float32 bounds read as the env's own numbers (CartPole's 4.8, not
+    4.800000190734863) and load back as the same float32 values."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.envs.base import space_from_json, space_to_json
+
+    space = gym.make("CartPole-v1").observation_space
+    written = json.loads(json.dumps(space_to_json(space)))
+    assert written["high"][0] == 4.8 and written["low"][0] == -4.8
+    loaded = space_from_json(written)
+    assert loaded == space and np.array_equal(loaded.high, space.high) and loaded.dtype == np.float32

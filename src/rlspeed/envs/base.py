@@ -247,9 +247,15 @@ def space_from_json(data: dict) -> gym.Space:
 
 def _bounds_to_json(bounds: np.ndarray) -> list | float | int | None:
     """A Box bound as strict JSON: unbounded (infinite) entries as null; one value where every entry has it (an
-    image's 0 and 255: not one per pixel)."""
+    image's 0 and 255: not one per pixel). A float32 or float16 bound is written as the shortest decimal that reads
+    back as the same value in its dtype (CartPole's 4.8, not 4.800000190734863)."""
     values = bounds.astype(object)
     if np.issubdtype(bounds.dtype, np.floating):
+        if bounds.dtype.itemsize < 8:
+            distinct, where = np.unique(bounds.reshape(-1), return_inverse=True)  # (an image's: one or two values)
+            shortest = np.array([float(np.format_float_positional(value, unique=True)) for value in distinct],
+                                dtype=object)
+            values = shortest[where].reshape(bounds.shape)
         values[~np.isfinite(bounds)] = None
     flat = values.ravel().tolist()
     if flat and all(value == flat[0] for value in flat) and bounds.ndim > 0 and bounds.size > 1:
