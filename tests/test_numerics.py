@@ -249,7 +249,8 @@ def test_training_that_keeps_diverging_stops_with_a_clear_error():
     assert _weights_finite(model)  # the last finite weights are what a caller saving the model gets
     rollbacks = [str(w.message) for w in caught if "restored those of step" in str(w.message)]
     # (what to do, said by the first rollback's warning only)
-    advice = "lower learning_rate, check the rewards' scale, or clip gradients (max_grad_norm)"
+    advice = ("lower learning_rate, check the observations' and rewards' scales (normalize_obs, normalize_reward), or "
+              "clip gradients (max_grad_norm)")
     assert len(rollbacks) > 1 and rollbacks[0].endswith(f"; if it recurs, {advice}.")
     assert not any(advice in message for message in rollbacks[1:])
 

@@ -173,7 +173,8 @@ def test_member_with_non_finite_parameters_is_dropped_and_reported():
     with torch.no_grad():
         population.critic_weights[1][1].fill_(float("nan"))  # member 1 diverged
     dropped = (r"member\(s\) 1 \(seed\(s\) 1\) diverged .* dropped \(the others continue\): to keep such members, "
-               r"lower learning_rate, check the rewards' scale, or clip gradients")
+               r"lower learning_rate, check the observations' and rewards' scales \(normalize_obs, "
+               r"normalize_reward\), or clip gradients")
     with pytest.warns(UserWarning, match=dropped):
         summary = population.learn(STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="all")
     assert summary["diverged"] == 1 and summary["pruned"] == 0

@@ -33,7 +33,8 @@ from rlspeed.errors import UserError
 
 #: what to do about training whose parameters became NaN or infinite (a DivergedError, a rollback, a population
 #: member dropped)
-DIVERGED_ADVICE = "lower learning_rate, check the rewards' scale, or clip gradients (max_grad_norm)"
+DIVERGED_ADVICE = ("lower learning_rate, check the observations' and rewards' scales (normalize_obs, "
+                   "normalize_reward), or clip gradients (max_grad_norm)")
 
 NAN_POLICIES = ("raise", "mask")
 
