@@ -22,7 +22,7 @@ from conftest import (
 )
 from gymnasium.envs.classic_control import CartPoleEnv
 
-from rlspeed import PPO
+from rlspeed import PPO, SAC
 from rlspeed.algos import ALGORITHMS
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.errors import EnvStepError, UserError
@@ -842,17 +842,33 @@ def test_an_evaluation_of_episodes_without_end_warns_and_the_summary_counts_them
     """A population's evaluations on an env whose episodes never end stop at the step limit, as `rlspeed.evaluate`'s
     do, and say so as it does: a warning, and each member's final evaluation counts its episodes cut short (they
     counted silently, with the return collected so far)."""
-    import rlspeed.population.base
+    import rlspeed.evaluation
 
     if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
         gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
-    monkeypatch.setattr(rlspeed.population.base, "UNLIMITED_EPISODE_STEPS", 40)  # (10,000 steps: the same, slower)
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 40)  # (10,000 steps: the same, slower)
     population = Population(PPO, "rlspeed_test/EndlessPendulum-v1", seeds=[0, 1], device="cpu", **SMALL)
     with pytest.warns(UserWarning, match="4 of 4 episodes were still running after 40 steps; they count with the "
                                          "return collected so far .*max_episode_steps"):
         summary = population.learn(128, eval_episodes=2, progress_bar=False)
     finals = [member["final_eval"] for member in summary["members"]]
     assert [final["unfinished"] for final in finals] == [2, 2] and all(final["mean"] < 0 for final in finals)
+
+
+@pytest.mark.parametrize("algo", [PPO, SAC])
+def test_a_population_evaluation_runs_episodes_max_steps_long_as_rlspeed_evaluate_does(algo):
+    """`evaluate(max_steps=N)` cuts the members' episodes at N steps (a never-ending env's ran 10,000 steps each, with
+    no way to say fewer), counts them unfinished and says so; a bad value is one sentence."""
+    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
+        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    settings = SMALL if algo is PPO else {"learning_starts": 10}
+    population = Population(algo, "rlspeed_test/EndlessPendulum-v1", seeds=[0, 1], device="cpu", **settings)
+    with pytest.warns(UserWarning, match=r"4 of 4 episodes were still running after 25 steps.*evaluate\(max_steps=N\)"):
+        means = population.evaluate(episodes=2, max_steps=25)
+    assert population.last_unfinished == [2, 2]
+    assert all(-16.3 * 25 <= float(mean) <= 0 for mean in means)  # (Pendulum's reward: -16.3 to 0 per step)
+    with pytest.raises(UserError, match="max_steps"):
+        population.evaluate(episodes=2, max_steps=0)
 
 
 def test_an_env_id_naming_its_module_trains_a_population_as_it_trains_a_solo_run(tmp_path, monkeypatch):

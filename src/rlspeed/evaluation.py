@@ -99,6 +99,12 @@ TIME_LIMIT = ("env_kwargs={'max_episode_steps': N}, or --env-kwargs max_episode_
               "env a time limit of N steps")
 
 
+def episode_step_limit(env: BatchedEnv, max_steps: int | None) -> int:
+    """The steps an evaluation episode runs at most: `max_steps`, else the env's time limit, else
+    `UNLIMITED_EPISODE_STEPS`."""
+    return max_steps if max_steps is not None else (env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS)
+
+
 def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, unstarted: int = 0) -> None:
     """The warning of an evaluation whose `unfinished` of `episodes` episodes were still running after `limit` steps
     (and `unstarted` never started within them: a vector env of the caller's); `remedy` says how to run them longer."""
@@ -203,7 +209,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
                                             seed=seed, backend=backend, evaluation=True, env_kwargs=options))
-    limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS)
+    limit = episode_step_limit(env, max_steps)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)
     lengths = torch.zeros(episodes, device=env.device, dtype=torch.int64)

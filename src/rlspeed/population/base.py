@@ -27,7 +27,7 @@ from rlspeed.device import float32_default, set_training_threads, training_threa
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
-from rlspeed.evaluation import TIME_LIMIT, UNLIMITED_EPISODE_STEPS, warn_unfinished
+from rlspeed.evaluation import RUN_LONGER, TIME_LIMIT, episode_step_limit, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -500,15 +500,16 @@ class EvaluationStopped(Exception):
 
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
-                          stop: Callable[[], bool] | None = None
+                          stop: Callable[[], bool] | None = None, max_steps: int | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(return, finished, succeeded) of each env row's first episode, `[rows]` each (a row still running at the step
     limit: its return so far, not finished; succeeded: its last info's `is_success`, None where the env reports no
     success), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the
     first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
     training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
-    asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation)."""
-    limit = env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS
+    asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation). The step limit:
+    `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s)."""
+    limit = episode_step_limit(env, max_steps)
     returns = torch.zeros(obs.shape[0], device=obs.device)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
     succeeded = None
@@ -709,13 +710,15 @@ class PopulationBase:
         model._asked_for_masks = False  # (the population's config, use_masking's default included, asked for nothing)
         return model
 
-    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
-                 ) -> torch.Tensor:
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None,
+                 max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
         in the computation), as a host tensor `[len(members)]`: member `members[j]` on an env seeded `seeds[j]`, as
         `rlspeed.evaluate` seeds one (default: each member's seed + 1,000,000). Members out of the computation are
-        evaluated with the parameters they left with. UserError for an index outside the population or another
-        number of seeds."""
+        evaluated with the parameters they left with. An episode runs at most `max_steps` steps (default: the env's
+        time limit, or `rlspeed.evaluation.UNLIMITED_EPISODE_STEPS` where it has none, as `rlspeed.evaluate`); one
+        still running then counts with its return so far, with a warning. UserError for an index outside the
+        population or another number of seeds."""
         raise NotImplementedError
 
     def _check_members(self, members: Sequence[int]) -> None:
@@ -793,11 +796,12 @@ class PopulationBase:
 
     # --- env rows ----------------------------------------------------------------------------------------------
     def _mean_returns(self, seeds: Sequence[int], episodes: int, policy: Callable[[torch.Tensor], torch.Tensor],
-                      members: Sequence[int]) -> torch.Tensor:
+                      members: Sequence[int], max_steps: int | None = None) -> torch.Tensor:
         """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
         `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call, for
         `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode
-        (`first_episode_returns`)."""
+        (`first_episode_returns`, at most `max_steps` steps)."""
+        max_steps = positive_whole("max_steps", max_steps)
         env = None
         try:
             env = self._make_env(episodes, seeds, members)
@@ -805,7 +809,8 @@ class PopulationBase:
             # (where the members apply the env's action masks, the policy takes (obs, masks))
             applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
             masks = info.get("action_mask") if applies else None
-            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks, self._evaluation_stop)
+            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks, self._evaluation_stop,
+                                                                 max_steps)
         finally:
             if env is not None:
                 env.close()
@@ -813,9 +818,8 @@ class PopulationBase:
         #: `rlspeed.evaluate` counts them, with its warning), the last `evaluate`'s, by position
         self.last_unfinished = (~finished).view(len(seeds), episodes).sum(1).tolist()  # ok-sync: evaluation
         if sum(self.last_unfinished):
-            warn_unfinished(sum(self.last_unfinished), len(seeds) * episodes,
-                            env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS,
-                            f"{TIME_LIMIT}, in training too")
+            warn_unfinished(sum(self.last_unfinished), len(seeds) * episodes, episode_step_limit(env, max_steps),
+                            f"{RUN_LONGER}; {TIME_LIMIT}, in training too")
         #: each evaluated member's share of successful episodes among the finished ones (None: not known), where
         #: the env reports `info["is_success"]` (goal envs), else None; the last `evaluate`'s, by position
         self.last_success_rates = None

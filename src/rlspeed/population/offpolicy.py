@@ -1094,8 +1094,8 @@ class OffPolicyPopulation(PopulationBase):
         return {name: [torch.stack([p[name][i] for p in parts]) for i in range(len(parts[0][name]))]
                 for name in self._actor_lists}
 
-    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
-                 ) -> torch.Tensor:
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None,
+                 max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
         indices; default: those in the computation, as PPO's), member i's on an env seeded `seeds[i]` as
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
@@ -1113,7 +1113,7 @@ class OffPolicyPopulation(PopulationBase):
             actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
-        return self._mean_returns(seeds, episodes, policy, members)
+        return self._mean_returns(seeds, episodes, policy, members, max_steps)
 
     def _row_counts(self) -> dict[str, int]:
         """How many tensors each of a member's row groups holds (`_member_lists`' lengths; 1 per member tensor)."""

@@ -643,8 +643,8 @@ class PPOPopulation(PopulationBase):
         return finite
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
-    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
-                 ) -> torch.Tensor:
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None,
+                 max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
         in the computation) as a host tensor, member `members[j]` on an env seeded `seeds[j]` as `rlspeed.evaluate`
         seeds one (one batched env for all; default seeds: `_evaluation_seeds`). Members out of the computation are
@@ -668,7 +668,7 @@ class PPOPopulation(PopulationBase):
                 out = masked_logits(out, masks.view(size, episodes, -1))
             return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
 
-        return self._mean_returns(seeds, episodes, policy, members)
+        return self._mean_returns(seeds, episodes, policy, members, max_steps)
 
     def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
         if self._normalization is None:
