@@ -404,3 +404,11 @@ def binary_vector_env_id() -> str:
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=RandomBits, max_episode_steps=8)
     return env_id
+
+
+def endless_pendulum_id() -> str:
+    """A registered Gymnasium env whose episodes never end: Pendulum without its time limit."""
+    env_id = "rlspeed_test/EndlessPendulum-v1"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    return env_id

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import endless_pendulum_id
 
 import rlspeed
 from rlspeed import DQN, PPO, SAC
@@ -523,16 +524,15 @@ def test_the_advice_for_episodes_without_end_works_in_learns_evaluations(monkeyp
 
     import rlspeed.evaluation
 
-    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
-        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    env_id = endless_pendulum_id()
     monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 20)  # (10,000 steps: the same, slower)
     settings = {"device": "cpu", "seed": 0, "num_envs": 2, "num_steps": 16, "batch_size": 32}
-    model = PPO("rlspeed_test/EndlessPendulum-v1", **settings)
+    model = PPO(env_id, **settings)
     with pytest.warns(UserWarning, match="2 of 2 episodes were still running after 20 steps") as caught:
         model.learn(32, eval_freq=32, eval_episodes=2, progress_bar=False)
     advice = re.search(r"env_kwargs=\{'(\w+)': N\}", str(caught[0].message))
     assert advice is not None, str(caught[0].message)
-    limited = PPO("rlspeed_test/EndlessPendulum-v1", env_kwargs={advice.group(1): 7}, **settings)
+    limited = PPO(env_id, env_kwargs={advice.group(1): 7}, **settings)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         limited.learn(32, eval_freq=32, eval_episodes=2, progress_bar=False)

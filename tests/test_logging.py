@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-from conftest import run_in_ascii_locale
+from conftest import endless_pendulum_id, run_in_ascii_locale
 
 from rlspeed import UserError
 from rlspeed.logging import RunLogger
@@ -598,22 +598,19 @@ def test_evaluate_shows_a_bar_over_the_episodes_it_finished(monkeypatch, capsys,
 def test_evaluates_bar_shows_the_steps_toward_its_limit_while_no_episode_ends(monkeypatch, capsys):
     """An env whose episodes never end (or end late, after 100,000 steps): the bar sat at 0/2 episodes until the
     evaluation's step limit, as if hung; it shows the steps run toward the limit."""
-    import gymnasium as gym
-
     from rlspeed import PPO, evaluation
     from rlspeed import logging as run_logging
     from rlspeed.logging import ProgressBar
 
-    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
-        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    env_id = endless_pendulum_id()
     monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: False)
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
     monkeypatch.setattr(evaluation, "UNLIMITED_EPISODE_STEPS", 40)  # (10,000 steps: the same, slower)
-    model = PPO("rlspeed_test/EndlessPendulum-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    model = PPO(env_id, seed=0, device="cpu", num_envs=2, num_steps=16)
     with pytest.warns(UserWarning, match="2 of 2 episodes were still running after 40 steps"):
         model.evaluate(episodes=2, seed=0, progress_bar=True)
     lines = capsys.readouterr().err.splitlines()
-    assert "evaluate rlspeed_test/EndlessPendulum-v1: 0/2 episodes (0%), step 20/40" in lines
+    assert f"evaluate {env_id}: 0/2 episodes (0%), step 20/40" in lines
     assert lines[-1].endswith("step 40/40")
 
 

@@ -13,6 +13,7 @@ from conftest import (
     assert_a_diverging_member_is_dropped,
     assert_pruned_member_matches_reruns,
     binary_vector_env_id,
+    endless_pendulum_id,
     masked_vector_env_id,
     needs_atari,
     needs_envpool,
@@ -844,10 +845,9 @@ def test_an_evaluation_of_episodes_without_end_warns_and_the_summary_counts_them
     counted silently, with the return collected so far)."""
     import rlspeed.evaluation
 
-    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
-        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
+    env_id = endless_pendulum_id()
     monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 40)  # (10,000 steps: the same, slower)
-    population = Population(PPO, "rlspeed_test/EndlessPendulum-v1", seeds=[0, 1], device="cpu", **SMALL)
+    population = Population(PPO, env_id, seeds=[0, 1], device="cpu", **SMALL)
     with pytest.warns(UserWarning, match="4 of 4 episodes were still running after 40 steps; they count with the "
                                          "return collected so far .*max_episode_steps"):
         summary = population.learn(128, eval_episodes=2, progress_bar=False)
@@ -859,10 +859,8 @@ def test_an_evaluation_of_episodes_without_end_warns_and_the_summary_counts_them
 def test_a_population_evaluation_runs_episodes_max_steps_long_as_rlspeed_evaluate_does(algo):
     """`evaluate(max_steps=N)` cuts the members' episodes at N steps (a never-ending env's ran 10,000 steps each, with
     no way to say fewer), counts them unfinished and says so; a bad value is one sentence."""
-    if "rlspeed_test/EndlessPendulum-v1" not in gym.registry:  # (Pendulum without its time limit)
-        gym.register("rlspeed_test/EndlessPendulum-v1", entry_point="gymnasium.envs.classic_control:PendulumEnv")
     settings = SMALL if algo is PPO else {"learning_starts": 10}
-    population = Population(algo, "rlspeed_test/EndlessPendulum-v1", seeds=[0, 1], device="cpu", **settings)
+    population = Population(algo, endless_pendulum_id(), seeds=[0, 1], device="cpu", **settings)
     with pytest.warns(UserWarning, match=r"4 of 4 episodes were still running after 25 steps.*evaluate\(max_steps=N\)"):
         means = population.evaluate(episodes=2, max_steps=25)
     assert population.last_unfinished == [2, 2]
