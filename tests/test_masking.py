@@ -5,6 +5,7 @@ with one sentence."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -500,38 +501,7 @@ def test_a_population_members_model_asks_for_no_masks():
         population.member_model(0).learn(32, progress_bar=False)
 
 
-class _StepOnlyMasks(gym.Env):
-    """Masks in its steps' infos but none at reset (where rlspeed learns that an env gives masks)."""
-
-    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    action_space = gym.spaces.Discrete(3)
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        self.t += 1
-        return np.zeros(2, np.float32), 1.0, False, self.t >= 5, {"action_mask": np.array([1, 0, 1], np.int8)}
-
-
-@pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, "DummyVecEnv"])
-def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypatch, vector):
-    """An env whose steps' infos hold "action_mask" but whose reset's does not trained with every action allowed,
-    without a word: the masks are learnt of at reset. It warns now (in Stable-Baselines3's VecEnvs too)."""
-    from rlspeed.envs import gymnasium_env
-
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STEP_MASKS", set())
-    if vector == "DummyVecEnv":
-        venv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv([_StepOnlyMasks, _StepOnlyMasks])
-    else:
-        venv = vector([_StepOnlyMasks, _StepOnlyMasks], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
-        rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
-
-
-class _OneEnvLacksMasks(gym.Env):
+class _LacksMasks(gym.Env):
     """Masks at reset and on steps, except where `lacks` says: "reset" (none at reset), "step" (none on steps),
     "none" (None as the step's mask)."""
 
@@ -554,6 +524,22 @@ class _OneEnvLacksMasks(gym.Env):
         return np.zeros(2, np.float32), 1.0, False, False, self._info("step")
 
 
+@pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, "DummyVecEnv"])
+def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypatch, vector):
+    """An env whose steps' infos hold "action_mask" but whose reset's does not trained with every action allowed,
+    without a word: the masks are learnt of at reset. It warns now (in Stable-Baselines3's VecEnvs too)."""
+    from rlspeed.envs import gymnasium_env
+
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STEP_MASKS", set())
+    step_only = partial(_LacksMasks, "reset")
+    if vector == "DummyVecEnv":
+        venv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv([step_only, step_only])
+    else:
+        venv = vector([step_only, step_only], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
+        rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
+
+
 @pytest.mark.parametrize(("first", "second", "call", "rows"), [("", "reset", "reset", r"env \[1\]"),
                                                           ("", "step", "step", r"env \[1\]"),
                                                           ("none", "none", "step", r"envs \[0, 1\]")])
@@ -562,9 +548,7 @@ def test_a_mask_missing_from_one_of_a_vector_envs_infos_is_named_not_read_as_all
     """Gymnasium's vector envs merge infos into arrays, filling the rows of envs that gave no mask with zeros: read as
     masks, env 1's row 'allowed no action' (and masks that were all None gave 'has shape [2]'), naming the wrong
     problem."""
-    from functools import partial
-
-    venv = gym.vector.AsyncVectorEnv([partial(_OneEnvLacksMasks, first), partial(_OneEnvLacksMasks, second)],
+    venv = gym.vector.AsyncVectorEnv([partial(_LacksMasks, first), partial(_LacksMasks, second)],
                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env = rlspeed.make_env(venv, device="cpu")
     try:
