@@ -284,6 +284,18 @@ def assert_same_members(population, other, pairs) -> None:
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
 
 
+def assert_member_is_its_solo_run(initial: dict, trained: dict, solo_initial: dict, solo_trained: dict,
+                                  rtol: float = 0.0, unmoved: tuple[str, ...] = ()) -> None:
+    """A member's tensors before (`initial`) and after training (`trained`) are its solo run's: the same names, the
+    same start, moved by the training (all but those named in `unmoved`), the same after it (atol 1e-5, `rtol`)."""
+    assert trained.keys() == solo_trained.keys()
+    for name, value in solo_initial.items():
+        assert torch.equal(initial[name], value), name
+        assert name in unmoved or not torch.allclose(solo_trained[name], value), name  # (training moved it)
+    for name, value in solo_trained.items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=rtol, msg=name)
+
+
 def assert_a_diverging_member_is_dropped(algo, hyper: dict, learning_rate: float, steps: int, eval_freq: int) -> None:
     """Of three members, the middle one diverges (a huge learning rate): it is reported and dropped, and the other two
     end as a population of those two alone."""

@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import (
     assert_a_diverging_member_is_dropped,
+    assert_member_is_its_solo_run,
     assert_pruned_member_matches_reruns,
     binary_vector_env_id,
     endless_pendulum_id,
@@ -148,12 +149,7 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
         # (evaluated on the solo's evaluation episodes, observations normalised by the member's own statistics)
         assert population.evaluate([100 + k], episodes=episodes, members=[k]).item() == pytest.approx(solo_eval,
                                                                                                       abs=1e-3)
-        assert trained.keys() == solo_trained.keys()
-        for name, value in solo_initial.items():
-            assert torch.equal(initial[k][name], value), name
-            assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
-        for name, value in solo_trained.items():
-            torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
+        assert_member_is_its_solo_run(initial[k], trained, solo_initial, solo_trained, rtol=1e-5)
 
 
 class _GridObservationEnv:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import (
     assert_a_diverging_member_is_dropped,
+    assert_member_is_its_solo_run,
     assert_pruned_member_matches_reruns,
     masked_vector_env_id,
     needs_atari,
@@ -71,12 +72,7 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
         solo_initial, solo_trained = _solo_states(seed, iterations, env_id=env_id, env_backend=backend, **hyper)
-        trained = population.member_state(k)
-        assert trained.keys() == solo_trained.keys()
-        for name, value in solo_initial.items():
-            assert torch.equal(initial[k][name], value), name
-            assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
-            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+        assert_member_is_its_solo_run(initial[k], population.member_state(k), solo_initial, solo_trained)
 
 
 def test_every_per_member_hyperparameter_reaches_its_member():

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_member_is_its_solo_run
 
 from rlspeed import DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.errors import UserError
@@ -72,13 +73,9 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
         own = {key: values[k] for key, values in per_member.items()}
         solo_initial, solo_trained = _solo(algo, seed, STEPS, **own,
                                            **{key: value for key, value in update.items() if key != "fused_update"})
-        trained = population.member_state(k)
-        assert trained.keys() == solo_trained.keys()
-        for name, value in solo_initial.items():
-            assert torch.equal(initial[k][name], value), name
-            if name != "log_alpha" or own.get("ent_coef") is None:  # (a fixed temperature does not move)
-                assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
-            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+        fixed = ("log_alpha",) if own.get("ent_coef") is not None else ()  # (a fixed temperature does not move)
+        assert_member_is_its_solo_run(initial[k], population.member_state(k), solo_initial, solo_trained,
+                                      unmoved=fixed)
 
 
 @pytest.mark.parametrize(("dueling", "td_loss", "double_q"), [(False, "huber", True), (True, "huber", True),

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from conftest import (
+    assert_member_is_its_solo_run,
     binary_vector_env_id,
     masked_vector_env_id,
     needs_atari,
@@ -41,12 +42,7 @@ def _check_members_equal_solo_runs(algo, env_id: str, backend: str, small: dict,
         solo_initial = _state(solo)
         solo.learn(steps, progress_bar=False)
         assert solo.env_backend == "gymnasium"
-        solo_trained, trained = _state(solo), population.member_state(k)
-        assert trained.keys() == solo_trained.keys()
-        for name, value in solo_initial.items():
-            assert torch.equal(initial[k][name], value), name
-            assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
-            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+        assert_member_is_its_solo_run(initial[k], population.member_state(k), solo_initial, _state(solo))
 
 
 @pytest.mark.parametrize("env_id, backend, envs, steps", [
