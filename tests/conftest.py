@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlspeed.device import major_minor
+from rlspeed.envs.base import BatchedEnv, EnvSpec
 from rlspeed.export import EXPORT_MIN_TORCH
 from rlspeed.files import process_running
 
@@ -357,6 +358,34 @@ def network_layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Te
         elif isinstance(module, EnsembleMLP):
             layers += [(w[k].T, b[k].flatten()) for w, b in zip(module.weights, module.biases) for k in range(len(w))]
     return layers
+
+
+class ScriptedEnv(BatchedEnv):
+    """Replays observations `[T + 1, N, D]` and rewards `[T, N]`, and the terminations, truncations and final
+    observations `[T, N, ...]` where given (else no episode ends), as the batched env contract gives them
+    (`info["final_obs"]` is `obs` itself on steps where no row finished)."""
+
+    backend = "scripted"
+
+    def __init__(self, observations, rewards, terminated=None, truncated=None, final_observations=None):
+        goes_on = torch.zeros(rewards.shape, dtype=torch.bool)
+        self.observations, self.rewards, self.final_observations = observations, rewards, final_observations
+        self.terminated = goes_on if terminated is None else terminated
+        self.truncated = goes_on if truncated is None else truncated
+        self.num_envs, self.device = observations.shape[1], torch.device("cpu")
+        self.spec = EnvSpec("Scripted", tuple(observations.shape[2:]), gym.spaces.Discrete(2), None, None)
+        self.t = 0
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self.observations[0].clone(), {}
+
+    def step(self, actions):
+        t, self.t = self.t, self.t + 1
+        obs = self.observations[t + 1].clone()
+        ended = bool((self.terminated[t] | self.truncated[t]).any())
+        final = self.final_observations[t].clone() if ended else obs
+        return obs, self.rewards[t].clone(), self.terminated[t].clone(), self.truncated[t].clone(), {"final_obs": final}
 
 
 def masked_vector_env_id() -> str:

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import needs_torch_export
+from conftest import ScriptedEnv, needs_torch_export
 
 import rlspeed
 from rlspeed.envs import (
@@ -285,29 +285,6 @@ def test_episode_statistics_are_raw_returns_and_lengths(backend, env_id):
 def test_unknown_env_id_suggests_the_close_name(backend):
     with pytest.raises(rlspeed.UserError, match="CartPole-v1"):
         rlspeed.make_env("CartPol-v1", backend=backend)
-
-
-class ScriptedEnv(BatchedEnv):
-    """A batched env that replays given observation and reward tensors (for testing wrappers)."""
-
-    backend = "scripted"
-
-    def __init__(self, observations: torch.Tensor, rewards: torch.Tensor):
-        self.observations, self.rewards = observations, rewards  # [T + 1, N, D], [T, N]
-        self.num_envs = observations.shape[1]
-        self.device = torch.device("cpu")
-        self.spec = EnvSpec("Scripted", tuple(observations.shape[2:]), gym.spaces.Discrete(2), None, None)
-        self.t = 0
-
-    def reset(self, seed=None):
-        self.t = 0
-        return self.observations[0].clone(), {}
-
-    def step(self, actions):
-        self.t += 1
-        obs = self.observations[self.t].clone()
-        flags = torch.zeros(self.num_envs, dtype=torch.bool)
-        return obs, self.rewards[self.t - 1].clone(), flags, flags.clone(), {"final_obs": obs.clone()}
 
 
 def test_normalisation_statistics_keep_a_large_offset_and_a_long_count():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 pytest.importorskip("hypothesis")
-from conftest import plain_and_fused  # noqa: E402
+from conftest import ScriptedEnv, plain_and_fused  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from test_frame_replay import FrameStacker, ImageStream, buffers, fill, image_buffers  # noqa: E402
@@ -24,7 +24,6 @@ from rlspeed import A2C, DQN, PPO, SAC  # noqa: E402
 from rlspeed.buffers import ReplayBuffer, gae  # noqa: E402
 from rlspeed.buffers import rollout as rollout_module  # noqa: E402
 from rlspeed.buffers.her import HerReplayBuffer  # noqa: E402
-from rlspeed.envs.base import BatchedEnv, EnvSpec  # noqa: E402
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd  # noqa: E402
 from rlspeed.fused.a2c import FusedA2CUpdate  # noqa: E402
 from rlspeed.fused.dqn import FusedDQNUpdate  # noqa: E402
@@ -53,34 +52,9 @@ def episode_ends(draw, steps: int, num_envs: int) -> tuple[np.ndarray, np.ndarra
     return kinds == 1, kinds >= 1
 
 
-class EpisodeScript(BatchedEnv):
-    """Replays observations `[T + 1, N, D]` and rewards, terminations, truncations and final observations `[T, N, ...]`
-    as the batched env contract gives them (`info["final_obs"]` is `obs` itself on steps where no row finished)."""
-
-    backend = "scripted"
-
-    def __init__(self, observations, final_observations, rewards, terminated, truncated):
-        self.observations, self.final_observations = observations, final_observations
-        self.rewards, self.terminated, self.truncated = rewards, terminated, truncated
-        self.num_envs, self.device = observations.shape[1], torch.device("cpu")
-        self.spec = EnvSpec("Script", tuple(observations.shape[2:]), gym.spaces.Discrete(2), None, None)
-        self.t = 0
-
-    def reset(self, seed=None):
-        self.t = 0
-        return self.observations[0].clone(), {}
-
-    def step(self, actions):
-        t, self.t = self.t, self.t + 1
-        obs = self.observations[t + 1].clone()
-        ended = bool((self.terminated[t] | self.truncated[t]).any())
-        final = self.final_observations[t].clone() if ended else obs
-        return obs, self.rewards[t].clone(), self.terminated[t].clone(), self.truncated[t].clone(), {"final_obs": final}
-
-
 @st.composite
 def scripts(draw, max_envs: int = 3) -> tuple[torch.Tensor, ...]:
-    """An `EpisodeScript`'s tensors: observations offset and scaled at random, random episode ends."""
+    """A `ScriptedEnv`'s tensors: observations offset and scaled at random, random episode ends."""
     steps, num_envs, dim = draw(st.integers(1, 10)), draw(st.integers(1, max_envs)), draw(st.integers(1, 3))
     generator = torch.Generator().manual_seed(draw(st.integers(0, 10**6)))
     scale, offset = draw(st.sampled_from([1e-2, 1.0, 100.0])), draw(st.sampled_from([0.0, 5.0, -300.0]))
@@ -88,7 +62,7 @@ def scripts(draw, max_envs: int = 3) -> tuple[torch.Tensor, ...]:
     final = torch.randn(steps, num_envs, dim, generator=generator) * scale + offset
     rewards = torch.randn(steps, num_envs, generator=generator) * scale
     terminated, done = draw(episode_ends(steps, num_envs))
-    return observations, final, rewards, torch.tensor(terminated), torch.tensor(done & ~terminated)
+    return observations, rewards, torch.tensor(terminated), torch.tensor(done & ~terminated), final
 
 
 # --- GAE -------------------------------------------------------------------------------------------------------
@@ -378,8 +352,8 @@ def test_running_statistics_are_the_pooled_moments_in_one_process_and_across_pro
 def test_reward_normalisation_divides_by_the_std_of_the_discounted_returns_so_far(script, gamma):
     """Stable-Baselines3's VecNormalize: each env's return G <- gamma G + r is folded into the statistics, the reward
     divided by sqrt(var + 1e-8) and clipped to 10, and G restarts from 0 after a termination or a truncation."""
-    observations, final, rewards, terminated, truncated = script
-    env = NormalizeReward(EpisodeScript(*script), gamma=gamma)
+    observations, rewards, terminated, truncated, final = script
+    env = NormalizeReward(ScriptedEnv(*script), gamma=gamma)
     env.reset()
     returns, seen = np.zeros(rewards.shape[1]), []
     for t in range(rewards.shape[0]):
@@ -398,17 +372,18 @@ def test_reward_normalisation_divides_by_the_std_of_the_discounted_returns_so_fa
 def test_population_normalisation_is_each_members_solo_normalisation(script, members, which, data):
     """`MemberNormalize` over K blocks of rows gives each block what `NormalizeObservation` then `NormalizeReward`
     with that member's gamma give its solo env (observations, final observations, rewards), episode ends included."""
-    observations, final, rewards, terminated, truncated = script
+    observations, rewards, terminated, truncated, final = script
     normalize_obs, normalize_reward = which
     num_envs = rewards.shape[1]
     gammas = data.draw(st.lists(st.sampled_from([0.0, 0.9, 0.99, 1.0]), min_size=members, max_size=members))
 
     def member_script(k):  # each member's env sees data of its own scale
-        return tuple(x * (k + 1) + k for x in (observations, final, rewards)) + (terminated, truncated)
+        observations_k, rewards_k, final_k = (x * (k + 1) + k for x in (observations, rewards, final))
+        return observations_k, rewards_k, terminated, truncated, final_k
 
     solo_steps = []
     for k in range(members):
-        env = EpisodeScript(*member_script(k))
+        env = ScriptedEnv(*member_script(k))
         env = NormalizeObservation(env) if normalize_obs else env
         env = NormalizeReward(env, gamma=gammas[k]) if normalize_reward else env
         first, _ = env.reset()
@@ -418,7 +393,7 @@ def test_population_normalisation_is_each_members_solo_normalisation(script, mem
             outputs.append((obs, reward, info["final_obs"]))
         solo_steps.append(outputs)
     scripts_ = [member_script(k) for k in range(members)]
-    joined = EpisodeScript(*(torch.cat([s[i] for s in scripts_], dim=1) for i in range(5)))
+    joined = ScriptedEnv(*(torch.cat([s[i] for s in scripts_], dim=1) for i in range(5)))
     statistics = MemberStatistics.fresh(members, (observations.shape[2],), normalize_obs, normalize_reward,
                                         torch.device("cpu"))
     env = MemberNormalize(joined, num_envs, statistics, torch.tensor(gammas) if normalize_reward else None)
