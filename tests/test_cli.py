@@ -217,6 +217,24 @@ def test_eval_a_saved_model(runs, capsys):
     assert json.loads(capsys.readouterr().out)["deterministic"] is False
 
 
+def test_eval_takes_every_env_backend_train_takes(tmp_path, capsys):
+    """`rlspeed eval --env-backend gymnasium-async` was refused ("unknown --env-backend") though `rlspeed train` takes
+    it and `rlspeed.evaluate(model, backend="gymnasium-async")` runs: eval takes what train takes, and its episodes
+    of a seed are those of Gymnasium's envs stepped in this process."""
+    from rlspeed.envs import BACKENDS
+
+    with PPO("CartPole-v1", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16,
+             batch_size=32) as model:
+        model.save(tmp_path / "model.safetensors")
+        in_process = model.evaluate(episodes=2, seed=4)["returns"]
+    code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--env-backend", "gymnasium-async", "--episodes",
+                     "2", "--seed", "4", "--json", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["returns"] == in_process
+    assert cli.ENV_BACKENDS == list(BACKENDS)  # (the CLI's list, written without importing torch)
+
+
 def test_train_stops_at_a_reached_target(runs):
     assert_succeeded(runs.result("train-target"))
     summary = json.loads((runs.cwd / "target" / "summary.json").read_text())

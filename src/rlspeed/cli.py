@@ -292,6 +292,11 @@ def _exponent_floats(value):
     return value
 
 
+#: What `--env-backend` takes, in train, eval and the commands that make a model (`rlspeed.envs.BACKENDS`, which this
+#: module names without importing torch)
+ENV_BACKENDS = ["auto", "torch", "gymnasium", "gymnasium-async", "envpool"]
+
+
 # Constructor arguments that have a flag of their own: `--set` cannot give them (they would arrive twice).
 _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads", "env_backend": "--env-backend",
               "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)",
@@ -3014,7 +3019,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     # (the choices are in the help: listed in the usage line they made it wider than a terminal's 80 columns)
     model.add_argument("--env-backend", default="auto", metavar="BACKEND",
-                       choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"],
+                       choices=ENV_BACKENDS,
                        help="what steps the envs: torch (rlspeed's native envs), gymnasium, gymnasium-async "
                             "(Gymnasium's, in subprocesses), envpool, or auto (the default): the native env where "
                             "there is one (Gymnasium's for few envs on a CPU), EnvPool for Atari ids where installed, "
@@ -3160,8 +3165,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=_evaluation_seed, default=None, metavar="N",
                     help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")
     ev.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
-    ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
-                    help="what steps the env (default: the backend the model was trained with, on its own env)")
+    ev.add_argument("--env-backend", default=None, choices=ENV_BACKENDS, metavar="BACKEND",
+                    help="what steps the env: torch, gymnasium, gymnasium-async, envpool or auto, as for train "
+                         "(default: the backend the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide; repeatable)")
     ev.add_argument("--no-imports", action="store_true",
