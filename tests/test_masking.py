@@ -616,3 +616,40 @@ def test_a_mask_of_values_other_than_0_and_1_is_refused_not_read_as_truthy():
     model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=8, device="cpu")
     with pytest.raises(UserError, match=r"predict\(action_masks=...\) holds 0.5"):
         model.predict(0, action_masks=[0, 0, 0, 0, 0.5, 0])
+
+
+class _NoneMaskAt(gym.Env):
+    """Masks at reset and on steps, None as the mask on the calls `none_at` names ("reset", "step")."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def __init__(self, none_at=()):
+        self.none_at = none_at
+
+    def _info(self, call):
+        return {"action_mask": None if call in self.none_at else np.array([1, 0, 1], bool)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), self._info("reset")
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, self._info("step")
+
+
+@pytest.mark.parametrize(("vector", "call"), [(gym.vector.SyncVectorEnv, "reset"),
+                                              (gym.vector.AsyncVectorEnv, "step")])
+def test_one_envs_none_mask_after_anothers_mask_is_named_missing_not_read_as_allowing_nothing(vector, call):
+    """Gymnasium's vector env writes env 1's None mask into the array env 0's mask began: a row of False, refused as
+    a mask that 'allows no action in row [1]'. It is named as the missing mask it is."""
+    from functools import partial
+
+    venv = vector([_NoneMaskAt, partial(_NoneMaskAt, (call,))], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(venv, device="cpu")
+    try:
+        with pytest.raises(UserError, match=rf"gave no info\['action_mask'\] on this {call} for env \[1\]"):
+            env.reset(seed=0)
+            env.step(torch.zeros(2, dtype=torch.int64))
+    finally:
+        env.close()

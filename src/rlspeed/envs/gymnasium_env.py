@@ -20,6 +20,7 @@ import time
 import types
 import warnings
 import weakref
+from collections.abc import Collection
 
 import gymnasium as gym
 import numpy as np
@@ -206,20 +207,47 @@ def _joined_components(masks: list | tuple, nvec: np.ndarray, num: int) -> list 
     return np.stack(rows) if rows and all(row is not None for row in rows) else masks
 
 
-def masks_missing(info: dict, env_id: str, call: str) -> None:
+def masks_missing(info: dict, env_id: str, call: str, none_rows: Collection[int] = ()) -> None:
     """UserError naming the envs that gave no `action_mask` (or None) in a vector env's merged `info` of a `call`
     ("reset", "step") where others gave one: Gymnasium's merging fills their rows with zeros, masks that allow no
-    action."""
+    action. `none_rows`: the envs whose mask was None where the merging wrote it into another env's array (as
+    False: `_NoneMasks`)."""
     values, given = info["action_mask"], info.get("_action_mask")
     # (numpy over the rows: this runs at every step of a masked env; the per-row look only for None values)
     missing = np.zeros(len(values), dtype=bool) if given is None else ~np.asarray(given, dtype=bool)
     if isinstance(values, np.ndarray) and values.dtype == object:
         missing |= np.fromiter((value is None for value in values), dtype=bool, count=len(values))
+    if none_rows:
+        missing[list(none_rows)] = True
     if missing.any():
         rows = np.flatnonzero(missing).tolist()
         raise UserError(f"{env_id} gave no info['action_mask'] on this {call} for env{'s' if len(rows) > 1 else ''} "
                         f"{rows[:5]}{f' and {len(rows) - 5} more' if len(rows) > 5 else ''}, though it gives masks: "
                         "give it on every step and reset, or pass use_masking=false.")
+
+
+class _NoneMasks:
+    """Gymnasium's info merging of a vector env (`_add_info`) with the envs whose top-level `info["action_mask"]` was
+    None noted in `rows`: merged into the array another env's mask began, a None is a row of False, a mask that
+    allows no action, where it is a missing mask (`masks_missing`). Installed on the vector env itself, in place of
+    its method: Gymnasium calls it from its own reset and step."""
+
+    def __init__(self, merge) -> None:
+        self.merge, self.rows, self._depth = merge, set(), 0
+
+    def __call__(self, vector_infos: dict, env_info: dict, env_num: int) -> dict:
+        if not self._depth and "action_mask" in env_info and env_info["action_mask"] is None:
+            self.rows.add(env_num)
+        self._depth += 1  # (nested infos, final_info's: a last observation's mask is no choice)
+        try:
+            return self.merge(vector_infos, env_info, env_num)
+        finally:
+            self._depth -= 1
+
+    def taken(self) -> set[int]:
+        """The rows noted since the last call, and none noted from now on."""
+        rows, self.rows = self.rows, set()
+        return rows
 
 
 def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.Space, source: str) -> torch.Tensor:
@@ -1189,6 +1217,10 @@ class GymnasiumEnv(BatchedEnv):
                     finally:
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
+        self._none_masks = None  # (`_NoneMasks`: where masks come in infos that Gymnasium merges)
+        if self._mask_width is not None and not self._mask_method and callable(getattr(inner, "_add_info", None)):
+            merge = inner._add_info  # (one made on this vector env before: kept)
+            self._none_masks = inner._add_info = merge if isinstance(merge, _NoneMasks) else _NoneMasks(merge)
         self._step_masks_checked = False  # (`_check_step_masks` on the first step outside the SyncVectorEnv loop)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         # set where a call to the vector env raised (a KeyboardInterrupt say) part-way: `disrupted`
@@ -1222,6 +1254,8 @@ class GymnasiumEnv(BatchedEnv):
         dropped.
         """
         self._finish_pending()
+        if self._none_masks is not None:
+            self._none_masks.taken()  # (none noted by a call that failed before they were read)
         try:
             obs, reset_info = self.vector_env.reset(seed=seed)
         except BaseException as error:
@@ -1242,12 +1276,16 @@ class GymnasiumEnv(BatchedEnv):
         if self._mask_width is not None and ("action_mask" in reset_info or self._mask_method):
             self.has_action_masks = True
             if not self._mask_method:
-                masks_missing(reset_info, self.spec.env_id, "reset")
+                masks_missing(reset_info, self.spec.env_id, "reset", self._none_rows())
             info["action_mask"] = self._masks(reset_info.get("action_mask"),
                                               f"{self.spec.env_id}'s info['action_mask']")
         if self._float_vector:
             return host_tensor(obs, self.device), info
         return to_device(self._host.batch(obs), self.device), info
+
+    def _none_rows(self) -> set[int]:
+        """The envs whose mask was None in the infos the vector env merged since the last call (`_NoneMasks`)."""
+        return self._none_masks.taken() if self._none_masks is not None else set()
 
     def _env_mask(self, env: gym.Env, info: dict):
         """One env's mask for its current observation: its `action_masks()` or its step's `info["action_mask"]`."""
@@ -1439,7 +1477,7 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
                                 "on every step and reset, or pass use_masking=false.")
             if not self._mask_method:
-                masks_missing(info, self.spec.env_id, "step")
+                masks_missing(info, self.spec.env_id, "step", self._none_rows())
             out_info["action_mask"] = self._masks(info.get("action_mask"), source)
             if not len(finished):
                 out_info["final_action_mask"] = out_info["action_mask"]
