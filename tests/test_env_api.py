@@ -2044,3 +2044,42 @@ def test_an_envs_own_info_key_that_gymnasiums_vector_envs_keep_is_one_sentence(k
     model = rlspeed.PPO(env, seed=0, device="cpu", num_steps=16, batch_size=32)
     with pytest.raises(rlspeed.UserError, match=rf"gives info\['{key}'\] of its own.*rename that key"):
         model.learn(32, progress_bar=False)
+
+
+class _ExtraKey(gym.Env):
+    """A Dict observation with a key its observation_space lacks, on the calls `extra_at` names."""
+
+    observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, extra_at=("reset", "step")):
+        self.extra_at = extra_at
+
+    def _obs(self, call):
+        return {"a": np.zeros(2, np.float32), **({"extra": np.ones(3, np.float32)} if call in self.extra_at else {})}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs("reset"), {}
+
+    def step(self, action):
+        return self._obs("step"), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("call, wrapped", [("reset", False), ("reset", True), ("step", False)])
+def test_a_dict_observation_with_a_key_its_space_lacks_is_one_sentence_naming_it(call, wrapped):
+    """A vector env's Dict observation with a key its observation_space lacks was taken silently: Gymnasium's batching
+    reads the space's keys only, so the key was dropped. Now one sentence naming it, at the reset (an in-process
+    vector env, bare or wrapped) or at the first step (one rlspeed steps env by env)."""
+    from functools import partial
+
+    venv = gym.vector.SyncVectorEnv([partial(_ExtraKey, (call,))] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(gym.wrappers.vector.RecordEpisodeStatistics(venv) if wrapped else venv, device="cpu")
+    try:
+        with pytest.raises(rlspeed.UserError, match=rf"\.{call}\(\) returned an observation with the key 'extra', "
+                                                    r"which its Dict observation_space lacks \(its keys: 'a'\)"):
+            env.reset(seed=0)
+            env.step(torch.zeros(2, dtype=torch.int64))
+    finally:
+        env.close()

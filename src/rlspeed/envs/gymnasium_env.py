@@ -1270,6 +1270,9 @@ class GymnasiumEnv(BatchedEnv):
                 if problem:
                     raise UserError(problem) from error
             raise
+        # (an in-process SyncVectorEnv keeps each env's reset observation: Gymnasium's `_env_obs`)
+        for observation in getattr(self.vector_env.unwrapped, "_env_obs", None) or ():
+            self._check_keys(observation, "reset")
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
             warn_unapplied_masks(self.spec)
@@ -1303,6 +1306,19 @@ class GymnasiumEnv(BatchedEnv):
         problem = flags_problem(f"'{self.spec.env_id}'.step()", stepped[2], stepped[3])
         if problem:
             raise UserError(problem)
+
+    def _check_keys(self, observation, call: str = "step") -> None:
+        """UserError where one env's `call` (its first step, a reset) returned a Dict observation with a key its
+        observation_space lacks (Gymnasium's batching reads the space's keys only: the key would be dropped
+        silently)."""
+        space = self.vector_env.single_observation_space
+        if isinstance(space, gym.spaces.Dict) and isinstance(observation, dict):
+            extra = [key for key in observation if key not in space.spaces]
+            if extra:
+                keys = f"key{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}"
+                raise UserError(f"'{self.spec.env_id}'.{call}() returned an observation with the {keys}, which its "
+                                f"Dict observation_space lacks (its keys: {', '.join(map(repr, space.spaces))}): add "
+                                "it to the space, or leave it out of the observation.")
 
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
@@ -1357,6 +1373,7 @@ class GymnasiumEnv(BatchedEnv):
                 if first:
                     self._check_flags(stepped)
                     self._check_step_masks(info)
+                    self._check_keys(observation)
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = host.empty(n)
