@@ -2083,3 +2083,25 @@ def test_a_dict_observation_with_a_key_its_space_lacks_is_one_sentence_naming_it
             env.step(torch.zeros(2, dtype=torch.int64))
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_an_action_outside_a_discrete_space_given_to_an_envs_step_is_the_callers_mistake(backend):
+    """Action 7 given to CartPole's step (Discrete(2)) was an EnvStepError, the env's failure (exit code 1), from the
+    native env's IndexError or Gymnasium's 'np.int64(7) invalid'; a float action was stepped as its whole part. Both
+    are one UserError naming the action space."""
+    from rlspeed.envs import _outside_space
+
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, backend=backend, device="cpu")
+    try:
+        env.reset(seed=0)
+        with pytest.raises(rlspeed.UserError, match=r"got the action 7, outside its action space Discrete\(2\)\.$"):
+            env.step(torch.tensor([7, 0]))
+        with pytest.raises(rlspeed.UserError, match=r"takes whole-number actions for its Discrete\(2\), got a "
+                                                    r"torch\.float32 tensor"):
+            env.step(torch.tensor([0.5, 1.0]))
+    finally:
+        env.close()
+    space = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])
+    assert _outside_space(torch.tensor([[1, 0], [3, 1]]), space) is None
+    assert _outside_space(torch.tensor([[1, 0], [0, 1]]), space) == [0, 1]

@@ -7,6 +7,7 @@ import re
 import typing
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from rlspeed.device import resolve_device
@@ -505,13 +506,33 @@ class NamesEnvErrors(EnvWrapper):
                    else f"a {type(actions).__name__}")
             raise UserError(f"'{self.spec.env_id}'.step takes the actions as a torch tensor with one row per env "
                             f"({self.num_envs} rows), got {got}: e.g. torch.as_tensor(actions, device=env.device).")
+        space = self.spec.action_space
+        whole = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+        if whole and (actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool):
+            raise UserError(f"'{self.spec.env_id}'.step takes whole-number actions for its {space}, got a "
+                            f"{actions.dtype} tensor: e.g. actions.long().")
         try:
             return self.env.step(actions)
         except (UserError, EnvStepError):
             raise
         except Exception as error:
+            outside = _outside_space(actions, space) if whole else None  # (looked at only once the env raised)
+            if outside is not None:
+                raise UserError(f"'{self.spec.env_id}'.step got the action {outside}, outside its action space "
+                                f"{space}.") from error
             raise EnvStepError(self.spec.env_id, _backend_name(self), "step", error,
                                self.spec.env_kwargs or ()) from error
+
+
+def _outside_space(actions: torch.Tensor, space: gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+    """The first row of `actions` (whole numbers, one row per env) outside the Discrete or MultiDiscrete `space`, as a
+    Python value, or None where every row is inside it."""
+    rows = actions.detach().cpu().numpy()
+    low = np.asarray(space.start)
+    high = low + (space.n if isinstance(space, gym.spaces.Discrete) else space.nvec) - 1
+    rows = rows.reshape(len(rows), *np.shape(low))
+    bad = ((rows < low) | (rows > high)).reshape(len(rows), -1).any(axis=1)
+    return rows[np.flatnonzero(bad)[0]].tolist() if bad.any() else None
 
 
 class SeedOnFirstReset(NamesEnvErrors):
