@@ -20,6 +20,7 @@ from rlspeed.callbacks import (
     EveryNTimesteps,
     StopTrainingOnNoModelImprovement,
     StopTrainingOnRewardThreshold,
+    VideoRecorderCallback,
 )
 from rlspeed.evaluation import evaluate
 
@@ -211,6 +212,15 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: EvalCallback("CartPole-v1", n_eval_episodes=0), "n_eval_episodes must be a whole number >= 1, got 0"),
     (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
     (lambda: CheckpointCallback(32, "ckpt", keep_last=0), "keep_last must be a whole number >= 1, got 0"),
+    # (a separator saved into a folder of its own under save_path; strings were taken as True)
+    (lambda: CheckpointCallback(32, "ckpt", name_prefix="run/a"), "name_prefix is the start of each file's name, a "
+                                                                  "str without a path separator.*got 'run/a'"),
+    (lambda: CheckpointCallback(32, "ckpt", save_replay_buffer="no"), r"save_replay_buffer=...\) is True or False"),
+    (lambda: CheckpointCallback(32, "ckpt", save_vecnormalize="yes"), r"save_vecnormalize=...\) is True or False"),
+    # (a TypeError of '<' between str and int, pathlib's TypeError; 'no' was taken as True)
+    (lambda: VideoRecorderCallback("32", "videos"), r"video_every\) must be at least 1 step, got '32'"),
+    (lambda: VideoRecorderCallback(32, None), "video_folder is a path"),
+    (lambda: VideoRecorderCallback(32, "videos", overwrite="no"), r"overwrite=...\) is True or False"),
     # (an AttributeError of the child's parent, a TypeError of pathlib, int()'s ValueError, iterating None)
     (lambda: EvalCallback("CartPole-v1", callback_on_new_best=3), "callback_on_new_best is a callback"),
     (lambda: EvalCallback("CartPole-v1", callback_after_eval=StopTrainingOnNoModelImprovement),
@@ -230,6 +240,19 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
 def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
     with pytest.raises(UserError, match=words):
         make()
+
+
+def test_a_callbacks_folder_that_cannot_be_made_is_one_sentence_at_learns_start(tmp_path):
+    """A CheckpointCallback's save_path (an EvalCallback's log_path) with a file in its place was
+    FileExistsError's traceback at learn's start; now one sentence naming the argument, before any step."""
+    (tmp_path / "taken").write_text("a file")
+    model = _ppo()
+    logs = tmp_path / "taken" / "logs"
+    for callback, name in ((CheckpointCallback(32, tmp_path / "taken"), "CheckpointCallback's save_path"),
+                           (EvalCallback("CartPole-v1", log_path=logs), "EvalCallback's log_path")):
+        with pytest.raises(UserError, match=f"{name} '.*' cannot be made a folder \\(a file is in its place"):
+            model.learn(STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert model.num_timesteps == 0
 
 
 def test_eval_callback_of_one_env_made_with_options_advises_an_env_that_keeps_them():

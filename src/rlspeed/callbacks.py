@@ -27,7 +27,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed.errors import UserError, positive_whole, true_or_false
-from rlspeed.files import given_path, local_path, write_atomic
+from rlspeed.files import given_path, local_path, unwritable, write_atomic
 from rlspeed.logging import format_return, print_beside_bars, tensorboard_tag
 
 # (the model's and the envs' classes are named through the package, `rlspeed.algos.Algorithm`, which
@@ -698,9 +698,9 @@ class EvalCallback(BaseCallback):
             from rlspeed.evaluation import check_evaluation_env
 
             check_evaluation_env(self.model, self.eval_env if self.eval_env is not None else self.model.env_id)
-        for path in (self.best_model_save_path, self.log_path):
+        for name, path in (("best_model_save_path", self.best_model_save_path), ("log_path", self.log_path)):
             if path is not None:
-                path.mkdir(parents=True, exist_ok=True)
+                _made_folder(f"EvalCallback's {name}", path)
         for child in (self.callback_on_new_best, self.callback_after_eval):
             if child is not None:
                 child.init_callback(self.model)
@@ -833,6 +833,21 @@ class EvalCallback(BaseCallback):
         return self._child_event(self.callback_after_eval) and keep_going
 
 
+def _made_folder(name: str, path: Path) -> None:
+    """Make the folder `path` that the argument `name` gives (with its parents) at learn's start, or UserError in one
+    sentence where it cannot be made or written (a file in its place, a read-only or another user's folder): said
+    before training, not at its first save."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        why = ("a file is in its place or in its parents'" if isinstance(error, (FileExistsError, NotADirectoryError))
+               else error.strerror or str(error))
+        raise UserError(f"{name} '{path}' cannot be made a folder ({why}): give a folder you can write to.") from None
+    why = unwritable(path)
+    if why is not None:
+        raise UserError(f"{name} '{path}' cannot be written ({why}): give a folder you can write to.")
+
+
 class CheckpointCallback(BaseCallback):
     """Save the model every `save_freq` env steps to `save_path/{name_prefix}_{steps}_steps.safetensors`; with
     `save_replay_buffer`, off-policy models also write their replay buffer beside each file
@@ -856,16 +871,20 @@ class CheckpointCallback(BaseCallback):
             raise UserError(f"CheckpointCallback's save_path is a directory's path (a str or pathlib.Path), not "
                             f"{save_path!r}.")
         self.save_path = local_path(save_path)
+        # (the start of each file's name: a separator in it saved into a folder of its own under save_path)
+        if not isinstance(name_prefix, str) or any(sep and sep in name_prefix for sep in (os.sep, os.altsep, "/")):
+            raise UserError(f"CheckpointCallback's name_prefix is the start of each file's name, a str without a "
+                            f"path separator (its folder is save_path), got {name_prefix!r}."[:200])
         self.name_prefix = name_prefix
-        self.save_replay_buffer = save_replay_buffer
-        self.save_vecnormalize = save_vecnormalize
+        self.save_replay_buffer = true_or_false("CheckpointCallback(save_replay_buffer=...)", save_replay_buffer)
+        self.save_vecnormalize = true_or_false("CheckpointCallback(save_vecnormalize=...)", save_vecnormalize)
         self.keep_last = positive_whole("CheckpointCallback's keep_last", keep_last)
         self.saved: list[Path] = []
         self._saves: list[list[Path]] = []  # the files of each save kept, a replay buffer's too, oldest first
         self._period = _Period(self.save_freq)
 
     def _init_callback(self) -> None:
-        self.save_path.mkdir(parents=True, exist_ok=True)
+        _made_folder("CheckpointCallback's save_path", self.save_path)
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
@@ -942,19 +961,20 @@ class VideoRecorderCallback(BaseCallback):
                  env_id: str | None = None):
         super().__init__(verbose)
         self.env_id = env_id
-        if video_every < 1:
-            raise UserError(f"--video-every must be at least 1 step, got {video_every}.")
+        if isinstance(video_every, bool) or not isinstance(video_every, numbers.Integral) or video_every < 1:
+            raise UserError(f"--video-every (VideoRecorderCallback's video_every) must be at least 1 step, got "
+                            f"{video_every!r}."[:200])
         # (checked here, not at the first video)
         if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
             raise UserError(f"VideoRecorderCallback needs at least one episode per video, got episodes={episodes!r}.")
         if fps is not None and (isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not fps > 0):
             raise UserError(f"VideoRecorderCallback's fps must be a number above 0 (or None), got {fps!r}.")
         self.video_every = int(video_every)
-        self.video_folder = Path(video_folder)
+        self.video_folder = given_path("VideoRecorderCallback's video_folder", video_folder)
         self.episodes = episodes
         self.fps = fps
         self.on_video = on_video
-        self.overwrite = bool(overwrite)
+        self.overwrite = true_or_false("VideoRecorderCallback(overwrite=...)", overwrite)
         self.videos: list[Path] = []
         self._period = _Period(self.video_every)
         self.first_due: int | None = None
@@ -966,7 +986,7 @@ class VideoRecorderCallback(BaseCallback):
         # (before training, not at the first video; on the env the videos film: made with the model's env options,
         # which an env that needs one of them cannot be made without)
         check_video_support(self.env_id or self.model.env_id, env_kwargs=env_options(self.model, self.env_id))
-        self.video_folder.mkdir(parents=True, exist_ok=True)
+        _made_folder("VideoRecorderCallback's video_folder", self.video_folder)
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
