@@ -210,6 +210,10 @@ def test_user_errors_are_one_sentence():
         auto_accelerate(lambda x: x)
     with pytest.raises(UserError, match="did you mean inductor"):  # a misspelled backend, before any call
         auto_accelerate(make_policy(), device="cpu", compile="inducter")
+    # (Python's TypeError "got an unexpected keyword argument 'bogus'", which named no option)
+    with pytest.raises(UserError, match=r"^auto_accelerate takes no 'bogus' \(its options: device, precision, compile, "
+                                        r"graphs, example_inputs\)\.$"):
+        auto_accelerate(make_policy(), bogus=1)
 
     class Agent(nn.Module):  # CleanRL's layout: no forward, methods that call the submodules
         def __init__(self):
@@ -855,6 +859,9 @@ def test_the_fused_adam_switch_stays_out_of_the_optimizers_checkpoint():
     ({"max_grad_norm": float("nan")}, "max_grad_norm must be a number > 0"),  # (it made every weight NaN in silence)
     ({"max_grad_norm": 0}, "max_grad_norm must be a number > 0"),
     ({"fused_optimizer": "maybe"}, "Unknown fused_optimizer setting 'maybe'"),  # (taken as auto in silence)
+    # (Python's TypeError "got an unexpected keyword argument", which named no option)
+    ({"precison": "fp32"}, r"accelerate_step takes no 'precison' \(its options: params, max_grad_norm, device, "
+                           r"precision, .*\); did you mean precision\?"),
 ])
 def test_accelerate_step_refuses_a_bad_setting_in_one_sentence(kwargs, match):
     """A max_grad_norm given as a string failed with "'<=' not supported between instances of 'str' and 'int'"; NaN

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class UserError(Exception):
@@ -130,6 +130,22 @@ def true_or_false(name: str, value) -> bool:
     if isinstance(value, bool) or numpy_bool or (isinstance(value, numbers.Integral) and value in (0, 1)):
         return bool(value)
     raise UserError(f"{name} is True or False, got {value!r}"[:200] + ".")
+
+
+def no_such_keyword(function: str, key: str, taken: Sequence[str] | Callable, name_all: bool = False) -> UserError:
+    """The UserError for a keyword `key` that `function` ("learn", "auto_accelerate") does not take, one of those
+    its `**keywords` caught (Python's own TypeError names neither the way nor the options): the close names among
+    `taken`, its parameters (or the keyword-only ones of the function `taken`: its options), as "did you mean";
+    with `name_all`, every one of them too."""
+    import difflib
+
+    if callable(taken):
+        taken = [name for name, parameter in inspect.signature(taken).parameters.items()
+                 if parameter.kind is inspect.Parameter.KEYWORD_ONLY]
+    close = difflib.get_close_matches(key, sorted(taken), n=2)
+    options = f" (its options: {', '.join(taken)})" if name_all else ""
+    return UserError(f"{function} takes no '{key}'{options}"
+                     + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:

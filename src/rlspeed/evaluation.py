@@ -26,7 +26,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, vec_normalize_of
-from rlspeed.errors import UserError, positive_whole, true_or_false, warn_at_caller
+from rlspeed.errors import UserError, no_such_keyword, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
@@ -58,7 +58,6 @@ def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = 
     """UserError for the first of `keywords` that `function` (default `evaluate`; `Algorithm.evaluate` names
     itself) does not take: a keyword of Stable-Baselines3's `evaluate_policy` (with rlspeed's way), or a typo (the
     close names among `function`'s own parameters)."""
-    import difflib
     import inspect
 
     taken = [name for name, parameter in inspect.signature(function or evaluate).parameters.items()
@@ -67,8 +66,7 @@ def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = 
         advice = SB3_EVALUATE_KEYWORDS.get(key)
         if advice is not None:
             raise UserError(f"evaluate's '{key}' is Stable-Baselines3's; {advice}.")
-        close = difflib.get_close_matches(key, sorted(taken), n=2)
-        raise UserError(f"evaluate takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+        raise no_such_keyword("evaluate", key, taken)
 
 
 def check_evaluated_model(model, caller: str = "evaluate", command: str = "rlspeed eval PATH") -> None:

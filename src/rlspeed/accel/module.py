@@ -57,7 +57,7 @@ from rlspeed.accel.strategy import (
 )
 from rlspeed.accel.strategy import with_precision as _with_precision
 from rlspeed.device import describe, resolve_device
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, no_such_keyword
 
 # A kind of call is searched once the time spent in its calls is at least the search's expected cost divided by this.
 SEARCH_COST_SHARE = 0.03
@@ -77,7 +77,7 @@ _Module = TypeVar("_Module", bound=nn.Module)
 
 def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto", precision: str = "auto",
                     compile: bool | str = "auto", graphs: bool | str = "auto",
-                    example_inputs: Any = None) -> _Module:
+                    example_inputs: Any = None, **unknown: Any) -> _Module:
     """Accelerate a module in place and return it; use it exactly like before.
 
     Args:
@@ -102,6 +102,8 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
     After the call, ``model.accel_report`` tells what was tried and chosen, ``model.accel_compilations`` how many
     graphs torch.compile has built.
     """
+    if unknown:
+        raise no_such_keyword("auto_accelerate", next(iter(unknown)), auto_accelerate, name_all=True)
     if isinstance(model, torch.jit.ScriptModule):
         raise UserError("auto_accelerate needs a Python nn.Module; a TorchScript module cannot be accelerated.")
     if not isinstance(model, nn.Module):

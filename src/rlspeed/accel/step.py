@@ -62,7 +62,7 @@ from rlspeed.accel.strategy import (
     with_precision,
 )
 from rlspeed.device import describe, resolve_device
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, no_such_keyword
 from rlspeed.nn import clip_grad_norm
 
 GUARD_WINDOW = 32  # fp16: steps between the (single) host reads of the skipped-step count
@@ -81,7 +81,7 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
                     *, params: Iterable[torch.Tensor] | None = None, max_grad_norm: float | None = None,
                     device: str | torch.device | None = "auto", precision: str = "auto",
                     compile: bool | str = "auto", graphs: bool | str = "auto", example_inputs: Any = None,
-                    fused_optimizer: bool | str = "auto", name: str | None = None) -> AcceleratedStep:
+                    fused_optimizer: bool | str = "auto", name: str | None = None, **unknown: Any) -> AcceleratedStep:
     """Wrap a loss function and its optimizer(s) into one accelerated update step; see the module docstring.
 
     Args:
@@ -112,6 +112,8 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
 
     ``RLSPEED_ACCELERATE`` forces a strategy as for `auto_accelerate`.
     """
+    if unknown:
+        raise no_such_keyword("accelerate_step", next(iter(unknown)), accelerate_step, name_all=True)
     return AcceleratedStep(loss_fn, optimizer, params=params, max_grad_norm=max_grad_norm, device=device,
                            precision=precision, compile=compile, graphs=graphs, example_inputs=example_inputs,
                            fused_optimizer=fused_optimizer, name=name)

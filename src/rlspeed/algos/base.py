@@ -94,6 +94,7 @@ from rlspeed.errors import (
     UserError,
     first_line,
     infinite_advice,
+    no_such_keyword,
     positive_whole,
     true_or_false,
     warn_at_caller,
@@ -676,8 +677,7 @@ def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn:
         if key in {field.name for field in dataclasses.fields(config_cls)}:
             raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
                             f"({made_as}, {key}=...)).")
-        close = difflib.get_close_matches(key, sorted(taken), n=2)
-        raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+        raise no_such_keyword("learn", key, taken)
 
 
 def _first_value(values: torch.Tensor, where: torch.Tensor) -> str:
