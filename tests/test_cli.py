@@ -3164,6 +3164,21 @@ def test_dry_run_with_a_flag_it_cannot_show_is_refused(flag, capsys, monkeypatch
     assert list(tmp_path.iterdir()) == []
 
 
+def test_dry_run_refuses_an_out_the_run_could_not_make(capsys, monkeypatch, tmp_path):
+    """`--dry-run --out DIR` said the settings were fine where the run itself refused DIR at once (a file in its
+    parents' place, a folder above it where nothing can be made): the dry run says it too, making nothing."""
+    monkeypatch.chdir(tmp_path)
+    Path("taken").write_text("a file")
+    error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--dry-run", "--out", "taken/run"])
+    assert error == "rlspeed: error: Cannot create the run directory 'taken/run': 'taken' is a file."
+    # (a read-only folder, which root, running the tests here, could write to anyway)
+    monkeypatch.setattr(cli, "unwritable", lambda folder: "Permission denied" if Path(folder).name == "ro" else None)
+    Path("ro").mkdir()
+    error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--dry-run", "--out", "ro/run/a"])
+    assert error == "rlspeed: error: Cannot create the run directory 'ro/run/a': Permission denied (in 'ro')."
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ro", "taken"]
+
+
 def test_init_from_starts_a_new_run_from_a_saved_models_networks(capsys, monkeypatch, tmp_path):
     """`--init-from RUN_DIR` (RL-Zoo's --trained-agent): the new run's model starts from the file's networks, whose
     shape (net_arch) it takes over the preset's, with its own hyperparameters, steps from 0 and its own run

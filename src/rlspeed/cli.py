@@ -1314,8 +1314,7 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
             _lock_run_dir(run_dir)
         return run_dir
     run_dir = Path(args.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
+    _check_out_makeable(run_dir)
     if not checked_before and run_dir.is_dir():
         _lock_run_dir(run_dir)  # (before the checks: a second process started at once sees the first's run)
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
@@ -1347,6 +1346,23 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         _lock_run_dir(run_dir)
     _check_writable(run_dir)  # fail now, not after training: an existing directory may not be writable
     return run_dir
+
+
+def _check_out_makeable(run_dir: Path) -> None:
+    """UserError where the run directory `run_dir` (`--out`) could not be made or written: a file in its place or in
+    its parents', or a folder above it where nothing can be made (read-only, another user's). Makes nothing: `--dry-run`
+    asks it too."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
+    existing = next((folder for folder in (run_dir, *run_dir.parents) if folder.exists()), None)
+    if existing is None:  # (a relative path in a working directory since removed: the mkdir's error says it)
+        return
+    if not existing.is_dir():
+        raise UserError(f"Cannot create the run directory '{run_dir}': '{existing}' is a file.")
+    reason = unwritable(existing)
+    if reason is not None:
+        where = "" if existing == run_dir else f" (in '{existing}')"
+        raise UserError(f"Cannot create the run directory '{run_dir}': {reason}{where}.")
 
 
 def _holds_rlspeed_run(run_dir: Path) -> bool:
@@ -1991,6 +2007,8 @@ def _refuse_with_dry_run(args: argparse.Namespace) -> None:
                              ("--overwrite", args.overwrite, "a dry run writes nothing")):
         if given:
             raise UserError(f"--dry-run does not apply with {flag} ({why}): drop one of them.")
+    if args.out is not None:  # (a run directory the run could not make: said now, as the run would say it)
+        _check_out_makeable(Path(args.out))
 
 
 def _print_dry_run(args: argparse.Namespace, config: dict) -> int:
