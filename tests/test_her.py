@@ -200,6 +200,14 @@ def test_her_is_refused_where_it_cannot_run(tmp_path):
         model.learn(8, progress_bar=False)
 
 
+@pytest.mark.parametrize("n_sampled_goal", [-1, -2])
+def test_a_her_buffer_of_a_negative_n_sampled_goal_is_refused(n_sampled_goal):
+    """n / (n + 1) of the samples are relabelled: -1 would divide by zero, -2 relabel 200% of them."""
+    with pytest.raises(UserError, match=f"n_sampled_goal must be >= 0, got {n_sampled_goal}"):
+        HerReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu", compute_reward=_distance_reward,
+                        n_sampled_goal=n_sampled_goal)
+
+
 def test_her_behind_sb3s_vec_normalize_is_refused():
     """VecNormalize hands out normalised goals and rewards: compute_reward on them would relabel wrongly."""
     pytest.importorskip("stable_baselines3")

@@ -143,7 +143,7 @@ class HerReplayBuffer(ReplayBuffer):
       `ReplayBuffer`;
     - `compute_reward`: the env's `compute_reward(achieved_goal, desired_goal, info)`, which takes NumPy batches (and
       a list of info dicts, given empty) and returns one reward per goal (Gymnasium-Robotics' GoalEnv's method);
-    - `n_sampled_goal`: relabelled goals per real one (4: 80% of the samples relabelled);
+    - `n_sampled_goal`: relabelled goals per real one, >= 0 (4: 80% of the samples relabelled; 0: none);
     - `goal_selection_strategy`: "future" (a transition of the same episode at this step or later), "final" (the
       episode's last) or "episode" (any of it still stored).
 
@@ -162,6 +162,8 @@ class HerReplayBuffer(ReplayBuffer):
         problem = goal_space_problem(observation)
         if problem is not None:
             raise UserError(f"Hindsight Experience Replay needs goal-conditioned observations: {problem}.")
+        if not n_sampled_goal >= 0:  # (n / (n + 1) relabelled: a negative n is no share)
+            raise UserError(f"n_sampled_goal must be >= 0, got {n_sampled_goal}.")
         if goal_selection_strategy not in GOAL_STRATEGIES:
             raise UserError(f"goal_selection_strategy must be one of {', '.join(GOAL_STRATEGIES)}, got "
                             f"{goal_selection_strategy!r}.")
