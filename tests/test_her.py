@@ -200,6 +200,16 @@ def test_her_is_refused_where_it_cannot_run(tmp_path):
         model.learn(8, progress_bar=False)
 
 
+def test_goal_selection_strategy_is_taken_as_stable_baselines3_takes_it():
+    """SB3 reads its GoalSelectionStrategy enum, and a name in any case: code written for it keeps its strategy."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
+
+    for given, strategy in ((GoalSelectionStrategy.FINAL, "final"), ("Episode", "episode"), ("FUTURE", "future")):
+        model = rlspeed.DQN(_bit_flipping(4), her=True, goal_selection_strategy=given)
+        assert model.config.goal_selection_strategy == strategy
+
+
 @pytest.mark.parametrize("n_sampled_goal", [-1, -2])
 def test_a_her_buffer_of_a_negative_n_sampled_goal_is_refused(n_sampled_goal):
     """n / (n + 1) of the samples are relabelled: -1 would divide by zero, -2 relabel 200% of them."""
