@@ -200,6 +200,21 @@ def test_her_is_refused_where_it_cannot_run(tmp_path):
         model.learn(8, progress_bar=False)
 
 
+def test_a_compute_reward_that_fails_on_a_batch_is_named_as_such():
+    """A compute_reward written for one goal (an `if` on the distance) works in the env's own steps and fails only
+    on HER's batches: the error says that it was given a batch, and what it raised."""
+    def one_goal_reward(achieved, desired, info):
+        if np.linalg.norm(achieved - desired, axis=-1) < 0.1:
+            return 0.0
+        return -1.0
+
+    buffer, _ = _filled([[4], [4]])
+    buffer.compute_reward = rlspeed.buffers.her.reward_function(one_goal_reward, torch.device("cpu"))
+    with pytest.raises(UserError, match=r"compute_reward failed on a batch of \d+ goals .* shape \(\d+, 2\).*"
+                                        r"ValueError: The truth value of an array"):
+        buffer.sample(64, generator=torch.Generator().manual_seed(0))
+
+
 def test_goal_selection_strategy_is_taken_as_stable_baselines3_takes_it():
     """SB3 reads its GoalSelectionStrategy enum, and a name in any case: code written for it keeps its strategy."""
     pytest.importorskip("stable_baselines3")

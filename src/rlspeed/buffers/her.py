@@ -57,10 +57,16 @@ def reward_function(compute_reward: Callable, device: torch.device) -> Callable[
                                                                                   torch.Tensor]:
     """`compute_reward(achieved_goal, desired_goal, infos)` of an env (NumPy batches) as a function of two tensor
     batches `[B, ...]` returning float32 rewards `[B]` on `device`; UserError naming what it returned when that is
-    not one number per goal."""
+    not one number per goal, or the error it raised on the batch (chained)."""
     def rewards(achieved: torch.Tensor, desired: torch.Tensor) -> torch.Tensor:
         count = achieved.shape[0]
-        out = compute_reward(achieved.cpu().numpy(), desired.cpu().numpy(), [{} for _ in range(count)])
+        try:
+            out = compute_reward(achieved.cpu().numpy(), desired.cpu().numpy(), [{} for _ in range(count)])
+        except Exception as error:  # (one written for one goal at a time: its error alone would not say why)
+            raise UserError(f"The env's compute_reward failed on a batch of {count} goals (achieved_goal and "
+                            f"desired_goal arrays of shape {tuple(achieved.shape)}), which is how Hindsight "
+                            f"Experience Replay calls it: {type(error).__name__}: {error} (it needs a compute_reward "
+                            "that takes batches, as Gymnasium-Robotics' GoalEnv defines it).") from error
         out = np.asarray(out, dtype=np.float32)
         if out.size != count:
             raise UserError(f"The env's compute_reward returned {out.size} values for a batch of {count} goals: "
