@@ -2105,3 +2105,39 @@ def test_an_action_outside_a_discrete_space_given_to_an_envs_step_is_the_callers
     space = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])
     assert _outside_space(torch.tensor([[1, 0], [3, 1]]), space) is None
     assert _outside_space(torch.tensor([[1, 0], [0, 1]]), space) == [0, 1]
+
+
+class _TupleOptionEnv(gym.Env):
+    """An env whose option must be a tuple, as highway-env's `config={"observation": {"observation_shape": (h, w)}}`
+    (it writes `(stack,) + observation_shape`, which a list refuses); `sizes` stays a list."""
+
+    def __init__(self, config=None, sizes=None):
+        shape = (1,) + config["observation"]["shape"]
+        assert isinstance(sizes, list), sizes
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape, np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.float32), float(action), True, False, {}
+
+
+def test_tuple_env_options_come_back_as_tuples_from_a_saved_model(tmp_path):
+    """JSON writes tuples as lists: a saved model's env options are given back with the tuples (and lists) the env
+    was made with, so a loaded model evaluates on an env that takes only tuples."""
+    gym.register(id="rlspeed_test/TupleOption-v0", entry_point=_TupleOptionEnv, max_episode_steps=5)
+    options = {"config": {"observation": {"shape": (2, 3)}, "pairs": [(1, 2), [3]]}, "sizes": [1, 2]}
+    try:
+        model = rlspeed.PPO("rlspeed_test/TupleOption-v0", env_kwargs=options, seed=0, device="cpu", num_envs=1,
+                            num_steps=8, batch_size=8)
+        model.save(tmp_path / "model")
+        loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
+        assert loaded.spec.env_kwargs == options
+        assert isinstance(loaded.spec.env_kwargs["config"]["pairs"][0], tuple)
+        assert isinstance(loaded.spec.env_kwargs["config"]["pairs"][1], list)
+        assert loaded.evaluate(episodes=2, seed=0)["lengths"] == [1, 1]
+    finally:
+        gym.registry.pop("rlspeed_test/TupleOption-v0", None)

@@ -1024,6 +1024,8 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
                     "env_backend": lambda v: isinstance(v, str), "optimizers": lambda v: isinstance(v, dict),
                     "max_episode_steps": lambda v: v is None or _is_int(v),
                     "env_kwargs": lambda v: v is None or isinstance(v, dict),
+                    "env_kwargs_tuples": lambda v: isinstance(v, list) and all(
+                        isinstance(p, list) and all(isinstance(k, (str, int)) for k in p) for p in v),
                     "reward_threshold": lambda v: v is None or _is_number(v),
                     "schedule": lambda v: v is None or (isinstance(v, list) and len(v) == 2
                                                         and all(_is_number(x) for x in v))}

@@ -85,6 +85,8 @@ from rlspeed.envs.base import (
     space_from_json,
     space_text,
     space_to_json,
+    tuple_paths,
+    with_tuples,
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
@@ -2922,6 +2924,7 @@ class Algorithm:
             # (a tensor learning rate, as annealed on graph devices, is saved as its value)
             optim_meta[name] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                                 for group in state["param_groups"]]
+        options = recorded_env_kwargs(self.spec)
         metadata = {"algo": self.name, "class": _class_name(type(self)), "env_id": self.env_id,
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
@@ -2929,7 +2932,8 @@ class Algorithm:
                     "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
-                    "max_episode_steps": self.spec.max_episode_steps, "env_kwargs": recorded_env_kwargs(self.spec),
+                    "max_episode_steps": self.spec.max_episode_steps, "env_kwargs": options,
+                    "env_kwargs_tuples": tuple_paths(options),
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
                     "schedule": ([self._learn_start, self._schedule_end] if self._schedule_end is not None
                                  else None),
@@ -3067,7 +3071,7 @@ class Algorithm:
                             "(rlspeed.make_env(env_id, **options)).")
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space,
-                       dict(meta.get("env_kwargs") or {}))
+                       with_tuples(dict(meta.get("env_kwargs") or {}), meta.get("env_kwargs_tuples")))
         if env_kwargs is not None:  # (made here, where its spaces are checked against the model's)
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
