@@ -26,7 +26,7 @@ import torch
 import yaml
 from conftest import cli_error, needs_torch_export
 
-from rlspeed import PPO, UserError, cli
+from rlspeed import PPO, UserError, cli, yamlfile
 from rlspeed.algos import ALGORITHMS
 from rlspeed.device import resolve_device
 
@@ -3273,3 +3273,30 @@ def test_a_torchrun_restart_goes_on_from_the_checkpoint_without_the_init_from_fi
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert cli._resumes_checkpoint(args)
     assert not cli._resumes_checkpoint(argparse.Namespace(resume=False, out=str(tmp_path / "other")))
+
+
+TUPLE_OPTION_ENV_MODULE = """
+import gymnasium as gym
+
+
+def make(shape=(4,)):
+    # (its option `shape` must be a tuple, as highway-env's observation_shape: `(1,) + shape` refuses a list)
+    return gym.wrappers.ReshapeObservation(gym.make("CartPole-v1"), (1,) + shape)
+
+
+gym.register("TupleOption-v0", entry_point=make)
+"""
+
+
+def test_env_options_take_tuples_and_the_run_records_them_as_tuples(tmp_path, monkeypatch):
+    """`--env-kwargs 'shape=!!python/tuple [2, 2]'` gives the env a tuple (YAML's lists are lists), and config.yaml
+    writes it as one, so the run's evaluation, `rlspeed eval` and `--resume` make the same env."""
+    (tmp_path / "tuple_option_env.py").write_text(TUPLE_OPTION_ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    settings = ["--set", "num_steps=8", "--set", "batch_size=8", "--total-timesteps", "8", "--eval-episodes", "1"]
+    assert cli.main(["train", "ppo", "tuple_option_env:TupleOption-v0", "--env-kwargs", "shape=!!python/tuple [2, 2]",
+                     "--num-envs", "1", *settings, "--no-progress", "--out", "run"]) == 0
+    assert "shape: !!python/tuple [2, 2]" in (tmp_path / "run" / "config.yaml").read_text()
+    assert yamlfile.load_run_file((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"shape": (2, 2)}
+    assert cli.main(["eval", "run", "--episodes", "1", "--no-progress"]) == 0

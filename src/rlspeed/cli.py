@@ -1601,7 +1601,7 @@ def _write_summary(run_dir: Path, summary: dict) -> None:
 
 def _write_config(run_dir: Path, config: dict) -> None:
     """`run_dir/config.yaml`, in the order the keys were given, non-ASCII text as it is."""
-    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    _write_text(run_dir / "config.yaml", yamlfile.dump_run_file(config))
 
 
 def _export_sidecar(path: Path) -> bool:
@@ -1793,7 +1793,7 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     another budget or target is refused (a population writes no checkpoint at its end to go on from)."""
     path = run_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+        config = yamlfile.load_run_file(path.read_text(encoding="utf-8")) if path.exists() else None
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"--resume: cannot read '{path}' ({error}).") from None
     if not isinstance(config, dict):
@@ -2015,7 +2015,7 @@ def _print_dry_run(args: argparse.Namespace, config: dict) -> int:
     """`--dry-run`: the config.yaml the command would write, on stdout (the notes of building the model went to
     stderr), and a line on stderr saying nothing was trained or written; returns 0."""
     stdout = getattr(args, "dry_run_stdout", sys.stdout)
-    stdout.write(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    stdout.write(yamlfile.dump_run_file(config))
     stdout.flush()
     kind = ("a population's, which --preset does not take" if "seeds" in config
             else "a preset file too: --preset FILE trains with them")
@@ -2176,7 +2176,7 @@ def _refuse_other_init_file(args: argparse.Namespace, recorded) -> None:
 def _run_config(path: Path) -> dict:
     """A run directory's config.yaml as a dict ({} where there is none or it cannot be read)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlfile.load_run_file(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -2787,7 +2787,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_config: dict = {}
     if config_file is not None and config_file.is_file():  # the modules that registered the run's env
         try:
-            run_config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+            run_config = yamlfile.load_run_file(config_file.read_text(encoding="utf-8")) or {}
             recorded = run_config.get("gym_packages") or []
         except (yaml.YAMLError, AttributeError, OSError):
             run_config, recorded = {}, []

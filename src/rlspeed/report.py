@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from rlspeed import yamlfile
 from rlspeed.errors import UserError
 from rlspeed.files import local_path, write_text_atomic
 from rlspeed.logging import agg_figure, format_return, save_figure
@@ -71,7 +72,7 @@ def _read_config(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yamlfile.load_run_file(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"'{path}' cannot be read ({getattr(error, 'strerror', None) or type(error).__name__}): "
                         "leave its run out, or restore the file.") from None

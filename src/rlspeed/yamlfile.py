@@ -56,6 +56,54 @@ def _int(loader: _StrictLoader, node):
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
+#: YAML's tag of a Python tuple (`!!python/tuple [128, 64]`): env options an env takes only as tuples
+TUPLE_TAG = "tag:yaml.org,2002:python/tuple"
+
+
+def _tuple(loader: yaml.SafeLoader, node):
+    return tuple(loader.construct_sequence(node, deep=True))
+
+
+class _RunFileLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads tuples (`TUPLE_TAG`), as a run's config.yaml writes env options."""
+
+
+class _TaggedTuple(tuple):
+    """A tuple `dump_run_file` writes with `TUPLE_TAG` (other tuples are written as lists, as safe_dump does)."""
+
+
+class _RunFileDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper that writes `_TaggedTuple`s as tuples."""
+
+
+for _loader in (_StrictLoader, _RunFileLoader):
+    _loader.add_constructor(TUPLE_TAG, _tuple)
+_RunFileDumper.add_representer(_TaggedTuple, lambda dumper, data: dumper.represent_sequence(TUPLE_TAG, data,
+                                                                                            flow_style=True))
+
+
+def _tagged(value):
+    if isinstance(value, dict):
+        return {key: _tagged(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_tagged(item) for item in value]
+        return _TaggedTuple(items) if isinstance(value, tuple) else items
+    return value
+
+
+def dump_run_file(config: dict, tuples_under: tuple[str, ...] = ("env_kwargs",)) -> str:
+    """A run's config.yaml: `yaml.safe_dump` in the order of the keys, non-ASCII text as it is, with the tuples under
+    the keys `tuples_under` tagged as tuples (an env may take only a tuple: highway-env's `observation_shape`), so
+    that `load_run_file` gives them back."""
+    config = {key: _tagged(value) if key in tuples_under else value for key, value in config.items()}
+    return yaml.dump(config, Dumper=_RunFileDumper, sort_keys=False, allow_unicode=True)
+
+
+def load_run_file(text: str):
+    """The data of a run's config.yaml (`dump_run_file`): `yaml.safe_load`'s, with its tuples (yaml.YAMLError where
+    it is not YAML)."""
+    return yaml.load(text, Loader=_RunFileLoader)  # noqa: S506 (a SafeLoader subclass)
+
 
 def read(text: str, where: str):
     """The data of the YAML `text`; UserError naming `where` (a file, a flag) for invalid YAML, a key given twice in
