@@ -2139,5 +2139,11 @@ def test_tuple_env_options_come_back_as_tuples_from_a_saved_model(tmp_path):
         assert isinstance(loaded.spec.env_kwargs["config"]["pairs"][0], tuple)
         assert isinstance(loaded.spec.env_kwargs["config"]["pairs"][1], list)
         assert loaded.evaluate(episodes=2, seed=0)["lengths"] == [1, 1]
+        # a list where the env takes only a tuple: the env's TypeError, and how to write a tuple
+        with pytest.raises(rlspeed.UserError, match=r"rejected the options config, sizes: can only concatenate tuple "
+                                                    r"\(not \"list\"\) to tuple \(an option it takes as a tuple is "
+                                                    r"written !!python/tuple \[a, b\] in --env-kwargs"):
+            rlspeed.PPO("rlspeed_test/TupleOption-v0", env_kwargs={"config": {"observation": {"shape": [2, 3]}},
+                                                                   "sizes": [1]}, device="cpu")
     finally:
         gym.registry.pop("rlspeed_test/TupleOption-v0", None)
