@@ -2147,3 +2147,23 @@ def test_tuple_env_options_come_back_as_tuples_from_a_saved_model(tmp_path):
                                                                    "sizes": [1]}, device="cpu")
     finally:
         gym.registry.pop("rlspeed_test/TupleOption-v0", None)
+
+
+def test_an_env_option_no_checkpoint_holds_is_named_on_one_line_with_how_to_give_it_again(tmp_path):
+    """An option that is not JSON (a table of prices for gym-anytrading, a 2-D array here) is named by its type where
+    its repr takes many lines (the warning printed the table's first columns over lines), with `load`'s remedy."""
+    gym.register(id="rlspeed_test/TableOption-v0", entry_point=lambda table: gym.make("Pendulum-v1").unwrapped,
+                 max_episode_steps=5)
+    try:
+        model = rlspeed.PPO("rlspeed_test/TableOption-v0", env_kwargs={"table": np.zeros((3, 4))}, seed=0,
+                            device="cpu", num_envs=1, num_steps=8, batch_size=8)
+        with pytest.warns(UserWarning) as record:
+            model.save(tmp_path / "model")
+        (message,) = [str(warning.message) for warning in record if "cannot be saved" in str(warning.message)]
+        assert message == ("The env option table (a ndarray) cannot be saved in a checkpoint (not JSON): a loaded "
+                           "model makes rlspeed_test/TableOption-v0 without it (give it again: load(path, "
+                           "env_kwargs={'table': ...})).")
+        loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu", env_kwargs={"table": np.ones(2)})
+        assert loaded.spec.env_kwargs["table"].tolist() == [1.0, 1.0]
+    finally:
+        gym.registry.pop("rlspeed_test/TableOption-v0", None)

@@ -280,8 +280,11 @@ def recorded_env_kwargs(spec: EnvSpec) -> dict:
             json.dumps(value, allow_nan=False)
             kept[key] = value
         except (TypeError, ValueError):
-            warnings.warn(f"The env option {key}={value!r:.60} cannot be saved in a checkpoint (not JSON): a loaded "
-                          f"model makes {spec.env_id} without it.", stacklevel=3)
+            text = repr(value)  # (a DataFrame's or an array's is many lines: its type says what it is)
+            shown = f"{key}={text:.60}" if "\n" not in text else f"{key} (a {type(value).__name__})"
+            warnings.warn(f"The env option {shown} cannot be saved in a checkpoint (not JSON): a loaded model makes "
+                          f"{spec.env_id} without it (give it again: load(path, env_kwargs={{{key!r}: ...}})).",
+                          stacklevel=3)
     return kept
 
 
