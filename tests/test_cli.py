@@ -363,7 +363,8 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "ppo", "CartPole-v1", "--vf-coef", "-1"], "--set vf_coef=-1."),
     (["train", "td3", "Pendulum-v1", "--policy-noise", "0.2"], "--set target_policy_noise=0.2."),
     (["train", "ppo", "CartPole-v1", "--clip-coef", "0.1"], "given with --set: --set clip_range=0.1."),
-    (["train", "sac", "Pendulum-v1", "--steps", "1000"], "--steps 1000 (see 'rlspeed train --help')."),
+    (["train", "sac", "Pendulum-v1", "--steps", "1000"], "--steps 1000; rlspeed train's env steps are "
+                                                          "--total-timesteps 1000 (rlspeed profile's --steps"),
     (["train", "ppo", "CartPole-v1", "--capture-video"], "--video-every N"),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-group", "sweep-7"], "variable: WANDB_RUN_GROUP=sweep-7 "),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-name=lr3e-4"], "variable: WANDB_NAME=lr3e-4 rlspeed train"),
@@ -2270,6 +2271,20 @@ def test_a_misspelled_option_names_the_closest_one(argv, hint, capsys):
     assert "did you mean" not in cli_error(capsys, ["eval", "run", "--colour"])
     # (before any command: it was "a command is required", the typo unnamed)
     assert cli_error(capsys, ["--verison"]).endswith("--verison: did you mean --version? (see 'rlspeed --help').")
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "ppo", "CartPole-v1", "--steps", "3000"], "--steps 3000; rlspeed train's env steps are "
+     "--total-timesteps 3000 (rlspeed profile's --steps, rlspeed tune's --budget)."),
+    (["tune", "ppo", "CartPole-v1", "--total-timesteps", "512"], "--total-timesteps 512; rlspeed tune's env steps are "
+     "--budget 512 (rlspeed train's --total-timesteps, rlspeed profile's --steps)."),
+    (["profile", "ppo", "CartPole-v1", "--timesteps=512"], "--timesteps=512; rlspeed profile's env steps are "
+     "--steps 512 (rlspeed train's --total-timesteps, rlspeed tune's --budget)."),
+])
+def test_another_commands_name_of_the_env_steps_names_this_ones(argv, hint, capsys):
+    """The commands name their env steps differently (train's --total-timesteps, profile's --steps, tune's --budget):
+    `rlspeed train ppo ENV --steps 3000`, a newcomer's first try, was refused naming no option."""
+    assert cli_error(capsys, argv) == f"rlspeed: error: unrecognized arguments: {hint}"
 
 
 def test_an_env_module_in_the_current_directory_is_found(tmp_path):

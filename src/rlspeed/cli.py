@@ -3652,6 +3652,11 @@ def _pairs_after_flag(unknown: list[str], argv: list[str]) -> tuple[str, list[st
     return argv[start - 1], argv[start:end]
 
 
+#: the flag of each command that takes the env steps to run, and the names other commands or tools give it
+_BUDGET_FLAGS = {"train": "--total-timesteps", "profile": "--steps", "tune": "--budget"}
+_BUDGET_NAMES = ("steps", "timesteps", "total_timesteps", "total_steps", "budget", "n_timesteps")
+
+
 def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
@@ -3690,6 +3695,10 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     key = {**_SHORT_NAMES, **_CLEANRL_FLAGS}.get(name, name)
     if key in fields:
         return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {key}={value}."
+    if name in _BUDGET_NAMES:  # (another command's, or another tool's, name of the env steps to run)
+        return (f"unrecognized arguments: {given}; rlspeed {command}'s env steps are {_BUDGET_FLAGS[command]} "
+                f"{value} (" + ", ".join(f"rlspeed {other}'s {option}" for other, option in _BUDGET_FLAGS.items()
+                                        if other != command) + ").")
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
                 "(hyperparameters are given with --set KEY=VALUE).")
