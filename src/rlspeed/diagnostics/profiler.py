@@ -354,11 +354,19 @@ def advise(result: Profile) -> list[str]:
             advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
                           f"step) with one subprocess per env on {usable_cores()} cores: --env-backend gymnasium "
                           "steps the envs in this process without the pipes; compare the two runs' steps/s.")
-        elif (result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS
+        elif (result.env_backend == "gymnasium" and result.host_ms("env") >= SLOW_ENV_MS
               and usable_cores() >= ASYNC_MIN_CORES):
+            more = "" if result.num_envs >= 4 else " with --num-envs 4 or more"
             advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
-                          f"step): --env-backend gymnasium-async steps each env in a subprocess of its own, which "
-                          f"can pay off for envs this slow on {usable_cores()} cores; compare the two runs' steps/s.")
+                          f"step): --env-backend gymnasium-async{more} steps each env in a subprocess of its own, "
+                          f"which can pay off for envs this slow on {usable_cores()} cores; compare the two runs' "
+                          "steps/s.")
+        elif result.env_backend == "gymnasium" and result.host_ms("env") >= SLOW_ENV_MS:
+            # (the env's own computation: in one process each env more costs as much again)
+            advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
+                          "step), the env's own computation: more envs in this process step one after another, "
+                          f"and subprocess envs (--env-backend gymnasium-async) pay off from {ASYNC_MIN_CORES} cores "
+                          f"({usable_cores()} here); a cheaper setting of the env itself is what speeds this run.")
         else:
             advice.append(f"env.step takes {env_share:.0%} of the time: more envs per step (--num-envs) spread "
                           "its fixed cost over more transitions.")
