@@ -271,3 +271,32 @@ def test_profile_says_it_reads_the_record_back_and_caveats_a_run_of_a_few_steps(
     assert report.index("caveat:") < report.index("advice:")
     model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=2, train_freq=16)
     assert profiler.too_few_steps(model, 2_016) == [] and profiler.too_few_steps(model, 1_984)
+
+
+def test_advice_for_an_env_that_waits_names_subprocess_envs_on_any_number_of_cores(monkeypatch):
+    """A sleeping env (a simulator over a socket) keeps no core busy: subprocesses wait side by side even on 2
+    cores (8 envs of 5 ms: 178 steps/s in-process, 934 in subprocesses on this project's 2 cores)."""
+    monkeypatch.setattr(profiler, "usable_cores", lambda: 2)
+    slow_env = [PhaseTime("env", 5_700, 0.98), PhaseTime("other", 1, 0.02)]
+    [line] = advise(_profile(env_backend="gymnasium", env_id="Slow-v0", num_envs=8, phases=slow_env, cores_busy=0.1))
+    assert "--env-backend gymnasium-async" in line and "mostly waits" in line
+    # in subprocesses already, 700 us per env step (8 envs side by side): keep them, not back to one process
+    amortised = [PhaseTime("env", 700, 0.9), PhaseTime("other", 1, 0.1)]
+    [line] = advise(_profile(env_backend="gymnasium-async", env_id="Slow-v0", num_envs=8, phases=amortised,
+                             cores_busy=0.2))
+    assert "in this process" not in line and "--num-envs" in line
+    # an env that computes (the cores busy) keeps the core-count rule
+    [line] = advise(_profile(env_backend="gymnasium", env_id="Slow-v0", num_envs=8, phases=slow_env, cores_busy=1.0))
+    assert "gymnasium-async" not in line
+
+
+def test_profile_of_a_sleeping_env_reports_idle_cores_and_advises_subprocesses(monkeypatch):
+    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+
+    monkeypatch.setattr(profiler, "usable_cores", lambda: 2)
+    model = PPO("SlowSleeping-v0", device="cpu", seed=0, env_backend="gymnasium", num_envs=2, num_steps=16,
+                batch_size=32, n_epochs=1, net_arch=(8,))
+    result = profile_run(model, steps=64, warmup_steps=0)
+    assert result.cores_busy is not None and result.cores_busy < profiler.WAITING_CORES
+    assert any("--env-backend gymnasium-async" in line for line in result.advice)
+    assert result.to_dict()["cores_busy"] == result.cores_busy
