@@ -537,3 +537,23 @@ def test_the_advice_for_episodes_without_end_works_in_learns_evaluations(monkeyp
         warnings.simplefilter("error")
         limited.learn(32, eval_freq=32, eval_episodes=2, progress_bar=False)
         assert limited.evaluate(episodes=2, seed=0)["lengths"] == [7, 7]
+
+
+def test_a_model_training_in_subprocess_envs_evaluates_in_them_too(monkeypatch):
+    """An env slow enough for gymnasium-async (a simulator, a socket) runs its evaluation episodes side by side in
+    subprocesses too; in one process, 10 episodes of a 5 ms env took 10 times as long as in them."""
+    import rlspeed.evaluation as evaluation
+    from rlspeed import PPO
+
+    made = []
+    make_env = evaluation.make_env
+
+    def recording(env_id, **kwargs):
+        made.append(kwargs["backend"])
+        return make_env(env_id, **{**kwargs, "backend": "gymnasium"})  # (no subprocesses in the test)
+
+    monkeypatch.setattr(evaluation, "make_env", recording)
+    model = PPO("CartPole-v1", env_backend="gymnasium-async", device="cpu", seed=0, num_envs=2, num_steps=8)
+    model.evaluate(episodes=2, max_steps=5)
+    assert made == ["gymnasium-async"]
+    assert evaluation.evaluation_backend("CartPole-v1", "gymnasium-async", 10, "cpu") == "gymnasium-async"

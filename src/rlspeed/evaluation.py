@@ -430,9 +430,10 @@ def _warn_life_episodes(env) -> None:
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:
     """The backend an evaluation of `episodes` episodes on a model's own env id runs on (`evaluate`'s `"auto"`): the
-    one it trained on where that is the native or Gymnasium one (the same seed then gives the same episodes), else
-    `auto`'s choice for that many envs on `device` (`rlspeed.envs.resolve_backend`)."""
-    if trained_on in ("torch", "gymnasium"):
+    one it trained on where that is the native, Gymnasium or subprocess one (the same seed then gives the same
+    episodes; an env slow enough to train in subprocesses evaluates in them too, its episodes side by side and its
+    resets in parallel), else `auto`'s choice for that many envs on `device` (`rlspeed.envs.resolve_backend`)."""
+    if trained_on in ("torch", "gymnasium", "gymnasium-async"):
         return trained_on
     return resolve_backend(env_id, "auto", episodes, resolve_device(device))
 
