@@ -3315,3 +3315,23 @@ def test_env_options_take_tuples_and_the_run_records_them_as_tuples(tmp_path, mo
     assert "shape: !!python/tuple [2, 2]" in (tmp_path / "run" / "config.yaml").read_text()
     assert yamlfile.load_run_file((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"shape": (2, 2)}
     assert cli.main(["eval", "run", "--episodes", "1", "--no-progress"]) == 0
+
+
+def test_resume_runs_also_checkpoint_by_wall_time_unless_a_step_frequency_is_asked_for(tmp_path, monkeypatch):
+    """With --resume a run checkpointed every 1/20 of its budget only: for an env of 5 ms a step (180 steps/s), a
+    budget of 10M steps is 500,000 steps, 46 minutes, between checkpoints, all lost by a preemption. The wall-time
+    bound of a run without --resume applies too; --checkpoint-freq N alone is what the user asked for."""
+    from rlspeed import PPO
+
+    monkeypatch.chdir(tmp_path)
+    asked = []
+    learn = PPO.learn
+    monkeypatch.setattr(PPO, "learn", lambda self, *a, **kw: asked.append((kw.get("checkpoint_freq"),
+                                                                            kw.get("checkpoint_interval_s")))
+                        or learn(self, *a, **kw))
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "128", "--num-envs", "4", "--set", "num_steps=32",
+            "--set", "batch_size=64", "--target-return", "none", "--no-progress"]
+    assert cli.main([*argv, "--out", "a", "--resume"]) == 0
+    assert asked[-1] == (6, cli.CHECKPOINT_INTERVAL_S)  # (1/20 of the budget and the wall-time bound)
+    assert cli.main([*argv, "--out", "b", "--checkpoint-freq", "64"]) == 0
+    assert asked[-1] == (64, None)

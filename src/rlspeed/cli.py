@@ -2394,8 +2394,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             if not trained:
                 model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
                             eval_episodes=_eval_episodes(args), run_dir=run_dir, checkpoint_freq=checkpoint_freq,
-                            # (without a step frequency, a crash still loses at most about this much training)
-                            checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
+                            # (without a step frequency asked for, a crash still loses at most about this much
+                            # training: also beside --resume's 1/20 of the budget, hours of a slow env's steps)
+                            checkpoint_interval_s=CHECKPOINT_INTERVAL_S if args.checkpoint_freq is None else None,
                             callback=callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
