@@ -393,10 +393,10 @@ def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot
 def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):
     """Members evaluated on an env whose episodes never end: the final line says how many of all the members'
     episodes were cut short at the step limit (it read as if they had ended)."""
-    import rlspeed.population.base
+    import rlspeed.evaluation
 
     env_id = endless_pendulum_id()
-    monkeypatch.setattr(rlspeed.population.base, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
     argv = ["train", "ppo", env_id, "--seeds", "0-1", *SMALL[:8], "--total-timesteps",
             "128", "--eval-episodes", "2", "--out", str(tmp_path / "run"), "--no-progress"]
     with pytest.warns(UserWarning, match="4 of 4 episodes were still running after 30 steps"):
