@@ -722,3 +722,30 @@ def test_a_resumed_populations_replay_buffer_is_read_mapped(tmp_path, monkeypatc
     resumed.resume(tmp_path / "checkpoint.safetensors")
     assert ("checkpoint.replay.safetensors", True) in calls
     assert len(resumed.buffer) > 0
+
+
+def test_a_population_checkpoints_by_wall_time_too(tmp_path, monkeypatch):
+    """`checkpoint_interval_s` writes a checkpoint once that long has passed since the last one (a slow env's 1/20 of
+    the budget may be an hour: all lost to a crash); `rlspeed train --seeds` without --checkpoint-freq asks for one
+    every CHECKPOINT_INTERVAL_S as a solo run does, and keeps doing so after --resume; without a run_dir it is one
+    sentence."""
+    from rlspeed.population import base
+
+    saved_at = []
+    monkeypatch.setattr(base.PopulationBase, "save", lambda self, path: saved_at.append(self.num_timesteps))
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=16, batch_size=64, net_arch=(8,))
+    population.learn(64 * 4, run_dir=tmp_path, checkpoint_interval_s=0, progress_bar=False)
+    assert saved_at == [64, 128, 192]  # (after every iteration but the last: none is due once training ends)
+    with pytest.raises(UserError, match="checkpoint_interval_s=60 needs a run_dir"):
+        population.learn(64, checkpoint_interval_s=60)
+
+    asked = []
+    learn = base.PopulationBase.learn
+    monkeypatch.setattr(base.PopulationBase, "learn", lambda self, total, **kw: asked.append(
+        (kw["checkpoint_freq"], kw["checkpoint_interval_s"])) or learn(self, total, **kw))
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "128", "--set", "num_envs=4",
+            "--set", "num_steps=16", "--set", "batch_size=64", "--set", "net_arch=[8]", "--eval-episodes", "1",
+            "--target-return", "none", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path / "run")]) == 0
+    assert cli.main([*argv, "--out", str(tmp_path / "run2"), "--checkpoint-freq", "64"]) == 0
+    assert asked == [(6, cli.CHECKPOINT_INTERVAL_S), (64, None)]

@@ -721,7 +721,9 @@ def _train_population(args: argparse.Namespace) -> int:
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": population.env_backend, "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq, "eval_episodes": _eval_episodes(args),
-              "checkpoint_freq": checkpoint_freq,
+              # (the interval asked for, which --resume keeps; None: 1/20 of the budget and one every
+              # CHECKPOINT_INTERVAL_S, as a solo run's config says)
+              "checkpoint_freq": args.checkpoint_freq,
               "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
               "preset": args.preset_info, "env_kwargs": env_kwargs or None,
               # (a CPU's results depend on the thread count, as a solo run's: --resume keeps the run's)
@@ -767,7 +769,8 @@ def _train_population(args: argparse.Namespace) -> int:
     learn_kwargs = {"target_return": target, "eval_episodes": _eval_episodes(args)}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
-    learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+    learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq,  # (and every minute: as a solo run's)
+                        checkpoint_interval_s=CHECKPOINT_INTERVAL_S if args.checkpoint_freq is None else None)
     curves: dict[int, list] = {k: [] for k in range(len(seeds))}
     if resumed_from is not None:
         say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps per member", flush=True)
@@ -2128,7 +2131,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
             setattr(args, key, str(config[key]))
     if "env_kwargs" not in given and isinstance(config.get("env_kwargs"), dict):
         args.resume_env_kwargs = config["env_kwargs"]
-    freq = config.get("checkpoint_freq")  # (the checkpoint interval the run was given, or a population's)
+    freq = config.get("checkpoint_freq")  # (the checkpoint interval the run was given)
     if "checkpoint_freq" not in given and isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
         args.checkpoint_freq = freq
     episodes = config.get("eval_episodes")  # (the run's evaluations; a config.yaml without it: EVAL_EPISODES)

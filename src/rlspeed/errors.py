@@ -123,6 +123,15 @@ def positive_whole(name: str, value, needed_by: str | None = None, minimum: int 
     return int(value)
 
 
+def seconds(name: str, value) -> float | None:
+    """`value` (None, or a number of seconds >= 0) as a float; UserError naming `name` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise UserError(f"{name} is a number of seconds, at least 0, got {value!r}.")
+    return float(value)
+
+
 def true_or_false(name: str, value) -> bool:
     """`value` (True or False: a bool, numpy's, or the integer 0 or 1) as a bool; UserError naming `name` otherwise
     (a string, None, a float, a list), whose truth value would be taken silently: "False" is true, None false."""

@@ -99,6 +99,7 @@ from rlspeed.errors import (
     infinite_advice,
     no_such_keyword,
     positive_whole,
+    seconds,
     true_or_false,
     warn_at_caller,
 )
@@ -721,15 +722,6 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
                                                                                             eval_episodes),
             positive_whole("checkpoint_freq", checkpoint_freq), true_or_false("learn(progress_bar=...)", progress_bar),
             true_or_false("learn(confirm_target=...)", confirm_target))
-
-
-def _seconds(name: str, value) -> float | None:
-    """`value` (None, or a number of seconds >= 0) as a float; UserError naming `name` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
-        raise UserError(f"{name} is a number of seconds, at least 0, got {value!r}.")
-    return float(value)
 
 
 def progress_remaining(timesteps: int, start: int, end: int) -> float:
@@ -2279,8 +2271,8 @@ class Algorithm:
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target)
-        log_interval_s = _seconds("log_interval_s", log_interval_s)
-        checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
+        log_interval_s = seconds("log_interval_s", log_interval_s)
+        checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)

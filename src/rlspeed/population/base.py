@@ -26,7 +26,7 @@ from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_stage
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
+from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, seconds
 from rlspeed.evaluation import RUN_LONGER, TIME_LIMIT, episode_step_limit, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
@@ -1243,7 +1243,7 @@ class PopulationBase:
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
               stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True,
-              **unknown: Any) -> dict[str, Any]:
+              checkpoint_interval_s: float | None = None, **unknown: Any) -> dict[str, Any]:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -1265,7 +1265,10 @@ class PopulationBase:
 
         Checkpoints: with `run_dir`, `run_dir/checkpoint.safetensors` (`save`) is written atomically every
         `checkpoint_freq` env steps per member, between iterations (none is due once training ends), so a crash
-        loses at most that many steps: `resume` continues from it. `stop_requested()`, where given, is asked after
+        loses at most that many steps: `resume` continues from it; with `checkpoint_interval_s` (seconds), also once
+        that long has passed since the last one (at most a twentieth of the time spent saving: an interval of at least
+        20 saves' time), so a slow env's run loses at most about that much time (`rlspeed train --seeds` without
+        --checkpoint-freq: every 60 s). `stop_requested()`, where given, is asked after
         every iteration; True: the checkpoint is written (with `run_dir`) and KeyboardInterrupt raised (the CLI's
         Ctrl-C and SIGTERM); asked once the last iteration is done, True skips the final evaluation.
 
@@ -1296,6 +1299,10 @@ class PopulationBase:
         eval_freq = 10_000 if eval_freq is None else eval_freq
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
+        checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
+        if checkpoint_interval_s is not None and run_dir is None:
+            raise UserError(f"checkpoint_interval_s={checkpoint_interval_s:g} needs a run_dir to write the checkpoints "
+                            "to.")
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
         # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
         # gives back)
@@ -1316,7 +1323,7 @@ class PopulationBase:
             try:
                 set_training_threads(self.num_threads)  # (as a solo model's learn)
                 self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
-                                 on_eval, run_dir, stop_requested, bar, logger)
+                                 on_eval, run_dir, stop_requested, bar, logger, checkpoint_interval_s)
                 raising = False
             except KeyboardInterrupt:
                 self._learn_interrupted = True
@@ -1404,9 +1411,10 @@ class PopulationBase:
 
     def _learn_loop(self, loop: _LoopProgress, end: int, eval_freq: int, evaluating: bool, target_return, eval_episodes,
                     stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar,
-                    logger: RunLogger | None = None) -> None:
+                    logger: RunLogger | None = None, checkpoint_interval_s: float | None = None) -> None:
         """`learn`'s iterations until `end` env steps per member, the target, or no member left."""
         clock_start, cpu_start = time.perf_counter(), time.process_time()
+        last_checkpoint, checkpoint_cost = clock_start, 0.0  # (`checkpoint_interval_s`)
         while self.num_timesteps < end and self.alive:
             training = len(self.alive)
             before = self.num_timesteps
@@ -1427,7 +1435,12 @@ class PopulationBase:
                 break
             requested = stop_requested is not None and stop_requested()
             if run_dir is not None:
-                self._checkpoint_if_due(loop, run_dir, requested)
+                now = time.perf_counter()
+                timed = checkpoint_interval_s is not None and (
+                    now - last_checkpoint >= max(checkpoint_interval_s, 20 * checkpoint_cost))
+                if self._checkpoint_if_due(loop, run_dir, requested or timed):
+                    last_checkpoint = time.perf_counter()
+                    checkpoint_cost = last_checkpoint - now
             if requested:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
@@ -1466,17 +1479,18 @@ class PopulationBase:
             self._prune(on_eval(self.num_timesteps, dict(zip(members, means))), loop.left)
         return target_return is not None and all(loop.reached[k] for k in self.alive)
 
-    def _checkpoint_if_due(self, loop: _LoopProgress, run_dir: str | Path, requested: bool) -> None:
+    def _checkpoint_if_due(self, loop: _LoopProgress, run_dir: str | Path, requested: bool) -> bool:
         """Between `learn`'s iterations: write `run_dir`'s checkpoint (`save`, with the loop's progress) when
-        `checkpoint_freq` steps have passed since the last one (the next one is then due a frequency on) or a stop
-        was `requested`."""
+        `checkpoint_freq` steps have passed since the last one (the next one is then due a frequency on) or one is
+        `requested` (a stop, or the time since the last one); whether it was written."""
         due = loop.next_checkpoint is not None and self.num_timesteps >= loop.next_checkpoint
         if not (requested or due):
-            return
+            return False
         if due:
             loop.next_checkpoint = self.num_timesteps + loop.checkpoint_freq
         self.progress = loop.snapshot()
         self.save(Path(run_dir) / CHECKPOINT_NAME)
+        return True
 
     def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
                  final: bool = True, evaluate: bool = True) -> dict:
