@@ -3059,11 +3059,14 @@ def test_quiet_train_and_eval_print_their_result_line_and_what_goes_to_stderr_on
     """`--quiet`: no progress bar or status lines and none of the lines of what the run is doing (the run directory,
     what trains, a population's line per evaluation), only the final evaluation's line on stdout; a note (on stderr)
     is still printed. `rlspeed eval --quiet` prints its result line without the progress bar."""
+    from rlspeed import device
     from rlspeed import logging as run_logging
     from rlspeed.logging import ProgressBar
 
     monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: False)  # (status lines, also under pytest -s)
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)  # (a status line at every update)
+    # (the note of a --threads beyond the cores, training one thread: several would contend for CI's 2 cores)
+    monkeypatch.setattr(device, "usable_cores", lambda: 1)
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--set", "num_envs=4", "--set", "num_steps=32",
             "--set", "batch_size=64", "--eval-freq", "256", "--threads", "100000", "--out", str(out)]
