@@ -2769,15 +2769,28 @@ def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(t
     """`rlspeed eval RUN --seed S` evaluated on one thread whatever the run used: for a `--threads 2` run the returns
     differed from summary.json's final_eval in their last digits (a CPU's sums depend on the thread count). It takes
     the run's recorded threads now."""
+    from rlspeed import device
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
-    assert cli.main(["train", "sac", "Pendulum-v1", "--threads", "2", "--total-timesteps", "1500", "--target-return",
+    # (past learning_starts 200: a trained policy; the sums that differ are the evaluation's, not the training's)
+    assert cli.main(["train", "sac", "Pendulum-v1", "--threads", "2", "--total-timesteps", "400", "--target-return",
                      "none", "--no-progress", "--out", "run"]) == 0
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"]
     capsys.readouterr()
+    configure, counts = device.configure_threads, []
+
+    def counted(threads=None):
+        counts.append(configure(threads))
+        return counts[-1]
+
+    monkeypatch.setattr(device, "configure_threads", counted)
     assert cli.main(["eval", "run", "--seed", str(final["seed"]), "--json", "--no-progress"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["mean"], result["std"]) == (final["mean"], final["std"])
+    # (a machine whose sums do not depend on the thread count tells the evaluation's threads only by its count)
+    assert counts == [recorded] and recorded == min(2, device.cores_per_process())
 
 
 def test_run_options_given_to_set_name_their_flags(capsys):
