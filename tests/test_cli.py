@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 import yaml
@@ -2903,26 +2904,41 @@ gym.register("CrashingEnv-v0", entry_point="crashing_env:CrashingEnv", max_episo
 """
 
 
-def train_crashing(tmp_path, crash_at: int, *more: str) -> subprocess.CompletedProcess:
-    """`rlspeed train ppo` (512 steps, checkpoints every 128) in `tmp_path/run` on CRASHING_ENV, whose process raises
-    at its `crash_at`-th env step."""
+@pytest.fixture
+def train_crashing(tmp_path, monkeypatch, capsys):
+    """`train(crash_at, *more)`: `rlspeed train ppo` (512 steps, checkpoints every 128) in `tmp_path/run` on
+    CRASHING_ENV, whose process raises at its `crash_at`-th env step; in this process (the env's module imported
+    afresh at each command, its step count from 0 as in a new process), the command's output as a process's."""
     (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
-                           "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
-                           "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512", "--checkpoint-freq",
-                           "128", "--target-return", "none", "--no-progress", "--out", "run", *more], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def forget() -> None:
+        sys.modules.pop("crashing_env", None)
+        gym.registry.pop("CrashingEnv-v0", None)
+
+    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
+        forget()
+        monkeypatch.setenv("CRASH_AT", str(crash_at))
+        argv = ["train", "ppo", "crashing_env:CrashingEnv-v0", "--env-backend", "gymnasium", "--num-envs", "2",
+                "--preset", "none", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
+                "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run", *more]
+        capsys.readouterr()
+        code = cli.main(argv)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+    yield train
+    forget()
 
 
 @pytest.mark.parametrize("seeds", [(), ("--seeds", "0-1")], ids=["single", "population"])
-def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds):
+def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds, train_crashing):
     """A run an env's error ended (exit 1) left no summary.json: a script collecting runs could not tell it from one
     still running. Now its summary.json holds `"error"` (and a finished run's `"error": null`), and --resume goes on
     from its checkpoint. A population's env error was a 20-line traceback; now it is the single run's one line."""
     def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
-        return train_crashing(tmp_path, crash_at, *seeds, *more)
+        return train_crashing(crash_at, *seeds, *more)
 
     done = train(300)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
@@ -2939,13 +2955,11 @@ def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds)
     assert summary["error"] is None and summary["total_timesteps"] >= 512
 
 
-def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_path):
+def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_path, train_crashing):
     """An env's error in the final evaluation, after training and its model were saved, left no summary.json (a
     script collecting runs took it for one still running); now its summary holds `"error"`, and --resume evaluates
     it again."""
-    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
-        return train_crashing(tmp_path, crash_at, *more)
-
+    train = train_crashing
     done = train(700)  # (the process's env steps: 512 in training, then the final evaluation's)
     assert done.returncode == 1 and "sensor cable unplugged" in done.stderr, done.stderr
     assert (tmp_path / "run" / "model.safetensors").exists()
