@@ -464,13 +464,18 @@ def test_debug_keeps_the_sentence_of_an_unknown_option(monkeypatch, tmp_path):
     assert "(see 'rlspeed train --help')" in str(raised.value)
 
 
-def test_debug_keeps_the_commands_exit_code_2(tmp_path):
+def test_debug_keeps_the_commands_exit_code_2(tmp_path, monkeypatch, capsys):
     """As the `rlspeed` command, --debug adds the traceback and keeps exit code 2 (a raised error would exit 1)."""
-    done = subprocess.run([sys.executable, "-c", "import sys\nfrom rlspeed.cli import main\nsys.exit(main())",
-                           "train", "ppo", "CartPol-v1", "--debug"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 2
-    assert "Traceback" in done.stderr and "Unknown env id 'CartPol-v1'" in done.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["rlspeed", "train", "ppo", "CartPol-v1", "--debug"])
+    streams = sys.stdout, sys.stderr
+    try:
+        code = cli.main()  # (argv None: the command's own handling, as `python -m rlspeed` runs it)
+    finally:
+        sys.stdout, sys.stderr = streams  # (the command wraps the process's streams)
+    assert code == 2
+    stderr = capsys.readouterr().err
+    assert "Traceback" in stderr and "Unknown env id 'CartPol-v1'" in stderr
 
 
 def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
