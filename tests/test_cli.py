@@ -1226,8 +1226,8 @@ def test_subprocess_envs_warnings_are_the_commands_lines_each_said_once(tmp_path
                f"multiprocessing.set_start_method({start_method!r})\n"
                "from rlspeed.cli import main\n"
                "sys.argv[1:] = ['train', 'ppo', 'warning_env:WarningEnv-v0', '--env-backend', 'gymnasium-async',\n"
-               "                '--num-envs', '3', '--set', 'num_steps=16', '--set', 'batch_size=48',\n"
-               "                '--total-timesteps', '48', '--target-return', 'none', '--no-progress',\n"
+               "                '--num-envs', '2', '--set', 'num_steps=16', '--set', 'batch_size=32',\n"
+               "                '--total-timesteps', '32', '--target-return', 'none', '--no-progress',\n"
                "                '--out', 'run']\n"
                "raise SystemExit(main())\n")
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
