@@ -2036,15 +2036,16 @@ def test_eval_without_a_seed_prints_the_one_it_drew_which_repeats_it(tmp_path, m
 
 
 def test_warnings_lose_terminal_colour_codes_and_unknown_ids_say_how_to_register(capsys):
-    """Gymnasium colours its warnings: the CLI's warning line shows the text, not escape codes; an unknown id with
+    """Gymnasium colours its warnings: the CLI's warning line shows the text, not escape codes, named as Gymnasium's
+    (its "WARN: " read as rlspeed's own); an unknown id with
     a close registered one still says how to register one's own env."""
     import io
 
     out = io.StringIO()
     cli._show_warning("\x1b[33mWARN: The obs returned by the step() method is not within the observation space.\x1b[0m",
                       UserWarning, "env.py", 1, file=out)
-    assert out.getvalue() == ("rlspeed: warning: WARN: The obs returned by the step() method is not within the "
-                              "observation space.\n")
+    assert out.getvalue() == ("rlspeed: warning: Gymnasium: The obs returned by the step() method is not within the "
+                              "observation space.\n")  # (its env checker's: a newcomer read it as rlspeed's own)
     assert cli.main(["train", "ppo", "CartPole-v9", "--total-timesteps", "64"]) == 2
     err = capsys.readouterr().err
     assert "Did you mean CartPole-v1" in err and "`MODULE:EnvId`" in err

@@ -3554,13 +3554,16 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as the CLI's other lines: `rlspeed: warning: ...`, without the source line (`--debug` keeps
-    Python's form). Under torchrun, rank 0's only: every rank runs the same code on its share of the envs and would
-    say it once each (`--debug` shows every rank's)."""
+    Python's form); Gymnasium's own (its logger's "WARN: ") as `rlspeed: warning: Gymnasium: ...`. Under torchrun,
+    rank 0's only: every rank runs the same code on its share of the envs and would say it once each (`--debug`
+    shows every rank's)."""
     if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
         return
     if getattr(category, "told_by_the_error", False):  # (a subprocess env's log of its error: the error line says it)
         return
     text = _one_line(str(message)).removeprefix("rlspeed: ")
+    if text.startswith("WARN: "):  # (Gymnasium's logger: its env checker's and wrappers' notes, named as theirs)
+        text = "Gymnasium: " + text.removeprefix("WARN: ")
     if text in _SHOWN_WARNINGS:  # (once per command, as Python's default: the same env made three times said it thrice)
         return
     _SHOWN_WARNINGS.add(text)
