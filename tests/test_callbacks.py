@@ -218,7 +218,8 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: CheckpointCallback(32, "ckpt", save_replay_buffer="no"), r"save_replay_buffer=...\) is True or False"),
     (lambda: CheckpointCallback(32, "ckpt", save_vecnormalize="yes"), r"save_vecnormalize=...\) is True or False"),
     # (a TypeError of '<' between str and int, pathlib's TypeError; 'no' was taken as True)
-    (lambda: VideoRecorderCallback("32", "videos"), r"video_every\) must be at least 1 step, got '32'"),
+    (lambda: VideoRecorderCallback("32", "videos"), "video_every must be a whole number >= 1, got '32'"),
+    (lambda: VideoRecorderCallback(1.5, "videos"), "video_every must be a whole number >= 1, got 1.5"),
     (lambda: VideoRecorderCallback(32, None), "video_folder is a path"),
     (lambda: VideoRecorderCallback(32, "videos", overwrite="no"), r"overwrite=...\) is True or False"),
     # (an AttributeError of the child's parent, a TypeError of pathlib, int()'s ValueError, iterating None)
@@ -240,6 +241,14 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
 def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
     with pytest.raises(UserError, match=words):
         make()
+
+
+def test_step_counts_written_as_floats_are_taken_by_every_callback(tmp_path):
+    """1e4 is a whole number of steps for every callback's interval, as for EvalCallback and CheckpointCallback:
+    VideoRecorderCallback refused it ("must be at least 1 step, got 10000.0")."""
+    assert VideoRecorderCallback(1e4, tmp_path / "videos").video_every == 10_000
+    assert CheckpointCallback(1e4, tmp_path / "ckpt").save_freq == 10_000
+    assert EvalCallback("CartPole-v1", eval_freq=1e4).eval_freq == 10_000
 
 
 def test_a_callbacks_folder_that_cannot_be_made_is_one_sentence_at_learns_start(tmp_path):

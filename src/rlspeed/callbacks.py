@@ -961,15 +961,14 @@ class VideoRecorderCallback(BaseCallback):
                  env_id: str | None = None):
         super().__init__(verbose)
         self.env_id = env_id
-        if isinstance(video_every, bool) or not isinstance(video_every, numbers.Integral) or video_every < 1:
-            raise UserError(f"--video-every (VideoRecorderCallback's video_every) must be at least 1 step, got "
-                            f"{video_every!r}."[:200])
+        # (a whole number as the other callbacks' step counts take it: 1e4 too)
+        video_every = positive_whole("VideoRecorderCallback's video_every", video_every, "VideoRecorderCallback")
         # (checked here, not at the first video)
         if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
             raise UserError(f"VideoRecorderCallback needs at least one episode per video, got episodes={episodes!r}.")
         if fps is not None and (isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not fps > 0):
             raise UserError(f"VideoRecorderCallback's fps must be a number above 0 (or None), got {fps!r}.")
-        self.video_every = int(video_every)
+        self.video_every = video_every
         self.video_folder = given_path("VideoRecorderCallback's video_folder", video_folder)
         self.episodes = episodes
         self.fps = fps
