@@ -503,7 +503,7 @@ def test_a_population_members_model_asks_for_no_masks():
 
 class _LacksMasks(gym.Env):
     """Masks at reset and on steps, except where `lacks` says: "reset" (none at reset), "step" (none on steps),
-    "none" (None as the step's mask)."""
+    "none-step" (None as the steps' mask), "none-reset" (None as the reset's)."""
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(3)
@@ -514,7 +514,7 @@ class _LacksMasks(gym.Env):
     def _info(self, call):
         if self.lacks == call:
             return {}
-        return {"action_mask": None if self.lacks == "none" and call == "step" else np.array([1, 0, 1], bool)}
+        return {"action_mask": None if self.lacks == f"none-{call}" else np.array([1, 0, 1], bool)}
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -542,7 +542,7 @@ def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypa
 
 @pytest.mark.parametrize(("first", "second", "call", "rows"), [("", "reset", "reset", r"env \[1\]"),
                                                           ("", "step", "step", r"env \[1\]"),
-                                                          ("none", "none", "step", r"envs \[0, 1\]")])
+                                                          ("none-step", "none-step", "step", r"envs \[0, 1\]")])
 def test_a_mask_missing_from_one_of_a_vector_envs_infos_is_named_not_read_as_allowing_nothing(first, second, call,
                                                                                              rows):
     """Gymnasium's vector envs merge infos into arrays, filling the rows of envs that gave no mask with zeros: read as
@@ -618,34 +618,13 @@ def test_a_mask_of_values_other_than_0_and_1_is_refused_not_read_as_truthy():
         model.predict(0, action_masks=[0, 0, 0, 0, 0.5, 0])
 
 
-class _NoneMaskAt(gym.Env):
-    """Masks at reset and on steps, None as the mask on the calls `none_at` names ("reset", "step")."""
-
-    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    action_space = gym.spaces.Discrete(3)
-
-    def __init__(self, none_at=()):
-        self.none_at = none_at
-
-    def _info(self, call):
-        return {"action_mask": None if call in self.none_at else np.array([1, 0, 1], bool)}
-
-    def reset(self, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), self._info("reset")
-
-    def step(self, action):
-        return np.zeros(2, np.float32), 1.0, False, False, self._info("step")
-
-
 @pytest.mark.parametrize(("vector", "call"), [(gym.vector.SyncVectorEnv, "reset"),
                                               (gym.vector.AsyncVectorEnv, "step")])
 def test_one_envs_none_mask_after_anothers_mask_is_named_missing_not_read_as_allowing_nothing(vector, call):
     """Gymnasium's vector env writes env 1's None mask into the array env 0's mask began: a row of False, refused as
     a mask that 'allows no action in row [1]'. It is named as the missing mask it is."""
-    from functools import partial
-
-    venv = vector([_NoneMaskAt, partial(_NoneMaskAt, (call,))], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    venv = vector([_LacksMasks, partial(_LacksMasks, f"none-{call}")],
+                  autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env = rlspeed.make_env(venv, device="cpu")
     try:
         with pytest.raises(UserError, match=rf"gave no info\['action_mask'\] on this {call} for env \[1\]"):
