@@ -1362,10 +1362,12 @@ def _check_out_makeable(run_dir: Path) -> None:
         return
     if not existing.is_dir():
         raise UserError(f"Cannot create the run directory '{run_dir}': '{existing}' is a file.")
+    if existing == run_dir:  # (there already: written to, not created)
+        _check_writable(run_dir)
+        return
     reason = unwritable(existing)
     if reason is not None:
-        where = "" if existing == run_dir else f" (in '{existing}')"
-        raise UserError(f"Cannot create the run directory '{run_dir}': {reason}{where}.")
+        raise UserError(f"Cannot create the run directory '{run_dir}': {reason} (in '{existing}').")
 
 
 def _holds_rlspeed_run(run_dir: Path) -> bool:
