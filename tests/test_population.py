@@ -608,6 +608,23 @@ def test_subprocess_env_members_step_together_and_continue_as_solo_runs_after_on
     population.remove([1])
 
 
+def test_members_training_in_subprocess_envs_evaluate_in_this_process():
+    """A solo model that trained in subprocess envs evaluates in them (a slow env's episodes side by side); a
+    population's evaluation would be one subprocess per member per episode (320 for 32 members' 10 episodes), so it
+    runs in this process, on what `auto` picks for that many envs."""
+    from rlspeed.envs import find_wrapper
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium-async", **SMALL)
+    env = population._make_env(3, [5, 6], [0, 1])
+    try:
+        inner = find_wrapper(env, GymnasiumEnv)
+        assert isinstance(inner.vector_env, gym.vector.SyncVectorEnv)  # (auto: Gymnasium for 6 envs on a CPU)
+        assert env.num_envs == 6
+    finally:
+        env.close()
+
+
 def test_the_last_member_leaving_closes_the_training_env():
     """Once every member has left, the training env (here Gymnasium's vector env) is closed, not left open."""
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium", num_envs=2, num_steps=8,
