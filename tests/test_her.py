@@ -20,6 +20,18 @@ SPACE = gym.spaces.Dict({key: gym.spaces.Box(-1e6, 1e6, (2,)) for key in ("obser
                                                                          "desired_goal")})
 
 
+class NoReward(gym.Env):
+    """Goal keys, but no compute_reward."""
+    observation_space = SPACE
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return SPACE.sample(), {}
+
+    def step(self, action):
+        return SPACE.sample(), 0.0, False, False, {}
+
+
 def _distance_reward(achieved, desired, infos):
     assert len(infos) == len(achieved) and all(info == {} for info in infos)
     return -(np.abs(achieved - desired).sum(-1) > 0).astype(np.float32)
@@ -184,16 +196,6 @@ def test_her_is_refused_where_it_cannot_run(tmp_path):
     with pytest.raises(UserError, match="Populations do not support Hindsight Experience Replay"):
         Population(rlspeed.DQN, "CartPole-v1", seeds=[0, 1], her=True)
 
-    class NoReward(gym.Env):  # goal keys, but no compute_reward
-        observation_space = SPACE
-        action_space = gym.spaces.Discrete(2)
-
-        def reset(self, *, seed=None, options=None):
-            return SPACE.sample(), {}
-
-        def step(self, action):
-            return SPACE.sample(), 0.0, False, False, {}
-
     env = gym.vector.SyncVectorEnv([NoReward], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     model = rlspeed.DQN(env, her=True, learning_starts=4, batch_size=4)
     with pytest.raises(UserError, match="needs the env's compute_reward"):
@@ -289,3 +291,28 @@ def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_
     normalised = gym.wrappers.vector.NormalizeReward(_bit_flipping(4))
     with pytest.raises(UserError, match="NormalizeReward changes the rewards"):
         rlspeed.DQN(normalised, her=True, learning_starts=4, batch_size=4).learn(8, progress_bar=False)
+
+
+def test_a_goal_env_trained_without_her_is_told_of_her_once_and_no_other_run_is():
+    """Off-policy training on a goal env (goal keys and compute_reward) with her off names her=True, at the learn
+    that makes the replay (not again at a further learn); with her on, on a Dict env without compute_reward, and for
+    PPO (HER relabels replayed transitions: on-policy algorithms have none) nothing is said."""
+    pytest.importorskip("stable_baselines3")
+    small = {"learning_starts": 8, "batch_size": 8, "net_arch": (8,), "buffer_size": 64}
+
+    def notes(model, steps=16):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.learn(steps, progress_bar=False)
+        return [str(w.message) for w in caught if "her=True" in str(w.message)]
+
+    model = rlspeed.DQN(_bit_flipping(4), seed=0, **small)
+    said = notes(model)
+    assert len(said) == 1 and "--set her=true" in said[0] and "goal-conditioned" in said[0]
+    assert notes(model) == []  # (the same replay goes on)
+    assert notes(rlspeed.SAC(_bit_flipping(4, continuous=True), seed=0, **small)) != []
+    assert notes(rlspeed.DQN(_bit_flipping(4), seed=0, her=True, **small)) == []
+    assert notes(rlspeed.PPO(_bit_flipping(4), seed=0, num_steps=8, batch_size=8, net_arch=(8,))) == []
+
+    env = gym.vector.SyncVectorEnv([NoReward], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    assert notes(rlspeed.DQN(env, seed=0, **small)) == []

@@ -45,7 +45,7 @@ from rlspeed.buffers import (
     frame_stacks,
     image_space,
 )
-from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
+from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem, has_compute_reward
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.checkpoint import REPLAY_SUFFIX as REPLAY_SUFFIX  # (the replay file's name, where it was defined before)
 from rlspeed.checkpoint import beside, load_checkpoint, load_paired, replay_path, save_checkpoint, staged_path
@@ -54,7 +54,7 @@ from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, warn_at_caller
 from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
@@ -435,6 +435,11 @@ class OffPolicyAlgorithm(Algorithm):
             kind = FrameStackReplayBuffer
         elif cfg.frame_dedup and image_space(space) and 2 * cfg.buffer_size * obs_bytes >= _SHARED_OBSERVATIONS_BYTES:
             kind = SharedObservationReplayBuffer
+        if not cfg.her and goal_space_problem(space) is None and self.strategy.is_main and has_compute_reward(env):
+            # (a goal env's sparse rewards: without relabelling, few episodes reach their goal)
+            warn_at_caller(f"{self.env_id} is goal-conditioned (achieved_goal and desired_goal observations, "
+                           "compute_reward): Hindsight Experience Replay, off here, usually learns it far faster "
+                           "(her=True; rlspeed train --set her=true).", UserWarning)
         self.buffer = kind(cfg.buffer_size, env.num_envs, space,
                            () if discrete else tuple(self.spec.action_space.shape),
                            rules(self.device).index_dtype if discrete else torch.float32,

@@ -102,17 +102,8 @@ def env_compute_reward(env) -> Callable:
             raise UserError(f"Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
                             f"and {', '.join(changed)} changes the rewards the env returns: the two would be mixed in "
                             "training (leave the reward wrapper out).")
-        vector_env = getattr(vector_env, "unwrapped", vector_env)
-        if hasattr(vector_env, "envs"):
-            source = vector_env.envs[0]
-        elif getattr(vector_env, "env_fns", None):
-            source = vector_env.env_fns[0]()  # (kept open while its method is used; never stepped)
-        else:
-            source = None
-        method = getattr(getattr(source, "unwrapped", source), "compute_reward", None)
-    elif getattr(env, "vec_env", None) is not None:  # (a Stable-Baselines3 VecEnv: its own way of calling a method)
-        vec_env = env.vec_env
-        wrapper = vec_env
+    elif getattr(env, "vec_env", None) is not None:
+        wrapper = env.vec_env
         while wrapper is not None:  # (SB3's VecNormalize hands out normalised goals: relabelled rewards would be
             # computed on them)
             if getattr(wrapper, "norm_obs", False) or getattr(wrapper, "norm_reward", False):
@@ -120,21 +111,51 @@ def env_compute_reward(env) -> Callable:
                                 "the env's own goals and rewards: it cannot run behind SB3's VecNormalize (leave it "
                                 "out).")
             wrapper = getattr(wrapper, "venv", None)
-        from rlspeed.envs.sb3_env import vec_env_has_attr
-
-        has = vec_env_has_attr(vec_env, "compute_reward")
-
-        def method(achieved, desired, infos):
-            return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
-
-        method = method if has else None
-    else:
-        method = None
+    method, _ = _compute_reward_method(env)
     if not callable(method):
         raise UserError("Hindsight Experience Replay needs the env's compute_reward(achieved_goal, desired_goal, info) "
                         f"to relabel goals, and {env.spec.env_id} has none (rlspeed's native envs have none; "
                         "Gymnasium-Robotics' GoalEnv defines it).")
     return method
+
+
+def _compute_reward_method(env) -> tuple[Callable | None, object]:
+    """The `compute_reward` method of the envs behind the batched env `env` (None where they have none), and the probe
+    env made for it (None where none was: a subprocess vector env's first constructor is called in this process, as a
+    method cannot be called across the pipe as a batch)."""
+    while isinstance(env, EnvWrapper):
+        env = env.env
+    vector_env = getattr(env, "vector_env", None)
+    if vector_env is not None:
+        vector_env, probe = getattr(vector_env, "unwrapped", vector_env), None
+        if hasattr(vector_env, "envs"):
+            source = vector_env.envs[0]
+        elif getattr(vector_env, "env_fns", None):
+            source = probe = vector_env.env_fns[0]()  # (never stepped)
+        else:
+            source = None
+        return getattr(getattr(source, "unwrapped", source), "compute_reward", None), probe
+    vec_env = getattr(env, "vec_env", None)  # (a Stable-Baselines3 VecEnv: its own way of calling a method)
+    if vec_env is None:
+        return None, None
+    from rlspeed.envs.sb3_env import vec_env_has_attr
+
+    if not vec_env_has_attr(vec_env, "compute_reward"):
+        return None, None
+
+    def method(achieved, desired, infos):
+        return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
+
+    return method, None
+
+
+def has_compute_reward(env) -> bool:
+    """Whether the envs behind the batched env `env` have a callable `compute_reward` (a probe env made to find out
+    is closed)."""
+    method, probe = _compute_reward_method(env)
+    if probe is not None:
+        probe.close()
+    return callable(method)
 
 
 class HerReplayBuffer(ReplayBuffer):
