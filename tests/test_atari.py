@@ -120,6 +120,52 @@ def test_training_variant_ends_episodes_at_lost_lives_and_clips_rewards_but_repo
     evaluation.close()
 
 
+def test_without_episodic_life_and_clipping_training_envs_keep_whole_games_and_raw_rewards(tmp_path):
+    """`episodic_life=False, clip_rewards=False` (RL-Zoo's `terminal_on_life_loss: False`, `clip_reward: False`):
+    in the training env a lost life ends no episode and rewards are the game's scores; a model,
+    its saved file and a population make their envs so, and an env passed in made otherwise is refused."""
+    import rlspeed
+    from rlspeed.envs.base import find_wrapper
+    from rlspeed.population import Population
+
+    kept = {"episodic_life": False, "clip_rewards": False}
+    train = make_env("SpaceInvadersNoFrameskip-v4", num_envs=2, seed=3, backend="gymnasium", device="cpu", **kept)
+    _, info = train.reset()
+    lives = info["lives"]
+    generator = torch.Generator().manual_seed(1)
+    lost_lives = big_rewards = 0
+    for _ in range(400):
+        _, reward, terminated, truncated, info = train.step(torch.randint(0, 6, (2,), generator=generator))
+        lost = (info["lives"] < lives) & ~info["done"]
+        assert not bool((terminated & ~info["done"]).any())  # (a lost life ends no episode: only whole games do)
+        big_rewards += int((reward > 1).sum())  # (raw scores: SpaceInvaders' aliens are worth 5 to 30)
+        lost_lives += int(lost.sum())
+        lives = info["lives"]
+        if lost_lives >= 1 and big_rewards >= 1:  # (by step 167 with these seeds)
+            break
+    assert lost_lives >= 1 and big_rewards >= 1  # each rule was exercised
+
+    def flags(env):
+        wrapper = find_wrapper(env, atari.AtariTraining)
+        return wrapper.episodic_life, wrapper.clip_rewards
+
+    model = rlspeed.PPO("BreakoutNoFrameskip-v4", env_backend="gymnasium", num_envs=1, batch_size=128, device="cpu",
+                        **kept)
+    assert flags(model.make_training_env()) == (False, False)
+    model.save(tmp_path / "model")
+    loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
+    assert loaded.config.episodic_life is False and flags(loaded.make_training_env()) == (False, False)
+    with pytest.raises(UserError, match="made with episodic_life=False and episodic_life=True"):
+        rlspeed.PPO(train)
+    train.close()
+    population = Population(rlspeed.PPO, "BreakoutNoFrameskip-v4", seeds=[0, 1], env_backend="gymnasium",
+                            num_envs=1, batch_size=128, device="cpu", episodic_life=False)
+    made = population._make_env(1, [0, 1])
+    assert flags(made) == (False, True)
+    for env in (made, model, loaded):
+        env.close()
+
+
 def test_subprocess_envs_report_lives_and_end_episodes_at_lost_lives():
     env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium-async", device="cpu")
     try:

@@ -812,3 +812,28 @@ def test_env_options_that_make_another_registered_id_but_for_its_time_limit_say_
         args = argparse.Namespace(env_id="BipedalWalker-v3" if "hardcore=true" in given else "CartPole-v1",
                                   env_kwargs=given)
         assert cli._variant_preset(args, "ppo", "auto") == (None, None) and not hasattr(args, "variant_note")
+
+
+def test_atari_wrapper_options_become_episodic_life_and_clip_rewards_and_others_are_refused():
+    """RL-Zoo's `AtariWrapper` with `terminal_on_life_loss: False` (its ppo_lstm Atari entry) or `clip_reward: False`:
+    the rlspeed hyperparameters episodic_life / clip_rewards, said among the notes; an option of the fixed
+    preprocessing at another value makes the entry unusable."""
+    wrapper = zoo.ATARI_WRAPPER
+    kept = zoo.translate_entry("recurrent_ppo", {"env_wrapper": [{wrapper: {"terminal_on_life_loss": False}}],
+                                                 "frame_stack": 4}, "", atari=True)
+    assert kept.status == "full" and kept.hyperparameters["episodic_life"] is False
+    assert "clip_rewards" not in kept.hyperparameters
+    assert any("terminal_on_life_loss False -> episodic_life false" in note for note in kept.notes)
+    raw = zoo.translate_entry("ppo", {"env_wrapper": {wrapper: {"clip_reward": False, "noop_max": 30}}}, "", atari=True)
+    assert raw.status == "full" and raw.hyperparameters["clip_rewards"] is False
+    other = zoo.translate_entry("ppo", {"env_wrapper": [{wrapper: {"frame_skip": 2}}]}, "", atari=True)
+    assert other.status == "none" and "frame_skip=2" in " ".join(other.blocking)
+
+
+@requires_zoo
+def test_rl_zoos_recurrent_ppo_atari_entry_is_used_with_whole_games():
+    """`rlspeed train recurrent_ppo BreakoutNoFrameskip-v4 --preset zoo` was refused (its AtariWrapper option
+    terminal_on_life_loss: False)."""
+    pytest.importorskip("ale_py")
+    preset = load_preset("recurrent_ppo", "BreakoutNoFrameskip-v4", "zoo")
+    assert preset.source == "zoo" and preset["episodic_life"] is False

@@ -621,8 +621,9 @@ def changed_settings(config) -> str:
 def unused_settings(config, spec: EnvSpec) -> list[str]:
     """The hyperparameters set away from their defaults that change nothing on this env, one sentence each: the CNN
     encoders' options without images they apply to, log_std_init without Gaussian actions, gSDE's options without
-    use_sde (the config's `needs_sde`), SAC's ent_coef_init beside a fixed ent_coef, an on-policy batch_size above
-    the rollout (one minibatch of the whole rollout) and a batch_size above buffer_size (every batch repeats rows)."""
+    use_sde (the config's `needs_sde`), episodic_life and clip_rewards without an Atari game, SAC's ent_coef_init
+    beside a fixed ent_coef, an on-policy batch_size above the rollout (one minibatch of the whole rollout) and a
+    batch_size above buffer_size (every batch repeats rows)."""
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
 
     def given(name: str) -> bool:
@@ -650,6 +651,10 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
         if given(name) and not config.her:
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of Hindsight Experience "
                          "Replay, which is off (her=False).")
+    for name in ("episodic_life", "clip_rewards"):
+        if given(name) and not _atari_training(spec):
+            found.append(f"{name}={getattr(config, name)} has no effect: it is an option of the training envs of "
+                         f"Atari games, and {spec.env_id} is none.")
     if given("ent_coef_init") and "ent_coef" in defaults and config.ent_coef is not None:
         found.append(f"ent_coef_init={config.ent_coef_init:g} has no effect: it starts a tuned entropy coefficient, "
                      f"and ent_coef={config.ent_coef:g} holds it fixed (ent_coef=auto_{config.ent_coef_init:g} tunes "
@@ -665,6 +670,13 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
         found.append(f"batch_size ({batch_size:,}) is above buffer_size ({buffer_size:,}): every batch samples the at "
                      f"most {buffer_size:,} stored transitions with repeats; lower batch_size or raise buffer_size.")
     return found
+
+
+def _atari_training(spec: EnvSpec) -> bool:
+    """Whether the model's envs of `spec` are Atari games that `make_env` gives its training transforms."""
+    from rlspeed.envs.atari import preprocessed
+
+    return isinstance(spec.env_id, str) and preprocessed(spec.env_id, spec.env_kwargs or {})
 
 
 def warn_unused_settings(config, spec: EnvSpec) -> None:
@@ -1158,6 +1170,19 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
                        f"yours; give your env an id of its own (EnvSpec('my-{env_id}', ...)).", UserWarning)
 
 
+def _check_atari_training(env: BatchedEnv, config, name: str) -> None:
+    """UserError where an Atari env passed in (`make_env`'s training variant) ends episodes at lost lives or clips
+    rewards otherwise than the model's `episodic_life` / `clip_rewards` ask: the env was made with its own."""
+    from rlspeed.envs.atari import AtariTraining
+
+    inner = find_wrapper(env, AtariTraining)
+    for key in ("episodic_life", "clip_rewards"):
+        asked, made = getattr(config, key, True), getattr(inner, key, None)
+        if inner is not None and asked != made:
+            raise UserError(f"{name} got an env of {env.spec.env_id} made with {key}={made} and {key}={asked}: make "
+                            f"the env with rlspeed.make_env(..., {key}={asked}), or give the model its id.")
+
+
 def _warn_double_normalisation(vector_env, config, whose: str = "this vector env's") -> None:
     """Warn where a vector env (passed in, or made from an id whose entry point wraps its envs: `whose` names it)
     normalises what the config asks rlspeed to normalise too: a Stable-Baselines3 VecEnv's VecNormalize, or
@@ -1489,6 +1514,7 @@ class Algorithm:
                 env = make_env(env, device=self.device)
             else:
                 _warn_borrowed_id(env, name)
+                _check_atari_training(env, self.config, name)
                 env = counted(env)  # (a batched env of the user's own: checked and counted)
             # seed= seeds an env passed in (on the model's first reset), unless make_env gave it a seed of its own
             env = seeded(env, None if seed is None else self.strategy.seed_for_rank(seed))
@@ -2081,7 +2107,8 @@ class Algorithm:
                                  seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=normalize_obs,
                                  normalize_reward=normalize_reward,
-                                 gamma=getattr(cfg, "gamma", 0.99), env_kwargs=self.spec.env_kwargs)
+                                 gamma=getattr(cfg, "gamma", 0.99), env_kwargs=self.spec.env_kwargs,
+                                 episodic_life=cfg.episodic_life, clip_rewards=cfg.clip_rewards)
             inner = getattr(getattr(self._env, "unwrapped", None), "vector_env", None)  # (Gymnasium's envs)
             if inner is not None:  # (an id whose entry point wraps its envs in Gymnasium's normalisation)
                 _warn_double_normalisation(inner, cfg, whose=f"{self.env_id}'s")
@@ -3078,7 +3105,9 @@ class Algorithm:
                 num_envs = int(config.get("num_envs", 1))
                 env_backend = resolve_backend(env, backend_for_options(
                     env_kwargs or {}, env_backend if "env_backend" in overrides else "auto"), num_envs, device)
-                env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs)
+                env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs,
+                               episodic_life=bool(config.get("episodic_life", True)),
+                               clip_rewards=bool(config.get("clip_rewards", True)))
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
             else:

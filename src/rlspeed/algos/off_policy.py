@@ -100,6 +100,10 @@ class OffPolicyConfig:
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
     # observation and next observation whole
     frame_dedup: bool = True
+    #: Atari games' training envs (`rlspeed.envs.atari.AtariTraining`): a lost life ends the learner's episode, and
+    #: rewards are clipped to their sign; False leaves either out (whole games; raw scores)
+    episodic_life: bool = True
+    clip_rewards: bool = True
     #: Hindsight Experience Replay for goal-conditioned envs (Dict observations with achieved_goal and desired_goal,
     #: and compute_reward): SB3's HerReplayBuffer, `rlspeed.buffers.her`
     her: bool = False

@@ -67,6 +67,10 @@ class OnPolicyConfig(SDEConfig):
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
     use_masking: bool = True  # apply the env's action masks (info["action_mask"] or action_masks()) where it has them
+    #: Atari games' training envs (`rlspeed.envs.atari.AtariTraining`): a lost life ends the learner's episode, and
+    #: rewards are clipped to their sign; False leaves either out (whole games; raw scores)
+    episodic_life: bool = True
+    clip_rewards: bool = True
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""

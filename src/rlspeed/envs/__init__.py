@@ -267,7 +267,8 @@ NATIVE_OPTIONS = ("state_dtype", "compile")
 def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int = 1,
              device: str | torch.device = "auto", seed: int | None = None, backend: str = "auto",
              normalize_obs: bool = False, normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False,
-             env_kwargs: dict[str, typing.Any] | None = None, **kwargs: typing.Any) -> BatchedEnv:
+             env_kwargs: dict[str, typing.Any] | None = None, episodic_life: bool = True, clip_rewards: bool = True,
+             **kwargs: typing.Any) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (docs/envs.md, "The batched env contract").
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
@@ -280,8 +281,10 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
     discounted by `gamma`, as SB3's VecNormalize).
 
     Atari ids get the standard preprocessing (`rlspeed.envs.atari`: uint8 `[N, 4, 84, 84]` frame stacks) and, for
-    training, a lost life ends the learner's episode and rewards are clipped to their sign; `evaluation=True` builds
-    the evaluation variant without those two (full games, raw rewards). Other envs are the same either way.
+    training, a lost life ends the learner's episode (`episodic_life`) and rewards are clipped to their sign
+    (`clip_rewards`): False leaves out either (RL-Zoo's `terminal_on_life_loss: False` and `clip_reward: False`);
+    `evaluation=True` builds the evaluation variant without those two (full games, raw rewards). Other envs are the
+    same either way, and ignore the two.
 
     Other keywords: `state_dtype=` and `compile=` are native-env options (`NativeEnv`) and make `auto` pick the
     native env; any other keyword is an option of the Gymnasium env (`gymnasium.make(env_id, **kwargs)`, e.g.
@@ -302,6 +305,8 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
     normalize_obs = true_or_false("make_env(normalize_obs=...)", normalize_obs)
     normalize_reward = true_or_false("make_env(normalize_reward=...)", normalize_reward)
     evaluation = true_or_false("make_env(evaluation=...)", evaluation)
+    episodic_life = true_or_false("make_env(episodic_life=...)", episodic_life)
+    clip_rewards = true_or_false("make_env(clip_rewards=...)", clip_rewards)
     if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0 <= gamma <= 1:
         raise UserError(f"make_env's gamma (the discount of the returns normalize_reward scales by) must be a number "
                         f"in [0, 1], got {gamma!r}.")
@@ -362,7 +367,8 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
                     raise _make_error(env_id, chosen, error) from error
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
-        env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
+        # outside EpisodeStatistics: reported episodes stay whole games, raw scores
+        env = atari.AtariTraining(env, episodic_life, clip_rewards)
     return normalised(SeedOnFirstReset(env, seed), normalize_obs, normalize_reward, gamma)
 
 

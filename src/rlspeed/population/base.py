@@ -884,11 +884,12 @@ class PopulationBase:
     def _atari_env(self, env, evaluation: bool):
         """An Atari game's env (under its episode statistics) as a solo run has it (`rlspeed.envs.make_env`,
         `rlspeed.evaluate`): for training, a lost life ends the learner's episode and rewards are clipped
-        (`AtariTraining`); for evaluation, FIRE at every start and lost life where the game waits for it
-        (`for_evaluation`). Other envs as they are."""
+        (`AtariTraining`, as the config's `episodic_life` and `clip_rewards` ask); for evaluation, FIRE at every start
+        and lost life where the game waits for it (`for_evaluation`). Other envs as they are."""
         if not self._atari:
             return env
-        return atari.for_evaluation(env) if evaluation else atari.AtariTraining(env)
+        return atari.for_evaluation(env) if evaluation else atari.AtariTraining(env, self.config.episodic_life,
+                                                                                 self.config.clip_rewards)
 
     def _packed_env(self, env):
         """`env` with Dict observations packed into flat rows (`PackedObservations`); others as they are."""

@@ -287,6 +287,26 @@ def translate_entry(algo: str, entry: dict, source: str, strict: bool = False, a
     return translator.finish(source)
 
 
+#: AtariWrapper's options that are rlspeed hyperparameters (`rlspeed.envs.atari.AtariTraining`), and the defaults of
+#: the others, which rlspeed's fixed Atari preprocessing is
+_ATARI_WRAPPER_SETTINGS = {"terminal_on_life_loss": "episodic_life", "clip_reward": "clip_rewards"}
+_ATARI_WRAPPER_DEFAULTS = {"noop_max": 30, "frame_skip": 4, "screen_size": 84, "action_repeat_probability": 0.0}
+
+
+def _atari_wrapper_options(value) -> dict | None:
+    """The options RL-Zoo's `env_wrapper` value gives SB3's AtariWrapper where it names that wrapper alone (its path,
+    alone or in a list, or `{path: options}` so): {} without options; else None."""
+    names = value if isinstance(value, list) else [value]
+    if len(names) != 1:
+        return None
+    name = names[0]
+    if name == ATARI_WRAPPER:
+        return {}
+    if isinstance(name, dict) and list(name) == [ATARI_WRAPPER] and isinstance(name[ATARI_WRAPPER] or {}, dict):
+        return dict(name[ATARI_WRAPPER] or {})
+    return None
+
+
 class _Translator:
     """Builds one Translation: `entry` per RL-Zoo key, then `finish` fills SB3's defaults and checks the config."""
 
@@ -305,6 +325,26 @@ class _Translator:
         """A note on what rlspeed does otherwise than SB3 with the entry (among `notes`, and said by the run)."""
         self.notes.append(note)
         self.differences.append(note)
+
+    def atari_wrapper(self, key: str, options: dict) -> None:
+        """SB3's AtariWrapper, whose preprocessing rlspeed's Atari envs apply: its `terminal_on_life_loss` and
+        `clip_reward` options set `episodic_life` and `clip_rewards`; other options at their defaults need nothing,
+        and another value of one is refused (the preprocessing is fixed)."""
+        for option, value in options.items():
+            if option in _ATARI_WRAPPER_SETTINGS and isinstance(value, bool):
+                self.set(_ATARI_WRAPPER_SETTINGS[option], value, key)
+            elif _ATARI_WRAPPER_DEFAULTS.get(option, object()) != value:
+                self.refuse(key, f"AtariWrapper's {option}={value!r}: rlspeed's Atari preprocessing is fixed at "
+                                 "AtariWrapper's defaults (but terminal_on_life_loss and clip_reward)", blocking=True)
+                return
+        applied = ["no-op reset", "frame skip 4", "84x84 grey"]
+        for option, setting in _ATARI_WRAPPER_SETTINGS.items():
+            if options.get(option, True):
+                applied.append(setting.replace("_", " ").replace("clip rewards", "clipped rewards"))
+            else:
+                self.notes.append(f"AtariWrapper's {option} False -> {setting} false")
+        self.differ(f"AtariWrapper: rlspeed's Atari envs apply its preprocessing ({', '.join(applied)}), except FIRE "
+                    "after each reset (the env option fire_reset=true adds it)")
 
     def set(self, key: str, value, origin: str) -> None:
         self.hyper[key] = value
@@ -387,10 +427,8 @@ class _Translator:
             self.set("action_noise_std", value, key)
         elif key == "frame_stack" and self.atari and value == 4:
             self.notes.append("frame_stack 4: rlspeed's Atari envs stack 4 frames")
-        elif key == "env_wrapper" and self.atari and value in (ATARI_WRAPPER, [ATARI_WRAPPER]):
-            self.differ("AtariWrapper: rlspeed's Atari envs apply its preprocessing (no-op reset, frame skip 4, "
-                        "84x84 grey, episodic life, clipped rewards), except FIRE after each reset (the env option "
-                        "fire_reset=true adds it)")
+        elif key == "env_wrapper" and self.atari and _atari_wrapper_options(value) is not None:
+            self.atari_wrapper(key, _atari_wrapper_options(value))
         elif key == "frame_stack":
             self.refuse(key, f"{value}: rlspeed stacks frames only in its Atari envs (rlspeed.envs.atari, which its "
                              "own Atari presets use), not for other env ids yet")
