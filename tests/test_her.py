@@ -265,7 +265,7 @@ def test_her_on_rlspeeds_normalisation_is_refused():
         def compute_reward(self, achieved, desired, infos):
             return _distance_reward(achieved, desired, infos)
 
-    for option, refusal in (("normalize_obs", "cannot run on normalised observations"),
+    for option, refusal in (("normalize_obs", "normalises its observations: make it without normalize_obs=True"),
                             ("normalize_reward", "reward normalisation scales the rewards")):
         vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         model = rlspeed.SAC(rlspeed.make_env(vector_env, **{option: True}), her=True, learning_starts=4,

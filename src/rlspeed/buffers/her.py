@@ -87,7 +87,9 @@ def env_compute_reward(env) -> Callable:
     while isinstance(env, EnvWrapper):
         if env.__dict__.get("obs_rms") is not None:
             raise UserError("Hindsight Experience Replay relabels goals with the env's compute_reward, which takes the "
-                            "env's own goals: it cannot run on normalised observations (leave normalize_obs off).")
+                            "env's own goals, and this env normalises its observations: make it without "
+                            "normalize_obs=True (HER trains on the env's own observations; normalising each sampled "
+                            "batch after relabelling, as SB3's VecNormalize does, is not in rlspeed yet).")
         if env.__dict__.get("return_rms") is not None:  # (stored rewards scaled, relabelled ones the env's own)
             raise UserError("Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
                             "and reward normalisation scales the rewards the env returns: the two would be mixed in "
