@@ -247,31 +247,50 @@ def test_her_behind_sb3s_vec_normalize_is_refused():
         model.learn(8, progress_bar=False)
 
 
-def test_her_on_rlspeeds_normalisation_is_refused():
-    """make_env(..., normalize_obs=True) hands out normalised goals, and normalize_reward=True stores scaled rewards
-    beside compute_reward's raw ones for relabelled goals: both trained silently (the check looked through the
-    wrappers to the adapter's vector env and never saw them)."""
+class Goal(gym.Env):
+    """Float goals (normalisable) and a compute_reward."""
+    observation_space = SPACE
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
-    class Goal(gym.Env):  # float goals (normalisable) and a compute_reward
-        observation_space = SPACE
-        action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    def reset(self, *, seed=None, options=None):
+        return SPACE.sample(), {}
 
-        def reset(self, *, seed=None, options=None):
-            return SPACE.sample(), {}
+    def step(self, action):
+        return SPACE.sample(), 0.0, False, False, {}
 
-        def step(self, action):
-            return SPACE.sample(), 0.0, False, False, {}
+    def compute_reward(self, achieved, desired, infos):
+        return _distance_reward(achieved, desired, infos)
 
-        def compute_reward(self, achieved, desired, infos):
-            return _distance_reward(achieved, desired, infos)
 
-    for option, refusal in (("normalize_obs", "normalises its observations: make it without normalize_obs=True"),
-                            ("normalize_reward", "reward normalisation scales the rewards")):
-        vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        model = rlspeed.SAC(rlspeed.make_env(vector_env, **{option: True}), her=True, learning_starts=4,
-                            batch_size=4, net_arch=(8,))
-        with pytest.raises(UserError, match=refusal):
-            model.learn(8, progress_bar=False)
+def test_her_on_rlspeeds_observation_normalisation_relabels_raw_goals_and_normalises_each_batch():
+    """make_env(..., normalize_obs=True) with her=True (RL-Zoo's FetchReach presets normalise; it was refused): the
+    replay stores the env's own observations, relabels goals and computes rewards on them, then normalises the batch's
+    observations and goals with the env's running statistics, the model's (SB3's VecNormalize does the same). Reward
+    normalisation stays refused: stored rewards would be scaled, relabelled ones the env's own."""
+    vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = rlspeed.SAC(rlspeed.make_env(vector_env, normalize_obs=True), her=True, learning_starts=4,
+                        batch_size=4, net_arch=(8,), buffer_size=64)
+    model.learn(16, progress_bar=False)
+    buffer, stats = model.buffer, model.obs_rms
+    assert buffer.normalize is not None and stats is not None
+    assert float(buffer.obs["desired_goal"][:16].abs().max()) > 1000  # (stored raw: SPACE spans 1e6)
+    normalised = buffer.sample(256, generator=torch.Generator().manual_seed(0))
+    buffer.normalize, normalize = None, buffer.normalize  # (the same draws, as stored and relabelled)
+    raw_batch = buffer.sample(256, generator=torch.Generator().manual_seed(0))
+    buffer.normalize = normalize
+    assert torch.equal(raw_batch["rewards"], normalised["rewards"])  # (computed on the raw goals)
+    assert bool((raw_batch["rewards"] == 0).any())  # (relabelled goals reached: compute_reward saw raw ones)
+    for name in ("obs", "next_obs"):
+        expected = stats.normalize(raw_batch[name])
+        for key in ("observation", "achieved_goal", "desired_goal"):
+            torch.testing.assert_close(normalised[name][key], expected[key])
+    assert float(normalised["obs"]["desired_goal"].abs().max()) <= 10  # (normalised and clipped, relabelled too)
+
+    vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = rlspeed.SAC(rlspeed.make_env(vector_env, normalize_reward=True), her=True, learning_starts=4,
+                        batch_size=4, net_arch=(8,))
+    with pytest.raises(UserError, match="reward normalisation scales the rewards"):
+        model.learn(8, progress_bar=False)
 
 
 def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_refused(tmp_path):

@@ -53,7 +53,8 @@ from rlspeed.device import rules, training_threads
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
-from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
+from rlspeed.envs.base import check_steps_held, find_wrapper, integer_range, observation_layout
+from rlspeed.envs.wrappers import NormalizeObservation
 from rlspeed.errors import UserError, warn_at_caller
 from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
@@ -387,6 +388,12 @@ class OffPolicyAlgorithm(Algorithm):
         cfg = self.config
         return min(cfg.learning_starts, getattr(self, "_buffer_start", 0) + cfg.learning_starts)
 
+    def _normalised_obs(self, obs):
+        """`obs` as the networks take them: normalised with the running statistics where the env hands out its own
+        observations for Hindsight Experience Replay (`_start`), else as they are."""
+        normaliser = getattr(self, "_obs_normaliser", None)
+        return obs if normaliser is None else normaliser.obs_rms.normalize(obs, normaliser.clip)
+
     def _random_actions(self, num: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Uniform random policy-space actions for `num` envs, drawn on the device; with `action_masks` (bool
         `[num, n]`), uniform over each row's allowed actions."""
@@ -400,6 +407,12 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
+        # Hindsight Experience Replay on rlspeed's observation normalisation: the env hands out its own observations,
+        # which the replay stores and relabels, then normalises each batch with the running statistics (as SB3's
+        # VecNormalize); the policy acts on them normalised (`_normalised_obs`)
+        self._obs_normaliser = find_wrapper(env, NormalizeObservation) if cfg.her else None
+        if self._obs_normaliser is not None:
+            self._obs_normaliser.hand_out_raw = True
         if cfg.anneal_lr:
             self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
@@ -434,7 +447,8 @@ class OffPolicyAlgorithm(Algorithm):
         if cfg.her:
             kind, options = HerReplayBuffer, {"compute_reward": env_compute_reward(env),
                                               "n_sampled_goal": cfg.n_sampled_goal,
-                                              "goal_selection_strategy": cfg.goal_selection_strategy}
+                                              "goal_selection_strategy": cfg.goal_selection_strategy,
+                                              "normalize": self._normalised_obs}
         elif cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):
             kind = FrameStackReplayBuffer
         elif cfg.frame_dedup and image_space(space) and 2 * cfg.buffer_size * obs_bytes >= _SHARED_OBSERVATIONS_BYTES:
@@ -737,9 +751,9 @@ class OffPolicyAlgorithm(Algorithm):
                     if timesteps < self._uniform_until and not self._policy_at_warmup:
                         actions = self._random_actions(num_envs, masks)
                     elif masking:
-                        actions = self._explore(obs, timesteps, masks)
+                        actions = self._explore(self._normalised_obs(obs), timesteps, masks)
                     else:
-                        actions = self._explore(obs, timesteps)
+                        actions = self._explore(self._normalised_obs(obs), timesteps)
                     env_actions = self._to_env(actions)
                 with phase("env"):
                     next_obs, rewards, terminated, truncated, info = env.step(env_actions)

@@ -82,14 +82,19 @@ def env_compute_reward(env) -> Callable:
     vector env or a Stable-Baselines3 VecEnv, and wrappers around them): the first env's, for a subprocess vector env
     that of a probe env made by the same constructor in this process (a method cannot be called across the pipe as
     a batch). UserError when there is none, or when a wrapper normalises observations (their goals would not be the
-    env's) or rewards (relabelled rewards would be the env's own among scaled ones)."""
+    env's; but rlspeed's `NormalizeObservation` handing out raw ones) or rewards (relabelled rewards would be the
+    env's own among scaled ones)."""
     # (rlspeed's EnvWrappers, down to the adapter; each wrapper's own attributes: `getattr` would look inside it)
+    from rlspeed.envs.wrappers import NormalizeObservation
+
     while isinstance(env, EnvWrapper):
-        if env.__dict__.get("obs_rms") is not None:
+        # (rlspeed's own normalisation handing out raw observations: the replay normalises each batch itself)
+        if env.__dict__.get("obs_rms") is not None and not (isinstance(env, NormalizeObservation)
+                                                            and env.hand_out_raw):
             raise UserError("Hindsight Experience Replay relabels goals with the env's compute_reward, which takes the "
-                            "env's own goals, and this env normalises its observations: make it without "
-                            "normalize_obs=True (HER trains on the env's own observations; normalising each sampled "
-                            "batch after relabelling, as SB3's VecNormalize does, is not in rlspeed yet).")
+                            f"env's own goals, and {type(env).__name__} hands out normalised observations: normalise "
+                            "with rlspeed.make_env(..., normalize_obs=True), whose statistics the replay applies to "
+                            "each batch after relabelling, or leave the wrapper out.")
         if env.__dict__.get("return_rms") is not None:  # (stored rewards scaled, relabelled ones the env's own)
             raise UserError("Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
                             "and reward normalisation scales the rewards the env returns: the two would be mixed in "
@@ -175,6 +180,9 @@ class HerReplayBuffer(ReplayBuffer):
     - `n_sampled_goal`: relabelled goals per real one, >= 0 (4: 80% of the samples relabelled; 0: none);
     - `goal_selection_strategy`: "future" (a transition of the same episode at this step or later), "final" (the
       episode's last) or "episode" (any of it still stored).
+    - `normalize`: where given, maps a batch's Dict observations (`obs` and `next_obs`, after relabelling and
+      `compute_reward`) to the ones training takes: the replay stores the env's own observations, normalised with the
+      statistics of sampling time, as SB3's VecNormalize (`NormalizeObservation`'s `obs_rms.normalize`).
 
     `add` takes one step of all `num_envs` envs, with `terminated` and `truncated` marking episode ends (their rows
     learn their episode's last step); `restart_episodes()` ends the running episodes where the envs were reset
@@ -187,7 +195,8 @@ class HerReplayBuffer(ReplayBuffer):
                  action_dtype: torch.dtype, device: torch.device | str,
                  compute_reward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], n_sampled_goal: int = 4,
                  goal_selection_strategy: str = "future", gamma: float = 0.99,
-                 storage_device: torch.device | str | None = None, mask_size: int | None = None):
+                 storage_device: torch.device | str | None = None, mask_size: int | None = None,
+                 normalize: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None):
         problem = goal_space_problem(observation)
         if problem is not None:
             raise UserError(f"Hindsight Experience Replay needs goal-conditioned observations: {problem}.")
@@ -200,6 +209,7 @@ class HerReplayBuffer(ReplayBuffer):
                          storage_device=storage_device, mask_size=mask_size)
         self.compute_reward = reward_function(compute_reward, self.device)  # (tensors in, rewards on the device)
         self.strategy = goal_selection_strategy
+        self.normalize = normalize
         self.her_ratio = 1.0 - 1.0 / (n_sampled_goal + 1)
         self.steps = self._zeros(dtype=torch.int64)  # the step each row was written at
         self.episode_starts = self._zeros(dtype=torch.int64)  # the step its episode started at
@@ -275,7 +285,15 @@ class HerReplayBuffer(ReplayBuffer):
 
     def _relabel(self, batch: dict, index: torch.Tensor, generator: torch.Generator | None) -> dict:
         """Relabel a random `her_ratio` of the sampled rows `index` with goals of their episodes (see the module's
-        docstring); the others stay as stored."""
+        docstring), the others as stored; then `normalize` the observations where given."""
+        batch = self._relabel_goals(batch, index, generator)
+        if self.normalize is not None:
+            for name in ("obs", "next_obs"):
+                batch[name] = self.normalize(batch[name])
+        return batch
+
+    def _relabel_goals(self, batch: dict, index: torch.Tensor, generator: torch.Generator | None) -> dict:
+        """`_relabel` on the stored observations, before `normalize`."""
         chosen = torch.rand(index.shape, device=self.storage_device, generator=generator) < self.her_ratio
         rows = index[chosen]
         if rows.numel() == 0:

@@ -161,9 +161,14 @@ class NormalizeObservation(EnvWrapper):
     observations are refused (`observation_statistics`). Set `training = False` to freeze the statistics (for
     evaluation; set on an outer wrapper, it reaches this one too). `obs_rms` is the statistics module (default: new
     statistics for the env's observation space). Normalised values are clipped to [-`clip`, `clip`].
+
+    `hand_out_raw = True` keeps updating the statistics but hands out the env's own observations: the off-policy
+    algorithms set it for Hindsight Experience Replay, whose replay stores them and normalises each batch after
+    relabelling (`rlspeed.buffers.her.HerReplayBuffer`'s `normalize`), as SB3's VecNormalize does.
     """
 
     counted_beneath = True
+    hand_out_raw = False
 
     def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: nn.Module | None = None):
         super().__init__(env)
@@ -175,7 +180,7 @@ class NormalizeObservation(EnvWrapper):
         obs, info = self.env.reset(seed=seed)
         if self._training:  # this wrapper's own flag: `training` also looks inside
             self.obs_rms.update(obs)
-        return self.obs_rms.normalize(obs, self.clip), info
+        return (obs if self.hand_out_raw else self.obs_rms.normalize(obs, self.clip)), info
 
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env, then normalise `obs` and `info["final_obs"]` with the running statistics.
@@ -185,6 +190,8 @@ class NormalizeObservation(EnvWrapper):
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._training:
             self.obs_rms.update(obs)
+        if self.hand_out_raw:
+            return obs, reward, terminated, truncated, info
         normalized = self.obs_rms.normalize(obs, self.clip)
         # a step where no env finished hands `obs` itself as final_obs: normalise it once
         final = info["final_obs"]
