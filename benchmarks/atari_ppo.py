@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 import common
-import yaml
+
+from rlspeed.yamlfile import load_run_file
 
 ENV_ID = "BreakoutNoFrameskip-v4"
 NUM_ENVS = 8
@@ -325,7 +326,7 @@ def publish_fire_reset(args) -> None:
     for run, fire in ([(r, "yes (`fire_reset`)") for r in runs]
                       + [(r, "no" if r["library"] == "rlspeed" else "yes (`FireResetEnv`)") for r in earlier
                          if r["total_timesteps"] == args.budget]):
-        if run in runs and ((yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text()).get("env_kwargs")
+        if run in runs and ((load_run_file((Path(run["run_dir"]) / "config.yaml").read_text()).get("env_kwargs")
                              or {}).get("fire_reset") is not True):
             raise SystemExit(f"{run['run_dir']} did not train with fire_reset=true")
         every = run.get("final_eval") if run["library"] == "rlspeed" else run.get("eval_fire_every_life")

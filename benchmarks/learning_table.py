@@ -34,12 +34,12 @@ from pathlib import Path
 
 import common
 import gymnasium as gym
-import yaml
 
 from rlspeed.algos import ALGORITHMS
 from rlspeed.algos.base import build_config
 from rlspeed.cli import parse_seeds
 from rlspeed.presets import load_preset, split_run_settings
+from rlspeed.yamlfile import load_run_file
 
 RUNS_DIR = Path("runs/learning_table")
 
@@ -230,7 +230,7 @@ def _ran_with_the_preset(out: Path, pair: Pair, preset: str, overrides: list[str
     config = out / "config.yaml"
     if not config.exists():
         return False
-    used = yaml.safe_load(config.read_text()).get("hyperparameters") or {}
+    used = load_run_file(config.read_text()).get("hyperparameters") or {}
     _, given = split_run_settings(dict(load_preset(pair.algo, pair.env_id, preset)))
     expected = dataclasses.asdict(build_config(ALGORITHMS[pair.algo].config_cls, given))
     overridden = {item.split("=", 1)[0] for item in overrides}

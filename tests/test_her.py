@@ -225,6 +225,9 @@ def test_goal_selection_strategy_is_taken_as_stable_baselines3_takes_it():
     for given, strategy in ((GoalSelectionStrategy.FINAL, "final"), ("Episode", "episode"), ("FUTURE", "future")):
         model = rlspeed.DQN(_bit_flipping(4), her=True, goal_selection_strategy=given)
         assert model.config.goal_selection_strategy == strategy
+        buffer = HerReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu", compute_reward=_distance_reward,
+                                 goal_selection_strategy=given)  # (the buffer made directly, as SB3's is)
+        assert buffer.strategy == strategy
 
 
 @pytest.mark.parametrize("n_sampled_goal", [-1, -2])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import enum
 import functools
 import inspect
 import io
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
+from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer
 from rlspeed.callbacks import CallbackLike
 from rlspeed.checkpoint import (
@@ -418,10 +418,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             value = value[0]  # SB3 1.x: [dict(pi=[...], vf=[...])], the dict form below
         if key == "net_arch" and isinstance(value, dict):  # SB3 2.x: dict(pi=[...], vf=[...]) (or qf= off-policy)
             value = _shared_widths(value, config_cls)
-        if key == "goal_selection_strategy" and isinstance(value, enum.Enum):  # SB3's GoalSelectionStrategy.FUTURE
-            value = value.name
-        if key == "goal_selection_strategy" and isinstance(value, str):  # (any case, as SB3 reads it: "FUTURE")
-            value = value.lower()
+        if key == "goal_selection_strategy":  # (SB3's GoalSelectionStrategy.FUTURE, or "FUTURE" as SB3 reads it)
+            value = goal_strategy_name(value)
         if key == "activation" and isinstance(value, str):  # (torch's class names: "ReLU", "nn.Tanh")
             value = value.rpartition(".")[2].lower()  # (nn.ReLU, torch.nn.modules.activation.ReLU: the class)
         values[key] = coerce(key, value, hints[key])

@@ -22,6 +22,7 @@ at (-1 while it runs): 24 bytes per transition more, which `bytes_per_transition
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -34,6 +35,14 @@ from rlspeed.errors import UserError
 
 #: How a relabelled transition's goal is chosen (SB3's goal_selection_strategy)
 GOAL_STRATEGIES = ("future", "final", "episode")
+
+
+def goal_strategy_name(value):
+    """A `goal_selection_strategy` as rlspeed names it: SB3's `GoalSelectionStrategy.FUTURE` by its member's name, a
+    string in any case (SB3 reads "FUTURE" too) in lower case; anything else as it is (checked by the caller)."""
+    if isinstance(value, enum.Enum):
+        value = value.name
+    return value.lower() if isinstance(value, str) else value
 #: The Dict keys goal-conditioned observations have (Gymnasium-Robotics' GoalEnv)
 GOAL_KEYS = ("achieved_goal", "desired_goal")
 
@@ -65,8 +74,9 @@ def reward_function(compute_reward: Callable, device: torch.device) -> Callable[
         except Exception as error:  # (one written for one goal at a time: its error alone would not say why)
             raise UserError(f"The env's compute_reward failed on a batch of {count} goals (achieved_goal and "
                             f"desired_goal arrays of shape {tuple(achieved.shape)}), which is how Hindsight "
-                            f"Experience Replay calls it: {type(error).__name__}: {error} (it needs a compute_reward "
-                            "that takes batches, as Gymnasium-Robotics' GoalEnv defines it).") from error
+                            f"Experience Replay calls it: {type(error).__name__}: {error} (a compute_reward "
+                            "written for one goal at a time fails so: HER needs one that takes batches, as "
+                            "Gymnasium-Robotics' GoalEnv defines it).") from error
         out = np.asarray(out, dtype=np.float32)
         if out.size != count:
             raise UserError(f"The env's compute_reward returned {out.size} values for a batch of {count} goals: "
@@ -202,6 +212,7 @@ class HerReplayBuffer(ReplayBuffer):
             raise UserError(f"Hindsight Experience Replay needs goal-conditioned observations: {problem}.")
         if not n_sampled_goal >= 0:  # (n / (n + 1) relabelled: a negative n is no share)
             raise UserError(f"n_sampled_goal must be >= 0, got {n_sampled_goal}.")
+        goal_selection_strategy = goal_strategy_name(goal_selection_strategy)
         if goal_selection_strategy not in GOAL_STRATEGIES:
             raise UserError(f"goal_selection_strategy must be one of {', '.join(GOAL_STRATEGIES)}, got "
                             f"{goal_selection_strategy!r}.")
