@@ -632,3 +632,19 @@ def test_one_envs_none_mask_after_anothers_mask_is_named_missing_not_read_as_all
             env.step(torch.zeros(2, dtype=torch.int64))
     finally:
         env.close()
+
+
+def test_an_env_without_masks_keeps_gymnasiums_own_info_merging():
+    """The note of envs whose mask was None (`_NoneMasks`, in place of the vector env's `_add_info`) is taken out once
+    a reset shows no masks: CartPole's steps paid a Python call per env per step for it."""
+    from rlspeed.envs.gymnasium_env import _NoneMasks
+
+    venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(venv, device="cpu")
+    try:
+        env.reset(seed=0)
+        env.step(torch.zeros(2, dtype=torch.int64))
+        assert not isinstance(venv._add_info, _NoneMasks)
+    finally:
+        env.close()

@@ -1226,7 +1226,9 @@ class GymnasiumEnv(BatchedEnv):
                     finally:
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
-        self._none_masks = None  # (`_NoneMasks`: where masks come in infos that Gymnasium merges)
+        # (`_NoneMasks`: where masks come in infos that Gymnasium merges; taken out again after a reset that showed
+        # no masks, so that an env without them pays no call per env per step for it)
+        self._none_masks, self._merging_env = None, inner
         if self._mask_width is not None and not self._mask_method and callable(getattr(inner, "_add_info", None)):
             merge = inner._add_info  # (one made on this vector env before: kept)
             self._none_masks = inner._add_info = merge if isinstance(merge, _NoneMasks) else _NoneMasks(merge)
@@ -1291,6 +1293,10 @@ class GymnasiumEnv(BatchedEnv):
                 masks_missing(reset_info, self.spec.env_id, "reset", self._none_rows())
             info["action_mask"] = self._masks(reset_info.get("action_mask"),
                                               f"{self.spec.env_id}'s info['action_mask']")
+        elif self._none_masks is not None:
+            if self._merging_env.__dict__.get("_add_info") is self._none_masks:
+                self._merging_env._add_info = self._none_masks.merge
+            self._none_masks = None
         if self._float_vector:
             return host_tensor(obs, self.device), info
         return to_device(self._host.batch(obs), self.device), info
