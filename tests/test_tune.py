@@ -511,6 +511,19 @@ def test_a_study_made_with_another_preset_names_the_values_it_was_made_with(tmp_
                                             "eval_freq (64 in the study)", "--preset FILE"))
 
 
+def test_a_study_of_another_algorithm_or_env_is_refused_naming_them(tmp_path, capsys):
+    """`rlspeed tune dqn CartPole-v1 --study-name ppo-CartPole-v1` was refused with every hyperparameter the two
+    setups differ in and advice to give the study's values back with --preset FILE: another algorithm's study is
+    not one to resume; the refusal says whose study it is."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="ppo-CartPole-v1", storage=storage, direction="minimize")
+    study.set_user_attr("rlspeed", {"algo": "dqn", "env_id": "Acrobot-v1", "budget": 1000, "target_return": None,
+                                    "eval_freq": 500, "hyperparameters": {"learning_starts": 100}, "search_space": {}})
+    message = cli_error(capsys, _command(tmp_path, "--trials", "2"))
+    assert message == (f"rlspeed: error: Study 'ppo-CartPole-v1' in {tmp_path / 'study.db'} tunes dqn on Acrobot-v1, "
+                       "not ppo on CartPole-v1: give a new --study-name (its trials are kept apart).")
+
+
 def test_the_preset_names_its_study_when_the_storage_path_has_a_space():
     """A storage path with a space was not read back from a preset's first line, so another study's preset at --out
     was rewritten without a word."""

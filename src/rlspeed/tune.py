@@ -434,6 +434,11 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
                                  or study.direction != optuna.study.StudyDirection.MINIMIZE):
             raise UserError(f"Study '{study_name}' in {without_password(storage)} was not made by rlspeed tune (its "
                             "trials and direction are another search's); give a new --study-name.")
+        made_as = made_for and (made_for.get("algo"), made_for.get("env_id"))
+        if made_as and made_as != (record["algo"], record["env_id"]):  # (its other settings differ by consequence)
+            raise UserError(f"Study '{study_name}' in {without_password(storage)} tunes {made_as[0]} on {made_as[1]}, "
+                            f"not {record['algo']} on {record['env_id']}: give a new --study-name (its trials are "
+                            "kept apart).")
         if made_for is not None and made_for != record:
             raise UserError(f"Study '{study_name}' in {without_password(storage)} was made with another "
                             f"{_changed_setup(made_for, record)}; resume it with the same command and those, or give "
