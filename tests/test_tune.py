@@ -524,6 +524,33 @@ def test_a_study_of_another_algorithm_or_env_is_refused_naming_them(tmp_path, ca
                        "not ppo on CartPole-v1: give a new --study-name (its trials are kept apart).")
 
 
+@pytest.mark.parametrize("winner", ["worst trial", "starting"])
+def test_the_last_line_names_the_configuration_written_by_its_confirmation_median(tmp_path, monkeypatch, winner):
+    """After a confirmation the last line said "best trial N: <N's own one-seed result>" for the candidate chosen on
+    the confirmation seeds, which need not be the study's best trial (the one optuna-dashboard shows), and without
+    the median the choice was made on; where the starting configuration won, it named no train command."""
+    def confirm(setup, study, top, seeds_each, say):
+        worst = max(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)), key=lambda t: t.value)
+        won, lost = (123.0, 456.0) if winner == "worst trial" else (456.0, 123.0)
+        return {"seeds": [7, 8, 9, 10], "candidates": [
+            {"trial": worst.number, "hyperparameters": worst.user_attrs["hyperparameters"], "median": won},
+            {"trial": None, "hyperparameters": rlspeed.tune._starting_values(setup), "median": lost}]}
+
+    monkeypatch.setattr(rlspeed.tune, "_confirm", confirm)
+    said = []
+    result = tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="last",
+                  hyperparameters=dict(FIXED), budget=128, target_return=None, eval_freq=128, search_space=None,
+                  confirm_seeds=2, out=tmp_path / "best.yaml", say=lambda *a, **k: said.append(a[0]))
+    chosen = result["best"]["number"]
+    if winner == "worst trial":
+        assert said[-1].startswith(f"rlspeed: chosen: trial {chosen}, median objective 123 on 2 new seeds")
+    else:
+        assert chosen is None and "the starting configuration on the confirmation seeds (median objective 123" in \
+            said[-1]
+    assert said[-1].endswith(f"preset written to {tmp_path / 'best.yaml'} (rlspeed train ppo CartPole-v1 --preset "
+                             f"{tmp_path / 'best.yaml'})")
+
+
 def test_the_preset_names_its_study_when_the_storage_path_has_a_space():
     """A storage path with a space was not read back from a preset's first line, so another study's preset at --out
     was rewritten without a word."""

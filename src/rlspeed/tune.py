@@ -636,12 +636,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         best = (_describe(study.trials[chosen["trial"]]) if chosen["trial"] is not None
                 else {"number": None, "hyperparameters": _starting_values(setup)})
     _write_preset(setup, study, best, confirmation, context)
-    if best["number"] is None:
-        say(f"rlspeed: no trial beat the starting configuration on the confirmation seeds; it is written to {out} "
-            "unchanged")
-    else:
-        say(f"rlspeed: {_best_line(best, target_return)}; preset written to {out} "
-            f"({context['train']})")
+    say(f"rlspeed: {_chosen_line(best, confirmation, target_return)}; preset written to {out} ({context['train']})")
     return {"finished": finished, "best": best, "out": str(out), "wall_s": time.perf_counter() - started,
             "confirmation": confirmation}
 
@@ -823,11 +818,36 @@ def _describe(trial) -> dict:
 def _best_line(best: dict | None, target_return: float | None) -> str:
     if best is None:
         return "no trial completed yet"
-    what = (f"{best['steps_to_target']:,} steps to {target_return:g}" if best.get("steps_to_target") is not None
+    values = _values_line(best["hyperparameters"])
+    return f"best trial {best['number']}: {_trial_result(best, target_return)} ({values})"
+
+
+def _trial_result(best: dict, target_return: float | None) -> str:
+    return (f"{best['steps_to_target']:,} steps to {target_return:g}" if best.get("steps_to_target") is not None
             else f"final eval {format_return(best['final_eval'])}")
-    values = ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
-                       for key, value in best["hyperparameters"].items())
-    return f"best trial {best['number']}: {what} ({values})"
+
+
+def _values_line(values: dict) -> str:
+    return ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in values.items())
+
+
+def _chosen_line(best: dict, confirmation: dict | None, target_return: float | None) -> str:
+    """What the study's last line says of the configuration written: the best trial, unconfirmed; else the candidate
+    chosen, by its median on the confirmation seeds (what the choice was made on: a trial's own result is one seed's,
+    and the study's best trial, which optuna-dashboard shows, need not be the one chosen)."""
+    if confirmation is None:
+        return _best_line(best, target_return)
+    medians = {c["trial"]: c["median"] for c in confirmation["candidates"]}
+    each = len(confirmation["seeds"]) // len(confirmation["candidates"])
+    measured = f"median objective {medians[best['number']]:,.0f} on {each} new seeds"
+    values = _values_line(best["hyperparameters"])
+    if best["number"] is None:
+        trial, median = min(((t, m) for t, m in medians.items() if t is not None), key=lambda item: item[1])
+        return (f"no trial beat the starting configuration on the confirmation seeds ({measured}, lower is better; "
+                f"the best trial there, {trial}: {median:,.0f}), so it is what is written ({values})")
+    return (f"chosen: trial {best['number']}, {measured} (lower is better); in its trial "
+            f"{_trial_result(best, target_return)} ({values})")
 
 
 #: How the first line of a preset `rlspeed tune` writes begins (the CLI rewrites such a file, and no other, at --out)
