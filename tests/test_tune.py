@@ -227,6 +227,29 @@ def test_a_trial_whose_member_diverged_fails_and_its_reports_are_forgotten(tmp_p
     assert result["finished"] == 2 and result["best"]["number"] != 1
 
 
+def test_a_search_space_whose_trials_keep_diverging_stops_the_search(tmp_path, monkeypatch):
+    """Diverged trials are redone, and a space where every trial diverged (SAC with learning_rate 1e3-1e6) sampled
+    and failed batch after batch ("batch 73/1") until Ctrl-C: the search stops in one sentence after 8 in a row (the
+    population's summaries are made up here)."""
+    batches = []
+
+    def every_member_diverges(self, members, on_eval=None):
+        batches.append(len(members.seeds))
+        assert len(batches) <= 4, "the search went on sampling diverging trials"
+        return {"total_timesteps": 128,
+                "members": [{"final_eval": None, "diverged_at": 64, "steps_to_target": None}] * len(members.seeds)}
+
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", every_member_diverges)
+    said = []
+    with pytest.raises(UserError, match=r"^The last 8 trials diverged \(non-finite parameters\), none finished"):
+        tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="diverging",
+             hyperparameters=dict(FIXED), budget=128, target_return=None, eval_freq=128, search_space=None,
+             confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: said.append(a[0]))
+    study = optuna.load_study(study_name="diverging", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert [trial.state.name for trial in study.get_trials(deepcopy=False)] == ["FAIL"] * 8
+    assert said[-1].startswith("rlspeed: batch 4/5: trials 6-7: 0 complete, 0 pruned, 2 failed")  # (not "4/1")
+
+
 def test_objective_orders_reached_before_unreached():
     def member(steps, final):
         return {"steps_to_target": steps, "final_eval": {"mean": final}}

@@ -598,6 +598,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
                "train": _train_command(algo_cls, env_id, out, env_kwargs, gym_packages, eval_episodes)}
     batch = 0
+    diverged = 0  # trials diverged since the last batch that finished one
     while finished < trials:
         batch += 1
         size = min(population, trials - finished)
@@ -615,6 +616,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
                     "them)", file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
+        diverged = 0 if counts["complete"] + counts["pruned"] else diverged + counts["failed"]
+        batches = batch + math.ceil(max(trials - finished, 0) / population)  # (diverged trials are redone)
         _forget_outdated_confirmation(study)
         best = _best_trial(study)
         if best is not None:
@@ -625,6 +628,11 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
             + f", {counts['pruned']} pruned"
             + (f", {counts['failed']} failed" if counts["failed"] else "")
             + f" in {time.perf_counter() - batch_started:.1f} s; {_best_line(best, target_return)}", flush=True)
+        if diverged >= _DIVERGED_IN_A_ROW:  # (redone, they would be sampled from the same space again and again)
+            raise UserError(f"The last {diverged} trials diverged (non-finite parameters), none finished since: the "
+                            "search space holds configurations that do not train: narrow it with --search-space (a "
+                            "lower learning_rate high, say) or fix values with --set, under a new --study-name (this "
+                            f"study keeps its {finished} finished trial(s)).")
     best = _best_trial(study)
     if best is None:
         say("rlspeed: no trial completed, so no preset was written")
@@ -661,6 +669,9 @@ def _fail_unfinished(study, asked: list, told: set[int]) -> str:
             return left
     return left
 
+
+#: the trials diverged in a row (batches that finished none) after which `tune` stops rather than sample again
+_DIVERGED_IN_A_ROW = 8
 
 #: the stops (Ctrl-C, SIGTERM) that `_fail_unfinished` rides out while it marks a stopped batch's trials
 _MARKING_STOPS = 3
