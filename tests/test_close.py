@@ -73,6 +73,26 @@ def test_a_population_closes_its_members_envs_and_trains_on():
     assert len(env_processes()) == before
 
 
+def test_an_env_dropped_without_close_ends_its_subprocesses_at_once():
+    """A notebook user drops envs without close: `del env` ends its subprocesses then, as Gymnasium's own env does,
+    not at a later garbage collection (whose order closed the workers' pipes first: "Bad file descriptor" from the
+    env's own close and its workers left unreaped)."""
+    import gc
+
+    before = len(env_processes())
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(2):
+            env = make_env("CartPole-v1", num_envs=2, backend="gymnasium-async", seed=0)
+            env.reset()
+            assert len(env_processes()) == before + 2
+            del env
+            assert len(env_processes()) == before
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("algo,env_id,settings", [
     ("PPO", "CartPole-v1", {"fused_update": False}), ("A2C", "CartPole-v1", {}), ("DQN", "CartPole-v1", {}),
     ("SAC", "Pendulum-v1", {}), ("SAC", "Pendulum-v1", {"fused_update": False}), ("TD3", "Pendulum-v1", {}),

@@ -230,19 +230,43 @@ class _NoneMasks:
     """Gymnasium's info merging of a vector env (`_add_info`) with the envs whose top-level `info["action_mask"]` was
     None noted in `rows`: merged into the array another env's mask began, a None is a row of False, a mask that
     allows no action, where it is a missing mask (`masks_missing`). Installed on the vector env itself, in place of
-    its method: Gymnasium calls it from its own reset and step."""
+    its method: Gymnasium calls it from its own reset and step. It holds the vector env weakly (a method of it as the
+    function and a weak reference): held strongly from the env's own attribute, the cycle would leave an env dropped
+    without `close` to the garbage collector, which closes subprocess envs' pipes before the env's own `close` runs
+    (it then fails, "Bad file descriptor", and leaves its workers unreaped)."""
 
     def __init__(self, merge) -> None:
-        self.merge, self.rows, self._depth = merge, set(), 0
+        self._function, self._env = merge, None
+        if isinstance(merge, types.MethodType):
+            self._function, self._env = merge.__func__, weakref.ref(merge.__self__)
+        self.rows, self._depth = set(), 0
 
     def __call__(self, vector_infos: dict, env_info: dict, env_num: int) -> dict:
         if not self._depth and "action_mask" in env_info and env_info["action_mask"] is None:
             self.rows.add(env_num)
         self._depth += 1  # (nested infos, final_info's: a last observation's mask is no choice)
         try:
-            return self.merge(vector_infos, env_info, env_num)
+            if self._env is None:
+                return self._function(vector_infos, env_info, env_num)
+            return self._function(self._env(), vector_infos, env_info, env_num)
         finally:
             self._depth -= 1
+
+    def __deepcopy__(self, memo: dict) -> _NoneMasks:
+        """A copy for the copy of the vector env (made first where the env is being copied: the memo holds it)."""
+        new = copy.copy(self)
+        new.rows = set(self.rows)
+        if self._env is not None:
+            new._env = weakref.ref(copy.deepcopy(self._env(), memo))
+        return new
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_env": None if self._env is None else self._env()}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._env is not None:
+            self._env = weakref.ref(self._env)
 
     def taken(self) -> set[int]:
         """The rows noted since the last call, and none noted from now on."""
