@@ -73,11 +73,13 @@ def test_a_population_closes_its_members_envs_and_trains_on():
     assert len(env_processes()) == before
 
 
-def test_an_env_dropped_without_close_ends_its_subprocesses_at_once():
-    """A notebook user drops envs without close: `del env` ends its subprocesses then, as Gymnasium's own env does,
-    not at a later garbage collection (whose order closed the workers' pipes first: "Bad file descriptor" from the
-    env's own close and its workers left unreaped)."""
+def test_an_env_or_model_dropped_without_close_ends_its_subprocesses_at_once():
+    """A notebook user drops envs and models without close: `del` ends their subprocesses then, as for Gymnasium's
+    own env, not at a later garbage collection (whose order closed the workers' pipes first: "Bad file descriptor"
+    from the env's own close, its workers left unreaped)."""
     import gc
+
+    import torch._dynamo  # noqa: F401 (torch imports it at a first optimizer and keeps that caller's frames)
 
     before = len(env_processes())
     gc.collect()
@@ -89,6 +91,12 @@ def test_an_env_dropped_without_close_ends_its_subprocesses_at_once():
             assert len(env_processes()) == before + 2
             del env
             assert len(env_processes()) == before
+        model = PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32, seed=0,
+                    device="cpu")
+        model.learn(32, progress_bar=False)
+        assert len(env_processes()) == before + 2
+        del model  # (a model holds no cycle either: test_del_frees_a_trained_model_without_the_garbage_collector)
+        assert len(env_processes()) == before
     finally:
         gc.enable()
 
