@@ -357,6 +357,18 @@ def test_each_parameter_steps_with_its_own_count_as_torchs_adam_steps_it(fused):
                                rtol=1e-5, atol=1e-7)
 
 
+def test_copies_leave_no_hook_on_the_originals_optimizer():
+    """A training loop that keeps snapshots (`copy.deepcopy(model)` every so often: self-play, a best model) adds
+    nothing to the model's own optimizer: each copy's hook is on the copy's optimizer."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2))
+    hooks = len(adam.optimizer._optimizer_step_pre_hooks)
+    for _ in range(20):
+        copied = copy.deepcopy(adam)
+        assert len(copied.optimizer._optimizer_step_pre_hooks) == hooks
+    assert len(adam.optimizer._optimizer_step_pre_hooks) == hooks == 1
+
+
 def test_copies_notice_their_own_optimizers_steps_and_even_counts_step_whole():
     net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2))

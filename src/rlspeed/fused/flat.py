@@ -78,8 +78,10 @@ def hold_in(flat: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[
 
 def copy_attributes(obj, memo: dict):
     """A deepcopy of `obj` attribute by attribute (registered in `memo` first), for a `__deepcopy__` that then
-    re-points what the copy holds (`hold_in`)."""
-    new = copy.copy(obj)
+    re-points what the copy holds (`hold_in`). The copy is made without `obj`'s `__setstate__` (which `copy.copy`
+    calls with the original's attributes: FlatAdam's would register its hook on the original's optimizer, one more
+    left there at every copy)."""
+    new = type(obj).__new__(type(obj))
     memo[id(obj)] = new
     for name, value in vars(obj).items():
         setattr(new, name, copy.deepcopy(value, memo))
