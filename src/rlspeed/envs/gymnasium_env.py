@@ -273,6 +273,17 @@ class _NoneMasks:
         rows, self.rows = self.rows, set()
         return rows
 
+    def remove_from(self, env) -> None:
+        """Give `env` its own merging again, where this one is in its place (its class's method: no bound method of
+        the env kept on the env itself, the cycle this class avoids)."""
+        if env.__dict__.get("_add_info") is not self:
+            return
+        del env._add_info
+        if self._env is None:
+            env._add_info = self._function
+        elif getattr(type(env), "_add_info", None) is not self._function:  # (another method put there before)
+            env._add_info = types.MethodType(self._function, env)
+
 
 def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.Space, source: str) -> torch.Tensor:
     """`info["final_action_mask"]`: the actions allowed at each row's `final_obs`: the step's masks (bool `[N, n]`)
@@ -1318,8 +1329,7 @@ class GymnasiumEnv(BatchedEnv):
             info["action_mask"] = self._masks(reset_info.get("action_mask"),
                                               f"{self.spec.env_id}'s info['action_mask']")
         elif self._none_masks is not None:
-            if self._merging_env.__dict__.get("_add_info") is self._none_masks:
-                self._merging_env._add_info = self._none_masks.merge
+            self._none_masks.remove_from(self._merging_env)
             self._none_masks = None
         if self._float_vector:
             return host_tensor(obs, self.device), info
