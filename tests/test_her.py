@@ -296,6 +296,27 @@ def test_her_on_rlspeeds_observation_normalisation_relabels_raw_goals_and_normal
         model.learn(8, progress_bar=False)
 
 
+def test_her_hands_the_env_back_normalising_when_learn_ends():
+    """learn with her=True makes the normalising env hand out raw observations (`hand_out_raw`) and its policy act on
+    them normalised; when learn ends the env normalises again: for its user, and for another model trained on it (a
+    SAC without HER stored raw observations while its predict normalised them)."""
+    vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(vector_env, normalize_obs=True)
+    small = {"learning_starts": 4, "batch_size": 4, "net_arch": (8,), "buffer_size": 64}
+    model = rlspeed.SAC(env, her=True, **small)
+    acted = []
+    explore = model._explore
+    model._explore = lambda obs, *args: acted.append(obs) or explore(obs, *args)
+    model.learn(16, progress_bar=False)
+    assert acted and all(float(obs["desired_goal"].abs().max()) <= 10 for obs in acted)  # (the policy's: normalised)
+    assert float(env.reset()[0]["desired_goal"].abs().max()) <= 10
+    other = rlspeed.SAC(env, **small)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the goal env without HER)
+        other.learn(16, progress_bar=False)
+    assert float(other.buffer.obs["desired_goal"][:16].abs().max()) <= 10
+
+
 def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_refused(tmp_path):
     """The rows of env e at step t are t * N + e: a replay saved by N envs cannot be read by M (it crashed, or
     relabelled with goals of other episodes); a reward wrapper's rewards would be mixed with compute_reward's."""

@@ -1757,6 +1757,9 @@ class Algorithm:
         """Prepare a learn() call: buffers, first observation."""
         raise NotImplementedError
 
+    def _end(self) -> None:
+        """Put back what `_start` set on the training env for this learn() call alone; runs on every way out of it."""
+
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         """Collect and update once; returns (env steps taken, metrics as device tensors)."""
         raise NotImplementedError
@@ -2452,6 +2455,7 @@ class Algorithm:
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         except BaseException as error:  # (also after `_start`, which left the model's thread count set)
+            self._end()
             if bar is not None:  # (drawn: closed, which also gives back Python's display of warnings)
                 bar.close()
             inference_off.__exit__(None, None, None)
@@ -2632,6 +2636,7 @@ class Algorithm:
                 _tell_training_error(callbacks, error)
             raise
         finally:
+            self._end()
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got; first,
             # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:

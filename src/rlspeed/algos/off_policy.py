@@ -491,6 +491,11 @@ class OffPolicyAlgorithm(Algorithm):
         if reason is not None:
             warnings.warn(reason, stacklevel=3)
 
+    def _end(self) -> None:
+        # (the env hands out normalised observations again: to its user, and to another model training on it)
+        if getattr(self, "_obs_normaliser", None) is not None:
+            self._obs_normaliser.hand_out_raw = False
+
     def _check_buffer_settings(self) -> None:
         """UserError in one sentence for a setting the replay buffer was made with (`_BUFFER_KEYS`: its rows'
         discounts, their n-step returns, its capacity and layout) set to another value on `model.config` since: the
