@@ -623,6 +623,18 @@ def test_members_training_in_subprocess_envs_evaluate_in_this_process():
         assert env.num_envs == 6
     finally:
         env.close()
+    # with env options, on Gymnasium's envs, which take them (auto's native CartPole for 20 envs did not: the
+    # evaluation ran the default env)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium-async",
+                            env_kwargs={"sutton_barto_reward": True}, **SMALL)
+    env = population._make_env(10, [5, 6], [0, 1])
+    try:
+        env.reset()
+        _, reward, terminated, *_ = env.step(torch.zeros(20, dtype=torch.int64))
+        assert env.spec.env_kwargs == {"sutton_barto_reward": True}
+        assert bool((reward[~terminated] == 0).all())  # (Sutton and Barto's reward: 0 until the pole falls)
+    finally:
+        env.close()
 
 
 def test_the_last_member_leaving_closes_the_training_env():

@@ -837,7 +837,7 @@ class PopulationBase:
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in
         the population's normalisation (`_normalized_env`: `members` None for the training env, else the members an
         evaluation env serves)."""
-        from rlspeed.envs import import_env_module, resolve_backend
+        from rlspeed.envs import backend_for_options, import_env_module, resolve_backend
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
@@ -849,8 +849,9 @@ class PopulationBase:
         # subprocess per env: members x episodes processes, 320 for 32 members' 10 episodes)
         backend = self.env_backend if members is None else evaluation_backend(self.env_id, self.env_backend,
                                                                              rows_per_member, self.device)
-        if members is not None and backend == "gymnasium-async":
-            backend = resolve_backend(env_id, "auto", len(seeds) * rows_per_member, self.device)
+        if members is not None and backend == "gymnasium-async":  # (with env options: Gymnasium's, which takes them)
+            backend = resolve_backend(env_id, backend_for_options(self.env_kwargs or {}, "auto"),
+                                      len(seeds) * rows_per_member, self.device)
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
             env = EpisodeStatistics(kind(env_id, num_envs=len(seeds) * rows_per_member, device=self.device,
