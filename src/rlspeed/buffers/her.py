@@ -43,6 +43,8 @@ def goal_strategy_name(value):
     if isinstance(value, enum.Enum):
         value = value.name
     return value.lower() if isinstance(value, str) else value
+
+
 #: The Dict keys goal-conditioned observations have (Gymnasium-Robotics' GoalEnv)
 GOAL_KEYS = ("achieved_goal", "desired_goal")
 
