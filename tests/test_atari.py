@@ -155,7 +155,7 @@ def test_without_episodic_life_and_clipping_training_envs_keep_whole_games_and_r
     model.save(tmp_path / "model")
     loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
     assert loaded.config.episodic_life is False and flags(loaded.make_training_env()) == (False, False)
-    with pytest.raises(UserError, match="made with episodic_life=False and episodic_life=True"):
+    with pytest.raises(UserError, match="made with episodic_life=False, and the model's episodic_life is True"):
         rlspeed.PPO(train)
     train.close()
     population = Population(rlspeed.PPO, "BreakoutNoFrameskip-v4", seeds=[0, 1], env_backend="gymnasium",

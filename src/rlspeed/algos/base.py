@@ -1177,8 +1177,9 @@ def _check_atari_training(env: BatchedEnv, config, name: str) -> None:
     for key in ("episodic_life", "clip_rewards"):
         asked, made = getattr(config, key, True), getattr(inner, key, None)
         if inner is not None and asked != made:
-            raise UserError(f"{name} got an env of {env.spec.env_id} made with {key}={made} and {key}={asked}: make "
-                            f"the env with rlspeed.make_env(..., {key}={asked}), or give the model its id.")
+            raise UserError(f"{name} got an env of {env.spec.env_id} made with {key}={made}, and the model's {key} "
+                            f"is {asked}: make the env with rlspeed.make_env(..., {key}={asked}), or give the model "
+                            "its id.")
 
 
 def _warn_double_normalisation(vector_env, config, whose: str = "this vector env's") -> None:
