@@ -833,3 +833,30 @@ def test_a_presets_paths_the_locale_could_not_read_are_written_as_their_utf8_cha
         "except Exception as error:\n"
         "    print(type(error).__name__)\n")
     assert run_in_ascii_locale(script).split() == ["UserError"]
+
+
+def test_the_confirmation_trains_at_most_population_members_at_once(tmp_path, monkeypatch):
+    """The confirmation trained its candidates' seeds as one population (5 x --confirm-seeds members, 80 by
+    default) whatever --population bounded memory and CPU to; in chunks of --population, each member scores as it
+    did among all of them (members are independent)."""
+    import rlspeed.population
+
+    made = []
+    original = rlspeed.population.Population
+
+    def counted(algo_cls, env_id, seeds, **kwargs):
+        made.append(len(seeds))
+        return original(algo_cls, env_id, seeds, **kwargs)
+
+    monkeypatch.setattr(rlspeed.population, "Population", counted)
+    confirmations = {}
+    for population in (2, 4):  # (2 trials: one batch, the same trials either way)
+        made.clear()
+        result = tune(PPO, "CartPole-v1", trials=2, population=population, storage=str(tmp_path / f"{population}.db"),
+                      study_name="chunks", hyperparameters=dict(FIXED), budget=256, target_return=60, eval_freq=128,
+                      search_space=None, confirm_seeds=3, confirm_top=1, out=tmp_path / f"{population}.yaml",
+                      say=lambda *a, **k: None, progress_bar=False)
+        # (the probe, the batch, then the confirmation's 2 candidates x 3 seeds)
+        assert made == ([1, 2, 2, 2, 2] if population == 2 else [1, 2, 4, 2])
+        confirmations[population] = result["confirmation"]
+    assert confirmations[2] == confirmations[4]

@@ -3136,7 +3136,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--trials", type=_whole(1), default=64, metavar="N",
                      help="trials the study should hold when done (default 64)")
     tun.add_argument("--population", type=_whole(1), default=16, metavar="N",
-                     help="trials trained at once as one population (default 16)")
+                     help="trials trained at once as one population, and the most members the confirmation trains at "
+                          "once (default 16)")
     tun.add_argument("--storage", default="rlspeed-tune.db", type=_given("a file or URL"), metavar="FILE|URL",
                      help="Optuna storage: a SQLite file or a URL such as sqlite:///PATH.db (default rlspeed-tune.db)")
     tun.add_argument("--study-name", default=None, type=_given("a name"), metavar="NAME",

@@ -302,6 +302,7 @@ class _Setup:
     env_kwargs: dict = dataclasses.field(default_factory=dict)  # the env's options, every trial's
     annealed: tuple[str, ...] = ()  # the settings whose schedules decay over a learn call's steps (the budget)
     eval_episodes: int = 10  # the episodes of every evaluation of a trial, the final one included
+    at_once: int = 16  # the most members one population trains (--population), the confirmation's too
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -540,9 +541,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True,
          env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = (), eval_episodes: int = 10) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
-    `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
-    write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
-    unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
+    `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (`population` members at
+    a time) and write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best
+    trial, unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
     population while it trains. `env_kwargs`: the env's options, for every trial (recorded with the study; the preset
     file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register the env
     (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation of
@@ -575,7 +576,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     preset_timesteps = (int(total_timesteps or budget) if target_return is not None and not annealed
                         else int(budget))
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   preset_timesteps, progress_bar, env_kwargs, tuple(annealed), eval_episodes)
+                   preset_timesteps, progress_bar, env_kwargs, tuple(annealed), eval_episodes, population)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     if env_kwargs:  # (a study made without options records none: it resumes as before)
@@ -753,8 +754,9 @@ def _starting_values(setup: _Setup) -> dict:
 
 
 def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
-    """Train the `top` best trials' configurations and the starting one on `seeds_each` new seeds each, as one
-    population; returns (and stores as the study's `confirmation` attribute) each candidate's objectives and median.
+    """Train the `top` best trials' configurations and the starting one on `seeds_each` new seeds each, as
+    populations of at most `setup.at_once` members (`--population`, what bounds memory and CPU); returns (and stores
+    as the study's `confirmation` attribute) each candidate's objectives and median.
 
     One trial is one seed, so the best of many trials is partly the luckiest seed; the confirmation measures the
     candidates again on seeds no trial used (`seed + 1_000_000 + i`) and picks by median."""
@@ -773,14 +775,21 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     started = time.perf_counter()
     per_member = {key: [c["hyperparameters"][key] for c in candidates for _ in range(seeds_each)]
                   for key in setup.space}
-    summary = setup.learn(setup.population(seeds, per_member))
+    # (members are independent, so each scores in a chunk as it would among all: a member that does not reach the
+    # target keeps its chunk training to the end of the budget, the steps it is scored with)
+    scored: list[tuple[dict, int]] = []  # (member entry, the steps its population trained), in seed order
+    for start in range(0, len(seeds), setup.at_once):
+        chunk = slice(start, start + setup.at_once)
+        with setup.population(seeds[chunk], {key: values[chunk] for key, values in per_member.items()}) as members:
+            summary = setup.learn(members)
+        scored += [(member, max(setup.budget, summary["total_timesteps"])) for member in summary["members"]]
     for index, candidate in enumerate(candidates):
-        members = summary["members"][index * seeds_each:(index + 1) * seeds_each]
-        trained = max(setup.budget, summary["total_timesteps"])
-        scores = [objective(m, setup.target_return, trained) if m.get("final_eval") else math.inf for m in members]
+        members = scored[index * seeds_each:(index + 1) * seeds_each]
+        scores = [objective(m, setup.target_return, trained) if m.get("final_eval") else math.inf
+                  for m, trained in members]
         candidate["objectives"] = scores
         candidate["median"] = statistics.median(scores)
-        candidate["steps_to_target"] = [m.get("steps_to_target") for m in members]
+        candidate["steps_to_target"] = [m.get("steps_to_target") for m, _ in members]
     confirmation = {"seeds": seeds, "candidates": candidates}
     study.set_user_attr("confirmation", confirmation)
     say(f"rlspeed: confirmation on {seeds_each} new seeds each ({time.perf_counter() - started:.1f} s): "
