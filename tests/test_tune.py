@@ -157,6 +157,14 @@ def _never_pruning(monkeypatch) -> _PruneOdd:
 def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
     pruner = _PruneOdd()
     monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    evaluated = []  # the members of each evaluation
+    original = PPOPopulation.evaluate
+
+    def evaluate(self, seeds, episodes=10, members=None):
+        evaluated.append(list(members))
+        return original(self, seeds, episodes, members)
+
+    monkeypatch.setattr(PPOPopulation, "evaluate", evaluate)
     result = tune(PPO, "CartPole-v1", trials=4, population=4, storage=str(tmp_path / "study.db"),
                   study_name="prune", hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128,
                   search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
@@ -167,6 +175,9 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
         assert sorted(trial.intermediate_values) == ([128] if trial.number % 2 else [128, 256, 384])
         assert pruner.reports[trial.number] == sorted(trial.intermediate_values)  # the pruner saw every report
     assert pruner.forgotten == {1, 3}  # and dropped the pruned trials' reports
+    # the pruned members get no final evaluation (their value is their last report): it cost a batched evaluation
+    assert evaluated[-1] == [0, 2]
+    assert [trial.user_attrs["final_eval"] is None for trial in trials] == [False, True, False, True]
     assert result["best"]["number"] in (0, 2)
     # without a target, the objective is minus the final evaluation
     assert study.best_value == pytest.approx(-study.best_trial.user_attrs["final_eval"])

@@ -311,8 +311,9 @@ class _Setup:
                           env_kwargs=self.env_kwargs or None, **{**self.hyperparameters, **per_member})
 
     def learn(self, members, on_eval=None) -> dict:
+        # (a pruned trial's value is its last report: a final evaluation would only repeat it, at another cost)
         kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
-                  "progress_bar": self.progress_bar, "eval_episodes": self.eval_episodes}
+                  "progress_bar": self.progress_bar, "eval_episodes": self.eval_episodes, "evaluate_pruned": False}
         if self.eval_freq is not None:
             kwargs["eval_freq"] = self.eval_freq
         return members.learn(self.budget, **kwargs)

@@ -1248,7 +1248,8 @@ class PopulationBase:
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
               stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True,
-              checkpoint_interval_s: float | None = None, **unknown: Any) -> dict[str, Any]:
+              checkpoint_interval_s: float | None = None, evaluate_pruned: bool = True,
+              **unknown: Any) -> dict[str, Any]:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -1262,7 +1263,8 @@ class PopulationBase:
         indices, including those that reached the target at it), returns the members to prune (an iterable of
         original indices, or None): they leave the computation and their summary entry says `"pruned_at":
         num_timesteps`. Members that already left (those that reached the target with `stop="each"` among them) are
-        ignored.
+        ignored. `evaluate_pruned=False`: pruned members get no final evaluation (`final_eval` None; they are left out
+        of its aggregate), for a caller whose pruned members' results are their last evaluation (`rlspeed tune`).
 
         A member whose parameters stop being finite is dropped with a warning (`"diverged_at"` in its entry, no
         final evaluation); the others are untouched. Members are checked after every iteration where
@@ -1299,6 +1301,8 @@ class PopulationBase:
                                                 checkpoint_freq, progress_bar, confirm_target)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        if not isinstance(evaluate_pruned, bool):
+            raise UserError(f"evaluate_pruned must be True or False, got {evaluate_pruned!r}.")
         # members are evaluated towards a target, for `on_eval`, or where an evaluation frequency is given
         evaluating = target_return is not None or on_eval is not None or eval_freq is not None
         eval_freq = 10_000 if eval_freq is None else eval_freq
@@ -1351,7 +1355,8 @@ class PopulationBase:
             # torch's OpenMP threads, which a process forked after it (a sweep's Pool worker) hung on)
             set_training_threads(self.num_threads)
             try:
-                self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
+                self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final,
+                                             evaluate_pruned=evaluate_pruned)
             except EvaluationStopped:
                 self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=False)
             finally:
@@ -1498,12 +1503,14 @@ class PopulationBase:
         return True
 
     def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
-                 final: bool = True, evaluate: bool = True) -> dict:
+                 final: bool = True, evaluate: bool = True, evaluate_pruned: bool = True) -> dict:
         """`learn`'s summary after its loop: a final evaluation of every member that did not diverge, each member's
         entry and the aggregates; `final` False (an interrupted loop): the same keys, `"interrupted": True`, and no
         final evaluation (each member's `final_eval` and the aggregate's None); `evaluate` False (a finished loop
-        whose final evaluation a stop request skipped): no final evaluation either."""
-        scored = ([k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
+        whose final evaluation a stop request skipped): no final evaluation either; `evaluate_pruned` False: none for
+        the members pruned."""
+        unscored = {"diverged_at"} if evaluate_pruned else {"diverged_at", "pruned_at"}
+        scored = ([k for k in range(self.size) if unscored.isdisjoint(loop.left.get(k, {}))]
                   if final and evaluate else [])
         final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
         final_means = (_shortest(self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist())
