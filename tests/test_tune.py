@@ -871,3 +871,23 @@ def test_the_confirmation_trains_at_most_population_members_at_once(tmp_path, mo
         assert made == ([1, 2, 2, 2, 2] if population == 2 else [1, 2, 4, 2])
         confirmations[population] = result["confirmation"]
     assert confirmations[2] == confirmations[4]
+
+
+def test_a_database_servers_running_trials_are_failed_only_when_asked(tmp_path, monkeypatch, capsys):
+    """A database server's storage is not locked, so its running trials may be another rlspeed tune's, running the
+    study now: marked failed at start-up, that process's report and tell failed. They are kept, and said, unless
+    --fail-running asks."""
+    # (no server here: the file stands in)
+    monkeypatch.setattr(rlspeed.tune, "_on_server", lambda storage: True, raising=False)
+    quick = ("--confirm-seeds", "0", "--budget", "128")
+    assert cli.main(_command(tmp_path, "--trials", "2", *quick)) == 0
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    other = study.ask()  # (another process's trial, training)
+    capsys.readouterr()
+    assert cli.main(_command(tmp_path, "--trials", "4", *quick)) == 0
+    assert _states(tmp_path)[other.number] == "RUNNING"
+    assert ("1 trial(s) of the study are running, left as they are (another process's, or a killed one's: "
+            "--fail-running marks them failed") in capsys.readouterr().out
+    assert cli.main(_command(tmp_path, "--trials", "4", *quick, "--fail-running")) == 0
+    assert _states(tmp_path)[other.number] == "FAIL"
+    assert "1 trial(s) left running by an earlier process marked failed" in capsys.readouterr().out

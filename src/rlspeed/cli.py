@@ -1019,7 +1019,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
          out=out, total_timesteps=train_timesteps, seed=args.seed, device=device, command=command,
          progress_bar=not args.no_progress,
          env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None,
-         gym_packages=tuple(args.gym_packages or ()), eval_episodes=_eval_episodes(args))
+         gym_packages=tuple(args.gym_packages or ()), eval_episodes=_eval_episodes(args),
+         fail_running=args.fail_running)
     return 0
 
 
@@ -3175,6 +3176,9 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
                      help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")
     tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
+    tun.add_argument("--fail-running", action="store_true",
+                     help="mark the study's running trials failed before it goes on, on a database server's storage "
+                          "too (a file storage's are a killed process's: they are marked anyway)")
     tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                      help="show full tracebacks on errors")
     tun.set_defaults(func=cmd_tune)

@@ -20,8 +20,9 @@ every evaluation of the trials: 10 by default).
 
 Resume: the same command (same storage and study name) continues the study until `trials` trials have finished
 (complete or pruned). Trials of a batch that was interrupted (Ctrl-C, SIGTERM, an error) are marked failed before the
-command exits, and trials left running by a killed process are marked failed when the study is resumed; failed trials
-do not count toward `trials`, so they are redone. One process at a time may run a study.
+command exits, and trials left running by a killed process are marked failed when the study is resumed (on a
+database server's storage, which is not locked, only with `fail_running`: they may be another process's); failed
+trials do not count toward `trials`, so they are redone. One process at a time may run a study.
 """
 
 from __future__ import annotations
@@ -371,11 +372,16 @@ def _make_pruner(warmup_steps: int, min_trials: int) -> BatchPruner:
 _LOCKS: dict[str, object] = {}  # lock file -> its open handle, for the studies `tune` is running in this process
 
 
+def _on_server(storage: str) -> bool:
+    """Whether `storage` is a database server's URL (postgresql://, mysql://, ...), which `_lock_study` cannot lock."""
+    return "://" in storage and not storage.startswith("sqlite:///")
+
+
 def _lock_study(storage: str, study_name: str) -> None:
     """One process at a time per study: an exclusive lock on a file beside a file storage (`study.db.NAME.lock`),
     held until `tune` returns (`_gives_back_process_state`); UserError when another process holds it. (A storage
     URL of a database server is not locked here.)"""
-    if "://" in storage and not storage.startswith("sqlite:///"):
+    if _on_server(storage):
         return
     path = Path(storage.removeprefix("sqlite:///"))
     from rlspeed.locks import hold_lock
@@ -540,7 +546,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
          confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
          command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True,
-         env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = (), eval_episodes: int = 10) -> dict:
+         env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = (), eval_episodes: int = 10,
+         fail_running: bool = False) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (`population` members at
     a time) and write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best
@@ -549,6 +556,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register the env
     (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation of
     the trials (and of the confirmation), the final ones included (recorded with the study where it is not 10).
+    Trials left running in the study are marked failed first where the storage is a file (its lock says no other
+    process runs them); on a database server's storage, which is not locked, only with `fail_running`.
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -586,9 +595,15 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         record["eval_episodes"] = eval_episodes
     _lock_study(storage, study_name)  # (before marking "stale" trials failed: they may be another process's)
     study = _open_study(storage, study_name, seed, population, budget, record)
-    stale = _fail_stale(study)
-    if stale:
-        say(f"rlspeed: {stale} trial(s) left running by an earlier process marked failed (they are redone)")
+    if fail_running or not _on_server(storage):
+        stale = _fail_stale(study)
+        if stale:
+            say(f"rlspeed: {stale} trial(s) left running by an earlier process marked failed (they are redone)")
+    else:  # (they may be another process's, running the study now: marked failed, its tell and report would fail)
+        running = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        say("rlspeed: a database server's study is not locked: run one rlspeed tune per study at a time"
+            + (f"; {running} trial(s) of the study are running, left as they are (another process's, or a killed "
+               "one's: --fail-running marks them failed, to be redone)" if running else ""))
     counted = (TrialState.COMPLETE, TrialState.PRUNED)
     finished = sum(t.state in counted for t in study.get_trials(deepcopy=False))
     started = time.perf_counter()
