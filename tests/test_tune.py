@@ -624,18 +624,55 @@ def test_a_preset_from_a_directory_whose_name_is_not_utf8_is_utf8():
     assert utf8_text(storage).encode("utf-8") and utf8_text("调参 库") == "调参 库"
 
 
-def test_tune_lets_go_of_the_study_and_optunas_verbosity_when_it_returns(tmp_path):
+def test_tune_lets_go_of_the_study_and_optunas_verbosity_when_it_returns(tmp_path, monkeypatch):
     """A notebook or sweep driver calling tune in-process kept the study's lock until the process exited (another
     process was refused the study: "Another rlspeed tune is running") and Optuna's log level lowered for good."""
     import fcntl
 
     optuna.logging.set_verbosity(optuna.logging.INFO)
+    lock = tmp_path / "study.db.ppo-CartPole-v1.lock"
+    taken = []
+    original = fcntl.flock
+
+    def flock(handle, operation):  # (the lock file exists while tune holds it)
+        taken.append(os.path.samefile(handle.fileno(), lock))
+        return original(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
     assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0")) == 0
     assert optuna.logging.get_verbosity() == optuna.logging.INFO
-    locks = list(tmp_path.glob("study.db.*.lock"))
-    assert locks and not rlspeed.tune._LOCKS
-    with open(locks[0]) as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (raises BlockingIOError while a lock is held)
+    assert taken == [True] and not rlspeed.tune._LOCKS
+    # its file is removed as it lets go (one stayed beside the database for every study run)
+    assert not list(tmp_path.glob("*.lock"))
+
+
+def test_a_lock_file_removed_as_its_holder_lets_go_is_never_held_twice(tmp_path, monkeypatch):
+    """tune removes its lock file as it lets go: a process that opened the file just before and locks it just after
+    holds a file no longer at its path, so a third one, making the file anew, would lock it too. The second one
+    finds the file gone and locks the one at the path."""
+    import fcntl
+
+    from rlspeed.errors import Busy
+    from rlspeed.locks import hold_lock, let_go
+
+    lock = tmp_path / "study.db.NAME.lock"
+    first, second = {}, {}
+    hold_lock(lock, first, "busy")
+    original = fcntl.flock
+
+    def flock(handle, operation):  # (the first lets go between the second's open and its lock)
+        if first:
+            let_go(next(iter(first)), first, remove=True)
+        return original(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    hold_lock(lock, second, "busy")
+    ((key, handle),) = second.items()
+    assert os.path.samefile(handle.fileno(), lock)  # (the file at the path, not the removed one)
+    with pytest.raises(Busy):
+        hold_lock(lock, {}, "busy")
+    let_go(key, second, remove=True)
+    assert not lock.exists()
 
 
 class _PruneNone(_PruneOdd):

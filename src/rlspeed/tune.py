@@ -51,6 +51,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.files import unwritable, write_atomic
+from rlspeed.locks import let_go
 from rlspeed.logging import format_return
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
@@ -480,8 +481,8 @@ def _fail_stale(study) -> int:
 
 def _gives_back_process_state(function: Callable) -> Callable:
     """`function` (`tune`), which leaves the process as it found it when it returns or raises: the study locks it
-    took are let go (another process may tune the study then) and Optuna's log verbosity, which it lowers, is put
-    back (a notebook or a sweep driver that uses Optuna itself keeps its logs)."""
+    took are let go and their files removed (another process may tune the study then) and Optuna's log verbosity,
+    which it lowers, is put back (a notebook or a sweep driver that uses Optuna itself keeps its logs)."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         held = set(_LOCKS)
@@ -490,8 +491,8 @@ def _gives_back_process_state(function: Callable) -> Callable:
         try:
             return function(*args, **kwargs)
         finally:
-            for key in set(_LOCKS) - held:
-                _LOCKS.pop(key).close()
+            for key in set(_LOCKS) - held:  # (their files removed too: else one stays beside the database per study)
+                let_go(key, _LOCKS, remove=True)
             optuna = sys.modules.get("optuna")
             if optuna is not None:  # (imported by the call: Optuna's default, INFO, is what the caller had)
                 optuna.logging.set_verbosity(verbosity if verbosity is not None else optuna.logging.INFO)
