@@ -41,6 +41,12 @@ class UnusedSettingWarning(UserWarning):
     said when a model is made, not again when one is loaded or a population's member models are rebuilt."""
 
 
+class WaitingEnvWarning(UserWarning):
+    """Training's one note that its in-process Gymnasium envs mostly wait (a sleep, a socket, a simulator in another
+    process), with the measured time of a step: subprocess envs (`gymnasium-async`) would wait side by side
+    (`rlspeed.diagnostics.waiting`)."""
+
+
 def first_line(error: BaseException) -> str:
     """The first line of `error`'s message ("" where it has none): what a one-sentence error quotes of another."""
     lines = str(error).strip().splitlines()

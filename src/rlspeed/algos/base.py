@@ -52,6 +52,7 @@ from rlspeed.device import (
     statistics_dtype,
     training_threads,
 )
+from rlspeed.diagnostics import waiting
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import (
@@ -95,6 +96,7 @@ from rlspeed.errors import (
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
     UserError,
+    WaitingEnvWarning,
     first_line,
     infinite_advice,
     no_such_keyword,
@@ -2090,6 +2092,18 @@ class Algorithm:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _waiting_switch(self, env: BatchedEnv) -> str | None:
+        """What would step `env`'s envs in subprocesses of their own, in words, where learn may note that they wait
+        (`rlspeed.diagnostics.waiting`): in-process Gymnasium envs, in one process (not under torch.distributed),
+        where this process has not noted it before; else None."""
+        if (waiting.noted or self.strategy.enabled
+                or getattr(env.unwrapped, "backend_name", env.backend) != "gymnasium"):
+            return None
+        if self._env_given:
+            return ("a gymnasium.vector.AsyncVectorEnv of your env (or make_env(..., backend='gymnasium-async') "
+                    "passed in)")
+        return "--env-backend gymnasium-async (env_backend='gymnasium-async')"
+
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation; built again where
         an interrupt left the envs unable to go on (`BatchedEnv.disrupted`), as after `close`."""
@@ -2439,6 +2453,9 @@ class Algorithm:
             timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
             train_clock = 0.0
             clock_start = time.perf_counter()
+            # busy seconds from here until the note on envs that wait is decided (`waiting_advice`); None: not asked
+            switch = self._waiting_switch(env)
+            waiting_from = waiting.busy_seconds() if switch is not None else None
             stop = False
             # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
             # training, so that the steps since the last row are in metrics.csv
@@ -2539,6 +2556,13 @@ class Algorithm:
                                 self._on_env_reset()
                             last_check_time = now
                     train_clock += now - clock_start
+                    if waiting_from is not None and train_clock >= waiting.MEASURED_S:
+                        note = waiting.waiting_advice(self.env_id, waiting.busy_seconds() - waiting_from, train_clock,
+                                                      self.num_timesteps - start_steps, env.num_envs, switch)
+                        waiting_from = None
+                        if note is not None:
+                            waiting.noted = True
+                            warn_at_caller(note, WaitingEnvWarning)
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
                     row.update(timesteps=self.num_timesteps, train_wall_s=clock_before + clock_offset + train_clock,

@@ -1,0 +1,76 @@
+"""Training's note on in-process envs that wait (`rlspeed.diagnostics.waiting`): it names subprocess envs, once, and
+only where they would change something."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import pytest
+
+from rlspeed import PPO
+from rlspeed.diagnostics import waiting
+from rlspeed.errors import WaitingEnvWarning
+
+
+def _waiting_notes(model, steps: int) -> list[str]:
+    """The notes on envs that wait (WaitingEnvWarning) that `model.learn(steps)` gives."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(steps, progress_bar=False)
+    return [str(w.message) for w in caught if issubclass(w.category, WaitingEnvWarning)]
+
+
+def test_training_on_in_process_envs_that_wait_names_subprocess_envs_once(monkeypatch):
+    """Training says what only `rlspeed profile` said: envs that sleep (a simulator over a socket) in one process
+    wait one after another, and gymnasium-async would wait side by side; decided on the first metrics row here (the
+    CPU time of the process only: a loaded machine's waits for a core count as busy)."""
+    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+
+    monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
+    monkeypatch.setattr(waiting, "noted", False)
+    # a fast env keeps its core busy: no note (the real busy time, a loaded machine's waits for a core included)
+    fast = PPO("CartPole-v1", device="cpu", seed=0, env_backend="gymnasium", num_envs=2, num_steps=16, batch_size=32,
+               n_epochs=1, net_arch=(8,))
+    assert _waiting_notes(fast, 256) == []
+    monkeypatch.setattr(waiting, "busy_seconds", time.process_time)
+    model = PPO("SlowSleeping-v0", device="cpu", seed=0, env_backend="gymnasium", num_envs=2, num_steps=16,
+                batch_size=32, n_epochs=1, net_arch=(8,), env_kwargs={"step_s": 0.002})
+    [note] = _waiting_notes(model, 64)
+    assert note.startswith("The env mostly waits: SlowSleeping-v0's steps took ")  # (PYTHONWARNINGS="ignore:...")
+    assert "env_backend='gymnasium-async'" in note and "ms of wall time each" in note and "WaitingEnvWarning" in note
+    assert _waiting_notes(model, 32) == []  # (once per process)
+    other = PPO("SlowSleeping-v0", device="cpu", seed=1, env_backend="gymnasium", num_envs=2, num_steps=16,
+                batch_size=32, n_epochs=1, net_arch=(8,), env_kwargs={"step_s": 0.002})
+    assert _waiting_notes(other, 32) == []
+
+
+@pytest.mark.parametrize("backend, num_envs, noted", [("gymnasium", 2, True), ("gymnasium", 1, False),
+                                                      ("torch", 2, False), ("gymnasium-async", 2, False)])
+def test_the_note_on_envs_that_wait_comes_only_where_subprocess_envs_would_change_something(monkeypatch, backend,
+                                                                                             num_envs, noted):
+    """Thresholds that any run passes: the note comes for 2 or more in-process Gymnasium envs only (not native
+    envs, not subprocess envs already, not one env)."""
+
+    monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
+    monkeypatch.setattr(waiting, "noted", False)
+    monkeypatch.setattr(waiting, "SLOW_ENV_MS", 0.0)
+    monkeypatch.setattr(waiting, "WAITING_CORES", math.inf)
+    with PPO("CartPole-v1", device="cpu", seed=0, env_backend=backend, num_envs=num_envs, num_steps=16,
+             batch_size=16, n_epochs=1, net_arch=(8,)) as model:
+        assert len(_waiting_notes(model, 32)) == int(noted)
+
+
+def test_the_note_on_envs_that_wait_for_a_vector_env_passed_in_names_asyncvectorenv(monkeypatch):
+    import gymnasium as gym
+
+    monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
+    monkeypatch.setattr(waiting, "noted", False)
+    monkeypatch.setattr(waiting, "SLOW_ENV_MS", 0.0)
+    monkeypatch.setattr(waiting, "WAITING_CORES", math.inf)
+    vector_env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(vector_env, device="cpu", seed=0, num_steps=16, batch_size=16, n_epochs=1, net_arch=(8,))
+    [note] = _waiting_notes(model, 32)
+    assert "gymnasium.vector.AsyncVectorEnv" in note and "--env-backend" not in note
