@@ -74,3 +74,19 @@ def test_the_note_on_envs_that_wait_for_a_vector_env_passed_in_names_asyncvector
     model = PPO(vector_env, device="cpu", seed=0, num_steps=16, batch_size=16, n_epochs=1, net_arch=(8,))
     [note] = _waiting_notes(model, 32)
     assert "gymnasium.vector.AsyncVectorEnv" in note and "--env-backend" not in note
+
+
+def test_rlspeed_profile_leaves_the_note_on_envs_that_wait_to_its_own_advice(monkeypatch):
+    """The profile's advice names subprocess envs where the env waits: its learn calls give no note besides."""
+    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    from rlspeed.diagnostics import profiler
+
+    monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
+    monkeypatch.setattr(waiting, "noted", False)
+    monkeypatch.setattr(waiting, "busy_seconds", time.process_time)
+    model = PPO("SlowSleeping-v0", device="cpu", seed=0, env_backend="gymnasium", num_envs=2, num_steps=16,
+                batch_size=32, n_epochs=1, net_arch=(8,), env_kwargs={"step_s": 0.002})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profiler.profile_run(model, steps=32, warmup_steps=32)
+    assert not [w for w in caught if issubclass(w.category, WaitingEnvWarning)]

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import textwrap
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from rlspeed.device import synchronize
 from rlspeed.diagnostics.doctor import usable_cores
 from rlspeed.diagnostics.phases import PHASES, PREFIX
 from rlspeed.envs import resolve_backend
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, WaitingEnvWarning
 
 DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
 DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
@@ -238,9 +239,15 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                         "process of a data-parallel run does, plus the gradient all-reduce).")
     steps, default_warmup, profiled = planned_steps(model, steps)
     warmup_steps = default_warmup if warmup_steps is None else warmup_steps
+
+    def learn(steps: int) -> None:  # (this report's advice says what training's note on envs that wait says)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WaitingEnvWarning)
+            model.learn(steps, progress_bar=False)
+
     if warmup_steps > 0:
-        model.learn(warmup_steps, progress_bar=False)
-    busy = cores_busy(lambda: model.learn(steps, progress_bar=False))
+        learn(warmup_steps)
+    busy = cores_busy(lambda: learn(steps))
     sps = model.result.sps
 
     on_cuda = model.device.type == "cuda"
@@ -254,7 +261,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     try:
         with profile(activities=activities) as prof:
             started = time.perf_counter()
-            model.learn(profiled, progress_bar=False)
+            learn(profiled)
             synchronize(model.device)
             wall_s = time.perf_counter() - started
             if say is not None:  # (leaving the block and reading the events back is where the time goes now)
