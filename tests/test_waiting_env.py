@@ -90,3 +90,28 @@ def test_rlspeed_profile_leaves_the_note_on_envs_that_wait_to_its_own_advice(mon
         warnings.simplefilter("always")
         profiler.profile_run(model, steps=32, warmup_steps=32)
     assert not [w for w in caught if issubclass(w.category, WaitingEnvWarning)]
+
+
+@pytest.mark.parametrize("env_id, backend, noted", [("SlowSleeping-v0", "gymnasium", True),
+                                                    ("CartPole-v1", "torch", False)])
+def test_a_population_on_in_process_envs_that_wait_gives_the_note_too(monkeypatch, env_id, backend, noted):
+    """A population's members step their in-process envs one after another, as a solo run's envs: the same note (2
+    members of 1 env each: 2 envs), not on native envs."""
+    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    from rlspeed.population import Population
+
+    monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
+    monkeypatch.setattr(waiting, "noted", False)
+    monkeypatch.setattr(waiting, "busy_seconds", time.process_time)
+    if backend == "torch":  # (thresholds any run passes: only the backend keeps the note away)
+        monkeypatch.setattr(waiting, "SLOW_ENV_MS", 0.0)
+        monkeypatch.setattr(waiting, "WAITING_CORES", math.inf)
+    env_kwargs = {"env_kwargs": {"step_s": 0.002}} if env_id.startswith("Slow") else {}
+    population = Population(PPO, env_id, seeds=[0, 1], env_backend=backend, num_envs=1, num_steps=16, batch_size=16,
+                            n_epochs=1, net_arch=(8,), **env_kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        population.learn(32, progress_bar=False)
+    notes = [str(w.message) for w in caught if issubclass(w.category, WaitingEnvWarning)]
+    assert len(notes) == int(noted)
+    assert not notes or ("env_backend='gymnasium-async'" in notes[0] and "its 2 envs" in notes[0])

@@ -24,9 +24,10 @@ from rlspeed._version import __version__
 from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
+from rlspeed.diagnostics import waiting
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, seconds
+from rlspeed.errors import UnusedSettingWarning, UserError, WaitingEnvWarning, positive_whole, seconds, warn_at_caller
 from rlspeed.evaluation import RUN_LONGER, TIME_LIMIT, episode_step_limit, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
@@ -1425,6 +1426,10 @@ class PopulationBase:
         """`learn`'s iterations until `end` env steps per member, the target, or no member left."""
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         last_checkpoint, checkpoint_cost = clock_start, 0.0  # (`checkpoint_interval_s`)
+        # (training clock, busy seconds and member steps from here, until the note on in-process envs that wait is
+        # decided, `waiting_advice`; None: not asked)
+        noting = ((loop.train_wall_s, waiting.busy_seconds(), loop.member_steps)
+                  if self.env_backend == "gymnasium" and not waiting.noted else None)
         while self.num_timesteps < end and self.alive:
             training = len(self.alive)
             before = self.num_timesteps
@@ -1435,6 +1440,15 @@ class PopulationBase:
                 self._drop_diverged(loop.left)
             loop.train_wall_s += time.perf_counter() - clock_start  # (evaluations and checkpoints are not training)
             loop.train_cpu_s += time.process_time() - cpu_start
+            if noting is not None and loop.train_wall_s - noting[0] >= waiting.MEASURED_S:
+                note = waiting.waiting_advice(self.env_id, waiting.busy_seconds() - noting[1],
+                                              loop.train_wall_s - noting[0], loop.member_steps - noting[2],
+                                              training * self.config.num_envs,
+                                              "--env-backend gymnasium-async (env_backend='gymnasium-async')")
+                noting = None
+                if note is not None:
+                    waiting.noted = True
+                    warn_at_caller(note, WaitingEnvWarning)
             finished = False
             if due:
                 loop.next_eval = self.num_timesteps + eval_freq
