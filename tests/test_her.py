@@ -296,10 +296,23 @@ def test_her_on_rlspeeds_observation_normalisation_relabels_raw_goals_and_normal
         model.learn(8, progress_bar=False)
 
 
+def test_her_with_the_models_normalize_obs_stores_raw_goals_and_normalises_batches():
+    """SAC(env, her=True, normalize_obs=True) on a vector env without normalisation (RL-Zoo's FetchReach entry via
+    --preset zoo): the model's own normalisation hands the HER replay raw observations, which it normalises per
+    batch with the model's statistics."""
+    vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = rlspeed.SAC(vector_env, her=True, normalize_obs=True, learning_starts=4, batch_size=4, net_arch=(8,),
+                        buffer_size=64)
+    model.learn(16, progress_bar=False)
+    assert model.obs_rms is not None and model.buffer.normalize is not None
+    assert float(model.buffer.obs["desired_goal"][:16].abs().max()) > 1000  # (stored raw: SPACE spans 1e6)
+    assert float(model.buffer.sample(64)["obs"]["desired_goal"].abs().max()) <= 10
+
+
 def test_her_hands_the_env_back_normalising_when_learn_ends():
     """learn with her=True makes the normalising env hand out raw observations (`hand_out_raw`) and its policy act on
     them normalised; when learn ends the env normalises again: for its user, and for another model trained on it (a
-    SAC without HER stored raw observations while its predict normalised them)."""
+    SAC without HER stored raw observations while its predict normalised them; it now trains on them normalised)."""
     vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env = rlspeed.make_env(vector_env, normalize_obs=True)
     small = {"learning_starts": 4, "batch_size": 4, "net_arch": (8,), "buffer_size": 64}
@@ -314,7 +327,12 @@ def test_her_hands_the_env_back_normalising_when_learn_ends():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the goal env without HER)
         other.learn(16, progress_bar=False)
-    assert float(other.buffer.obs["desired_goal"][:16].abs().max()) <= 10
+    # (the env's statistics turn the other model's normalize_obs on: it stores raw observations and trains on them
+    # normalised, as it acts)
+    assert other.config.normalize_obs and other.obs_rms is env.obs_rms
+    rows = other.buffer.sample(16)
+    torch.testing.assert_close(other._prepare_normalised(dict(rows))["obs"]["desired_goal"],
+                               env.obs_rms.normalize(rows["obs"], env.clip)["desired_goal"])
 
 
 def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_refused(tmp_path):

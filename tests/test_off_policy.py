@@ -730,6 +730,25 @@ def test_a_loaded_model_of_a_normalising_env_trains_on_normalised_observations(t
     assert loaded._env.obs_rms is loaded.obs_rms
 
 
+def test_a_model_saved_before_off_policy_normalize_obs_keeps_normalising(tmp_path):
+    """A file written before DQN, SAC, TD3 and DDPG had normalize_obs (its config lacks the key) by a model trained on
+    a normalising env: loaded without an env, its statistics stay (predict normalises) and its learn normalises; the
+    default normalize_obs=False dropped them, as a load override turning normalisation off does."""
+    from rlspeed import make_env
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    model = SAC(make_env("Pendulum-v1", normalize_obs=True), seed=0, device="cpu", learning_starts=16, batch_size=16)
+    model.learn(64, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    tensors, meta = load_checkpoint(path)
+    del meta["config"]["normalize_obs"], meta["digest"]
+    save_checkpoint(tmp_path / "old", tensors, meta)
+    loaded = SAC.load(tmp_path / "old")
+    assert loaded.config.normalize_obs and float(loaded.obs_rms.count) == float(model.obs_rms.count)
+    obs = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32) * 3
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+
+
 def test_sac_tunes_its_temperature_towards_minus_the_action_dimension_by_default():
     """SB3's `target_entropy="auto"`: -dim(A) (the population copies the solo model's value, so no parity test can
     see a wrong one)."""
@@ -811,3 +830,43 @@ def test_dueling_q_values_are_the_value_plus_each_advantage_less_their_mean():
         value, advantages = out[:, 0], out[:, 1:]
         expected = value.unsqueeze(1) + advantages - (advantages[:, :1] + advantages[:, 1:]) / 2
         torch.testing.assert_close(q_network(obs), expected)
+
+
+# --- normalize_obs ---------------------------------------------------------------------------------------------------
+def test_sac_normalize_obs_stores_raw_observations_normalises_batches_and_saves_its_statistics(tmp_path):
+    """normalize_obs=True (RL-Zoo's `normalize` for SAC; it was an unknown hyperparameter): the statistics grow with
+    training, the replay holds the env's own observations (Pendulum's cos and sin on the unit circle) and each batch
+    is normalised with the statistics of sampling time, as SB3's VecNormalize; save/load keeps the statistics, so
+    predict is the same, and the loaded model's learn goes on normalising."""
+    model = SAC("Pendulum-v1", normalize_obs=True, seed=0, **TINY)
+    model.learn(300, progress_bar=False)
+    assert model.obs_rms is not None and float(model.obs_rms.count) > 300
+    stored = model.buffer.obs[:len(model.buffer)]
+    torch.testing.assert_close(stored[:, 0] ** 2 + stored[:, 1] ** 2, torch.ones(len(stored)))  # (raw)
+    rows = model.buffer.sample(64, generator=torch.Generator().manual_seed(0))
+    batch = model._prepare_normalised(dict(rows))
+    for name in ("obs", "next_obs"):
+        torch.testing.assert_close(batch[name], model.obs_rms.normalize(rows[name], 10.0))
+    model.save(tmp_path / "model")
+    loaded = SAC.load(tmp_path / "model")
+    obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32) * 3
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0], loaded.predict(obs, deterministic=True)[0])
+    assert loaded.config.normalize_obs and float(loaded.obs_rms.count) == float(model.obs_rms.count)
+    loaded.learn(100, progress_bar=False)
+    assert float(loaded.obs_rms.count) > float(model.obs_rms.count)
+
+
+def test_off_policy_normalize_obs_from_the_cli_and_refused_for_populations(tmp_path, capsys):
+    """`--set normalize_obs=true` trains and records it in config.yaml; off-policy populations refuse it in one
+    sentence (they would ignore it)."""
+    out = tmp_path / "run"
+    assert main(["train", "sac", "Pendulum-v1", "--preset", "none", "--set", "normalize_obs=true", "--set",
+                 "learning_starts=32", "--set", "batch_size=16", "--set", "net_arch=[16]", "--total-timesteps",
+                 "64", "--out", str(out), "--eval-episodes", "1", "--target-return", "none",
+                 "--no-progress", "--quiet"]) == 0
+    assert "normalize_obs: true" in (out / "config.yaml").read_text()
+    assert SAC.load(out / "model").obs_rms is not None
+    from rlspeed.population import Population
+
+    with pytest.raises(UserError, match="SAC populations do not support normalize_obs"):
+        Population(SAC, "Pendulum-v1", seeds=range(2), normalize_obs=True)

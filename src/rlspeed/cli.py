@@ -1056,8 +1056,14 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
 
         # (the space the run's env options make: an option may turn float vectors into indices, or back)
         space = env_spec(args.env_id, _env_kwargs(args)).observation_space
+        from rlspeed.algos.off_policy import OffPolicyConfig
+
         if not normalizable(space):
             hyper["normalize_obs"] = False
+        elif getattr(args, "seeds", None) is not None and issubclass(algo_cls.config_cls, OffPolicyConfig):
+            hyper["normalize_obs"] = False  # (off-policy populations do not normalise: a solo run does)
+            dropped_note = (f"rlspeed: note: the preset's normalize_obs is left out: {algo_cls.__name__} populations "
+                            "do not normalise observations (a solo run does)")
         elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
             # (a population normalises what reaches its networks without an encoder, float vectors, only)
             hyper["normalize_obs"] = False

@@ -384,9 +384,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             if others:
                 hint = f" {named} is a setting of {others}; {owner} has none.{hint}"
-                if named == "normalize_obs":  # (the env's wrapper normalises for any algorithm, kept with the model)
+                if named == "normalize_reward":  # (the env's wrapper normalises for any algorithm, kept with the model)
                     hint += (f" Give {owner} an env that normalises: rlspeed.make_env(env_id, num_envs=..., "
-                             "normalize_obs=True); the model keeps its statistics.")
+                             "normalize_reward=True); the model keeps its statistics.")
             elif not close:
                 hint = f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {owner}.{hint}")
@@ -2115,7 +2115,7 @@ class Algorithm:
         if self._env is None:
             cfg = self.config
             # (statistics a loaded model holds, from a normalising env it trained on, go on normalising: off-policy
-            # configs have no normalize_obs of their own)
+            # configs have no normalize_reward of their own)
             normalize_obs = cfg.normalize_obs if hasattr(cfg, "normalize_obs") else self.obs_rms is not None
             normalize_reward = (cfg.normalize_reward if hasattr(cfg, "normalize_reward")
                                 else self.return_rms is not None)
@@ -3091,6 +3091,11 @@ class Algorithm:
                             f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
                             "config class of someone else's, or its metadata was edited.")
         _warn_other_class(meta, algo, path, "load")
+        fields = {field.name for field in dataclasses.fields(algo.config_cls)}
+        for name, flag in _STATISTICS:  # (a file written before its algorithm had the flag, DQN's, SAC's, TD3's and
+            # DDPG's normalize_obs: the statistics of the normalising env it trained on say the flag was on)
+            if flag in fields and flag not in meta["config"] and any(key.startswith(f"{name}.") for key in tensors):
+                meta["config"][flag] = True
         saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None

@@ -97,6 +97,9 @@ class OffPolicyConfig:
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
+    #: running mean/std normalisation of float vector observations (SB3's VecNormalize norm_obs): the replay stores
+    #: the env's own observations and normalises each batch with the statistics of sampling time, as SB3's
+    normalize_obs: bool = False
     # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer), other uint8 or bool
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
     # observation and next observation whole
@@ -325,6 +328,13 @@ class OffPolicyAlgorithm(Algorithm):
         an algorithm may add per-row fields that do not change during those gradient steps (see DQN)."""
         return rows
 
+    def _prepare_normalised(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`_prepare_batches` on the gathered rows, whose stored observations are first normalised with the running
+        statistics where the replay holds the env's own (`_start`; the HER buffer normalises its batches itself)."""
+        if getattr(self, "_obs_normaliser", None) is not None and not isinstance(self.buffer, HerReplayBuffer):
+            rows = {**rows, **{name: self._normalised_obs(rows[name]) for name in ("obs", "next_obs")}}
+        return self._prepare_batches(rows)
+
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
 
@@ -390,7 +400,7 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _normalised_obs(self, obs):
         """`obs` as the networks take them: normalised with the running statistics where the env hands out its own
-        observations for Hindsight Experience Replay (`_start`), else as they are."""
+        observations (`_start`: normalize_obs or Hindsight Experience Replay), else as they are."""
         normaliser = getattr(self, "_obs_normaliser", None)
         return obs if normaliser is None else normaliser.obs_rms.normalize(obs, normaliser.clip)
 
@@ -407,10 +417,10 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
-        # Hindsight Experience Replay on rlspeed's observation normalisation: the env hands out its own observations,
-        # which the replay stores and relabels, then normalises each batch with the running statistics (as SB3's
-        # VecNormalize); the policy acts on them normalised (`_normalised_obs`)
-        self._obs_normaliser = find_wrapper(env, NormalizeObservation) if cfg.her else None
+        # normalize_obs, and Hindsight Experience Replay on rlspeed's observation normalisation: the env hands out its
+        # own observations, which the replay stores (and relabels), then normalises each batch with the running
+        # statistics (as SB3's VecNormalize); the policy acts on them normalised (`_normalised_obs`)
+        self._obs_normaliser = find_wrapper(env, NormalizeObservation) if cfg.her or cfg.normalize_obs else None
         if self._obs_normaliser is not None:
             self._obs_normaliser.hand_out_raw = True
         if cfg.anneal_lr:
@@ -810,7 +820,7 @@ class OffPolicyAlgorithm(Algorithm):
         chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
         for first in range(0, gradient_steps, chunk):
             for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size,
-                                               prepare=self._prepare_batches):
+                                               prepare=self._prepare_normalised):
                 for key, value in self._update(batch).items():
                     totals[key] = totals[key] + value if key in totals else value
                     counts[key] = counts.get(key, 0) + 1

@@ -531,9 +531,18 @@ class _Translator:
                 self.refuse("normalize", f"{value!r}: expected true, false or a dict of VecNormalize options")
                 return
             options = {"norm_obs": True, "norm_reward": True, **options}  # VecNormalize's defaults
+        from rlspeed.algos import ALGORITHMS  # (late: presets load without torch)
+
+        own = {field.name for field in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}
         for option, option_value in options.items():
-            if option in ("norm_obs", "norm_reward") and isinstance(option_value, bool):
-                self.set("normalize_" + option.removeprefix("norm_"), option_value, "normalize")
+            name = "normalize_" + option.removeprefix("norm_")
+            if option == "norm_reward" and option_value is False and name not in own:
+                continue  # (VecNormalize's rewards left as they are: what an algorithm without the setting does)
+            if option == "norm_reward" and option_value is True and name not in own:
+                self.refuse("normalize.norm_reward", f"rlspeed's {self.algo} normalises observations only "
+                                                     "(normalize_obs), not rewards")
+            elif option in ("norm_obs", "norm_reward") and isinstance(option_value, bool):
+                self.set(name, option_value, "normalize")
             elif option in ("clip_obs", "clip_reward") and option_value == 10.0:
                 self.notes.append(f"normalize {option} 10: rlspeed's clip too")
             elif option == "gamma":
