@@ -870,3 +870,27 @@ def test_off_policy_normalize_obs_from_the_cli_and_refused_for_populations(tmp_p
 
     with pytest.raises(UserError, match="SAC populations do not support normalize_obs"):
         Population(SAC, "Pendulum-v1", seeds=range(2), normalize_obs=True)
+
+
+def test_resuming_a_run_saved_before_normalize_obs_does_not_normalise_its_replay_twice(tmp_path):
+    """A run on a normalising env passed in, saved by an rlspeed before off-policy normalize_obs (config without the
+    key), kept normalised observations in its replay; resumed now, normalize_obs stores raw ones and normalises each
+    batch: its rows would be normalised twice, so the buffer refills from empty, with a warning saying why."""
+    from rlspeed import make_env
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    options = {"seed": 0, "device": "cpu", "learning_starts": 16, "batch_size": 16, "save_replay_buffer": True}
+    model = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)
+    model.learn(32, progress_bar=False)
+    tensors, meta = load_checkpoint(model.save(tmp_path / "model"))
+    del meta["config"]["normalize_obs"], meta["digest"]
+    save_checkpoint(tmp_path / "old", tensors, meta)
+    resumed = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)
+    resumed.resume(tmp_path / "old")
+    with pytest.warns(UserWarning, match="normalised as they were collected.*refills from empty"):
+        resumed.learn(40, progress_bar=False)
+    assert len(resumed.buffer) == 40  # (its own steps only)
+    again = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)  # (today's files: raw, restored)
+    again.resume(tmp_path / "model")
+    again.learn(40, progress_bar=False)
+    assert len(again.buffer) == 72

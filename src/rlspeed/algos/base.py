@@ -3298,7 +3298,11 @@ class Algorithm:
             self._loop = dict(state.get("loop") or {})
         file = Path(path) if Path(path).exists() else checkpoint_path(path)
         self._resume = {"meta": state or {}, "path": file,
-                        "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")}}
+                        "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")},
+                        # (a run of DQN, SAC, TD3 or DDPG on a normalising env passed in, saved before their
+                        # normalize_obs: its replay holds observations normalised as collected, HER's raw ones)
+                        "normalised_replay": ("normalize_obs" not in meta["config"] and not meta["config"].get("her")
+                                              and any(key.startswith("obs_rms.") for key in tensors))}
 
     def _restore_counts(self, meta: dict) -> None:
         """The env steps and gradient steps a saved file holds (`load`, `resume`); a file an older rlspeed wrote after

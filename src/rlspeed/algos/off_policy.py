@@ -620,6 +620,12 @@ class OffPolicyAlgorithm(Algorithm):
                           "empty and updates wait for learning_starts new transitions: training is not identical to "
                           "the uninterrupted run.", stacklevel=4)
             return False
+        if resume.get("normalised_replay") and getattr(self, "_obs_normaliser", None) is not None:
+            warnings.warn(f"Resuming from '{resume['path']}': an older rlspeed saved its replay buffer with the "
+                          "observations normalised as they were collected, and normalize_obs now stores them raw and "
+                          "normalises each batch, so the replay buffer refills from empty and updates wait for "
+                          "learning_starts new transitions.", stacklevel=4)
+            return False
         # (the file's tensors read as views of it mapped in memory, copied into the buffer and dropped: a copy of them
         # besides the buffer it fills, as large as the buffer when full, would not fit where the buffer fills memory)
         found = self._saved_replay(resume, self.buffer.storage_device, "the replay buffer refills from empty",
