@@ -7,6 +7,8 @@ import importlib.util
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -134,9 +136,6 @@ def cli_error(capsys, argv: list[str]) -> str:
 def run_in_ascii_locale(script: str) -> str:
     """Run the Python `script` in a process of an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0: the
     file-name and text encodings ASCII); its stdout, asserting that it succeeded."""
-    import subprocess
-    import sys
-
     env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
     done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -453,3 +452,52 @@ def endless_pendulum_id() -> str:
     if env_id not in gym.registry:
         gym.register(env_id, entry_point="gymnasium.envs.classic_control:PendulumEnv")
     return env_id
+
+
+CRASHING_ENV = """import os
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class CrashingEnv(CartPoleEnv):
+    steps = 0
+
+    def step(self, action):
+        CrashingEnv.steps += 1  # (the process's steps over all its envs)
+        if CrashingEnv.steps == int(os.environ.get("CRASH_AT", "1000000")):
+            raise RuntimeError("sensor cable unplugged")
+        return super().step(action)
+
+
+gym.register("CrashingEnv-v0", entry_point="crashing_env:CrashingEnv", max_episode_steps=200)
+"""
+
+
+@pytest.fixture
+def train_crashing(tmp_path, monkeypatch, capsys):
+    """`train(crash_at, *more)`: `rlspeed train ppo` (512 steps, checkpoints every 128) in `tmp_path/run` on
+    CRASHING_ENV, whose process raises at its `crash_at`-th env step; in this process (the env's module imported
+    afresh at each command, its step count from 0 as in a new process), the command's output as a process's."""
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def forget() -> None:
+        sys.modules.pop("crashing_env", None)
+        gym.registry.pop("CrashingEnv-v0", None)
+
+    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
+        forget()
+        monkeypatch.setenv("CRASH_AT", str(crash_at))
+        argv = ["train", "ppo", "crashing_env:CrashingEnv-v0", "--env-backend", "gymnasium", "--num-envs", "2",
+                "--preset", "none", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
+                "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run", *more]
+        capsys.readouterr()
+        from rlspeed import cli
+
+        code = cli.main(argv)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+    yield train
+    forget()

@@ -1026,7 +1026,6 @@ def test_export_command_adds_the_action_mask_input_of_a_masked_run(tmp_path, mon
 def _cartpole_or_index(discrete: bool = False, **kwargs):
     """CartPole, whose observations become one index (Discrete(2): whether the cart is right of the centre) where
     its option `discrete` says so (as a course's env options switch tabular and vector observations)."""
-    import gymnasium as gym
 
     env = gym.make("CartPole-v1", **kwargs)
     if not discrete:
@@ -1038,7 +1037,6 @@ def test_the_default_preset_fits_the_observations_the_env_options_make(tmp_path,
     """The shipped default PPO preset's normalize_obs is left out for index observations; it was decided on the env
     as registered, without --env-kwargs: an option that makes the observations Discrete failed with "drop
     normalize_obs", a setting the user never gave."""
-    import gymnasium as gym
 
     monkeypatch.chdir(tmp_path)
     if "BoxOrIndex-v0" not in gym.registry:
@@ -1052,7 +1050,6 @@ def test_the_default_preset_fits_the_observations_the_env_options_make(tmp_path,
 
 def _endless_env():
     """An env whose episodes never end and which has no time limit (as CliffWalking-v1 under a policy that loops)."""
-    import gymnasium as gym
 
     class Endless(gym.Env):
         observation_space, action_space = gym.spaces.Discrete(2), gym.spaces.Discrete(2)
@@ -1071,8 +1068,6 @@ def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_pa
     """Episodes still running at evaluate's step limit count with a warning, whose advice (`max_steps=`) `rlspeed
     eval` has no flag for; the command-line advice it gives now works: the episodes end at the limit it sets."""
     import warnings
-
-    import gymnasium as gym
 
     import rlspeed
     import rlspeed.evaluation
@@ -1098,7 +1093,6 @@ def test_evaluations_of_episodes_without_end_say_so_in_the_result_line_and_summa
     """A run on an env whose episodes never end: the final evaluation's line and `rlspeed eval`'s say how many
     episodes were cut short at the step limit, and summary.json's final_eval counts them (`unfinished`); they read
     as if the episodes had ended, the warning long scrolled by."""
-    import gymnasium as gym
 
     import rlspeed.evaluation
 
@@ -2889,53 +2883,6 @@ def test_resume_with_nothing_left_to_train_keeps_the_replay_entry_of_summary_jso
     after = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert after["interrupted"] is False and after["final_eval"]["episodes"] == 10
     assert after["replay"] == before["replay"]
-
-
-CRASHING_ENV = """import os
-import gymnasium as gym
-from gymnasium.envs.classic_control import CartPoleEnv
-
-
-class CrashingEnv(CartPoleEnv):
-    steps = 0
-
-    def step(self, action):
-        CrashingEnv.steps += 1  # (the process's steps over all its envs)
-        if CrashingEnv.steps == int(os.environ.get("CRASH_AT", "1000000")):
-            raise RuntimeError("sensor cable unplugged")
-        return super().step(action)
-
-
-gym.register("CrashingEnv-v0", entry_point="crashing_env:CrashingEnv", max_episode_steps=200)
-"""
-
-
-@pytest.fixture
-def train_crashing(tmp_path, monkeypatch, capsys):
-    """`train(crash_at, *more)`: `rlspeed train ppo` (512 steps, checkpoints every 128) in `tmp_path/run` on
-    CRASHING_ENV, whose process raises at its `crash_at`-th env step; in this process (the env's module imported
-    afresh at each command, its step count from 0 as in a new process), the command's output as a process's."""
-    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-
-    def forget() -> None:
-        sys.modules.pop("crashing_env", None)
-        gym.registry.pop("CrashingEnv-v0", None)
-
-    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
-        forget()
-        monkeypatch.setenv("CRASH_AT", str(crash_at))
-        argv = ["train", "ppo", "crashing_env:CrashingEnv-v0", "--env-backend", "gymnasium", "--num-envs", "2",
-                "--preset", "none", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
-                "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run", *more]
-        capsys.readouterr()
-        code = cli.main(argv)
-        captured = capsys.readouterr()
-        return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
-
-    yield train
-    forget()
 
 
 @pytest.mark.parametrize("seeds", [(), ("--seeds", "0-1")], ids=["single", "population"])

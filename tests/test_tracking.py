@@ -190,12 +190,10 @@ def test_a_signal_after_training_finishes_the_wandb_run_with_its_exit_code_and_t
     assert run["exit_code"] == 143 and run["summary"]["total_timesteps"] == summary["total_timesteps"] >= 512
 
 
-def test_a_run_an_error_ends_finishes_its_wandb_run_as_the_command_ends(tmp_path, offline):
+def test_a_run_an_error_ends_finishes_its_wandb_run_as_the_command_ends(tmp_path, offline, train_crashing):
     """An env's error mid-run: the W&B run ended with exit code 1 and none of summary.json's fields, where
     summary.json holds the error; it now has them. (A UserError's run ends with the command's exit code 2.)"""
-    from test_cli import train_crashing
-
-    done = train_crashing(tmp_path, 300, "--track")
+    done = train_crashing(300, "--track")
     assert done.returncode == 1, done.stderr
     run, _ = read_offline_run(offline)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
