@@ -191,7 +191,8 @@ def test_archives_carry_the_sidecar(tmp_path):
 
 
 def test_export_checkpoint_from_a_run_directory(tmp_path):
-    model = rlspeed.TD3("Pendulum-v1", seed=0, net_arch=(16,))
+    # (normalize_obs: the statistics `_randomise` sets are the model's, kept by its checkpoint; off, a load drops them)
+    model = rlspeed.TD3("Pendulum-v1", seed=0, net_arch=(16,), normalize_obs=True)
     _randomise(model, seed=3)
     model.save(tmp_path / "model.safetensors")
     path = export_checkpoint(tmp_path, "torchscript", algorithms=ALGORITHMS)

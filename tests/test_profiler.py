@@ -291,7 +291,7 @@ def test_advice_for_an_env_that_waits_names_subprocess_envs_on_any_number_of_cor
 
 
 def test_profile_of_a_sleeping_env_reports_idle_cores_and_advises_subprocesses(monkeypatch):
-    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    import helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
 
     monkeypatch.setattr(profiler, "usable_cores", lambda: 2)
     model = PPO("SlowSleeping-v0", device="cpu", seed=0, env_backend="gymnasium", num_envs=2, num_steps=16,

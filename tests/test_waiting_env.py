@@ -26,7 +26,7 @@ def test_training_on_in_process_envs_that_wait_names_subprocess_envs_once(monkey
     """Training says what only `rlspeed profile` said: envs that sleep (a simulator over a socket) in one process
     wait one after another, and gymnasium-async would wait side by side; decided on the first metrics row here (the
     CPU time of the process only: a loaded machine's waits for a core count as busy)."""
-    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    import helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
 
     monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
     monkeypatch.setattr(waiting, "noted", False)
@@ -78,7 +78,8 @@ def test_the_note_on_envs_that_wait_for_a_vector_env_passed_in_names_asyncvector
 
 def test_rlspeed_profile_leaves_the_note_on_envs_that_wait_to_its_own_advice(monkeypatch):
     """The profile's advice names subprocess envs where the env waits: its learn calls give no note besides."""
-    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    import helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+
     from rlspeed.diagnostics import profiler
 
     monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
@@ -97,7 +98,8 @@ def test_rlspeed_profile_leaves_the_note_on_envs_that_wait_to_its_own_advice(mon
 def test_a_population_on_in_process_envs_that_wait_gives_the_note_too(monkeypatch, env_id, backend, noted):
     """A population's members step their in-process envs one after another, as a solo run's envs: the same note (2
     members of 1 env each: 2 envs), not on native envs."""
-    import tests.helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+    import helpers.slow_env  # noqa: F401  (registers SlowSleeping-v0)
+
     from rlspeed.population import Population
 
     monkeypatch.setattr(waiting, "MEASURED_S", 0.0)
