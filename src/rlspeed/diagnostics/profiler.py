@@ -390,7 +390,7 @@ def advise(result: Profile) -> list[str]:
             advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
                           "--env-backend torch steps all envs with a few tensor operations.")
         elif waiting and result.env_backend.startswith("gymnasium"):
-            # (sleeping envs overlap in subprocesses whatever the cores: 8 envs of 5 ms trained 5x faster on 2)
+            # (envs that wait overlap in subprocesses whatever the number of cores)
             advice.append(f"env.step takes {env_share:.0%} of the time and the run kept {result.cores_busy:.2f} "
                           "cores busy: the env mostly waits (a sleep, a socket, a simulator in another process), and "
                           + ("more envs in subprocesses of their own wait side by side: --env-backend gymnasium-async "

@@ -1,7 +1,6 @@
 """The note training gives once where its env waits: in-process Gymnasium envs whose steps take milliseconds of
 waiting (a sleep, a socket, a simulator or robot in another process) step one after another, where one subprocess
-per env (`gymnasium-async`) would wait side by side (8 envs of 5 ms: PPO at 178 steps/s in one process, 934 in
-subprocesses, on 2 cores).
+per env (`gymnasium-async`) would wait side by side (docs/envs.md, "Slow envs").
 
 `rlspeed profile` measures env.step's share of the time; training does not (that would read a clock around every
 step). What it reads instead, once per metrics row until it has decided: the CPU time of the process against the
@@ -48,5 +47,5 @@ def waiting_advice(env_id: str, busy_s: float, wall_s: float, env_steps: int, nu
     return (f"The env mostly waits: {env_id}'s steps took {step_ms:.1f} ms of wall time each while this process kept "
             f"{cores:.2f} cores busy (a sleep, a socket, a simulator in another process), and its {num_envs} envs "
             f"wait one after another in this process; {switch} steps each env in a subprocess of its own, where they "
-            "wait side by side (8 envs of 5 ms trained PPO 5x faster on 2 cores): compare the two runs' steps/s "
+            "wait side by side, on any number of cores: compare the two runs' steps/s "
             "(rlspeed.errors.WaitingEnvWarning is this note's warning category).")
