@@ -98,7 +98,7 @@ class OffPolicyConfig:
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
     #: running mean/std normalisation of float vector observations (SB3's VecNormalize norm_obs): the replay stores
-    #: the env's own observations and normalises each batch with the statistics of sampling time, as SB3's
+    #: the env's own observations and normalises each batch with the statistics of sampling time, as SB3's does
     normalize_obs: bool = False
     # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer), other uint8 or bool
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:

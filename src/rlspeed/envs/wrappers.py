@@ -163,9 +163,9 @@ class NormalizeObservation(EnvWrapper):
     statistics for the env's observation space). Normalised values are clipped to [-`clip`, `clip`].
 
     `hand_out_raw = True` keeps updating the statistics but hands out the env's own observations: the off-policy
-    algorithms set it for Hindsight Experience Replay while `learn` runs (and set it back when it returns or raises),
-    whose replay stores them and normalises each batch after relabelling (`rlspeed.buffers.her.HerReplayBuffer`'s
-    `normalize`), as SB3's VecNormalize does.
+    algorithms set it while `learn` runs (`normalize_obs`, or Hindsight Experience Replay on this wrapper) and set it
+    back when it returns or raises; their replay stores the env's own observations and normalises each batch (after
+    relabelling, for HER), as SB3's VecNormalize does.
     """
 
     counted_beneath = True
