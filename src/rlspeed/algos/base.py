@@ -96,7 +96,6 @@ from rlspeed.errors import (
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
     UserError,
-    WaitingEnvWarning,
     first_line,
     infinite_advice,
     no_such_keyword,
@@ -2557,12 +2556,9 @@ class Algorithm:
                             last_check_time = now
                     train_clock += now - clock_start
                     if waiting_from is not None and train_clock >= waiting.MEASURED_S:
-                        note = waiting.waiting_advice(self.env_id, waiting.busy_seconds() - waiting_from, train_clock,
-                                                      self.num_timesteps - start_steps, env.num_envs, switch)
+                        waiting.note_if_waiting(self.env_id, waiting.busy_seconds() - waiting_from, train_clock,
+                                                self.num_timesteps - start_steps, env.num_envs, switch)
                         waiting_from = None
-                        if note is not None:
-                            waiting.noted = True
-                            warn_at_caller(note, WaitingEnvWarning)
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
                     row.update(timesteps=self.num_timesteps, train_wall_s=clock_before + clock_offset + train_clock,

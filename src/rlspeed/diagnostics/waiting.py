@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 from rlspeed.diagnostics.profiler import SLOW_ENV_MS, WAITING_CORES
+from rlspeed.errors import WaitingEnvWarning, warn_at_caller
 
 #: training seconds of one learn call measured before deciding (the first iteration's one-off costs weigh little)
 MEASURED_S = 5.0
@@ -49,3 +50,12 @@ def waiting_advice(env_id: str, busy_s: float, wall_s: float, env_steps: int, nu
             f"wait one after another in this process; {switch} steps each env in a subprocess of its own, where they "
             "wait side by side, on any number of cores: compare the two runs' steps/s "
             "(rlspeed.errors.WaitingEnvWarning is this note's warning category).")
+
+
+def note_if_waiting(env_id: str, busy_s: float, wall_s: float, env_steps: int, num_envs: int, switch: str) -> None:
+    """Give `waiting_advice`'s note as a `WaitingEnvWarning` where it has one, once per process (`noted`)."""
+    global noted
+    note = waiting_advice(env_id, busy_s, wall_s, env_steps, num_envs, switch)
+    if note is not None:
+        noted = True
+        warn_at_caller(note, WaitingEnvWarning)

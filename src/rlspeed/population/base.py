@@ -27,7 +27,7 @@ from rlspeed.device import float32_default, set_training_threads, training_threa
 from rlspeed.diagnostics import waiting
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError, WaitingEnvWarning, positive_whole, seconds, warn_at_caller
+from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, seconds
 from rlspeed.evaluation import RUN_LONGER, TIME_LIMIT, episode_step_limit, warn_unfinished
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
@@ -1441,14 +1441,10 @@ class PopulationBase:
             loop.train_wall_s += time.perf_counter() - clock_start  # (evaluations and checkpoints are not training)
             loop.train_cpu_s += time.process_time() - cpu_start
             if noting is not None and loop.train_wall_s - noting[0] >= waiting.MEASURED_S:
-                note = waiting.waiting_advice(self.env_id, waiting.busy_seconds() - noting[1],
-                                              loop.train_wall_s - noting[0], loop.member_steps - noting[2],
-                                              training * self.config.num_envs,
-                                              "--env-backend gymnasium-async (env_backend='gymnasium-async')")
+                waiting.note_if_waiting(self.env_id, waiting.busy_seconds() - noting[1], loop.train_wall_s - noting[0],
+                                        loop.member_steps - noting[2], training * self.config.num_envs,
+                                        "--env-backend gymnasium-async (env_backend='gymnasium-async')")
                 noting = None
-                if note is not None:
-                    waiting.noted = True
-                    warn_at_caller(note, WaitingEnvWarning)
             finished = False
             if due:
                 loop.next_eval = self.num_timesteps + eval_freq
