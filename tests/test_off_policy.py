@@ -327,7 +327,8 @@ def test_bad_hyperparameters_get_one_clear_sentence(algo, key, value, message):
 def test_cli_trains_sac_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "sac", "Pendulum-v1", "--total-timesteps", "600", "--target-return", "none",
-                 "--set", "learning_starts=200", "--out", str(out), "--no-progress"])
+                 "--set", "learning_starts=200", "--set", "net_arch=[32,32]", "--set", "batch_size=32", "--out",
+                 str(out), "--no-progress"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algo"] == "sac" and summary["total_timesteps"] == 600 and summary["time_to_target_s"] is None
