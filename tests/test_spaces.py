@@ -576,19 +576,32 @@ def test_gym_packages_calls_a_modules_register_envs_once(recwarn):
     assert not [w for w in recwarn if "Overriding environment" in str(w.message)]
 
 
-@pytest.mark.parametrize("env_id, package", [("MinAtar/Breakout-v1", "minatar"),
-                                             ("MiniGrid-DoorKey-5x5-v0", "minigrid")])
-def test_a_minatar_or_minigrid_id_registers_its_package_without_gym_packages(env_id, package):
-    """As for Atari ids: the id alone is enough (a fresh interpreter, nothing imported or registered first)."""
+FAMILY_IDS = [("MinAtar/Breakout-v1", "minatar"), ("MiniGrid-DoorKey-5x5-v0", "minigrid")]
+
+
+@pytest.fixture(scope="module")
+def fresh_family_ids():
+    """One fresh interpreter (nothing imported or registered first) that checks that no id of `FAMILY_IDS` whose
+    package is installed is registered, then makes each one's spec: (the process, {id: its action count})."""
+    import importlib.util
     import subprocess
     import sys
 
-    pytest.importorskip(package)
-    code = ("import gymnasium as gym; from rlspeed.envs import env_spec; "
-            f"assert {env_id!r} not in gym.registry; print(env_spec({env_id!r}).action_space.n)")
+    ids = [env_id for env_id, package in FAMILY_IDS if importlib.util.find_spec(package) is not None]
+    code = ("import gymnasium as gym; from rlspeed.envs import env_spec\n"
+            f"for env_id in {ids!r}:\n    assert env_id not in gym.registry, env_id\n"
+            f"for env_id in {ids!r}:\n    print(env_id, env_spec(env_id).action_space.n)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return done, dict(line.rsplit(" ", 1) for line in done.stdout.splitlines() if line.rsplit(" ", 1)[0] in ids)
+
+
+@pytest.mark.parametrize("env_id, package", FAMILY_IDS)
+def test_a_minatar_or_minigrid_id_registers_its_package_without_gym_packages(env_id, package, fresh_family_ids):
+    """As for Atari ids: the id alone is enough (a fresh interpreter, nothing imported or registered first)."""
+    pytest.importorskip(package)
+    done, actions = fresh_family_ids
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout.split()[-1]) > 1
+    assert int(actions[env_id]) > 1
 
 
 def test_a_family_id_without_its_package_names_the_pip_command(monkeypatch):
