@@ -282,27 +282,29 @@ def test_preset_settings_train_a_cnn_on_uint8_frame_stacks(algo_name):
     assert 0 <= int(torch.as_tensor(action).reshape(-1)[0]) < 4
 
 
-def test_an_atari_id_is_one_rlspeed_can_make_again_in_a_fresh_process():
-    """`remakeable` (which decides whether evaluate and learn(eval_freq) may make fresh envs of a model's id) said no
-    for every ALE id until something had registered ale-py's envs: `rlspeed eval` of a saved Atari model refused."""
+@pytest.fixture(scope="module")
+def fresh_process():
+    """One fresh interpreter that asks `remakeable` about two ALE ids before anything registered ale-py's envs (its
+    first line), then makes an Atari env (its second line, "made"): the finished process."""
     import subprocess
     import sys
 
-    code = "from rlspeed.envs import remakeable; print(remakeable('ALE/Pong-v5'), remakeable('PongNoFrameskip-v4'))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.stdout.split()[-2:] == ["True", "True"], result.stderr
+    code = ("from rlspeed.envs import make_env, remakeable\n"
+            "print(remakeable('ALE/Pong-v5'), remakeable('PongNoFrameskip-v4'))\n"
+            "env = make_env('ALE/Pong-v5', num_envs=1, device='cpu', backend='gymnasium')\n"
+            "env.reset(seed=0)\nenv.close()\nprint('made')\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
 
-def test_making_an_atari_env_prints_no_ale_banner_on_stderr():
+def test_an_atari_id_is_one_rlspeed_can_make_again_in_a_fresh_process(fresh_process):
+    """`remakeable` (which decides whether evaluate and learn(eval_freq) may make fresh envs of a model's id) said no
+    for every ALE id until something had registered ale-py's envs: `rlspeed eval` of a saved Atari model refused."""
+    assert fresh_process.stdout.splitlines()[:1] == ["True True"], fresh_process.stderr
+
+
+def test_making_an_atari_env_prints_no_ale_banner_on_stderr(fresh_process):
     """ALE's emulator printed "A.L.E: Arcade Learning Environment (version ...)" and "[Powered by Stella]" on stderr
     (from its C++ code, past Python's warnings) when a process made its first Atari env: the first lines of every
     Atari run's log and of `rlspeed doctor`."""
-    import subprocess
-    import sys
-
-    code = ("from rlspeed.envs import make_env\n"
-            "env = make_env('ALE/Pong-v5', num_envs=1, device='cpu', backend='gymnasium')\n"
-            "env.reset(seed=0)\nenv.close()\nprint('made')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout == "made\n"
-    assert "Arcade Learning Environment" not in done.stderr and "Stella" not in done.stderr
+    assert fresh_process.returncode == 0 and fresh_process.stdout.splitlines()[1:] == ["made"]
+    assert "Arcade Learning Environment" not in fresh_process.stderr and "Stella" not in fresh_process.stderr
