@@ -54,11 +54,11 @@ def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
     results = []
     steps = 128 if "learning_starts" in config else 1024  # off-policy: 64 steps of updates after learning_starts
     for cls in (algo, ZeroLoss):
-        model = cls(env_id, device="cpu", seed=0, **config)
+        model = cls(env_id, device="cpu", seed=0, **config, **_small(config))
         before = [p.detach().clone() for p in model.policy.parameters()]
         model.learn(steps, progress_bar=False)
         results.append(max((p - b).abs().max().item() for p, b in zip(model.policy.parameters(), before)))
-    override = ZeroLoss(env_id, device="cpu", seed=0, **config).update_summary()
+    override = ZeroLoss(env_id, device="cpu", seed=0, **config, **_small(config)).update_summary()
     assert override["implementation"] == "autograd"
     assert f"ZeroLoss.{methods[0]} overrides {algo.__name__}.{methods[0]}" in override["reason"]
     assert calls, "the overriding _loss was never called"
