@@ -194,34 +194,24 @@ def _forking_script(body: str, tmp_path) -> subprocess.CompletedProcess:
 
 @needs_two_cores
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
-def test_a_pool_worker_forked_after_off_policy_training_trains_too(tmp_path):
+def test_pool_workers_forked_after_training_saving_and_loading_train_and_load_too(tmp_path):
     """A sweep that trained a SAC model in the parent (on torch's default thread count), then trained others in a
     fork-started multiprocessing.Pool, hung for ever: the parent's learn had started torch's OpenMP threads outside
-    the model's one thread, and each worker's learn waited on them at its replay buffer's allocation."""
-    done = _forking_script("""
-        SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16).learn(64, progress_bar=False)
-        with multiprocessing.get_context("fork").Pool(1) as pool:
-            print(pool.apply_async(train_in_a_worker).get(timeout=120))
-        """, tmp_path)
-    assert done.returncode == 0 and done.stdout.split() == ["64"], done.stderr[-2000:]
-
-
-@needs_two_cores
-@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
-def test_a_pool_worker_forked_after_saving_and_loading_loads_too(tmp_path):
-    """Passing a saved model's path to fork-started Pool workers, which load it, hung for ever where the parent had
-    saved or loaded a model itself (on torch's default thread count): a checkpoint's copies and checks and the
-    weights' restoring ran on the caller's threads and started torch's OpenMP threads, and each worker's load waited
-    on them. They run on the model's threads now, as training does."""
+    the model's one thread, and each worker's learn waited on them at its replay buffer's allocation.
+    Passing a saved model's path to fork-started Pool workers, which load it, hung for ever where the parent had
+    saved or loaded a model itself: a checkpoint's copies and checks and the weights' restoring ran on the caller's
+    threads and started torch's OpenMP threads, and each worker's load waited on them. They run on the model's
+    threads now, as training does."""
     done = _forking_script("""
         model = SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16)
         model.learn(64, progress_bar=False)
         path = str(model.save("model"))
         SAC.load(path).resume(path)
         with multiprocessing.get_context("fork").Pool(1) as pool:
+            print(pool.apply_async(train_in_a_worker).get(timeout=120))
             print(pool.apply_async(load_in_a_worker, (path,)).get(timeout=120))
         """, tmp_path)
-    assert done.returncode == 0 and done.stdout.split() == ["64"], done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.split() == ["64", "64"], done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("call, name", [
@@ -326,60 +316,66 @@ def test_a_notebook_without_ipywidgets_gets_no_tqdm_warning():
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_training_without_a_progress_bar_leaves_no_thread_and_the_start_method_unset():
+# Each step prints what it leaves in the process; a step runs after the earlier ones only where they leave nothing it
+# checks (nothing before the export imports ale-py).
+FRESH_PROCESS = """
+import multiprocessing, sys, threading, warnings
+
+import gymnasium as gym
+
+from rlspeed import PPO, evaluate
+
+
+def small():
+    return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16, batch_size=32,
+               n_epochs=1)
+
+
+model = small()
+filters, ids = list(warnings.filters), set(gym.registry)
+model.export(sys.argv[1] + "/policy.pt")
+print("export:", "ale_py" in sys.modules, set(gym.registry) - ids, list(warnings.filters) == filters)
+model = small()
+model.learn(64, progress_bar=False)
+evaluate(model, "CartPole-v1", episodes=1, backend="torch")
+print("learn:", multiprocessing.get_start_method(allow_none=True), sorted(t.name for t in threading.enumerate()))
+from rlspeed.cli import main
+
+code = main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "4", "--env-backend", "torch",
+             "--set", "num_steps=16", "--set", "batch_size=32", "--set", "n_epochs=1", "--no-progress", "--out",
+             sys.argv[1] + "/run"])
+print("command:", code, multiprocessing.get_start_method(allow_none=True))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tmp_path_factory):
+    """FRESH_PROCESS run in a new Python (a caller's process, whose state no earlier test touched): what a step
+    printed, by its name (with the process's stderr where the step printed nothing)."""
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path_factory.mktemp("fresh"))],
+                          capture_output=True, text=True, timeout=300)
+    said = dict(line.split(": ", 1) for line in done.stdout.splitlines()
+                if line.split(":")[0] in ("export", "learn", "command"))
+    return lambda step: said.get(step, done.stderr[-2000:])
+
+
+def test_training_without_a_progress_bar_leaves_no_thread_and_the_start_method_unset(fresh_process):
     """learn and evaluate with progress_bar=False leave no thread running (tqdm's monitor) and the multiprocessing
-    start method unset, so the caller can still choose one (`multiprocessing.set_start_method("spawn")`)."""
-    script = textwrap.dedent("""
-        import multiprocessing, threading
-        from rlspeed import PPO, evaluate
-
-        model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16,
-                    batch_size=32, n_epochs=1)
-        model.learn(64, progress_bar=False)
-        evaluate(model, "CartPole-v1", episodes=1, backend="torch")
-        print(multiprocessing.get_start_method(allow_none=True), sorted(t.name for t in threading.enumerate()))
-        multiprocessing.set_start_method("spawn")
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "None ['MainThread']"
+    start method unset (None), so the caller can still choose one (`multiprocessing.set_start_method("spawn")`)."""
+    assert fresh_process("learn") == "None ['MainThread']"
 
 
-def test_exporting_a_model_of_another_env_leaves_ale_py_unimported(tmp_path):
+def test_exporting_a_model_of_another_env_leaves_ale_py_unimported(fresh_process):
     """Exporting a CartPole model does not import ale-py, which would add its Atari ids to the caller's Gymnasium
     registry and its own warning filter to the caller's."""
     pytest.importorskip("ale_py")
-    script = textwrap.dedent(f"""
-        import sys, warnings
-        import gymnasium as gym
-        from rlspeed import PPO
-
-        model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16,
-                    batch_size=32, n_epochs=1)
-        filters, ids = list(warnings.filters), set(gym.registry)
-        model.export({str(tmp_path / "policy.pt")!r})
-        print("ale_py" in sys.modules, set(gym.registry) - ids, list(warnings.filters) == filters)
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "False set() True"
+    assert fresh_process("export") == "False set() True"
 
 
-def test_the_command_run_from_python_leaves_the_start_method_unset(tmp_path):
+def test_the_command_run_from_python_leaves_the_start_method_unset(fresh_process):
     """`rlspeed.cli.main([...])` without a progress bar prints its lines without tqdm, whose lock would fix the
     process's multiprocessing start method (the caller's later `set_start_method` raising)."""
-    script = textwrap.dedent(f"""
-        import multiprocessing
-        from rlspeed.cli import main
-
-        code = main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "4", "--env-backend",
-                     "torch", "--set", "num_steps=16", "--set", "batch_size=32", "--set", "n_epochs=1",
-                     "--no-progress", "--out", {str(tmp_path / "run")!r}])
-        print(code, multiprocessing.get_start_method(allow_none=True))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "0 None"
+    assert fresh_process("command") == "0 None"
 
 
 @pytest.fixture
