@@ -124,7 +124,7 @@ class Runs:
 def runs(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("cli")
     runs = Runs(cwd)
-    runs.start("train", ["train", "ppo", "CartPole-v1", "--total-timesteps", "4096", "--target-return", "none",
+    runs.start("train", ["train", "ppo", "CartPole-v1", "--total-timesteps", "1024", "--target-return", "none",
                          "--out", str(cwd / "plain"), "--no-progress"])
     runs.start("train-target", ["train", "ppo", "CartPole-v1", "--total-timesteps", "20480", "--target-return", "15",
                                 "--eval-freq", "1024", "--out", str(cwd / "target"), "--no-progress"])
@@ -173,7 +173,7 @@ def test_train_writes_the_run_directory(runs):
     assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
     assert summary["device"] == str(resolve_device("auto"))  # (cuda:0, npu:0, xpu:0, mps:0 or cpu)
     assert summary["env_backend"] in ("torch", "gymnasium")
-    assert summary["total_timesteps"] == 4096
+    assert summary["total_timesteps"] == 1024
     assert summary["train_wall_s"] > 0 and summary["sps"] > 0
     assert summary["target_return"] is None
     assert summary["time_to_target_s"] is None and summary["steps_to_target"] is None
@@ -193,11 +193,11 @@ def test_train_writes_the_run_directory(runs):
     with open(run_dir / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) >= 1 and "timesteps" in rows[0]
-    assert int(float(rows[-1]["timesteps"])) == 4096
+    assert int(float(rows[-1]["timesteps"])) == 1024
 
     assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     model = PPO.load(run_dir / "model.safetensors", device="cpu")
-    assert model.env_id == "CartPole-v1" and model.num_timesteps == 4096
+    assert model.env_id == "CartPole-v1" and model.num_timesteps == 1024
 
 
 def test_eval_a_saved_model(runs, capsys):
@@ -1222,7 +1222,7 @@ def test_subprocess_envs_warnings_are_the_commands_lines_each_said_once(tmp_path
                "sys.argv[1:] = ['train', 'ppo', 'warning_env:WarningEnv-v0', '--env-backend', 'gymnasium-async',\n"
                "                '--num-envs', '2', '--set', 'num_steps=16', '--set', 'batch_size=32',\n"
                "                '--total-timesteps', '32', '--target-return', 'none', '--no-progress',\n"
-               "                '--out', 'run']\n"
+               "                '--eval-episodes', '1', '--out', 'run']\n"
                "raise SystemExit(main())\n")
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     temp = tmp_path / "tmp"  # (the command's own temp directory: other rlspeed commands on the machine keep theirs)
@@ -2575,26 +2575,29 @@ raise SystemExit(cli.main())
 
 def signalled_train(tmp_path, where: str, name: str, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SIGNAL_AT, where, name, "train", "ppo", "CartPole-v1",
-                           "--total-timesteps", "512", "--num-envs", "4", "--target-return", "none", "--no-progress",
+                           "--total-timesteps", "128", "--num-envs", "4", "--target-return", "none", "--no-progress",
                            *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGHUP", 143), ("SIGINT", 130)])
-def test_a_signal_while_a_run_starts_leaves_no_half_made_run_behind(tmp_path, name, code):
+# (one command per signal: the start's cleanup is one handler for all of them, so each signal takes one of the two
+# directories, a new one and an --overwrite of a finished run)
+@pytest.mark.parametrize("name, code, out", [("SIGTERM", 143, "old"), ("SIGHUP", 143, "run"), ("SIGINT", 130, "old")])
+def test_a_signal_while_a_run_starts_leaves_no_half_made_run_behind(tmp_path, name, code, out):
     """SIGTERM or SIGHUP after config.yaml was written and before training began (a tracker starting) killed the
     process silently: the directory kept a lone config.yaml, which the next run there was refused for, and with
     --overwrite the replaced run stayed hidden in '.rlspeed-overwritten-*'. Now the start ends as Ctrl-C does."""
-    done = signalled_train(tmp_path, "_run_callbacks", name, "--out", "run")
+    if out == "old":
+        model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+        model.learn(32, progress_bar=False).save(tmp_path / "old" / "model.safetensors")
+        (tmp_path / "old" / "config.yaml").write_text("algo: ppo\n")
+    done = signalled_train(tmp_path, "_run_callbacks", name, "--out", out, *(["--overwrite"] if out == "old" else []))
     assert done.returncode == code and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted")
-    assert not (tmp_path / "run").exists()  # (made by this command, and nothing trained there)
-    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
-    model.learn(32, progress_bar=False).save(tmp_path / "old" / "model.safetensors")
-    (tmp_path / "old" / "config.yaml").write_text("algo: ppo\n")
-    done = signalled_train(tmp_path, "_run_callbacks", name, "--out", "old", "--overwrite")
-    assert done.returncode == code, done.stderr
-    assert sorted(path.name for path in (tmp_path / "old").iterdir()) == ["config.yaml", "model.safetensors"]
-    assert (tmp_path / "old" / "config.yaml").read_text() == "algo: ppo\n"  # (the replaced run is back)
+    if out == "run":
+        assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted")
+        assert not (tmp_path / "run").exists()  # (made by this command, and nothing trained there)
+    else:
+        assert sorted(path.name for path in (tmp_path / "old").iterdir()) == ["config.yaml", "model.safetensors"]
+        assert (tmp_path / "old" / "config.yaml").read_text() == "algo: ppo\n"  # (the replaced run is back)
 
 
 @pytest.mark.parametrize("command, where, stop", [
@@ -2659,27 +2662,30 @@ def test_a_signal_while_the_finished_training_is_saved_waits_for_the_save(tmp_pa
     done = signalled_train(tmp_path, "save", "SIGTERM", "--out", "run")
     assert done.returncode == 143 and "interrupted (SIGTERM) after training finished" in done.stderr, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
+    assert summary["total_timesteps"] >= 128 and summary["final_eval"] is None
     assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
 
 
-@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path, name, code):
+# (the stop after the last iteration is one handler for both signals: each takes one of a run and a population)
+@pytest.mark.parametrize("name, code, out", [("SIGINT", 130, "run"), ("SIGTERM", 143, "population")])
+def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path, name, code, out):
     """A Ctrl-C or SIGTERM that came after the last iteration, before the model was saved, was said ('stopping after
     this iteration') and then ignored: the final evaluation ran and the run exited 0. The finished training is
     saved, the evaluation skipped, and the exit code is the signal's."""
-    done = signalled_train(tmp_path, "learn:after", name, "--out", "run")
-    assert done.returncode == code and "after training finished" in done.stderr, done.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
-    # (the line closing the training is said, as after an uninterrupted run)
-    assert f"rlspeed: {summary['total_timesteps']:,} steps in " in done.stdout, done.stdout
-    assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+    if out == "run":
+        done = signalled_train(tmp_path, "learn:after", name, "--out", "run")
+        assert done.returncode == code and "after training finished" in done.stderr, done.stderr
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["total_timesteps"] >= 128 and summary["final_eval"] is None
+        # (the line closing the training is said, as after an uninterrupted run)
+        assert f"rlspeed: {summary['total_timesteps']:,} steps in " in done.stdout, done.stdout
+        assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+        return
     # a population likewise (it said nothing at all, and evaluated every member)
     done = signalled_train(tmp_path, "_learn_loop:after", name, "--out", "population", "--seeds", "0-1")
     assert done.returncode == code and "without the final evaluation" in done.stderr, done.stderr
     summary = json.loads((tmp_path / "population" / "summary.json").read_text())
-    assert summary["total_timesteps"] >= 512 and summary["aggregate"]["final_eval"] is None
+    assert summary["total_timesteps"] >= 128 and summary["aggregate"]["final_eval"] is None
     assert all(member["final_eval"] is None for member in summary["members"])
     # (the line names the command that runs a member's skipped final evaluation, seeded as the finished run seeds it)
     offset = 200_000 + summary["total_timesteps"]
