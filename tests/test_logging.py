@@ -181,47 +181,69 @@ def test_summary_json_is_strict_json():
         "final_eval": {"mean": None, "std": None, "episodes": 10}, "returns": [1.0, None], "sps": 3.5}
 
 
-def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(tmp_path):
+UTF8_VALUE = {"preset": "预设/我的.yaml", "bytes": "run-\udcff"}
+# Each part run under the ASCII locale, as a function of its directory (its lines start with its name).
+ASCII_LOCALE_PARTS = {
+    "files": ("import json, pathlib, yaml; from rlspeed.files import write_atomic; d = pathlib.Path(where); "
+              f"value = {ascii(UTF8_VALUE)}; "
+              "write_atomic(d / 'summary.json', json.dumps(value, ensure_ascii=False)); "
+              "write_atomic(d / 'config.yaml', yaml.safe_dump(value, allow_unicode=True))"),
+    "metrics": ("import pathlib; from rlspeed.logging import RunLogger; d = pathlib.Path(where); "
+                "first = RunLogger(d, tensorboard=False); "
+                "first.log({'timesteps': 1, '\\u5956\\u52b1/r\\u00e9compense': 1.5}); first.close(); "
+                "later = RunLogger(d, tensorboard=False, continue_from=1); "
+                "later.log({'timesteps': 2, '\\u5956\\u52b1/r\\u00e9compense': 2.5}); later.close()"),
+    "tensorboard": ("import os, pathlib, warnings; from rlspeed.logging import RunLogger\n"
+                    "d = pathlib.Path(os.fsdecode(os.fsencode(where) + '/\\u8fd0\\u884c'.encode()))\n"
+                    "with warnings.catch_warnings(record=True) as caught:\n"
+                    "    warnings.simplefilter('always'); RunLogger(d, tensorboard=True).close(plot=False)\n"
+                    "print('tensorboard:', ascii([str(w.message) for w in caught]))"),
+}
+
+
+@pytest.fixture(scope="module")
+def ascii_locale(tmp_path_factory):
+    """ASCII_LOCALE_PARTS run in one process of an ASCII locale (one interpreter start): each part's directory and
+    what it printed (a part that raised prints its traceback: the other parts still run)."""
+    root = tmp_path_factory.mktemp("ascii")
+    script = "import traceback\n"
+    for name, part in ASCII_LOCALE_PARTS.items():
+        (root / name).mkdir()
+        script += (f"def {name}(where):\n" + "".join(f"    {line}\n" for line in part.splitlines())
+                   + f"try:\n    {name}({ascii(str(root / name))})\n"
+                   f"except BaseException:\n    print({name!r} + ' raised:', ascii(traceback.format_exc()))\n")
+    said = run_in_ascii_locale(script).splitlines()
+    return lambda name: (root / name, "\n".join(line for line in said if line.startswith(name)))
+
+
+def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(ascii_locale):
     """config.yaml and summary.json are UTF-8 under an ASCII locale too (LC_ALL=C without Python's UTF-8 mode: a
     Chinese value was a UnicodeEncodeError there), and a file name that was not UTF-8 (a lone surrogate) comes back
     from the JSON as the same string."""
     import yaml
 
-    value = {"preset": "预设/我的.yaml", "bytes": "run-\udcff"}
-    script = (f"import json, pathlib, yaml; from rlspeed.files import write_atomic; value = {ascii(value)}; "
-              f"d = pathlib.Path({ascii(str(tmp_path))}); "
-              "write_atomic(d / 'summary.json', json.dumps(value, ensure_ascii=False)); "
-              "write_atomic(d / 'config.yaml', yaml.safe_dump(value, allow_unicode=True))")
-    run_in_ascii_locale(script)
-    assert "预设/我的.yaml" in (tmp_path / "config.yaml").read_text(encoding="utf-8")
-    assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8")) == value
-    assert yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8")) == value
+    where, said = ascii_locale("files")
+    assert said == ""
+    assert "预设/我的.yaml" in (where / "config.yaml").read_text(encoding="utf-8")
+    assert json.loads((where / "summary.json").read_text(encoding="utf-8")) == UTF8_VALUE
+    assert yaml.safe_load((where / "config.yaml").read_text(encoding="utf-8")) == UTF8_VALUE
 
 
-def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatever_the_locale(tmp_path):
+def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatever_the_locale(ascii_locale):
     """A callback's `logger.record("custom/récompense", ...)`: under an ASCII locale the second learn (or a --resume)
     failed with UnicodeDecodeError reading metrics.csv back, and the rows it appended were in the locale's encoding."""
-    script = (f"import pathlib; from rlspeed.logging import RunLogger; d = pathlib.Path({ascii(str(tmp_path))}); "
-              "first = RunLogger(d, tensorboard=False); "
-              "first.log({'timesteps': 1, '\\u5956\\u52b1/r\\u00e9compense': 1.5}); first.close(); "
-              "later = RunLogger(d, tensorboard=False, continue_from=1); "
-              "later.log({'timesteps': 2, '\\u5956\\u52b1/r\\u00e9compense': 2.5}); later.close()")
-    run_in_ascii_locale(script)
-    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
+    where, said = ascii_locale("metrics")
+    assert said == ""
+    with open(where / "metrics.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["奖励/récompense"] for row in rows] == ["1.5", "2.5"]
 
 
-def test_tensorboards_warning_under_an_ascii_locale_says_how_to_write_there(tmp_path):
+def test_tensorboards_warning_under_an_ascii_locale_says_how_to_write_there(ascii_locale):
     """A run directory of a UTF-8 non-ASCII name under LC_ALL=C without UTF-8 mode: TensorBoard cannot write there,
     and the warning said the name was not UTF-8 (it is); it says how to run Python so that it can."""
     pytest.importorskip("tensorboard")
-    script = ("import os, pathlib, warnings; from rlspeed.logging import RunLogger\n"
-              f"d = pathlib.Path(os.fsdecode({bytes(tmp_path) + '/运行'.encode()!r}))\n"
-              "with warnings.catch_warnings(record=True) as caught:\n"
-              "    warnings.simplefilter('always'); RunLogger(d, tensorboard=True).close(plot=False)\n"
-              "print(ascii([str(w.message) for w in caught]))")
-    said = run_in_ascii_locale(script)
+    _, said = ascii_locale("tensorboard")
     assert "TensorBoard cannot write" in said and "PYTHONUTF8=1" in said and "not UTF-8" not in said
 
 
@@ -438,10 +460,11 @@ def test_a_short_learn_writes_at_least_fifty_rows_by_default(tmp_path):
     a call of 50 or more iterations also writes at least 50 rows; an explicit log_interval_s is the only rule."""
     from rlspeed import PPO
 
-    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16)  # 64 steps per iteration
+    small = {"num_envs": 4, "num_steps": 16, "batch_size": 64, "n_epochs": 1}  # 64 steps per iteration
+    model = PPO("CartPole-v1", seed=0, **small)
     model.learn(64 * 60, progress_bar=False, run_dir=tmp_path / "default")
     assert len(read_rows(tmp_path / "default" / "metrics.csv")) >= 50
-    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16)
+    model = PPO("CartPole-v1", seed=0, **small)
     model.learn(64 * 60, progress_bar=False, run_dir=tmp_path / "explicit", log_interval_s=1e9)
     assert len(read_rows(tmp_path / "explicit" / "metrics.csv")) == 1  # (the run's end)
 
