@@ -143,31 +143,43 @@ def test_a_model_is_saved_where_directories_cannot_be_opened(tmp_path, monkeypat
     assert PPO.load(tmp_path / "model").num_timesteps == 0
 
 
-def test_paths_the_locale_cannot_encode_are_one_sentence(tmp_path):
+@pytest.fixture(scope="module")
+def ascii_locale(tmp_path_factory):
+    """The two scripts below run in one process of an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0; one
+    interpreter start): (the directory of the paths script, {"paths": its output, "set": the set script's})."""
+    where = tmp_path_factory.mktemp("ascii")
+    paths = ("import rlspeed, rlspeed.presets\n"
+             "model = rlspeed.PPO('CartPole-v1', num_envs=2, num_steps=8, batch_size=16, env_backend='torch')\n"
+             f"where = {ascii(str(where / '运行 é'))}\n"
+             "for call in (lambda: model.learn(16, run_dir=where), lambda: model.save(where + '/m'),\n"
+             "             lambda: rlspeed.PPO.load(where + '/m'),\n"
+             "             lambda: rlspeed.presets.load_preset('ppo', 'CartPole-v1', where),\n"
+             "             lambda: rlspeed.CheckpointCallback(8, where),\n"
+             "             lambda: rlspeed.EvalCallback(log_path=where)):\n"
+             "    try:\n        call()\n"
+             "    except rlspeed.UserError as error:\n        print('UserError', ascii(str(error)))\n")
+    set_value = ("import os, sys; from rlspeed import cli; sys.stderr = sys.stdout\n"
+                 "print(cli.main(['train', 'ppo', 'CartPole-v1', '--set',\n"
+                 "                'gamma=' + os.fsdecode(b'\\xe4\\xb8\\xad')]))")
+    said = run_in_ascii_locale(f"print('== paths')\n{paths}print('== set')\n{set_value}\n")
+    _, paths_said, set_said = said.split("== ")
+    return where, {"paths": paths_said.removeprefix("paths\n"), "set": set_said.removeprefix("set\n")}
+
+
+def test_paths_the_locale_cannot_encode_are_one_sentence(ascii_locale):
     """Under an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0) a script's non-ASCII run_dir, save, load,
     preset or callback path cannot be a file name: a UserError that says how to run Python, where each was a
     UnicodeEncodeError traceback (learn's after the model was built, from deep in the run logger)."""
-    script = ("import rlspeed, rlspeed.presets\n"
-              "model = rlspeed.PPO('CartPole-v1', num_envs=2, num_steps=8, batch_size=16, env_backend='torch')\n"
-              f"where = {ascii(str(tmp_path / '运行 é'))}\n"
-              "for call in (lambda: model.learn(16, run_dir=where), lambda: model.save(where + '/m'),\n"
-              "             lambda: rlspeed.PPO.load(where + '/m'),\n"
-              "             lambda: rlspeed.presets.load_preset('ppo', 'CartPole-v1', where),\n"
-              "             lambda: rlspeed.CheckpointCallback(8, where),\n"
-              "             lambda: rlspeed.EvalCallback(log_path=where)):\n"
-              "    try:\n        call()\n"
-              "    except rlspeed.UserError as error:\n        print('UserError', ascii(str(error)))\n")
-    lines = run_in_ascii_locale(script).splitlines()
+    where, said = ascii_locale
+    lines = said["paths"].splitlines()
     assert len(lines) == 6 and all(line.startswith("UserError") and "PYTHONUTF8=1" in line for line in lines), lines
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(where) == []
 
 
-def test_a_set_value_whose_bytes_the_locale_cannot_read_says_how_to_run():
+def test_a_set_value_whose_bytes_the_locale_cannot_read_says_how_to_run(ascii_locale):
     """`--set activation=中文` under LC_ALL=C without UTF-8 mode reaches Python as undecodable bytes: the refusal said
     only that the value could not be read; it says why, and how to run so that it can."""
-    script = ("import os, sys; from rlspeed import cli; sys.stderr = sys.stdout\n"
-              "print(cli.main(['train', 'ppo', 'CartPole-v1', '--set', 'gamma=' + os.fsdecode(b'\\xe4\\xb8\\xad')]))")
-    said = run_in_ascii_locale(script)
+    said = ascii_locale[1]["set"]
     assert "locale's encoding, ascii" in said and "LC_ALL=C.UTF-8" in said and said.splitlines()[-1] == "2"
     with pytest.raises(UserError, match="cannot read value .* not UTF-8 text"):  # (UTF-8 mode: bytes of another code)
         cli._parse_set(["gamma=" + os.fsdecode(b"\xff")])
