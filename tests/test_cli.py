@@ -1352,7 +1352,8 @@ def test_an_output_that_cannot_be_written_is_one_sentence_and_a_lost_result_a_fa
     environment = {**os.environ, "PYTHONUNBUFFERED": ""}  # (stdout to a file is buffered, as it is by default)
     for argv, code in ((["eval", str(run), "--episodes", "1", "--seed", "0", "--json"], 1), (["--version"], 1),
                        (["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
-                         "num_steps=16", "--target-return", "none", "--out", str(tmp_path / "trained")], 0)):
+                         "num_steps=16", "--target-return", "none", "--eval-episodes", "1", "--out",
+                         str(tmp_path / "trained")], 0)):
         with open("/dev/full", "w") as full:
             done = subprocess.run([sys.executable, "-m", "rlspeed", *argv], stdout=full, stderr=subprocess.PIPE,
                                   text=True, timeout=300, env=environment)
@@ -1392,7 +1393,7 @@ def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path
 def test_subprocess_envs_close_without_a_traceback(tmp_path):
     """The env workers stop on their vector env's SIGTERM as they should, not through the CLI's SIGTERM handler."""
     done = _rlspeed("train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--env-backend", "gymnasium-async",
-                    "--num-envs", "2", "--no-progress", "--out", "run", cwd=tmp_path)
+                    "--num-envs", "2", "--eval-episodes", "1", "--no-progress", "--out", "run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "Terminated" not in done.stderr
 
@@ -2828,7 +2829,7 @@ def test_the_command_shows_each_warning_once(tmp_path):
     """Gymnasium's "CartPole-v0 is out of date" came three times in one run (the env is made for its spec, for
     training and for the evaluation; rlspeed's own warning filters reset Python's once-per-place memory)."""
     done = _rlspeed("train", "ppo", "CartPole-v0", "--env-backend", "gymnasium", "--total-timesteps", "300",
-                    "--num-envs", "2", "--no-progress", "--out", "run", cwd=tmp_path)
+                    "--num-envs", "2", "--eval-episodes", "1", "--no-progress", "--out", "run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("out of date") == 1
 
