@@ -1379,23 +1379,31 @@ def test_help_and_version_that_cannot_be_written_fail_unbuffered_too(argv):
     assert len(said) == 1 and said[0].startswith("rlspeed: error: cannot write standard output"), done.stderr
 
 
-def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path):
+@pytest.fixture(scope="module")
+def async_run_in_a_gbk_directory(tmp_path_factory) -> tuple[bytes, subprocess.CompletedProcess]:
+    """One `python -m rlspeed train` in subprocess envs whose --out is not UTF-8 (two tests read its result): the
+    --out (bytes) and the finished process."""
+    out = os.fsencode(tmp_path_factory.mktemp("cli")) + b"/gbk_\xce\xd2/run"
+    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"rlspeed", b"train", b"ppo", b"CartPole-v1",
+                           b"--total-timesteps", b"256", b"--env-backend", b"gymnasium-async", b"--num-envs", b"2",
+                           b"--eval-episodes", b"1", b"--no-progress", b"--out", out], capture_output=True,
+                          timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
+    return out, done
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(async_run_in_a_gbk_directory):
     """A directory named in another encoding (a GBK zip unpacked here) was printed as backslash escapes, a path that
     cannot be copied back into the shell."""
-    out = os.fsencode(tmp_path) + b"/gbk_\xce\xd2/run"
-    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"rlspeed", b"train", b"ppo", b"CartPole-v1",
-                           b"--total-timesteps", b"256", b"--no-progress", b"--out", out], capture_output=True,
-                          timeout=300)
+    out, done = async_run_in_a_gbk_directory
     assert done.returncode == 0, done.stderr
     assert b"rlspeed: run directory " + out + b"\n" in done.stdout
 
 
-def test_subprocess_envs_close_without_a_traceback(tmp_path):
+def test_subprocess_envs_close_without_a_traceback(async_run_in_a_gbk_directory):
     """The env workers stop on their vector env's SIGTERM as they should, not through the CLI's SIGTERM handler."""
-    done = _rlspeed("train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--env-backend", "gymnasium-async",
-                    "--num-envs", "2", "--eval-episodes", "1", "--no-progress", "--out", "run", cwd=tmp_path)
+    _, done = async_run_in_a_gbk_directory
     assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr and "Terminated" not in done.stderr
+    assert b"Traceback" not in done.stderr and b"Terminated" not in done.stderr
 
 
 def test_warnings_are_one_rlspeed_line_and_a_diverged_run_says_how_to_rerun(tmp_path):
