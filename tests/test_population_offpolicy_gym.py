@@ -233,12 +233,12 @@ def test_dqn_members_train_as_solo_runs_on_an_atari_game():
 def test_dqn_members_on_an_atari_game_store_each_frame_once_as_their_solo_runs(tmp_path, backend):
     """Each member's replay is its solo run's frame layout, row for row: the same stacks rebuilt from frames stored
     once, across lost lives, finished games (random play loses Breakout's five lives in about 200 steps),
-    3-step returns and the buffer wrapping around (1,200 env steps per member into 1,000 rows), in the solo's bytes per
+    3-step returns and the buffer wrapping around (600 env steps per member into 500 rows), in the solo's bytes per
     transition; summary.json's `replay` says so; and a checkpoint with `save_replay_buffer` brings the rows back."""
     from rlspeed.population.offpolicy import MemberFrameReplay, MemberReplay
 
-    env_id, seeds, steps = "BreakoutNoFrameskip-v4", [3, 7], 1200
-    small = {**SMALL_DQN, "learning_starts": 10_000, "buffer_size": 1000, "n_step": 3, "gamma": [0.99, 0.9]}
+    env_id, seeds, steps = "BreakoutNoFrameskip-v4", [3, 7], 600
+    small = {**SMALL_DQN, "learning_starts": 10_000, "buffer_size": 500, "n_step": 3, "gamma": [0.99, 0.9]}
     population = Population(DQN, env_id, seeds=seeds, env_backend=backend, save_replay_buffer=True, **small)
     population._start(steps)
     while population.num_timesteps < steps:
@@ -263,7 +263,7 @@ def test_dqn_members_on_an_atari_game_store_each_frame_once_as_their_solo_runs(t
     assert replay["layout"] == "frames" and replay["nbytes"] == 2 * solo.buffer.nbytes
     whole_stacks = MemberReplay.bytes_per_row(4 * 84 * 84, 1, None, torch.uint8)  # (56,468 bytes)
     assert replay["bytes_per_transition"] < whole_stacks / 6
-    index = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+    index = torch.randint(0, 500, (2, 64), generator=torch.Generator().manual_seed(0))
     sample = buffer.sample(index)
     assert sample["obs"].shape == (2, 64, 4 * 84 * 84) and sample["obs"].dtype == torch.uint8
     assert torch.equal(sample["obs"][1], buffer.buffers[1].gather(index[1])["obs"].flatten(1))
