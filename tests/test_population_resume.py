@@ -348,16 +348,31 @@ def test_an_interrupted_population_ends_at_the_steps_it_trained(tmp_path, capsys
     assert sorted(summary["member_models"]) == ["2", "4"]
 
 
+#: the population run the refusal and requeue tests start from (`finished_run`)
+FINISHED = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished run of FINISHED, trained once per module; tests copy it (`_copy_of`) before using it."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert cli.main([*FINISHED, "--out", str(out)]) == 0
+    return out
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
 @pytest.mark.parametrize("argv, names", [
     (["train", "ppo", "CartPole-v1", "--seeds", "0-2", *CLI], "with --seeds 0,1, not ppo on CartPole-v1 with these"),
     (["train", "a2c", "CartPole-v1", "--seeds", "0-1", "--set", "num_envs=8"], "a population of ppo on CartPole-v1"),
     (["train", "ppo", "Acrobot-v1", "--seeds", "0-1", *CLI, "--set", "normalize_obs=false", "--set",
       "normalize_reward=false"], "a population of ppo on CartPole-v1"),
 ])
-def test_resume_refuses_another_runs_directory(tmp_path, capsys, argv, names):
+def test_resume_refuses_another_runs_directory(tmp_path, capsys, finished_run, argv, names):
     """Seeds, algorithm or env other than the run directory's: one sentence, exit code 2, the run left as it was."""
-    out = tmp_path / "run"
-    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]) == 0
+    out = _copy_of(finished_run, tmp_path)
     before = {str(path.relative_to(out)): path.read_bytes() for path in out.rglob("*") if path.is_file()}
     assert "checkpoint.safetensors" in before and "members/seed_1.safetensors" in before
     capsys.readouterr()
@@ -455,15 +470,15 @@ def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_e
 
 
 def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_in_its_final_save(tmp_path, capsys,
-                                                                                                     monkeypatch):
+                                                                                                     monkeypatch,
+                                                                                                     finished_run):
     """A batch job's requeue (the same command with --resume) of a population that finished exits 0 with nothing
     left to train, as a single run's does: it was refused with exit 2, which a requeue script reads as a failure;
     another budget is refused (a population writes no checkpoint at its end to train on from). One killed after its
     first summary but before its member models were written (its summary's member_models null) was refused too, for
     ever: --resume finishes it from its last checkpoint."""
-    out = tmp_path / "run"
-    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]
-    assert cli.main(argv) == 0
+    out = _copy_of(finished_run, tmp_path)
+    argv = [*FINISHED, "--out", str(out)]
     summary = (out / "summary.json").read_bytes()
     capsys.readouterr()
     assert cli.main([*argv, "--resume"]) == 0
