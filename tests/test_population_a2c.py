@@ -28,14 +28,16 @@ PENDULUM = ("Pendulum-v1", "torch", {})
 
 def _solo_states(seed: int, iterations: int, env_id: str = "CartPole-v1", env_backend: str = "torch",
                  **hyper) -> tuple[dict, dict]:
-    solo = A2C(env_id, seed=seed, env_backend=env_backend, **{**SMALL, **hyper})
+    config = {**SMALL, **hyper}
+    solo = A2C(env_id, seed=seed, env_backend=env_backend, **config)
     initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
-    solo.learn(iterations * ROLLOUT, progress_bar=False)
+    solo.learn(iterations * config["num_envs"] * config["num_steps"], progress_bar=False)
     return initial, solo.policy.state_dict()
 
 
 def _train(population, iterations: int) -> None:
-    population._total_timesteps = iterations * ROLLOUT  # (as learn sets it: the end of an annealed schedule)
+    # (as learn sets it: the end of an annealed schedule)
+    population._total_timesteps = iterations * population.config.num_envs * population.config.num_steps
     for _ in range(iterations):
         population.train_iteration()
 
@@ -50,14 +52,15 @@ def _train(population, iterations: int) -> None:
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone switch draws and update)
     # (each member's own CNN: step-by-step draws, autograd)
     pytest.param("MinAtar/Breakout-v1", "gymnasium", {}, marks=needs_minatar),
-    # (an Atari game: the solo's preprocessed envs and training transforms, each member's own Nature CNN)
-    pytest.param("BreakoutNoFrameskip-v4", "gymnasium", {}, marks=needs_atari),
+    # (an Atari game: the solo's preprocessed envs and training transforms, each member's own Nature CNN; one env
+    # per member, as each Atari env is a ROM load)
+    pytest.param("BreakoutNoFrameskip-v4", "gymnasium", {"num_envs": 1}, marks=needs_atari),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     seeds = [3, 7]
     masked = env_id == "masked"
     env_id = masked_vector_env_id() if masked else env_id
-    population = Population(A2C, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
+    population = Population(A2C, env_id, seeds=seeds, env_backend=backend, **{**SMALL, **hyper})
     assert isinstance(population, A2CPopulation)
     initial = [population.member_state(k) for k in range(2)]
     # (the members' convolutions are one grouped convolution, summing in another order than the solo's: after a few
