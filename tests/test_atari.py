@@ -3,6 +3,8 @@ reward clipping) against the evaluation variant, and the one-sentence errors. Sk
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -187,6 +189,25 @@ def test_atari_id_without_ale_py_is_one_sentence_with_the_pip_command(monkeypatc
         make_env("NoSuchGameNoFrameskip-v4")
     with pytest.raises(UserError, match="pip install ale-py"):
         resolve_backend("NoSuchGameNoFrameskip-v4")
+
+
+def test_a_games_spec_is_made_once_per_process_and_options(monkeypatch):
+    """Each Atari game made is a ROM load, and a population asked for its spec once per member and solo run: a spec
+    this process made already is given again without making the game, for the same options only, and made anew where
+    the id is registered again."""
+    made = []
+    real = atari.make_atari_env
+    monkeypatch.setattr(atari, "make_atari_env", lambda *a, **k: made.append(a) or real(*a, **k))
+    monkeypatch.setattr(atari, "_specs", type(atari._specs)())
+    first = env_spec("PongNoFrameskip-v4")
+    assert env_spec("PongNoFrameskip-v4") == first and len(made) == 1
+    env = make_env("PongNoFrameskip-v4", num_envs=2, backend="gymnasium")  # (its games only: no probe)
+    env.close()
+    assert len(made) == 3
+    full = env_spec("PongNoFrameskip-v4", {"full_action_space": True})
+    assert full.action_space.n == 18 and first.action_space.n == 6 and len(made) == 4
+    monkeypatch.setitem(gym.registry, "PongNoFrameskip-v4", dataclasses.replace(gym.spec("PongNoFrameskip-v4")))
+    assert env_spec("PongNoFrameskip-v4") == first and len(made) == 5
 
 
 def test_ram_observations_are_not_preprocessed_as_images():

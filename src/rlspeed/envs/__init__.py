@@ -217,6 +217,8 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     _check_registered(env_id)
     spec = gym_spec(env_id)
     atari_game = atari.preprocessed(env_id, env_kwargs)
+    if atari_game and (known := atari.known_spec(env_id, env_kwargs)) is not None:
+        return known.with_options(env_kwargs)
     try:
         env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:

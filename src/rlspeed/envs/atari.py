@@ -16,6 +16,7 @@ env's lives in `info["lives"]` (int32 `[N]`), which `AtariTraining` reads.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib.util
@@ -174,11 +175,38 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 
 
+#: the EnvSpecs `atari_spec` made in this process, by (id, options), with the registration they were made from: each
+#: game made costs a ROM load, and a population's members and their solo runs ask for the same one (at most
+#: `_SPECS_KEPT`, the newest kept)
+_specs: collections.OrderedDict[tuple[str, str], tuple[object, EnvSpec]] = collections.OrderedDict()
+_SPECS_KEPT = 32
+
+
+def _spec_key(env_id: str, env_kwargs: dict | None) -> tuple[str, str]:
+    return env_id, repr(sorted((env_kwargs or {}).items()))
+
+
 def atari_spec(env_id: str, env: gym.Env, env_kwargs: dict | None = None) -> EnvSpec:
     """The EnvSpec of a preprocessed Atari env (`make_atari_env`'s) of `env_id`, made with the options
-    `env_kwargs`."""
-    return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id, env_kwargs),
-                               gym.spec(env_id).reward_threshold)
+    `env_kwargs` (kept for `known_spec`)."""
+    registration = gym.spec(env_id)
+    made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id, env_kwargs),
+                               registration.reward_threshold)
+    key = _spec_key(env_id, env_kwargs)
+    _specs[key] = (registration, made)
+    _specs.move_to_end(key)
+    while len(_specs) > _SPECS_KEPT:
+        _specs.popitem(last=False)
+    return made
+
+
+def known_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec | None:
+    """`atari_spec` of `env_id` with the options `env_kwargs` where this process made that game already (and the id
+    is still registered as it was then), else None: the spec without a ROM load."""
+    kept = _specs.get(_spec_key(env_id, env_kwargs))
+    if kept is None or gym.spec(env_id) is not kept[0]:
+        return None
+    return kept[1]
 
 
 def stacked_frames(env: BatchedEnv) -> int | None:
@@ -227,11 +255,13 @@ class AtariGymnasiumEnv(GymnasiumEnv):
             spec = atari_spec(env_id, envs[0], env_kwargs)
             vector_env = gym.vector.SyncVectorEnv([lambda env=env: env for env in envs], **vector_kwargs)
         else:
-            probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
-            try:
-                spec = atari_spec(env_id, probe, env_kwargs)
-            finally:
-                probe.close()
+            spec = known_spec(env_id, env_kwargs)
+            if spec is None:
+                probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
+                try:
+                    spec = atari_spec(env_id, probe, env_kwargs)
+                finally:
+                    probe.close()
             factories = [lambda: make_atari_env(env_id, **env_kwargs)] * num_envs
             if vectorization == "sync":
                 vector_env = gym.vector.SyncVectorEnv(factories, **vector_kwargs)
@@ -377,7 +407,7 @@ def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     return env if options.get("fire_reset") and steps == 1 else FireToStart(env, fire, steps)
 
 
-__all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec",
+__all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec", "known_spec",
            "max_episode_steps", "FireReset", "fire_reset_option", "AtariGymnasiumEnv", "AtariTraining",
            "stacked_frames", "fire_action", "fire_steps", "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP",
            "SCREEN_SIZE", "FRAME_STACK", "STICKY_FIRE_STEPS"]
