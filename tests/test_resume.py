@@ -16,8 +16,8 @@ from conftest import checkpoint_metadata, checkpoint_tensors
 from rlspeed import A2C, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.algos.off_policy import REPLAY_SUFFIX
 
-TOTAL = 1024
-CHECKPOINT_FREQ = 384
+TOTAL = 512
+CHECKPOINT_FREQ = 192
 
 
 class Killed(BaseException):  # (past `except Exception`: a kill runs no handler)
