@@ -87,8 +87,8 @@ def test_two_rank_ppo_solves_cartpole(tmp_path):
 def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     out = tmp_path / "run"
     command = torchrun("-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--out", str(out),
-                       "--target-return", "none", "--total-timesteps", "12288", "--checkpoint-freq", "2048",
-                       logs=tmp_path / "logs", max_restarts=1)
+                       "--target-return", "none", "--total-timesteps", "6144", "--checkpoint-freq", "1024",
+                       "--eval-episodes", "1", logs=tmp_path / "logs", max_restarts=1)
     # Output goes to files, not pipes: a full pipe would block the workers while the test waits for a checkpoint.
     stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(stdout_path, "w") as stdout_file, open(stderr_path, "w") as stderr_file:
@@ -108,10 +108,10 @@ def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["distributed"]["restarts"] == summary["distributed"]["resumes"] == 1
     resumed = summary["distributed"]["resumed_from_timesteps"]
-    assert resumed is not None and resumed >= 2048
+    assert resumed is not None and resumed >= 1024
     # the restarted group trained only what was left after the checkpoint
-    assert resumed + summary["total_timesteps"] >= 12288
-    assert summary["distributed"]["max_lost_timesteps"] == 2048
+    assert resumed + summary["total_timesteps"] >= 6144
+    assert summary["distributed"]["max_lost_timesteps"] == 1024
 
 
 @pytest.mark.parametrize("bad", ["3"])
@@ -239,7 +239,9 @@ def _rank_pid(out: Path, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} found")
 
 
-@pytest.mark.parametrize("target", ["group", "group, subprocess envs", "rank 1"])
+# (Ctrl-C to the group of a run without subprocess envs takes the same path as with them, where env processes are
+# forked: `_stopping`; the run without them is stopped by "rank 1" and torchrun's SIGKILL below)
+@pytest.mark.parametrize("target", ["group, subprocess envs", "rank 1"])
 def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_path, target):
     """Ctrl-C (SIGINT to the launcher's process group) during `rlspeed train --nproc 2`, or SIGTERM to one worker: the
     launcher hands a signal it gets to torchrun and waits for it, every rank stops at the end of the iteration where
@@ -315,28 +317,32 @@ def test_torchrun_killed_with_sigkill_leaves_no_worker_training_and_the_run_save
     assert summary["interrupted"] is True and (out / "model.safetensors").exists()
 
 
-def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
+def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path, capsys, monkeypatch):
     """What the workers would refuse (`--accelerate auto`), and --nproc under torchrun, are one sentence from the
     launcher, exit 2, before any worker starts or any directory is made."""
-    base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress",
-            "--out", str(tmp_path / "run")]
-    auto = subprocess.run([*base, "--accelerate", "auto"], env=clean_env(), capture_output=True, text=True,
-                          timeout=120)
-    assert auto.returncode == 2 and auto.stderr.count("--accelerate auto is not supported") == 1
+    from conftest import cli_error
+
+    monkeypatch.setenv("RLSPEED_DEVICE", "cpu")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: pytest.fail(f"a process started: {command}"))
+    base = ["train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress", "--out", str(tmp_path / "run")]
+    assert cli_error(capsys, [*base, "--accelerate", "auto"]).count("--accelerate auto is not supported") == 1
     assert not (tmp_path / "run").exists()
-    nested = subprocess.run(base, env={**clean_env(), "WORLD_SIZE": "2"}, capture_output=True, text=True, timeout=120)
-    assert nested.returncode == 2 and "under torchrun (WORLD_SIZE is set) leave --nproc out" in nested.stderr
+    with monkeypatch.context() as nested:
+        nested.setenv("WORLD_SIZE", "2")
+        assert "under torchrun (WORLD_SIZE is set) leave --nproc out" in cli_error(capsys, base)
     # more CPU processes than cores: refused before num_envs's advice, which named a multiple of them
     many = str((os.cpu_count() or 1) * 32)
-    crowded = subprocess.run([*base[:7], many, *base[8:]], env=clean_env(), capture_output=True, text=True,
-                             timeout=120)
-    assert crowded.returncode == 2 and f"--nproc {many} is more processes than the" in crowded.stderr
+    assert f"--nproc {many} is more processes than the" in cli_error(capsys, [*base[:4], many, *base[5:]])
     assert not (tmp_path / "run").exists()
     if hasattr(os, "sched_setaffinity"):  # (a SLURM job of 1 CPU on a larger machine: its CPUs count)
-        pinned = subprocess.run(base, env=clean_env(), capture_output=True, text=True, timeout=120,
-                                preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
-        assert pinned.returncode == 2, pinned.stderr[-2000:]
-        assert "--nproc 2 is more processes than the 1 CPU core this command may run on" in pinned.stderr
+        cores = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(cores)})
+        try:
+            pinned = cli_error(capsys, base)
+        finally:
+            os.sched_setaffinity(0, cores)
+        assert "--nproc 2 is more processes than the 1 CPU core this command may run on" in pinned
         assert not (tmp_path / "run").exists()
 
 
@@ -547,21 +553,6 @@ def test_workers_leaving_at_once_still_run_the_exit_handlers(tmp_path):
     assert [path.name for path in temp.iterdir() if path.name.endswith("-library-media")] == []
 
 
-def test_an_nproc_run_with_subprocess_envs_leaves_nothing_in_the_temp_directory(tmp_path):
-    """`rlspeed train --nproc 2` with subprocess envs: each worker's warnings directory (shared with its env
-    processes) is removed as the worker leaves (with os._exit, never reaching the end of its command), as is
-    torchrun's log directory; each such run left them in the temp directory."""
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
-                           "--env-backend", "gymnasium-async", "--num-envs", "4", "--total-timesteps", "256",
-                           "--target-return", "none", "--eval-episodes", "1", "--no-progress", "--out",
-                           str(tmp_path / "run")], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True,
-                          text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")) == []
-
-
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     """RecurrentPPO's minibatches are whole env columns, batch_size / num_steps of them, shared among the ranks: one
     sequence per minibatch on 2 ranks gave each rank one column, minibatches of twice batch_size and half the
@@ -589,14 +580,20 @@ def test_config_yaml_records_the_process_count_and_a_resume_under_another_names_
     """The number of processes changes a run's results (each steps its share of the envs with a seed of its own), and
     a checkpoint resumes under another number: config.yaml recorded the thread count but not the process count, and
     a 2-process run resumed in one process said nothing of it (summary.json then said world_size 1). Now config.yaml
-    records `processes`, and a resume under another count names the change and lists it in config.yaml's changes."""
-    out = tmp_path / "run"
+    records `processes`, and a resume under another count names the change and lists it in config.yaml's changes.
+
+    The 2-process run steps subprocess envs: each worker's warnings directory (shared with its env processes) is
+    removed as the worker leaves (with os._exit, never reaching the end of its command), as is torchrun's log
+    directory; each such run left them in the temp directory."""
+    out, temp = tmp_path / "run", tmp_path / "temp"
+    temp.mkdir()
     base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--target-return", "none",
-            "--num-envs", "4", "--set", "num_steps=16", "--set", "batch_size=32", "--set", "n_epochs=1",
-            "--eval-episodes", "1", "--checkpoint-freq", "64", "--out", str(out)]
-    first = subprocess.run([*base, "--nproc", "2", "--total-timesteps", "128"], env=clean_env(), capture_output=True,
-                           text=True, timeout=240)
+            "--env-backend", "gymnasium-async", "--num-envs", "4", "--set", "num_steps=16", "--set", "batch_size=32",
+            "--set", "n_epochs=1", "--eval-episodes", "1", "--checkpoint-freq", "64", "--out", str(out)]
+    first = subprocess.run([*base, "--nproc", "2", "--total-timesteps", "128"],
+                           env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert sorted(path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")) == []
     assert yaml_config(out)["processes"] == 2
     resumed = subprocess.run([*base, "--total-timesteps", "192", "--resume"], env=clean_env(), capture_output=True,
                              text=True, timeout=240)
