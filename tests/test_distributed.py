@@ -502,25 +502,12 @@ def test_the_launcher_keeps_torchruns_log_where_loglevel_asks_for_it(tmp_path):
     assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]
 
 
-def test_the_launcher_leaves_nothing_in_the_temp_directory(tmp_path):
+def test_the_launcher_removes_its_folder_and_those_of_killed_launchers(tmp_path):
     """`python -m rlspeed._torchrun` (`rlspeed train --nproc`) gives torchrun a log directory of its own, removed as
     it ends: torchrun made a torchelastic_* directory in the temp directory at each launch and never removed it
-    (hundreds of them after a CI day)."""
-    script, temp = tmp_path / "worker.py", tmp_path / "temp"
-    script.write_text("print('worker ran')\n")
-    temp.mkdir()
-    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
-                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "worker ran" in done.stdout
-    assert sorted(path.name for path in temp.iterdir()) == []
-
-
-def test_the_launcher_removes_the_folders_of_killed_launchers(tmp_path):
-    """A launcher killed with SIGKILL (an out-of-memory kill, a scheduler's hard stop) could not remove its folder of
-    workers' notes and torchrun's logs: the next launcher removes the folders of launchers that no longer run, and
-    leaves those of running ones."""
+    (hundreds of them after a CI day). A launcher killed with SIGKILL (an out-of-memory kill, a scheduler's hard stop)
+    could not remove its folder of workers' notes and torchrun's logs: the next launcher removes the folders of
+    launchers that no longer run, and leaves those of running ones."""
     script, temp = tmp_path / "worker.py", tmp_path / "temp"
     script.write_text("print('worker ran')\n")
     temp.mkdir()
@@ -533,6 +520,7 @@ def test_the_launcher_removes_the_folders_of_killed_launchers(tmp_path):
                            str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "worker ran" in done.stdout
     assert sorted(path.name for path in temp.iterdir()) == [running.name]
 
 
@@ -576,7 +564,8 @@ def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=32, **small)
 
 
-def test_config_yaml_records_the_process_count_and_a_resume_under_another_names_it(tmp_path):
+@pytest.mark.filterwarnings("ignore:Resuming from .* gymnasium-async envs cannot restore:UserWarning")
+def test_config_yaml_records_the_process_count_and_a_resume_under_another_names_it(tmp_path, capsys, monkeypatch):
     """The number of processes changes a run's results (each steps its share of the envs with a seed of its own), and
     a checkpoint resumes under another number: config.yaml recorded the thread count but not the process count, and
     a 2-process run resumed in one process said nothing of it (summary.json then said world_size 1). Now config.yaml
@@ -587,18 +576,22 @@ def test_config_yaml_records_the_process_count_and_a_resume_under_another_names_
     directory; each such run left them in the temp directory."""
     out, temp = tmp_path / "run", tmp_path / "temp"
     temp.mkdir()
-    base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--target-return", "none",
-            "--env-backend", "gymnasium-async", "--num-envs", "4", "--set", "num_steps=16", "--set", "batch_size=32",
-            "--set", "n_epochs=1", "--eval-episodes", "1", "--checkpoint-freq", "64", "--out", str(out)]
-    first = subprocess.run([*base, "--nproc", "2", "--total-timesteps", "128"],
+    from rlspeed import cli
+
+    base = ["train", "ppo", "CartPole-v1", "--no-progress", "--target-return", "none", "--env-backend",
+            "gymnasium-async", "--num-envs", "4", "--set", "num_steps=16", "--set", "batch_size=32", "--set",
+            "n_epochs=1", "--eval-episodes", "1", "--checkpoint-freq", "64", "--out", str(out)]
+    first = subprocess.run([sys.executable, "-m", "rlspeed", *base, "--nproc", "2", "--total-timesteps", "128"],
                            env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-3000:]
     assert sorted(path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")) == []
     assert yaml_config(out)["processes"] == 2
-    resumed = subprocess.run([*base, "--total-timesteps", "192", "--resume"], env=clean_env(), capture_output=True,
-                             text=True, timeout=240)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "processes 2 -> 1" in resumed.stderr
+    monkeypatch.setenv("RLSPEED_DEVICE", "cpu")  # (where the 2-process run trained)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code = cli.main([*base, "--total-timesteps", "192", "--resume"])  # (in this one process)
+    resumed = capsys.readouterr()
+    assert code == 0, resumed.err[-3000:]
+    assert "processes 2 -> 1" in resumed.err
     config = yaml_config(out)
     assert config["processes"] == 1 and config["changes"][-1]["settings"]["processes"] == [2, 1]
 
