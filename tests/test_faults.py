@@ -642,9 +642,8 @@ CUT_PLOT = textwrap.dedent("""
     from pathlib import Path
     from rlspeed.logging import RunLogger
     from rlspeed.population.plot import plot_learning_curves
-    run = Path(sys.argv[1])
-    def draw(points):
-        if sys.argv[2] == "run":
+    def draw(run, plot, points):
+        if plot == "run":
             logger = RunLogger(run, tensorboard=False)
             for step in range(1, points + 1):
                 logger.log({"timesteps": step * 100, "episode_return": float(step % 7), "eval_mean": float(step)})
@@ -653,32 +652,46 @@ CUT_PLOT = textwrap.dedent("""
             curve = [[step * 100, float(step % 7)] for step in range(1, points + 1)]
             plot_learning_curves({"algo": "ppo", "env_id": "CartPole-v1", "members": [{"curve": curve}] * 2},
                                  run / "learning_curves.png")
-    draw(3)
-    size = sum(path.stat().st_size for path in run.glob("learning_curve*.png"))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, cut short
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-    try:
-        draw(300)
-    except OSError as error:
-        print(error.filename)
-        sys.exit(2)
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    for plot in sys.argv[2:]:
+        run = Path(sys.argv[1]) / plot
+        run.mkdir()
+        draw(run, plot, 3)
+        size = sum(path.stat().st_size for path in run.glob("learning_curve*.png"))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, hard))
+        try:
+            draw(run, plot, 300)
+            print(plot, "written whole")
+        except OSError as error:
+            print(plot, error.filename)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
 """)
 
 
+@pytest.fixture(scope="module")
+def cut_plots(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The folder of CUT_PLOT's run and population, each of which drew its plot whole and then again past a file size
+    limit of half that; what each write cut short said (the file its error named), by kind (one process for both)."""
+    root = tmp_path_factory.mktemp("cut-plots")
+    completed = subprocess.run([sys.executable, "-c", CUT_PLOT, str(root), "run", "population"], capture_output=True,
+                               text=True, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert completed.returncode == 0, completed.stderr
+    return root, dict(line.split(" ", 1) for line in completed.stdout.splitlines())
+
+
 @pytest.mark.parametrize("plot", ["run", "population"])
-def test_a_plot_write_cut_short_keeps_the_previous_plot_whole(tmp_path, plot):
+def test_a_plot_write_cut_short_keeps_the_previous_plot_whole(cut_plots, plot):
     """A kill (or a full disk) while learning_curve.png / learning_curves.png is written left a truncated image,
     which a resumed run that had nothing left to train kept: the plot is written whole or not at all."""
     from PIL import Image
 
-    completed = subprocess.run([sys.executable, "-c", CUT_PLOT, str(tmp_path), plot], capture_output=True, text=True,
-                               timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
-    assert completed.returncode == 2, completed.stderr
-    (path,) = tmp_path.glob("learning_curve*.png")
-    assert completed.stdout.strip() == str(path)  # (the error names the plot, not a temporary file)
+    root, said = cut_plots
+    (path,) = (root / plot).glob("learning_curve*.png")
+    assert said[plot] == str(path)  # (the error names the plot, not a temporary file)
     with Image.open(path) as image:
         image.load()  # (a truncated PNG raises here)
-    assert list(tmp_path.glob(".*.tmp")) == []
+    assert list((root / plot).glob(".*.tmp")) == []
 
 
 # --- kills and signals ----------------------------------------------------------------------------------------------
@@ -708,13 +721,13 @@ def _wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> N
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 143),
-                                       (signal.SIGHUP, 143)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 143)])
 def test_a_signal_during_training_saves_the_model_and_summary(tmp_path, sig, code):
-    """Ctrl-C, a scheduler's SIGTERM (or SLURM's --signal warning, SIGUSR1/SIGUSR2) and a closed terminal's SIGHUP
-    stop at the end of the iteration with the model, a checkpoint and the summary saved, naming the signal."""
+    """Ctrl-C, a scheduler's SIGTERM (or SLURM's --signal warning, SIGUSR1/SIGUSR2, which take SIGTERM's handler:
+    test_a_signal_the_process_was_started_ignoring_stays_ignored) and a closed terminal's SIGHUP stop at the end of
+    the iteration with the model, a checkpoint and the summary saved, naming the signal."""
     out = tmp_path / "run"
-    process = _start_training(out)
+    process = _start_training(out, "--num-envs", "8")  # (iterations of 256 steps)
     try:
         _wait_for(lambda: (out / "metrics.csv").exists(), process)  # the loop runs: it logged a row
         process.send_signal(sig)
@@ -737,8 +750,8 @@ def test_a_path_the_output_encoding_cannot_show_is_escaped_not_a_traceback(tmp_p
     lines show the path escaped (r\\xe9sult), and the run finishes with exit code 0."""
     out = tmp_path / "r\u00e9sult"
     env = {**os.environ, "PYTHONIOENCODING": "ascii", "RLSPEED_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "rlspeed", *TRAIN, "--total-timesteps", "256", "--out", str(out)],
-                            capture_output=True, env=env, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "rlspeed", *TRAIN, "--total-timesteps", "256", "--num-envs", "8",
+                             "--eval-episodes", "1", "--out", str(out)], capture_output=True, env=env, timeout=120)
     stdout = result.stdout.decode("ascii")
     assert result.returncode == 0, result.stderr.decode("ascii", "replace")
     assert "r\\xe9sult" in stdout and (out / "summary.json").exists()
@@ -857,8 +870,12 @@ def test_a_signal_the_process_was_started_ignoring_stays_ignored():
             with stopping():
                 assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
                 assert signal.getsignal(signal.SIGUSR1) not in (signal.SIG_IGN, signal.SIG_DFL)
+                # (SLURM's warning signals stop a run as SIGTERM does, named as themselves)
+                assert signal.getsignal(signal.SIGUSR1) is signal.getsignal(signal.SIGTERM)
+                assert signal.getsignal(signal.SIGUSR2) is signal.getsignal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGHUP, previous)
+    assert cli._signal_name(signal.SIGUSR1) == "SIGUSR1"
 
 
 def test_kill_9_during_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
