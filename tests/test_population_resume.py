@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
+import types
 from pathlib import Path
 
 import pytest
@@ -748,6 +750,10 @@ def test_a_population_checkpoints_by_wall_time_too(tmp_path, monkeypatch):
 
     saved_at = []
     monkeypatch.setattr(base.PopulationBase, "save", lambda self, path: saved_at.append(self.num_timesteps))
+    # (the loop's clock counts this process's CPU time: a checkpoint's measured cost, which spaces the next one at 20
+    # times it, is then the save's work, none here, not a moment a loaded machine took the process off its core)
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=time.process_time,
+                                                            process_time=time.process_time))
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=16, batch_size=64, net_arch=(8,))
     population.learn(64 * 4, run_dir=tmp_path, checkpoint_interval_s=0, progress_bar=False)
     assert saved_at == [64, 128, 192]  # (after every iteration but the last: none is due once training ends)
