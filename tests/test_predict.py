@@ -30,3 +30,14 @@ def test_the_actor_critic_runs_the_parameters_functional_call_gives_it():
     logits, value = torch.func.functional_call(model.policy, zeros, (obs,))
     assert not logits.any() and not value.any()
     assert model.policy(obs)[0].any()
+
+
+def test_predict_takes_an_array_with_negative_strides():
+    """A mirrored or reversed observation (`np.flip`, `obs[::-1]`, a camera frame flipped in numpy) is a view with a
+    negative stride, which torch cannot view: predict stopped with torch's ValueError ("At least one stride in the
+    given numpy array is negative"); SB3's predict takes it. It acts on the values, as on a copy."""
+    model = rlspeed.PPO("CartPole-v1", seed=0, net_arch=(8,))
+    observations = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    flipped = np.flip(observations)  # (both axes reversed: strides (-16, -4))
+    assert np.array_equal(model.predict(flipped)[0], model.predict(flipped.copy())[0])
+    assert model.predict(flipped[0])[0] == model.predict(flipped[0].copy())[0]
