@@ -108,6 +108,8 @@ def mode_dependent(module: nn.Module) -> bool:
     todo = [module]
     while todo:
         layer = todo.pop()
+        if layer is None:  # (a child registered as None)
+            continue
         kind = type(layer)
         free = _MODE_FREE.get(kind)
         if free is None:
@@ -115,7 +117,7 @@ def mode_dependent(module: nn.Module) -> bool:
                                        or (kind.__module__, kind.__qualname__) == _COMPILED_WRAPPER)
         if not free and (kind not in (nn.LSTM, nn.GRU, nn.RNN) or layer.dropout):
             return True
-        todo.extend(child for child in layer._modules.values() if child is not None)
+        todo.extend(layer._modules.values())
     return False
 
 
@@ -159,6 +161,36 @@ def acting_mode(module: nn.Module) -> Iterator[None]:
             else:
                 for layer, training in modes:
                     layer.training = training
+
+
+class acting:
+    """`with torch.no_grad(), acting_mode(module):` in one block, for the calls that act once per env step or per
+    `predict`: `torch.no_grad()` makes two objects on the way in and out (about 5 us, as much as a small network's
+    layer), this block sets the grad mode itself; `acting_mode` runs only where `mode_dependent` says it matters.
+    Re-entrant and per thread, as `torch.no_grad()` is (each block is its own object)."""
+
+    __slots__ = ("module", "grad_before", "mode")
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def __enter__(self) -> None:
+        self.grad_before = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        self.mode = acting_mode(self.module) if mode_dependent(self.module) else None
+        if self.mode is not None:
+            try:
+                self.mode.__enter__()
+            except BaseException:
+                torch.set_grad_enabled(self.grad_before)
+                raise
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if self.mode is not None:
+                self.mode.__exit__(*exc_info)
+        finally:
+            torch.set_grad_enabled(self.grad_before)
 
 
 # --- encoders: observations -> features ------------------------------------------------------------------------
@@ -792,8 +824,18 @@ class ActorCritic(SB3Names, nn.Module):
 
     def mode(self, out: torch.Tensor, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """The deterministic action for the actor's output `[B, A]` (what `sample(deterministic=True)` gives): the
-        argmax of the (masked) logits, logit > 0 per bit, the Gaussian mean."""
-        return self.sample(out, True, action_masks)[0]
+        argmax of the (masked) logits, logit > 0 per bit, the Gaussian mean; without the log-probabilities (`predict`
+        and the export need the action alone)."""
+        kind = self.kind
+        if kind == "categorical":
+            return _categorical_sample(torch.log_softmax(masked_logits(out, action_masks), dim=-1), True)
+        if kind == "multi_categorical":
+            logits = masked_logits(out, action_masks).split(self.nvec, dim=-1)
+            return torch.stack([_categorical_sample(torch.log_softmax(component, dim=-1), True)
+                                for component in logits], dim=-1)
+        if kind == "bernoulli":
+            return (out > 0).to(out.dtype)
+        return out
 
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor,
                          action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1046,7 +1088,7 @@ class RecurrentActorCritic(ActorCritic):
         """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
         h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
         out = self.body(h.unsqueeze(0), members=slice(0, 1))[0]  # the actor's head alone (member 0)
-        actions, _ = self.sample(out, deterministic, action_masks)
+        actions = self.mode(out, action_masks) if deterministic else self.sample(out, False, action_masks)[0]
         return actions, h, c
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,7 @@ from rlspeed.envs import (
 )
 from rlspeed.envs.base import (
     EnvSpec,
+    Observation,
     check_seed,
     constructor_defaults,
     counted,
@@ -108,7 +109,7 @@ from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
-from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
+from rlspeed.nn import acting, acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
 
 # (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
@@ -824,7 +825,7 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                             "observation, or the same batch of N.")
         return ({key: part[0] for key, part in parts.items()}, any(part[1] for part in parts.values()),
                 all(part[2] for part in parts.values()))
-    shape, dtype = observation_layout(space)
+    shape, dtype = _layout(space)
     as_numpy = not isinstance(observation, torch.Tensor)
     if as_numpy:
         try:
@@ -860,17 +861,39 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
         raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
                         f"not {tuple(obs.shape)}.")
-    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
-        low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
-        outside = (obs < low) | (obs >= high)
+    # (a numpy observation's values are checked in numpy, on the host: cheaper than torch's calls for a few values)
+    values, count = (observation, observation.size) if as_numpy else (obs, obs.numel())
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and count:
+        low, high = integer_range(space)
+        if not as_numpy:
+            low, high = torch.as_tensor(low, device=device), torch.as_tensor(high, device=device)
+        outside = (values < low) | (values >= high)
         if bool(outside.any()):  # ok-sync: predict returns to the host
-            raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values from "
-                            f"{int(low.min())} to {int(high.max()) - 1}).")
-    if isinstance(space, gym.spaces.MultiBinary) and obs.numel():
-        outside = (obs != 0) & (obs != 1)
+            raise UserError(f"An observation holds {_first_value(obs, torch.as_tensor(outside, device=device))}, "
+                            f"outside {space} (values from {int(low.min())} to {int(high.max()) - 1}).")
+    if isinstance(space, gym.spaces.MultiBinary) and count:
+        outside = (values != 0) & (values != 1)
         if bool(outside.any()):  # ok-sync: predict returns to the host
-            raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values 0 and 1).")
+            raise UserError(f"An observation holds {_first_value(obs, torch.as_tensor(outside, device=device))}, "
+                            f"outside {space} (values 0 and 1).")
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
+
+
+#: id(space) -> (space, its `observation_layout`): the layouts of the spaces `predict` has seen, each found once
+_LAYOUTS: dict[int, tuple[gym.Space, tuple]] = {}
+
+
+def _layout(space: gym.Space) -> tuple:
+    """`observation_layout(space)`, found once per space object (a model's spaces do not change; a predict per env
+    step read them again each time)."""
+    found = _LAYOUTS.get(id(space))
+    if found is not None and found[0] is space:
+        return found[1]
+    if len(_LAYOUTS) >= 64:  # (the spaces held stay few: a process may build models by the thousand)
+        _LAYOUTS.clear()
+    layout = observation_layout(space)
+    _LAYOUTS[id(space)] = (space, layout)
+    return layout
 
 
 def host_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -2198,7 +2221,15 @@ class Algorithm:
             raise UserError(f"act takes action_masks as a bool tensor [N, n], not a {type(action_masks).__name__}; "
                             "predict(obs, action_masks=...) takes numpy arrays and lists.")
         obs = map_obs(lambda value: acting_input(value, self.device), obs)
-        with torch.no_grad(), acting_mode(self.policy):
+        if action_masks is not None:
+            action_masks = action_masks.to(self.device, torch.bool)
+        return self._checked_actions(obs, deterministic, action_masks)
+
+    def _checked_actions(self, obs: Observation, deterministic: bool,
+                         action_masks: torch.Tensor | None) -> torch.Tensor:
+        """`act` for observations and masks already checked, on the model's device in their dtypes (what `act` and
+        `predict` make of their arguments): each check runs once per call."""
+        with acting(self.policy):
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
             if action_masks is None:
@@ -2206,7 +2237,7 @@ class Algorithm:
             if not self.supports_action_masks:
                 raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use ppo, "
                                 "a2c, recurrent_ppo or dqn.")
-            return self._policy_actions(obs, deterministic, action_masks=action_masks.to(self.device, torch.bool))
+            return self._policy_actions(obs, deterministic, action_masks=action_masks)
 
     @property
     def observation_space(self) -> gym.Space:
@@ -2245,20 +2276,21 @@ class Algorithm:
         deterministic = true_or_false("predict(deterministic=...)", deterministic)
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         masks = self._check_masks(action_masks, obs_batch_size(obs))
-        actions = self.act(obs, deterministic=deterministic, action_masks=masks)
-        if single:
-            actions = actions[0]
-        return (self._host_actions(actions) if as_numpy else actions), None
+        actions = self._checked_actions(obs, deterministic, masks)
+        if as_numpy:
+            return self._host_actions(actions, single), None
+        return (actions[0] if single else actions), None
 
-    def _host_actions(self, actions: torch.Tensor) -> np.ndarray:
-        """`predict`'s actions as numpy, members of the action space: Box actions in the space's dtype, clipped in
-        it, as the env receives them (float32 actions clipped to float32 bounds can lie just past float64 ones: 0.1
-        as float32 is above 0.1); a Discrete action for one observation as a numpy integer, not a 0-d array, which
-        envs that index a table with it (FrozenLake, CliffWalking: `P[s][a]`) cannot hash."""
+    def _host_actions(self, actions: torch.Tensor, single: bool = False) -> np.ndarray:
+        """`predict`'s actions (`[N, ...]`; `single`: the first row alone) as numpy, members of the action space: Box
+        actions in the space's dtype, clipped in it, as the env receives them (float32 actions clipped to float32
+        bounds can lie just past float64 ones: 0.1 as float32 is above 0.1); a Discrete action for one observation as
+        a numpy integer, not a 0-d array, which envs that index a table with it (FrozenLake, CliffWalking: `P[s][a]`)
+        cannot hash. (The row is taken in numpy: a tensor index costs a torch call.)"""
         array, space = actions.cpu().numpy(), self.spec.action_space  # ok-sync: predict returns to the host
         if isinstance(space, gym.spaces.Box) and array.dtype != space.dtype:
             array = np.clip(array.astype(space.dtype), space.low, space.high)
-        return array[()] if array.ndim == 0 else array
+        return array[0] if single else array
 
     def _check_masks(self, action_masks, num: int) -> torch.Tensor | None:
         """`predict`'s action masks as a bool tensor `[num, n]` on the model's device (None stays None); UserError in
@@ -2267,8 +2299,8 @@ class Algorithm:
         if action_masks is None:
             return None
         host = action_masks.cpu().numpy() if isinstance(action_masks, torch.Tensor) else action_masks  # ok-sync
-        return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
-                               device=self.device)
+        return host_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
+                           self.device)
 
     def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,

@@ -231,7 +231,9 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool,
                         action_masks: torch.Tensor | None = None) -> torch.Tensor:
-        actions, _, _ = self.policy.act(obs, deterministic=deterministic, action_masks=action_masks)
+        if deterministic:  # (the actions `act` gives, without the log-probabilities)
+            return self._to_env(self.policy.mode(self.policy(obs)[0], action_masks))
+        actions, _, _ = self.policy.act(obs, deterministic=False, action_masks=action_masks)
         return self._to_env(actions)
 
     #: approx_kl above which a metrics row says the policy moves far beyond what PPO's clipping keeps it to

@@ -31,6 +31,7 @@ from rlspeed.algos.base import (
     acting_input,
     as_observation_batch,
     check_acting_batch,
+    host_tensor,
     require,
 )
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
@@ -43,7 +44,7 @@ from rlspeed.errors import UserError, true_or_false
 from rlspeed.nn import (
     RecurrentActorCritic,
     SequenceLayout,
-    acting_mode,
+    acting,
     reset_at_episode_starts,
 )
 
@@ -157,13 +158,23 @@ class RecurrentPPO(PPO):
         h, c = h.to(self.device)[0], c.to(self.device)[0]
         if episode_start is not None:
             episode_start = torch.as_tensor(episode_start, device=self.device).bool()
+        masks = action_masks.to(self.device, torch.bool) if action_masks is not None else None
+        actions, h, c = self._checked_step(obs, h, c, episode_start, deterministic, masks)
+        return actions, (h.unsqueeze(0), c.unsqueeze(0))
+
+    def _checked_step(self, obs, h: torch.Tensor, c: torch.Tensor, episode_start: torch.Tensor | None,
+                      deterministic: bool, action_masks: torch.Tensor | None,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`act_with_state` for arguments already checked and on the model's device (what `act_with_state` and
+        `predict` make of theirs): the state h, c `[N, H]`, `episode_start` bool `[N]` or None (no episode starts);
+        returns (actions, h, c)."""
+        if episode_start is not None:
             h, c = reset_at_episode_starts(h, episode_start), reset_at_episode_starts(c, episode_start)
-        with torch.no_grad(), acting_mode(self.policy):
+        with acting(self.policy):
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
-            masks = action_masks.to(self.device, torch.bool) if action_masks is not None else None
-            actions, h, c = self.policy.actor_step(obs, h, c, deterministic, masks)
-        return self._to_env(actions), (h.unsqueeze(0), c.unsqueeze(0))
+            actions, h, c = self.policy.actor_step(obs, h, c, deterministic, action_masks)
+        return self._to_env(actions), h, c
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool, action_masks=None) -> torch.Tensor:
         raise UserError("RecurrentPPO's actions depend on its LSTM state: use model.predict(obs, state, "
@@ -197,50 +208,75 @@ class RecurrentPPO(PPO):
         num = obs_batch_size(obs)
         masks = self._check_masks(action_masks, num)
         if state is not None:
-            state = self._check_state(state, num, as_numpy)
+            h, c = self._check_state(state, num, as_numpy)
+        else:
+            h, c = self.initial_state(num)
+            h, c = h[0], c[0]
         if episode_start is not None:
-            flags = episode_start if isinstance(episode_start, torch.Tensor) else np.asarray(episode_start)
-            if isinstance(flags, np.ndarray) and flags.dtype.kind not in "biuf":  # (strings, objects: no flags)
+            episode_start = self._check_episode_start(episode_start, num)
+        actions, h, c = self._checked_step(obs, h, c, episode_start, deterministic, masks)
+        if as_numpy:  # (the state's layer dimension added in numpy: a view, no torch call)
+            return self._host_actions(actions, single), (h.cpu().numpy()[None], c.cpu().numpy()[None])  # ok-sync
+        return (actions[0] if single else actions), (h.unsqueeze(0), c.unsqueeze(0))
+
+    def _check_episode_start(self, episode_start, num: int) -> torch.Tensor | None:
+        """`predict`'s episode starts as a bool tensor `[num]` on the model's device; None where numpy flags start no
+        episode (the state then goes on as it is: the reset multiplies it by 1); UserError for anything but one flag
+        (bool or 0/1) per observation."""
+        flags = episode_start if isinstance(episode_start, torch.Tensor) else np.asarray(episode_start)
+        if isinstance(flags, np.ndarray):
+            if flags.dtype.kind not in "biuf":  # (strings, objects: no flags)
                 raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
                                 f"{episode_start!r}"[:160] + ".")
-            # (on the model's device: as_tensor alone makes it on the caller's default device, or moves a tensor there)
-            episode_start = torch.as_tensor(flags, device=self.device).reshape(-1)
-            if episode_start.dtype != torch.bool and bool(((episode_start != 0) & (episode_start != 1)).any()):
+            flags = flags.reshape(-1)
+            if flags.dtype != np.bool_ and bool(((flags != 0) & (flags != 1)).any()):
                 # (0.5, 2, -1 or NaN: their truth value would reset the state, without a word)
                 raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
-                                f"{episode_start.tolist()!r}"[:160] + ".")
-            if episode_start.numel() != num:
-                raise UserError(f"predict(episode_start=...) has {episode_start.numel()} entries for {num} "
+                                f"{flags.tolist()!r}"[:160] + ".")
+            if flags.size != num:
+                raise UserError(f"predict(episode_start=...) has {flags.size} entries for {num} "
                                 f"observation{'s' if num != 1 else ''}: give one flag per observation.")
-        actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic, masks)
-        if single:
-            actions = actions[0]
-        if as_numpy:
-            return self._host_actions(actions), (h.cpu().numpy(), c.cpu().numpy())  # ok-sync: to the host
-        return actions, (h, c)
+            return torch.as_tensor(flags, device=self.device).bool() if flags.any() else None
+        # (on the model's device: as_tensor alone makes it on the caller's default device, or moves a tensor there)
+        flags = torch.as_tensor(flags, device=self.device).reshape(-1)
+        if flags.dtype != torch.bool and bool(((flags != 0) & (flags != 1)).any()):
+            raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
+                            f"{flags.tolist()!r}"[:160] + ".")
+        if flags.numel() != num:
+            raise UserError(f"predict(episode_start=...) has {flags.numel()} entries for {num} "
+                            f"observation{'s' if num != 1 else ''}: give one flag per observation.")
+        return flags.bool()
 
     def _check_state(self, state, num: int, as_numpy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """`predict`'s state as float tensors (h, c), each `[1, num, lstm_hidden_size]`; UserError for anything else
-        (sb3-contrib's states of several LSTM layers included: rlspeed's LSTM has one)."""
+        """`predict`'s state (h, c), each `[1, num, lstm_hidden_size]`, as float tensors `[num, lstm_hidden_size]`
+        on the model's device; UserError for anything else (sb3-contrib's states of several LSTM layers included:
+        rlspeed's LSTM has one). Numpy states stay numpy until checked: only their one layer becomes a tensor."""
         expected = (1, num, self.config.lstm_hidden_size)
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
                             f"{list(expected)}; got {type(state).__name__}"
                             f"{f' of {len(state)} items' if isinstance(state, (tuple, list)) else ''}.")
         try:
-            state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32, device=self.device)
-                          for s in state)
+            if as_numpy:
+                parts = tuple(np.asarray(s) for s in state)
+                if any(part.dtype.kind not in "biuf" for part in parts):  # (None, strings: no numbers)
+                    raise TypeError
+                parts = tuple(part if part.dtype == np.float32 else part.astype(np.float32) for part in parts)
+            else:
+                parts = tuple(torch.as_tensor(s, dtype=torch.float32, device=self.device) for s in state)
         except (TypeError, ValueError, RuntimeError):  # ((None, None), strings: no numbers)
             got = ", ".join(type(part).__name__ for part in state)
             raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
                             f"{list(expected)} of numbers; got ({got}).") from None
-        for name, part in zip("hc", state):
+        for name, part in zip("hc", parts):
             if tuple(part.shape) != expected:
                 raise UserError(f"predict(state=...)'s {name} has shape {list(part.shape)}, and this model needs "
                                 f"{list(expected)} (one LSTM layer, {num} observation{'s' if num != 1 else ''}, "
                                 f"lstm_hidden_size {self.config.lstm_hidden_size}): pass back the state the previous "
                                 "call returned for the same observations, or None at the start.")
-        return state
+        if as_numpy:
+            return host_tensor(parts[0][0], self.device), host_tensor(parts[1][0], self.device)
+        return parts[0][0], parts[1][0]
 
     # --- rollout ----------------------------------------------------------------------------------------------
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
