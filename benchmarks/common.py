@@ -68,8 +68,8 @@ bash benchmarks/cuda_check.sh                # on a CUDA machine: the GPU tests,
 ```
 
 `[bench]` installs Stable-Baselines3 only; the other scripts need their envs and peers too: `sb3-contrib`
-(recurrent_ppo, action_spaces), `.[box2d,zoo]` (lunar_lander, learning_table), `minatar` (cnn_encoder,
-replay_layouts, population_cnn), `.[atari,envpool]` (atari_ppo, atari_dqn, conv_layout's end-to-end
+(recurrent_ppo, action_spaces, predict_latency), `.[box2d,zoo]` (lunar_lander, learning_table), `minatar`
+(cnn_encoder, replay_layouts, population_cnn), `.[atari,envpool]` (atari_ppo, atari_dqn, conv_layout's end-to-end
 pairs, population_cnn on Atari ids), `.[mujoco]` (mujoco_offpolicy), `.[export]` (export_parity; its MinAtar and
 MiniGrid cases are skipped without `minatar` and `minigrid`) and `.[video]` (videos).
 
