@@ -432,7 +432,8 @@ def test_multi_discrete_and_multi_binary_actions_are_refused_naming_the_space(sp
 def test_atari_members_step_their_solo_runs_training_envs(backend):
     """An Atari population's training env is its members' solo training envs, block by block: the same frames, a
     lost life ending the learner's episode while the game goes on, clipped rewards; also after a member leaves just
-    before the kept member loses a life (the kept games' lives are carried over)."""
+    before the kept member loses a life (the kept games' lives are carried over), up to a game the kept member
+    finishes after it (its last life lost: the game starts anew)."""
     from rlspeed.envs import make_env
 
     env_id, seeds, envs = "BreakoutNoFrameskip-v4", [3, 7], 2
@@ -444,18 +445,20 @@ def test_atari_members_step_their_solo_runs_training_envs(backend):
         return torch.randint(0, 4, (len(seeds) * envs,), generator=generator)
 
     # where member 1's solo envs lose a life from step 100 on: the population is cut down to it just before that
-    # step, and compared up to the next lost life after it
+    # step, and compared up to the next lost life after it and the first game it finishes after it
     (solo,), generator = solo_envs(seeds[1:]), torch.Generator().manual_seed(0)
     solo.reset()
-    losses = []
+    losses, finished = [], None
     for step in range(600):
         _, _, terminated, _, info = solo.step(actions(generator)[envs:])
         if step >= 100 and bool((terminated & ~info["done"]).any()):
             losses.append(step)
-            if len(losses) == 2:
-                break
-    assert len(losses) == 2, f"member 1's lost lives from step 100 on: {losses}"
-    cut, steps = losses[0], losses[1] + 1
+        if losses and finished is None and bool(info["done"].any()):
+            finished = step
+        if len(losses) >= 2 and finished is not None:
+            break
+    assert len(losses) >= 2 and finished is not None, f"member 1's lost lives from step 100 on: {losses}"
+    cut, steps = losses[0], max(losses[1], finished) + 1
     population = Population(PPO, env_id, seeds=seeds, num_envs=envs, num_steps=16, batch_size=32, n_epochs=1,
                             env_backend=backend)
     assert population.env_backend == backend
@@ -463,7 +466,7 @@ def test_atari_members_step_their_solo_runs_training_envs(backend):
     obs, _ = population._reset(env, envs, seeds)
     solos, generator = solo_envs(), torch.Generator().manual_seed(0)
     assert torch.equal(obs, torch.cat([solo.reset()[0] for solo in solos]))
-    lost = [0, 0]
+    lost, ended = [0, 0], [0, 0]
     for step in range(steps):
         if step == cut:  # member 0 leaves
             population._env, population._obs = env, obs
@@ -476,9 +479,11 @@ def test_atari_members_step_their_solo_runs_training_envs(backend):
         for i, name in enumerate(("reward", "terminated", "truncated")):
             assert torch.equal(got[i], torch.cat([e[i + 1] for e in expected])), f"{name} at step {step}"
         lost[step >= cut] += int((got[1] & ~info["done"]).sum())
+        ended[step >= cut] += int(info["done"].sum())
     env.close()
-    # (the episodic-life path was compared, after the cut on two lost lives)
+    # (the episodic-life path was compared, after the cut on two lost lives and a finished game)
     assert lost[0] > 0 and lost[1] >= 2, f"lives lost before and after the cut: {lost}"
+    assert ended[1] > 0, f"games finished before and after the cut: {ended}"
 
 
 def test_learn_summary(tmp_path):
