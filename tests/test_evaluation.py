@@ -557,3 +557,19 @@ def test_a_model_training_in_subprocess_envs_evaluates_in_them_too(monkeypatch):
     model.evaluate(episodes=2, max_steps=5)
     assert made == ["gymnasium-async"]
     assert evaluation.evaluation_backend("CartPole-v1", "gymnasium-async", 10, "cpu") == "gymnasium-async"
+
+
+def test_gymnasiums_option_for_no_time_limit_evaluates_to_the_step_limit(monkeypatch):
+    """env_kwargs={"max_episode_steps": -1} is how gymnasium.make leaves the time limit out: its evaluation episodes
+    run to the step limit for envs without one (they ran none, a return of 0, "cut short after -1 steps"), and None
+    keeps the registered limit, as gymnasium.make does."""
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
+    settings = {"device": "cpu", "seed": 0, "num_envs": 1, "num_steps": 8, "batch_size": 8}
+    model = PPO("MountainCar-v0", env_kwargs={"max_episode_steps": -1}, **settings)
+    assert model.spec.max_episode_steps is None
+    with pytest.warns(UserWarning, match="1 of 1 episodes were still running after 30 steps"):
+        result = model.evaluate(episodes=1, seed=0)
+    assert result["lengths"] == [30] and result["mean"] == -30.0
+    assert rlspeed.envs.env_spec("MountainCar-v0", {"max_episode_steps": None}).max_episode_steps == 200

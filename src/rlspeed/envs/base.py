@@ -336,8 +336,8 @@ def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = 
     except Exception:  # (not a registered id: a user's vector env, a module:EnvId not imported)
         return None
     options = dict(env_kwargs)
-    # (gymnasium.make's own keyword, not the env's; None keeps the registered limit, as make does)
-    max_steps = options.pop("max_episode_steps", None) or spec.max_episode_steps
+    max_steps = time_limit_option(options, spec.max_episode_steps)
+    options.pop("max_episode_steps", None)  # (gymnasium.make's own keyword, not the env's)
     defaults = constructor_defaults(spec.entry_point)
     kwargs = {**defaults, **(spec.kwargs or {}), **options}
     own = {**defaults, **(spec.kwargs or {})}
@@ -353,6 +353,20 @@ def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = 
         if same:
             return other_id
     return None
+
+
+#: the `max_episode_steps` option with which `gymnasium.make` leaves the time limit out (Gymnasium's own value)
+NO_TIME_LIMIT = -1
+
+
+def time_limit_option(env_kwargs: dict, registered: int | None) -> int | None:
+    """The time limit of an env made with the options `env_kwargs` (`gymnasium.make(env_id, **env_kwargs)`) whose
+    id registers `registered`: `max_episode_steps` where given, none for `NO_TIME_LIMIT`, the registered one where it
+    is left out or None (as `gymnasium.make` reads the option)."""
+    limit = env_kwargs.get("max_episode_steps")
+    if limit is None:
+        return registered
+    return None if limit == NO_TIME_LIMIT else limit
 
 
 def constructor_defaults(entry_point) -> dict:
@@ -413,7 +427,7 @@ class EnvSpec:
         variant = registered_variant(self.env_id, env_kwargs)
         return dataclasses.replace(self, env_kwargs=dict(env_kwargs),
                                    reward_threshold=gym.spec(variant).reward_threshold if variant else None,
-                                   max_episode_steps=env_kwargs.get("max_episode_steps", self.max_episode_steps))
+                                   max_episode_steps=time_limit_option(env_kwargs, self.max_episode_steps))
 
     @property
     def discrete(self) -> bool:
