@@ -998,3 +998,21 @@ def test_eval_callback_of_a_curriculums_next_stage_does_not_continue_the_last_st
     callback = EvalCallback(n_eval_episodes=1, eval_freq=32, log_path=tmp_path, verbose=0)
     again.learn(32, callback=callback, progress_bar=False)
     assert callback.evaluations_timesteps[:2] == [32, 64] and len(callback.evaluations_timesteps) == 3
+
+
+def test_eval_callbacks_line_says_every_evaluation_whose_episodes_were_cut_short(monkeypatch, capsys):
+    """On an env whose episodes never end, the warning of episodes cut at the step limit shows once (Python shows a
+    warning once), so each of EvalCallback's lines says how many of its episodes were cut short."""
+    import warnings
+
+    from conftest import endless_pendulum_id
+
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    model = PPO(endless_pendulum_id(), device="cpu", seed=0, num_envs=1, num_steps=8, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.learn(16, callback=EvalCallback(eval_freq=8, n_eval_episodes=2), progress_bar=False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlspeed: eval at")]
+    assert len(lines) == 2 and all(line.endswith(", 2 of 2 cut short at the step limit") for line in lines), lines

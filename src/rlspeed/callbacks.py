@@ -28,7 +28,7 @@ import numpy as np
 import rlspeed
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.files import given_path, local_path, unwritable, write_atomic
-from rlspeed.logging import format_return, print_beside_bars, tensorboard_tag
+from rlspeed.logging import cut_short, format_return, print_beside_bars, tensorboard_tag
 
 # (the model's and the envs' classes are named through the package, `rlspeed.algos.Algorithm`, which
 # typing.get_type_hints imports as it resolves the annotation: an import of algos here would close a cycle, algos.base
@@ -822,7 +822,9 @@ class EvalCallback(BaseCallback):
             write_atomic(self.log_path / "evaluations.npz", archive.getvalue())
         if self.verbose:
             mean, std = (format_return(result[key], decimals=2) for key in ("mean", "std"))
-            print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {mean} +/- {std}{success}")
+            # (the warning of episodes cut short shows once: this line says it of every evaluation)
+            print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {mean} +/- {std}{success}"
+                              f"{cut_short(result.get('unfinished'), result['episodes'])}")
         keep_going = True
         if result["mean"] > self.best_mean_reward:
             self.best_mean_reward = result["mean"]

@@ -63,6 +63,7 @@ from rlspeed.lifetime import (
     tell_launcher,
     wait_for_adopted,
 )
+from rlspeed.logging import cut_short as _cut_short
 from rlspeed.logging import format_return as _score
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
@@ -162,12 +163,6 @@ def _eval_episodes(args: argparse.Namespace) -> int:
 def _episodes(number: int) -> str:
     """'1 episode', '10 episodes'."""
     return f"{number} episode{'' if number == 1 else 's'}"
-
-
-def _cut_short(unfinished: int | None, episodes: int) -> str:
-    """', N of M cut short at the step limit' where `unfinished` of an evaluation's `episodes` were still running at
-    its step limit (they count with the return collected so far: a continuing env's episodes never end)."""
-    return f", {unfinished} of {episodes} cut short at the step limit" if unfinished else ""
 
 
 def _eval_command(path, seed: int, episodes: int) -> str:

@@ -101,6 +101,12 @@ def strict_json(value, **kwargs) -> str:
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
 
 
+def cut_short(unfinished: int | None, episodes: int) -> str:
+    """', N of M cut short at the step limit' where `unfinished` of an evaluation's `episodes` were still running at
+    its step limit (they count with the return collected so far: a continuing env's episodes never end)."""
+    return f", {unfinished} of {episodes} cut short at the step limit" if unfinished else ""
+
+
 #: metrics whose NaN means "nothing to measure", written as an empty cell: no episode finished in the row's interval,
 #: or (explained_variance) returns that did not vary
 NO_DATA_METRICS = ("episode_return", "success_rate", "explained_variance")
