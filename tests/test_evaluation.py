@@ -573,3 +573,20 @@ def test_gymnasiums_option_for_no_time_limit_evaluates_to_the_step_limit(monkeyp
         result = model.evaluate(episodes=1, seed=0)
     assert result["lengths"] == [30] and result["mean"] == -30.0
     assert rlspeed.envs.env_spec("MountainCar-v0", {"max_episode_steps": None}).max_episode_steps == 200
+
+
+def test_a_target_on_an_env_without_a_time_limit_says_what_it_is_compared_with(monkeypatch):
+    """A target on an env without a time limit is compared with returns of evaluation episodes cut at the step limit
+    (a continuing task's never end): learn says so before training, once, and not where the env has a time limit."""
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    settings = {"device": "cpu", "seed": 0, "num_envs": 1, "num_steps": 8, "batch_size": 8}
+    with pytest.warns(UserWarning) as caught:
+        PPO(endless_pendulum_id(), **settings).learn(8, target_return=1e9, eval_episodes=1, progress_bar=False)
+    said = [str(w.message) for w in caught if "has no time limit" in str(w.message)]
+    assert len(said) == 1 and "after 5 steps" in said[0] and "target_return 1e+09" in said[0], said
+    limited = PPO(endless_pendulum_id(), env_kwargs={"max_episode_steps": 4}, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        limited.learn(8, target_return=1e9, eval_episodes=1, progress_bar=False)

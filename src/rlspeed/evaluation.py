@@ -112,6 +112,16 @@ def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, uns
                        if unstarted else "") + f" ({remedy}).", UserWarning)
 
 
+def warn_target_without_time_limit(spec, target_return: float | None) -> None:
+    """The warning of a target on an env without a time limit (a continuing task, or one whose untrained policy never
+    ends an episode): its evaluations count episodes cut at the step limit, so the target must be on that scale."""
+    if target_return is not None and spec.max_episode_steps is None:
+        warn_at_caller(f"{spec.env_id} has no time limit: an evaluation episode still running after "
+                       f"{UNLIMITED_EPISODE_STEPS:,} steps counts with the return collected by then, so target_return "
+                       f"{target_return:g} is compared with such returns where episodes do not end ({TIME_LIMIT}).",
+                       UserWarning)
+
+
 def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,

@@ -2374,9 +2374,10 @@ class Algorithm:
                                is not None else "") + ") from rlspeed.callbacks (an env of your own can also be "
                             "registered with gymnasium.register when it is a gymnasium.Env).")
         if target_return is not None or eval_freq is not None:  # (evaluations on envs made from the id)
-            from rlspeed.evaluation import check_evaluation_env
+            from rlspeed.evaluation import check_evaluation_env, warn_target_without_time_limit
 
             check_evaluation_env(self, self.env_id)
+            warn_target_without_time_limit(self.spec, target_return)
         from rlspeed.callbacks import as_callback
 
         callbacks = as_callback(callback)

@@ -28,7 +28,13 @@ from rlspeed.diagnostics import waiting
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, seconds
-from rlspeed.evaluation import RUN_LONGER, TIME_LIMIT, episode_step_limit, warn_unfinished
+from rlspeed.evaluation import (
+    RUN_LONGER,
+    TIME_LIMIT,
+    episode_step_limit,
+    warn_target_without_time_limit,
+    warn_unfinished,
+)
 from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -778,6 +784,7 @@ class PopulationBase:
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              env_backend=self.env_backend, env_kwargs=self.env_kwargs or None)
+        self._env_spec = solos[0].spec  # (the members' env: its time limit, `learn`'s note on a target)
         layout = observation_layout(solos[0].spec.observation_space)
         #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows
         #: (`PackedObservations`); None for one tensor
@@ -1300,6 +1307,7 @@ class PopulationBase:
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target)
+        warn_target_without_time_limit(self._env_spec, target_return)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
         if not isinstance(evaluate_pruned, bool):
