@@ -550,12 +550,16 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
     bar = ProgressBar(1000, desc="ppo CartPole-v1")
     assert bar.lines
-    bar.update(250, sps=1234, ret=20.5)
-    bar.update(750, sps=1500, ret=None)
+    bar.update(100, sps=1000, ret=None)
+    bar.update(150, sps=1234, ret=20.5)
+    bar.update(750, sps=1500, ret=float("nan"))
     bar.close()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["ppo CartPole-v1: 250/1,000 steps (25%), sps 1234, ret 20.5",
-                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500"]  # (as the bar: the last postfix)
+    # (as the bar: no return before an episode ends, then the last one until others end: episodes of 100,000 steps
+    # end in few rows, and their return showed in one line only)
+    assert lines == ["ppo CartPole-v1: 100/1,000 steps (10%), sps 1000",
+                     "ppo CartPole-v1: 250/1,000 steps (25%), sps 1234, ret 20.5",
+                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500, ret 20.5"]
     assert "\r" not in "".join(lines)
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 3600.0)
     quick = ProgressBar(1000, desc="quick")

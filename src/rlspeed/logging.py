@@ -209,10 +209,13 @@ class ProgressBar:
             _drawing(id(self), True)
 
     def update(self, steps: int, **postfix) -> None:
-        """Advance the bar by `steps` env steps and show `postfix` (floats as `format_return` with one decimal; None and
-        NaN left out)."""
-        shown = {k: (format_return(v, decimals=1) if isinstance(v, float) else v) for k, v in postfix.items()
+        """Advance the bar by `steps` env steps and show `postfix` (floats as `format_return` with one decimal). A value
+        of None or NaN (no episode ended since the last update, no evaluation at this one) keeps the key's last value,
+        left out until it has one."""
+        given = {k: (format_return(v, decimals=1) if isinstance(v, float) else v) for k, v in postfix.items()
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        # (episodes of 100,000 steps end in a few of the rows: their return showed for one row, then was gone)
+        shown = {k: given.get(k, self._shown.get(k)) for k in postfix if k in given or k in self._shown}
         if shown:
             self.bar.set_postfix(shown, refresh=False)
             self._shown = shown
