@@ -1215,3 +1215,19 @@ def test_tensorboards_server_drops_a_killed_runs_points_after_the_checkpoint_it_
     server = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
     server.Reload()
     assert [event.step for event in server.Tensors("rollout/episode_return")] == [100, 200]
+
+
+def test_the_plot_of_a_run_in_which_no_episode_ended_says_so(tmp_path, monkeypatch):
+    """A continuing task's training ends no episode: learning_curve.png said nothing (empty axes from 0 to 1); it
+    says that no episode ended in the run's steps, over those steps."""
+    from rlspeed import logging as run_logging
+
+    figures = []
+    monkeypatch.setattr(run_logging, "save_figure", lambda fig, path: figures.append(fig))
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log({"timesteps": 2048, "sps": 50.0, "episode_return": float("nan")})
+    logger.log({"timesteps": 4096, "sps": 60.0, "episode_return": float("nan")})
+    logger.close()
+    (ax,) = figures[0].axes
+    assert [text.get_text() for text in ax.texts] == ["no training episode ended in 4,096 steps"]
+    assert ax.get_xlim() == (0, 4096)

@@ -674,7 +674,9 @@ class RunLogger:
             return
         ax = fig.add_subplot()
         curves: dict[str, list] = {"episode_return": [], "eval_mean": []}
+        steps = 0
         for row in self._each_row():
+            steps = max(steps, row.get("timesteps", 0) if isinstance(row.get("timesteps"), int) else 0)
             for key, points in curves.items():
                 if isinstance(row.get(key), (int, float)) and not math.isnan(row[key]):
                     points.append((row["timesteps"], row[key]))
@@ -685,8 +687,13 @@ class RunLogger:
         ax.set_xlabel("env steps")
         ax.set_ylabel("episode return")
         ax.grid(alpha=0.3)
-        if ax.lines:  # a run too short to finish an episode has nothing to label
+        if ax.lines:
             ax.legend()
+        else:  # (a continuing task's episodes never end, nor do a run's too short to finish one: not a blank plot)
+            if steps:
+                ax.set_xlim(0, steps)
+            ax.text(0.5, 0.5, f"no training episode ended in {steps:,} steps", transform=ax.transAxes,
+                    ha="center", va="center")
         fig.tight_layout()
         save_figure(fig, path)
 
