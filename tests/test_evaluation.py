@@ -167,6 +167,11 @@ def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
         assert rlspeed.evaluate(model, vec(**options), episodes=2)["lengths"] == [40, 40]
     recorded = make_env(vec(wrappers=[gym.wrappers.RecordEpisodeStatistics]))
     assert recorded.spec.env_id == "Pendulum-v1" and recorded.spec.max_episode_steps == 200
+    # (max_episode_steps=-1 makes envs without a time limit, whose specs say None: not the registered 200 of
+    # make_vec's own spec, which cut evaluation episodes at 200 steps)
+    unlimited = make_env(vec(max_episode_steps=-1))
+    assert unlimited.spec.max_episode_steps is None
+    assert rlspeed.evaluation.episode_step_limit(unlimited, None) == rlspeed.evaluation.UNLIMITED_EPISODE_STEPS
 
 
 def test_other_action_bounds_or_reward_wrappers_in_training_are_said():

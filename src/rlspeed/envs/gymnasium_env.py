@@ -621,13 +621,16 @@ def warn_env_statistics(vector_env, env_id: str) -> None:
 
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
     """The time limit of the envs inside a user's vector env (their specs': a TimeLimit wrapper or gym.make_vec's
-    max_episode_steps sets it there, while make_vec's own spec keeps the registered one), else `default`."""
+    max_episode_steps sets it there, while make_vec's own spec keeps the registered one; None in a spec of envs made
+    without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec)."""
     try:
         specs = vector_env.get_attr("spec")
-        limit = getattr(specs[0], "max_episode_steps", None) if specs else None
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return default
-    return limit if isinstance(limit, int) and limit > 0 else default
+    if not specs or not isinstance(specs[0], gym.envs.registration.EnvSpec):
+        return default
+    limit = specs[0].max_episode_steps
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
