@@ -392,17 +392,21 @@ def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot
 
 def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):
     """Members evaluated on an env whose episodes never end: the final line says how many of all the members'
-    episodes were cut short at the step limit (it read as if they had ended)."""
+    episodes were cut short at the step limit (it read as if they had ended), and so does each evaluation's line in
+    training (the warning shows once)."""
     import rlspeed.evaluation
 
     env_id = endless_pendulum_id()
     monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
     argv = ["train", "ppo", env_id, "--seeds", "0-1", *SMALL[:8], "--total-timesteps",
-            "128", "--eval-episodes", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+            "128", "--eval-episodes", "2", "--eval-freq", "64", "--out", str(tmp_path / "run"), "--no-progress"]
     with pytest.warns(UserWarning, match="4 of 4 episodes were still running after 30 steps"):
         assert cli.main(argv) == 0
-    assert "final evaluation (deterministic, 2 episodes each, 4 of 4 cut short at the step limit)" in (
-        capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "final evaluation (deterministic, 2 episodes each, 4 of 4 cut short at the step limit)" in out
+    lines = [line for line in out.splitlines() if "members evaluated" in line]
+    assert lines and all("2 of 2 members evaluated, 4 of 4 cut short at the step limit: " in line
+                         for line in lines), lines
 
 
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_leaves_normalize_obs_out(

@@ -778,7 +778,9 @@ def _train_population(args: argparse.Namespace) -> int:
         for member, mean in means.items():
             curves[member].append([steps, mean])
         values = sorted(means.values())
-        say(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
+        # (the warning of episodes cut at the step limit shows once: each line says it of its evaluation)
+        cut = _cut_short(sum(population.last_unfinished or []), len(means) * _eval_episodes(args))
+        say(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated{cut}: median "
             f"{_score(statistics.median(values))}, range {_score(values[0])} to {_score(values[-1])} "
             f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []

@@ -1485,6 +1485,7 @@ class PopulationBase:
         members = list(self.alive)
         means = _shortest(self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
                                         eval_episodes, members).tolist())
+        unfinished = self.last_unfinished  # (this evaluation's, which `on_eval` reads: not a confirmation's)
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
         if logger is not None:  # (the members' means before any leaves: "members" counts those evaluated)
@@ -1504,6 +1505,7 @@ class PopulationBase:
             if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
                 self.remove(hits)
         if on_eval is not None:
+            self.last_unfinished = unfinished
             self._prune(on_eval(self.num_timesteps, dict(zip(members, means))), loop.left)
         return target_return is not None and all(loop.reached[k] for k in self.alive)
 
