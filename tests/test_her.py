@@ -268,8 +268,7 @@ class Goal(gym.Env):
 def test_her_on_rlspeeds_observation_normalisation_relabels_raw_goals_and_normalises_each_batch():
     """make_env(..., normalize_obs=True) with her=True (RL-Zoo's FetchReach presets normalise; it was refused): the
     replay stores the env's own observations, relabels goals and computes rewards on them, then normalises the batch's
-    observations and goals with the env's running statistics, the model's (SB3's VecNormalize does the same). Reward
-    normalisation stays refused: stored rewards would be scaled, relabelled ones the env's own."""
+    observations and goals with the env's running statistics, the model's (SB3's VecNormalize does the same)."""
     vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     model = rlspeed.SAC(rlspeed.make_env(vector_env, normalize_obs=True), her=True, learning_starts=4,
                         batch_size=4, net_arch=(8,), buffer_size=64)
@@ -289,11 +288,22 @@ def test_her_on_rlspeeds_observation_normalisation_relabels_raw_goals_and_normal
             torch.testing.assert_close(normalised[name][key], expected[key])
     assert float(normalised["obs"]["desired_goal"].abs().max()) <= 10  # (normalised and clipped, relabelled too)
 
+
+
+def test_her_with_normalize_reward_scales_each_batchs_relabelled_rewards():
+    """SAC(env, her=True, normalize_reward=True) (RL-Zoo's FetchReach entry, `normalize: True`; it was refused): the
+    env hands the replay its own rewards, and each batch's rewards, relabelled ones (compute_reward's) included, are
+    scaled with the running return statistics, as SB3's HerReplayBuffer does."""
     vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    model = rlspeed.SAC(rlspeed.make_env(vector_env, normalize_reward=True), her=True, learning_starts=4,
-                        batch_size=4, net_arch=(8,))
-    with pytest.raises(UserError, match="reward normalisation scales the rewards"):
-        model.learn(8, progress_bar=False)
+    model = rlspeed.SAC(vector_env, her=True, normalize_reward=True, learning_starts=4, batch_size=4, net_arch=(8,),
+                        buffer_size=64)
+    model.learn(16, progress_bar=False)
+    rows = model.buffer.sample(256, generator=torch.Generator().manual_seed(0))
+    assert bool((rows["rewards"] == 0).any()) and bool((rows["rewards"] != 0).any())  # (relabelled: compute_reward's)
+    scaled = model._prepare_normalised(dict(rows))["rewards"]
+    expected = (rows["rewards"] / torch.sqrt(model.return_rms.var + 1e-8)).clamp(-10, 10).float()
+    torch.testing.assert_close(scaled, expected)
+    assert float(model.return_rms.var) != 1.0  # (updated from the env's rewards as they came)
 
 
 def test_her_with_the_models_normalize_obs_stores_raw_goals_and_normalises_batches():

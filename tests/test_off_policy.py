@@ -15,7 +15,8 @@ from conftest import first_ou_noise, needs_box2d, network_layers
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.algos.off_policy import polyak_update
 from rlspeed.cli import main
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EpisodeStatistics, registered_variant
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EpisodeStatistics, find_wrapper, registered_variant
+from rlspeed.envs.wrappers import NormalizeReward
 from rlspeed.errors import UserError
 from rlspeed.presets import load_preset, split_run_settings
 
@@ -871,27 +872,102 @@ def test_off_policy_normalize_obs_from_the_cli_and_refused_for_populations(tmp_p
 
     with pytest.raises(UserError, match="SAC populations do not support normalize_obs"):
         Population(SAC, "Pendulum-v1", seeds=range(2), normalize_obs=True)
+    with pytest.raises(UserError, match="TD3 populations do not support normalize_reward"):
+        Population(TD3, "Pendulum-v1", seeds=range(2), member_overrides=[{}, {"normalize_reward": True}])
 
 
-def test_resuming_a_run_saved_before_normalize_obs_does_not_normalise_its_replay_twice(tmp_path):
-    """A run on a normalising env passed in, saved by an rlspeed before off-policy normalize_obs (config without the
-    key), kept normalised observations in its replay; resumed now, normalize_obs stores raw ones and normalises each
-    batch: its rows would be normalised twice, so the buffer refills from empty, with a warning saying why."""
+@pytest.mark.parametrize(("flag", "rows"), [("normalize_obs", "observations"), ("normalize_reward", "rewards")])
+def test_resuming_a_run_saved_before_normalize_obs_does_not_normalise_its_replay_twice(tmp_path, flag, rows):
+    """A run on a normalising env passed in, saved by an rlspeed before off-policy normalize_obs (normalize_reward;
+    config without the key), kept normalised observations (scaled rewards) in its replay; resumed now, the flag
+    stores raw ones and normalises each batch: its rows would be normalised twice, so the buffer refills from empty,
+    with a warning saying why."""
     from rlspeed import make_env
     from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 
-    options = {"seed": 0, "device": "cpu", "learning_starts": 16, "batch_size": 16, "save_replay_buffer": True}
-    model = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)
+    options = {"seed": 0, "device": "cpu", "learning_starts": 16, "batch_size": 16, "save_replay_buffer": True,
+               "net_arch": (8,)}
+    model = SAC(make_env("Pendulum-v1", **{flag: True}), **options)
     model.learn(32, progress_bar=False)
     tensors, meta = load_checkpoint(model.save(tmp_path / "model"))
-    del meta["config"]["normalize_obs"], meta["digest"]
+    del meta["config"][flag], meta["digest"]
     save_checkpoint(tmp_path / "old", tensors, meta)
-    resumed = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)
+    resumed = SAC(make_env("Pendulum-v1", **{flag: True}), **options)
     resumed.resume(tmp_path / "old")
-    with pytest.warns(UserWarning, match="normalised as they were collected.*refills from empty"):
+    with pytest.warns(UserWarning, match=f"{rows} normalised as they were collected, and {flag}.*refills from empty"):
         resumed.learn(40, progress_bar=False)
     assert len(resumed.buffer) == 40  # (its own steps only)
-    again = SAC(make_env("Pendulum-v1", normalize_obs=True), **options)  # (today's files: raw, restored)
+    again = SAC(make_env("Pendulum-v1", **{flag: True}), **options)  # (today's files: raw, restored)
     again.resume(tmp_path / "model")
     again.learn(40, progress_bar=False)
     assert len(again.buffer) == 72
+
+
+# --- normalize_reward ------------------------------------------------------------------------------------------------
+class _FixedRewards(gym.Env):
+    """Rewards from a fixed sequence (large, of both signs), episodes of 7 steps that end terminated."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    REWARDS = np.random.default_rng(0).normal(5.0, 40.0, size=200).astype(np.float32)
+
+    def __init__(self):
+        self.t = self.episode_t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode_t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        reward = float(self.REWARDS[self.t % len(self.REWARDS)])
+        self.t, self.episode_t = self.t + 1, self.episode_t + 1
+        return np.zeros(1, np.float32), reward, self.episode_t == 7, False, {}
+
+
+def test_normalize_reward_stores_raw_rewards_and_scales_batches_as_sb3s_vec_normalize():
+    """normalize_reward=True for the off-policy algorithms (RL-Zoo's `normalize: True`; it was an unknown
+    hyperparameter): the replay holds the env's own rewards, the running return statistics are updated from them as
+    they come, and each batch's rewards are raw / sqrt(var + 1e-8) clipped at 10, which are SB3's VecNormalize's
+    numbers (`normalize_reward`, as its ReplayBuffer applies it) on the same rewards."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    steps = 150
+    model = SAC(gym.vector.SyncVectorEnv([_FixedRewards], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP),
+                normalize_reward=True, gamma=0.9, seed=0, device="cpu", net_arch=(8,), batch_size=16,
+                learning_starts=steps - 2)
+    model.learn(steps, progress_bar=False)
+    stored = model.buffer.rewards[:len(model.buffer)]
+    np.testing.assert_array_equal(stored.numpy(), _FixedRewards.REWARDS[:steps])  # (raw)
+    reference = VecNormalize(DummyVecEnv([_FixedRewards]), norm_obs=False, gamma=0.9)
+    reference.reset()
+    for _ in range(steps):
+        reference.step(np.zeros((1, 1), np.float32))
+    np.testing.assert_allclose(float(model.return_rms.var), reference.ret_rms.var, rtol=1e-6)
+    rows = model.buffer.sample(64, generator=torch.Generator().manual_seed(0))
+    batch = model._prepare_normalised(dict(rows))
+    np.testing.assert_allclose(batch["rewards"].numpy(), reference.normalize_reward(rows["rewards"].numpy()),
+                               rtol=1e-5)
+    assert float(batch["rewards"].abs().max()) <= 10 < float(rows["rewards"].abs().max())
+    assert not find_wrapper(model._env, NormalizeReward).hand_out_raw  # (its env scales again once learn returns)
+
+
+def test_normalize_reward_statistics_are_saved_loaded_and_resumed(tmp_path):
+    """The return statistics of normalize_reward go with the model: load gives them back (predict is unchanged, and
+    its learn goes on updating them), resume goes on from them with its replay of raw rewards (save_replay_buffer).
+    (tests/test_resume.py checks that a resumed SAC run with it is bitwise the uninterrupted one.)"""
+    options = {"seed": 0, "device": "cpu", "normalize_reward": True, "learning_starts": 16, "batch_size": 16,
+               "net_arch": (8,), "save_replay_buffer": True}
+    model = SAC("Pendulum-v1", **options)
+    model.learn(48, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    loaded = SAC.load(path)
+    assert loaded.config.normalize_reward and float(loaded.return_rms.var) == float(model.return_rms.var)
+    loaded.learn(32, progress_bar=False)
+    assert float(loaded.return_rms.count) == float(model.return_rms.count) + 32
+    resumed = SAC("Pendulum-v1", **options)
+    resumed.resume(path)
+    resumed.learn(16, progress_bar=False)
+    assert float(resumed.return_rms.count) == float(model.return_rms.count) + 16
+    assert torch.equal(resumed.buffer.rewards[:48], model.buffer.rewards[:48])
+    assert float(resumed.buffer.rewards[:64].min()) < -1  # (Pendulum's own rewards, down to -16.3: raw)

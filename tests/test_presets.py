@@ -111,17 +111,18 @@ def test_normalize_bool_and_dict_string():
     reward_only = translated("a2c", {"normalize": "dict(norm_obs=False, norm_reward=True)"}).hyperparameters
     assert reward_only["normalize_obs"] is False and reward_only["normalize_reward"] is True
     assert refused(translated("ppo", {"normalize": "dict(norm_obs=True, epsilon=1e-4)"})) == {"normalize.epsilon"}
-    # off-policy algorithms normalise observations (normalize_obs), not rewards
+    # off-policy algorithms normalise observations and rewards too (normalize_reward was refused: "partly")
     for algo in ("dqn", "sac", "td3", "ddpg"):
         obs_only = translated(algo, {"normalize": "{'norm_obs': True, 'norm_reward': False}"})
         assert obs_only.status == "full" and obs_only.hyperparameters["normalize_obs"] is True, algo
+        assert obs_only.hyperparameters["normalize_reward"] is False, algo
         both = translated(algo, {"normalize": True})
-        assert both.hyperparameters["normalize_obs"] is True and "normalize_reward" not in both.hyperparameters
-        assert refused(both) == {"normalize.norm_reward"} and both.status == "partial", algo
+        assert both.hyperparameters["normalize_obs"] is True and both.hyperparameters["normalize_reward"] is True
+        assert both.status == "full", algo
     if zoo.zoo_version() and "FetchReach-v1" in zoo.zoo_entries("sac"):  # (normalize True, with HerReplayBuffer)
         fetch = zoo.translate("sac", "FetchReach-v1")
         assert fetch.hyperparameters["normalize_obs"] is True and fetch.hyperparameters["her"] is True
-        assert refused(fetch) == {"normalize.norm_reward"}
+        assert fetch.hyperparameters["normalize_reward"] is True and fetch.status == "full"
 
 
 def test_policy_kwargs_net_arch_and_activation():

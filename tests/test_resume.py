@@ -37,7 +37,7 @@ def _settings(algo):
                     normalize_reward=True)
     if algo is SAC:
         return dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000, n_step=3,
-                    save_replay_buffer=True)
+                    save_replay_buffer=True, normalize_obs=True, normalize_reward=True)
     if algo is TD3:  # (the Ornstein-Uhlenbeck noise and the policy delay's count carry over too)
         return dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000,
                     action_noise="ornstein-uhlenbeck", save_replay_buffer=True)

@@ -1043,7 +1043,15 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # (an evaluation frequency the user gave, in a preset file or --set, holds without a target, as --eval-freq does;
     # a shipped or RL-Zoo preset's serves its target only)
     args.eval_freq_given = preset.source == "file" and "eval_freq" in run_settings
-    dropped_note = None
+    dropped_notes: dict[str, str] = {}  # (a preset's setting left out -> the note that says so)
+    if hyper.get("normalize_reward") and preset.source != "file" and getattr(args, "seeds", None) is not None:
+        from rlspeed.algos.off_policy import OffPolicyConfig
+
+        if issubclass(algo_cls.config_cls, OffPolicyConfig):  # (off-policy populations do not normalise: a solo run
+            hyper["normalize_reward"] = False  # does)
+            dropped_notes["normalize_reward"] = (f"rlspeed: note: the preset's normalize_reward is left out: "
+                                                 f"{algo_cls.__name__} populations do not normalise rewards (a solo "
+                                                 "run does)")
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
         # one-hot encoded instead (asked for with --set, the same is an error that says so)
@@ -1059,13 +1067,15 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
             hyper["normalize_obs"] = False
         elif getattr(args, "seeds", None) is not None and issubclass(algo_cls.config_cls, OffPolicyConfig):
             hyper["normalize_obs"] = False  # (off-policy populations do not normalise: a solo run does)
-            dropped_note = (f"rlspeed: note: the preset's normalize_obs is left out: {algo_cls.__name__} populations "
-                            "do not normalise observations (a solo run does)")
+            dropped_notes["normalize_obs"] = (f"rlspeed: note: the preset's normalize_obs is left out: "
+                                              f"{algo_cls.__name__} populations do not normalise observations (a "
+                                              "solo run does)")
         elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
             # (a population normalises what reaches its networks without an encoder, float vectors, only)
             hyper["normalize_obs"] = False
-            dropped_note = (f"rlspeed: note: the preset's normalize_obs is left out: a population normalises float "
-                            f"vector observations only, and {args.env_id}'s are not (a solo run normalises them)")
+            dropped_notes["normalize_obs"] = (f"rlspeed: note: the preset's normalize_obs is left out: a population "
+                                              f"normalises float vector observations only, and {args.env_id}'s are "
+                                              "not (a solo run normalises them)")
     resumed = getattr(args, "resume_hyperparameters", None)
     if resumed:  # (`--resume`: the run's own hyperparameters and run settings, `_resume_settings`)
         fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
@@ -1105,8 +1115,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # (said when training starts, after the preset's line: a refusal before it stays one line)
     args.setting_notes = _annealed_override_notes(hyper_overrides, config, set(hyper) - set(hyper_overrides),
                                                   algo_cls.__name__)
-    if dropped_note is not None and not hyper_overrides.get("normalize_obs"):
-        args.setting_notes.append(dropped_note)
+    args.setting_notes += [note for name, note in dropped_notes.items() if not hyper_overrides.get(name)]
     args.setting_notes += [note for key, note in init_notes if key not in hyper_overrides]
     if getattr(args, "variant_note", None) and not resumed:
         args.setting_notes.append(args.variant_note)

@@ -384,9 +384,6 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             if others:
                 hint = f" {named} is a setting of {others}; {owner} has none.{hint}"
-                if named == "normalize_reward":  # (the env's wrapper normalises for any algorithm, kept with the model)
-                    hint += (f" Give {owner} an env that normalises: rlspeed.make_env(env_id, num_envs=..., "
-                             "normalize_reward=True); the model keeps its statistics.")
             elif not close:
                 hint = f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {owner}.{hint}")
@@ -3335,12 +3332,17 @@ class Algorithm:
             # summary after an interruption before that learn trained)
             self._loop = dict(state.get("loop") or {})
         file = Path(path) if Path(path).exists() else checkpoint_path(path)
+        # (a run of DQN, SAC, TD3 or DDPG on a normalising env passed in, saved before their normalize_obs: its
+        # replay holds observations normalised as collected, HER's raw ones; before their normalize_reward: rewards
+        # scaled as collected, HER refused them)
+        config = meta["config"]
+        normalised_replay = [rows for rows, flag, name in (("observations", "normalize_obs", "obs_rms"),
+                                                           ("rewards", "normalize_reward", "return_rms"))
+                             if flag not in config and not (rows == "observations" and config.get("her"))
+                             and any(key.startswith(f"{name}.") for key in tensors)]
         self._resume = {"meta": state or {}, "path": file,
                         "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")},
-                        # (a run of DQN, SAC, TD3 or DDPG on a normalising env passed in, saved before their
-                        # normalize_obs: its replay holds observations normalised as collected, HER's raw ones)
-                        "normalised_replay": ("normalize_obs" not in meta["config"] and not meta["config"].get("her")
-                                              and any(key.startswith("obs_rms.") for key in tensors))}
+                        "normalised_replay": normalised_replay}
 
     def _restore_counts(self, meta: dict) -> None:
         """The env steps and gradient steps a saved file holds (`load`, `resume`); a file an older rlspeed wrote after

@@ -54,7 +54,7 @@ from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, find_wrapper, integer_range, observation_layout
-from rlspeed.envs.wrappers import NormalizeObservation
+from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
 from rlspeed.errors import UserError, warn_at_caller
 from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
@@ -100,6 +100,10 @@ class OffPolicyConfig:
     #: running mean/std normalisation of float vector observations (SB3's VecNormalize norm_obs): the replay stores
     #: the env's own observations and normalises each batch with the statistics of sampling time, as SB3's does
     normalize_obs: bool = False
+    #: rewards divided by the running std of the discounted return, clipped at 10 (SB3's VecNormalize norm_reward):
+    #: the replay stores the env's own rewards (n-step returns: their discounted sums) and scales each batch's with
+    #: the statistics of sampling time, as SB3's does; metrics and evaluation report the env's own returns
+    normalize_reward: bool = False
     # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer), other uint8 or bool
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
     # observation and next observation whole
@@ -330,9 +334,12 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _prepare_normalised(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`_prepare_batches` on the gathered rows, whose stored observations are first normalised with the running
-        statistics where the replay holds the env's own (`_start`; the HER buffer normalises its batches itself)."""
+        statistics where the replay holds the env's own (`_start`; the HER buffer normalises its batches itself),
+        and whose stored rewards are scaled with the running return statistics where `normalize_reward` is on."""
         if getattr(self, "_obs_normaliser", None) is not None and not isinstance(self.buffer, HerReplayBuffer):
             rows = {**rows, **{name: self._normalised_obs(rows[name]) for name in ("obs", "next_obs")}}
+        if getattr(self, "_reward_normaliser", None) is not None:
+            rows = {**rows, "rewards": self._reward_normaliser.scale(rows["rewards"])}
         return self._prepare_batches(rows)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
@@ -423,6 +430,11 @@ class OffPolicyAlgorithm(Algorithm):
         self._obs_normaliser = find_wrapper(env, NormalizeObservation) if cfg.her or cfg.normalize_obs else None
         if self._obs_normaliser is not None:
             self._obs_normaliser.hand_out_raw = True
+        # normalize_reward: the env hands out its own rewards, which the replay stores; each batch's are scaled
+        # (`_prepare_normalised`)
+        self._reward_normaliser = find_wrapper(env, NormalizeReward) if cfg.normalize_reward else None
+        if self._reward_normaliser is not None:
+            self._reward_normaliser.hand_out_raw = True
         if cfg.anneal_lr:
             self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
@@ -503,8 +515,9 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _end(self) -> None:
         # (the env hands out normalised observations again: to its user, and to another model training on it)
-        if getattr(self, "_obs_normaliser", None) is not None:
-            self._obs_normaliser.hand_out_raw = False
+        for normaliser in (getattr(self, "_obs_normaliser", None), getattr(self, "_reward_normaliser", None)):
+            if normaliser is not None:
+                normaliser.hand_out_raw = False
 
     def _check_buffer_settings(self) -> None:
         """UserError in one sentence for a setting the replay buffer was made with (`_BUFFER_KEYS`: its rows'
@@ -620,9 +633,13 @@ class OffPolicyAlgorithm(Algorithm):
                           "empty and updates wait for learning_starts new transitions: training is not identical to "
                           "the uninterrupted run.", stacklevel=4)
             return False
-        if resume.get("normalised_replay") and getattr(self, "_obs_normaliser", None) is not None:
+        normalised = [rows for rows in resume.get("normalised_replay") or () if getattr(
+            self, "_obs_normaliser" if rows == "observations" else "_reward_normaliser", None) is not None]
+        if normalised:
+            rows, flags = " and ".join(normalised), " and ".join(
+                "normalize_obs" if rows == "observations" else "normalize_reward" for rows in normalised)
             warnings.warn(f"Resuming from '{resume['path']}': an older rlspeed saved its replay buffer with the "
-                          "observations normalised as they were collected, and normalize_obs now stores them raw and "
+                          f"{rows} normalised as they were collected, and {flags} now stores them raw and "
                           "normalises each batch, so the replay buffer refills from empty and updates wait for "
                           "learning_starts new transitions.", stacklevel=4)
             return False

@@ -95,9 +95,9 @@ def env_compute_reward(env) -> Callable:
     that of a probe env made by the same constructor in this process (a method cannot be called across the pipe as
     a batch). UserError when there is none, or when a wrapper normalises observations (their goals would not be the
     env's; but rlspeed's `NormalizeObservation` handing out raw ones) or rewards (relabelled rewards would be the
-    env's own among scaled ones)."""
+    env's own among scaled ones; but rlspeed's `NormalizeReward` handing out raw ones)."""
     # (rlspeed's EnvWrappers, down to the adapter; each wrapper's own attributes: `getattr` would look inside it)
-    from rlspeed.envs.wrappers import NormalizeObservation
+    from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
 
     while isinstance(env, EnvWrapper):
         # (rlspeed's own normalisation handing out raw observations: the replay normalises each batch itself)
@@ -107,10 +107,13 @@ def env_compute_reward(env) -> Callable:
                             f"env's own goals, and {type(env).__name__} hands out normalised observations: normalise "
                             "with rlspeed.make_env(..., normalize_obs=True), whose statistics the replay applies to "
                             "each batch after relabelling, or leave the wrapper out.")
-        if env.__dict__.get("return_rms") is not None:  # (stored rewards scaled, relabelled ones the env's own)
+        # (stored rewards scaled, relabelled ones the env's own; but rlspeed's `NormalizeReward` handing out raw
+        # ones: the algorithm scales each batch's, relabelled ones included)
+        if env.__dict__.get("return_rms") is not None and not (isinstance(env, NormalizeReward) and env.hand_out_raw):
             raise UserError("Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
-                            "and reward normalisation scales the rewards the env returns: the two would be mixed in "
-                            "training (leave normalize_reward off).")
+                            f"and {type(env).__name__} scales the rewards the env returns: the two would be mixed in "
+                            "training (normalise with the model's normalize_reward=True, which scales each batch "
+                            "after relabelling, or leave the wrapper out).")
         env = env.env
     vector_env = getattr(env, "vector_env", None)
     if vector_env is not None:

@@ -204,9 +204,15 @@ class NormalizeReward(EnvWrapper):
     """Scales rewards by the running standard deviation of the discounted return (as SB3's VecNormalize).
 
     `gamma`: the discount of that return (the algorithm's); scaled rewards are clipped to [-`clip`, `clip`].
+
+    `hand_out_raw = True` keeps updating the statistics but hands out the env's own rewards: the off-policy
+    algorithms set it while `learn` runs (`normalize_reward`) and set it back when it returns or raises; their replay
+    stores the env's own rewards and scales each batch's with `scale` (after relabelling, for HER), as SB3's
+    VecNormalize does.
     """
 
     counted_beneath = True
+    hand_out_raw = False
 
     def __init__(self, env: BatchedEnv, gamma: float = 0.99, clip: float = 10.0):
         super().__init__(env)
@@ -234,5 +240,9 @@ class NormalizeReward(EnvWrapper):
             self._returns.mul_(self.gamma).add_(reward)
             self.return_rms.update(self._returns)
             self._returns.mul_((~(terminated | truncated)).to(torch.float32))
-        scaled = (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).to(reward.dtype)
-        return obs, scaled, terminated, truncated, info
+        return obs, reward if self.hand_out_raw else self.scale(reward), terminated, truncated, info
+
+    def scale(self, reward: torch.Tensor) -> torch.Tensor:
+        """`reward / sqrt(var + 1e-8)` (the variance of the discounted return), clipped to [-clip, clip], in
+        `reward`'s dtype; the statistics are not updated."""
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).to(reward.dtype)

@@ -617,9 +617,10 @@ class OffPolicyPopulation(PopulationBase):
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
         # (and trainable ones, also inside a caller's torch.inference_mode(), and built on the CPU, also where the
         # caller made another device torch's default, as a solo model's)
-        if hyperparameters.get("normalize_obs") or any((o or {}).get("normalize_obs") for o in member_overrides or ()):
-            raise UserError(f"{algo_cls.__name__} populations do not support normalize_obs yet: leave it out, or train "
-                            "the seeds as separate runs (PPO and A2C populations normalise).")
+        for name in ("normalize_obs", "normalize_reward"):
+            if hyperparameters.get(name) or any((o or {}).get(name) for o in member_overrides or ()):
+                raise UserError(f"{algo_cls.__name__} populations do not support {name} yet: leave it out, or train "
+                                "the seeds as separate runs (PPO and A2C populations normalise).")
         threads = check_num_threads(hyperparameters.get("num_threads"))
         with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
