@@ -971,3 +971,34 @@ def test_normalize_reward_statistics_are_saved_loaded_and_resumed(tmp_path):
     assert float(resumed.return_rms.count) == float(model.return_rms.count) + 16
     assert torch.equal(resumed.buffer.rewards[:48], model.buffer.rewards[:48])
     assert float(resumed.buffer.rewards[:64].min()) < -1  # (Pendulum's own rewards, down to -16.3: raw)
+
+
+def test_a_replay_file_records_raw_rows_and_an_unmarked_one_is_not_normalised_twice(tmp_path):
+    """A replay file says what its rows hold (the env's own observations and rewards); one written before it did, by
+    a run that may have stored normalised observations, was loaded into a normalize_obs model, which normalised them
+    again, silently: it is refused in one sentence unless assume_raw=True says its rows are raw (a model that
+    normalises nothing takes it as before), and a file whose rows are recorded as normalised is refused."""
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    options = {"seed": 0, "device": "cpu", "learning_starts": 16, "batch_size": 16, "net_arch": (8,)}
+    model = SAC("Pendulum-v1", normalize_obs=True, **options)
+    model.learn(32, progress_bar=False)
+    path = model.save_replay_buffer(tmp_path / "replay")
+    tensors, meta = load_checkpoint(path)
+    assert meta["replay_buffer"]["contents"] == {"observations": "raw", "rewards": "raw"}
+    SAC("Pendulum-v1", normalize_obs=True, **options).load_replay_buffer(path)
+    del meta["replay_buffer"]["contents"], meta["digest"]
+    save_checkpoint(tmp_path / "old", tensors, meta)
+    normalising = SAC("Pendulum-v1", normalize_reward=True, **options)
+    with pytest.raises(UserError, match=r"^'.*old.safetensors' cannot fill this model's replay buffer: it was written "
+                                        r"before replay files recorded what their rows hold, and this model normalises "
+                                        r"each batch's rewards \(normalize_reward\).*assume_raw=True"):
+        normalising.load_replay_buffer(tmp_path / "old.safetensors")
+    normalising.load_replay_buffer(tmp_path / "old.safetensors", assume_raw=True)
+    normalising.learn(16, progress_bar=False)
+    assert len(normalising.buffer) == 48
+    SAC("Pendulum-v1", **options).load_replay_buffer(tmp_path / "old.safetensors")  # (nothing normalised)
+    meta["replay_buffer"]["contents"] = {"observations": "normalised", "rewards": "raw"}
+    save_checkpoint(tmp_path / "normalised", tensors, meta)
+    with pytest.raises(UserError, match="its rows hold observations 'normalised', and the buffer holds the env's own"):
+        SAC("Pendulum-v1", **options).load_replay_buffer(tmp_path / "normalised.safetensors")

@@ -2873,12 +2873,15 @@ class Algorithm:
         raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
                         "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 
-    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True) -> None:
+    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True,
+                           assume_raw: bool = False) -> None:
         """Off-policy algorithms: fill the replay buffer from a file `save_replay_buffer(path)` wrote (or a
         checkpoint's `.replay.safetensors`), or from an `rlspeed.buffers.ReplayBuffer` given in place of the path.
         `truncate_last_traj` is Stable-Baselines3's, and only True is taken: steps still waiting for their n-step
         return are stored as shorter ones, their episodes truncated there (False, which would continue them in this
-        model's envs, is refused). UserError for a model that keeps no replay buffer (PPO, A2C, RecurrentPPO)."""
+        model's envs, is refused). `assume_raw=True`: a file written before replay files recorded what their rows
+        hold is taken as holding the env's own observations and rewards (refused otherwise by a model that
+        normalises them). UserError for a model that keeps no replay buffer (PPO, A2C, RecurrentPPO)."""
         raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
                         "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 

@@ -55,7 +55,7 @@ from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, find_wrapper, integer_range, observation_layout
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
-from rlspeed.errors import UserError, warn_at_caller
+from rlspeed.errors import UserError, true_or_false, warn_at_caller
 from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
@@ -63,6 +63,13 @@ BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discount
 #: The settings learn makes the replay buffer with (its rows' discounts and n-step returns, capacity and layout): a
 #: further learn, which keeps the buffer, refuses another value set on `model.config` (`_check_buffer_settings`)
 _BUFFER_KEYS = ("gamma", "n_step", "buffer_size", "her", "n_sampled_goal", "goal_selection_strategy", "frame_dedup")
+
+#: What the rows of a replay file rlspeed writes hold (its `replay_buffer.contents`): the env's own observations and
+#: rewards, which `normalize_obs` and `normalize_reward` normalise per sampled batch. Files written before it was
+#: recorded have no `contents` (`_replay_contents_problem`).
+RAW_CONTENTS = {"observations": "raw", "rewards": "raw"}
+#: the config flag that normalises each kind of row per batch
+_NORMALISED_BY = {"observations": "normalize_obs", "rewards": "normalize_reward"}
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
@@ -589,7 +596,8 @@ class OffPolicyAlgorithm(Algorithm):
             tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
         file = replay_path(path)
-        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
+        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta,
+                                                                       "contents": RAW_CONTENTS}}, digest=digest)
         return {"file": file.name, "token": token}
 
     def _resumed_replay(self) -> tuple[dict[str, torch.Tensor], dict] | None:
@@ -650,6 +658,12 @@ class OffPolicyAlgorithm(Algorithm):
         if found is None:
             return False
         file, tensors, info = found
+        if "contents" in info:  # (else written before it was recorded: the checkpoint's config told, above)
+            problem = self._replay_contents_problem(info["contents"], [])
+            if problem is not None:
+                warnings.warn(f"'{file}' cannot fill this model's replay buffer: {problem}; it refills from empty.",
+                              stacklevel=4)
+                return False
         reason = self.buffer.load_state_dict(tensors, info)
         if reason is not None:
             warnings.warn(f"'{file}' cannot fill this model's replay buffer: {reason}; it refills from empty.",
@@ -667,10 +681,11 @@ class OffPolicyAlgorithm(Algorithm):
         if buffer is None:
             raise UserError(f"{type(self).__name__} has no replay buffer to save yet: learn makes it.")
         tensors, meta = buffer.state_dict()
-        return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "algo": self.name, "env_id": self.env_id}},
-                               digest=digest)
+        return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "contents": RAW_CONTENTS, "algo": self.name,
+                                                                 "env_id": self.env_id}}, digest=digest)
 
-    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True) -> None:
+    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True,
+                           assume_raw: bool = False) -> None:
         """`Algorithm.load_replay_buffer`: the transitions of the file (or of the `ReplayBuffer` given) go into this
         model's replay buffer, now if learn made it, else when the next learn makes it (where they do not fit, that
         learn refuses them, and the next one again); updates may start, and the uniform random actions of the
@@ -680,7 +695,12 @@ class OffPolicyAlgorithm(Algorithm):
         policy's scale, [-1, 1]), and hold no NaN or infinite values; a buffer of
         another capacity gives its newest transitions. Steps still waiting for their n-step return are stored as
         shorter ones, their episodes truncated there (Stable-Baselines3's `truncate_last_traj=True`; False, which
-        continues them in the model's envs, is refused: the envs' episodes are not theirs)."""
+        continues them in the model's envs, is refused: the envs' episodes are not theirs). The rows must hold what
+        the buffer holds, the env's own observations and rewards (a file records what its rows hold; a ReplayBuffer
+        given is taken as filled with them): a file whose rows were normalised is refused, and so is a file written
+        before rlspeed recorded it, into a model that normalises (`normalize_obs`, `normalize_reward`), unless
+        `assume_raw=True` says its rows are the env's own."""
+        assume_raw = true_or_false("load_replay_buffer(..., assume_raw=...)", assume_raw)
         if truncate_last_traj is not True:
             raise UserError("load_replay_buffer(..., truncate_last_traj=False) would continue the saved episodes in "
                             "this model's envs, whose episodes are not theirs: leave it True (the steps of unfinished "
@@ -696,6 +716,9 @@ class OffPolicyAlgorithm(Algorithm):
             if not isinstance(meta, dict):
                 raise UserError(f"'{path}' holds no replay buffer (save_replay_buffer(path) writes one; a model file "
                                 "is read by load).")
+            problem = self._replay_contents_problem(meta.get("contents"), self._normalised_rows(), assume_raw)
+            if problem is not None:
+                raise UserError(f"{name} cannot fill this model's replay buffer: {problem}.")
         else:
             raise UserError(f"load_replay_buffer reads a file (a str or pathlib.Path) or takes an "
                             f"rlspeed.buffers.ReplayBuffer, not {type(path).__name__}.")
@@ -717,6 +740,36 @@ class OffPolicyAlgorithm(Algorithm):
         self._replay_source = None
         self.buffer.restart_episodes()  # (its steps waiting for their n-step return: stored, truncated)
         self._buffer_start = self.num_timesteps - len(self.buffer)  # (the loaded rows count for learning_starts)
+
+    def _normalised_rows(self) -> list[str]:
+        """The kinds of row ("observations", "rewards") this model normalises per sampled batch: its config's flags,
+        and a normalising env passed in, whose statistics turn them on at learn."""
+        wrappers = {"observations": NormalizeObservation, "rewards": NormalizeReward}
+        env = getattr(self, "_env", None)
+        return [rows for rows, flag in _NORMALISED_BY.items() if getattr(self.config, flag, False)
+                or (env is not None and find_wrapper(env, wrappers[rows]) is not None)]
+
+    @staticmethod
+    def _replay_contents_problem(contents, normalised: list[str], assume_raw: bool = False) -> str | None:
+        """Why replay rows recorded as `contents` (a file's `replay_buffer.contents`; None: a file written before it
+        was recorded) cannot go into a buffer that holds the env's own rows and normalises `normalised` per batch,
+        else None. Rows normalised as collected are refused rather than converted: each was normalised with the
+        statistics of its own time, which no file keeps."""
+        if contents is None:
+            if assume_raw or not normalised:  # (a model that normalises nothing takes rows as they are, as it did)
+                return None
+            flags = " and ".join(_NORMALISED_BY[rows] for rows in normalised)
+            return (f"it was written before replay files recorded what their rows hold, and this model normalises "
+                    f"each batch's {' and '.join(normalised)} ({flags}), which an older run on a normalising env "
+                    "stored normalised already: pass assume_raw=True if its run stored the env's own (no "
+                    "normalisation, or an rlspeed with this flag)")
+        if not isinstance(contents, dict):
+            return f"its record of what its rows hold is unreadable ({contents!r}): the file is damaged"
+        other = [f"{rows} {contents.get(rows)!r}" for rows in RAW_CONTENTS if contents.get(rows) != "raw"]
+        if other:
+            return (f"its rows hold {', '.join(other)}, and the buffer holds the env's own (raw) ones, which rows "
+                    "normalised with the statistics of their time cannot be turned back into")
+        return None
 
     def _replay_returns_problem(self, meta: dict) -> str | None:
         """Why a replay source's returns cannot be this model's (another n_step, or n-step returns summed with another
