@@ -411,17 +411,19 @@ def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path
 
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_leaves_normalize_obs_out(
         tmp_path, capsys, monkeypatch):
-    """RL-Zoo's `normalize` for SAC is normalize_obs, which off-policy populations refuse: `--preset zoo --seeds`
-    leaves the preset's value out and says so (a solo run normalises), rather than failing on a setting the user
-    never gave."""
+    """RL-Zoo's `normalize: True` for SAC is normalize_obs and normalize_reward, which off-policy populations refuse:
+    `--preset zoo --seeds` leaves the preset's values out and says so for each (a solo run normalises), rather than
+    failing on a setting the user never gave."""
     from rlspeed.presets import zoo
 
     if zoo.zoo_version() is None:
         pytest.skip("rl_zoo3 is not installed")
     entries = zoo.zoo_entries
     monkeypatch.setattr(zoo, "zoo_entries", lambda algo: {**entries(algo), "Pendulum-v1": {
-        "normalize": "{'norm_obs': True, 'norm_reward': False}", "n_timesteps": 64, "learning_starts": 16,
+        "normalize": True, "n_timesteps": 64, "learning_starts": 16,
         "batch_size": 16, "policy_kwargs": "dict(net_arch=[8])"}})
     assert cli.main(["train", "sac", "Pendulum-v1", "--preset", "zoo", "--seeds", "0-1", "--target-return", "none",
                      "--eval-episodes", "1", "--no-progress", "--out", str(tmp_path / "run")]) == 0
-    assert "the preset's normalize_obs is left out: SAC populations do not normalise" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the preset's normalize_obs is left out: SAC populations do not normalise observations" in err
+    assert "the preset's normalize_reward is left out: SAC populations do not normalise rewards" in err
