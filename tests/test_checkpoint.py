@@ -885,3 +885,60 @@ def test_float32_bounds_are_recorded_as_the_decimals_the_env_gave():
     assert written["high"][0] == 4.8 and written["low"][0] == -4.8
     loaded = space_from_json(written)
     assert loaded == space and np.array_equal(loaded.high, space.high) and loaded.dtype == np.float32
+
+
+_ACT_FROM_CHECKPOINTS = """
+import sys
+import numpy as np
+import rlspeed
+for name, path in zip(("PPO", "SAC", "DQN"), sys.argv[1:]):
+    model = getattr(rlspeed, name).load(path, device="cpu")
+    model.predict(np.zeros(model.spec.observation_shape, np.float32), deterministic=True)
+    model.evaluate(episodes=1, deterministic=True)
+print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
+"""
+
+
+def test_loading_to_act_builds_no_optimizer(tmp_path):
+    """docs/checkpoints.md: a model loaded to act (load, predict, evaluate) builds no optimizer, so a fresh process
+    never imports torch._dynamo (which torch imports when the first optimizer is made)."""
+    small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
+    paths = [rlspeed.PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo"),
+             rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac"),
+             rlspeed.DQN("CartPole-v1", seed=0, device="cpu", **small).save(tmp_path / "dqn")]
+    result = subprocess.run([sys.executable, "-c", _ACT_FROM_CHECKPOINTS, *map(str, paths)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("algo, env_id, config", [
+    (rlspeed.PPO, "CartPole-v1", TINY),
+    (rlspeed.SAC, "Pendulum-v1", {"num_envs": 1, "net_arch": [8], "learning_starts": 16, "batch_size": 8})])
+def test_a_loaded_models_optimizer_state_is_saved_unchanged_and_trains_as_one_built_at_load(tmp_path, algo, env_id,
+                                                                                             config):
+    """The optimizer state a checkpoint holds goes into the optimizer when it is first needed: saving a loaded model
+    that never trained writes that state byte for byte, and its learn trains as one whose optimizer was built at
+    load."""
+    model = algo(env_id, seed=0, device="cpu", **config).learn(128, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    resaved = algo.load(path, device="cpu").save(tmp_path / "resaved")
+    with safetensors.safe_open(path, "pt") as first, safetensors.safe_open(resaved, "pt") as second:
+        keys = sorted(key for key in first.keys() if key.startswith("optim."))
+        assert keys and keys == sorted(key for key in second.keys() if key.startswith("optim."))
+        for key in keys:
+            assert first.get_tensor(key).numpy().tobytes() == second.get_tensor(key).numpy().tobytes(), key
+        assert (json.loads(first.metadata()["rlspeed"])["optimizers"]
+                == json.loads(second.metadata()["rlspeed"])["optimizers"])
+    trained = []
+    for build_at_load in (False, True):  # (each loaded and trained in turn: the seed sets the global generators)
+        loaded = algo.load(path, device="cpu", seed=1)
+        if build_at_load:
+            loaded.optimizer  # noqa: B018 (built now, as every load built it)
+        trained.append(loaded.learn(max(loaded.steps_per_iteration, 32), progress_bar=False))
+    lazy, eager = trained
+    assert lazy._n_updates > model._n_updates
+    for key, value in eager.policy.state_dict().items():
+        assert torch.equal(lazy.policy.state_dict()[key], value), key
+    for key, value in eager.optimizer.state_dict()["state"].items():
+        assert all(torch.equal(lazy.optimizer.state_dict()["state"][key][field], value[field]) for field in value)

@@ -261,8 +261,23 @@ _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde
 _BUILT_KEYS = ("max_grad_norm", "adam_eps", "rms_prop_eps", "use_rms_prop")
 
 
+def _planned_parameters(model) -> list[torch.Tensor] | None:
+    """The parameters rlspeed's own `model.optimizer`, not built yet (`Algorithm._ensure_optimizer`), will hold
+    (`_optimized_parameters`); None where it is built, or where a subclass's code builds it (then only building it
+    tells)."""
+    if (model.__dict__.get("_optimizer_deferred") and "optimizer" not in model.__dict__
+            and all(getattr(type(model), hook, _planned_parameters).__module__.startswith("rlspeed.")
+                    for hook in ("_setup_optimizer", "_make_optimizer", "_optimizers"))):
+        return getattr(model, model._optimized_parameters)
+    return None
+
+
 def _trained_parameters(model) -> set[int]:
-    """The ids of the parameters the model's optimisers hold."""
+    """The ids of the parameters the model's optimisers hold (of rlspeed's own not built yet, those they will hold:
+    a subclass's are built to see)."""
+    planned = _planned_parameters(model)
+    if planned is not None:
+        return {id(p) for p in planned}
     return {id(p) for optimizer in model._optimizers().values() for group in optimizer.param_groups
             for p in group["params"]}
 
@@ -1579,8 +1594,12 @@ class Algorithm:
         # torch.inference_mode(), whose inference tensors no later learn could update; built on the CPU and moved,
         # also where the caller made another device torch's default, whose generator drew other initial weights)
         with training_threads(self.num_threads), float32_default(), torch.inference_mode(False), torch.device("cpu"):
+            object.__setattr__(self, "_optimizer_deferred", True)
+            object.__setattr__(self, "_optimizer_state", None)  # (a checkpoint's, until they are built)
             self._setup()
-            self._follow_replaced_optimizers()
+            if all(name in self.__dict__ for name in self._optimizer_attributes):  # (a _setup that built them)
+                object.__setattr__(self, "_optimizer_deferred", False)
+                self._follow_replaced_optimizers()
             self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
             warn_unused_settings(self.config, self.spec)
@@ -1781,8 +1800,36 @@ class Algorithm:
         self._update_step = self._make_update_step()
 
     def _setup(self) -> None:
-        """Build networks and optimisers (called once from __init__, env not built yet)."""
+        """Build the networks (called once from __init__, env not built yet); the optimisers and update steps are
+        `_setup_optimizer`'s, unless this builds them too (every name of `_optimizer_attributes` set)."""
         raise NotImplementedError
+
+    #: the attributes `_setup_optimizer` sets, built on their first read (`_ensure_optimizer`)
+    _optimizer_attributes: tuple[str, ...] = ("optimizer", "_update_step")
+    #: the attribute holding the parameters rlspeed's `_setup_optimizer` gives the optimizer
+    _optimized_parameters = "_params"
+
+    def _setup_optimizer(self) -> None:
+        """Build the optimisers and the update steps (`_optimizer_attributes`), after `_setup`."""
+
+    def _ensure_optimizer(self) -> None:
+        """The one place that builds the optimisers and update steps a model made without them (`_setup` leaves them
+        to `_setup_optimizer`), on the first read of one of `_optimizer_attributes` (the first learn, a gradient step,
+        `model.optimizer`, save): a model loaded to act (predict, evaluate, export) never builds them, nor imports
+        torch._dynamo, which torch's optimizers import when first made. What a `_setup` put in place of one stays, and
+        the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them then."""
+        if not self.__dict__.get("_optimizer_deferred"):
+            return
+        object.__setattr__(self, "_optimizer_deferred", False)
+        given = {name: self.__dict__[name] for name in self._optimizer_attributes if name in self.__dict__}
+        with (training_threads(self.num_threads), float32_default(), torch.inference_mode(False),
+              torch.device("cpu")):
+            self._setup_optimizer()
+            self.__dict__.update(given)
+            self._follow_replaced_optimizers()
+            pending, self._optimizer_state = self._optimizer_state, None
+            if pending is not None:
+                self._load_optimizer_state(*pending)
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         """Prepare a learn() call: buffers, first observation."""
@@ -1991,6 +2038,10 @@ class Algorithm:
 
     if not typing.TYPE_CHECKING:  # (else type checkers type a misspelt attribute as Any instead of reporting it)
         def __getattr__(self, name: str):
+            if name in type(self)._optimizer_attributes and self.__dict__.get("_optimizer_deferred"):
+                self._ensure_optimizer()
+                if name in self.__dict__:
+                    return self.__dict__[name]
             # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
             advice = SB3_ATTRIBUTES.get(name)
             if name == "buffer":  # (rlspeed's own: a rollout or replay buffer, made by learn for its envs)
@@ -3408,8 +3459,21 @@ class Algorithm:
                     setattr(self, name, observation_statistics(self.spec.observation_space, self.device)
                             if name == "obs_rms" else RunningMeanStd((), device=self.device))
                 getattr(self, name).load_state_dict(rms_state)
+        optimizers = {key: value for key, value in tensors.items() if key.startswith("optim.")}
+        saved = meta.get("optimizers", {})
+        if not self.__dict__.get("_optimizer_deferred"):
+            self._load_optimizer_state(optimizers, saved)
+            return
+        planned = _planned_parameters(self)  # (a state for other parameters said now, not at the first learn)
+        if planned is not None and "optimizer" in saved and not _state_fits(saved["optimizer"], len(planned)):
+            saved = {name: groups for name, groups in saved.items() if name != "optimizer"}
+        object.__setattr__(self, "_optimizer_state", (optimizers, saved))  # (into the optimisers when built)
+
+    def _load_optimizer_state(self, tensors: dict[str, torch.Tensor], saved: dict) -> None:
+        """The per-parameter state (`tensors`, `optim.<name>.<index>.<field>`) of the optimisers a checkpoint's
+        metadata lists (`saved`, their param_groups) into the model's."""
         for name, optimizer in self._optimizers().items():
-            if name not in meta.get("optimizers", {}):
+            if name not in saved:
                 continue
             state: dict = {}
             prefix = f"optim.{name}."
@@ -3421,11 +3485,7 @@ class Algorithm:
             # config, overrides included (a saved PPO learning rate is the last annealed one); the checkpoint gives
             # the per-parameter state (moments, step).
             groups = optimizer.state_dict()["param_groups"]
-            saved_count = sum(len(group["params"]) for group in meta["optimizers"][name])
-            if saved_count != sum(len(group["params"]) for group in groups):
-                warnings.warn(f"The optimizer state in the checkpoint is for {saved_count} parameters; this model "
-                              "trains a different set (an override changed it), so its optimizer starts afresh.",
-                              stacklevel=3)
+            if not _state_fits(saved[name], sum(len(group["params"]) for group in groups)):
                 continue
             params = [param for group in optimizer.param_groups for param in group["params"]]
             for index, fields in state.items():  # (moments of another shape would fail inside the first step)
@@ -3434,6 +3494,15 @@ class Algorithm:
                         _check_shape(f"{prefix}{index}.{field}", value.shape, params[index].shape)
             optimizer.load_state_dict({"state": state, "param_groups": groups})
             _match_parameter_layouts(optimizer)
+
+
+def _state_fits(saved_groups: list[dict], count: int) -> bool:
+    """Whether a checkpoint's optimizer state (its param_groups) is for `count` parameters; a warning if not."""
+    saved_count = sum(len(group["params"]) for group in saved_groups)
+    if saved_count != count:
+        warn_at_caller(f"The optimizer state in the checkpoint is for {saved_count} parameters; this model trains a "
+                       "different set (an override changed it), so its optimizer starts afresh.", UserWarning)
+    return saved_count == count
 
 
 def _match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:

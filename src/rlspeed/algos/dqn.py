@@ -125,14 +125,16 @@ class DQN(OffPolicyAlgorithm):
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())
         self._target_statistics = statistics_pairs((self.q_target, self.q_network))
-        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._update_step = self._make_update_step()
         self._index_dtype = rules(self.device).index_dtype
         # (see `_collection_linears`)
         self._body_linears_of: torch.nn.Module | None = None
         self._body_linears: tuple[list[torch.nn.Linear], bool] | None = None
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
         self._collect_weights: list[torch.Tensor] | None = None  # contiguous W^T copies [in, out]
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = make_adam(self._params, self.config.learning_rate, self.device, eps=self.config.adam_eps)
+        self._update_step = self._make_update_step()
 
     def _make_update_step(self):
         """The update step (`select_update`), with the hand-derived update as the alternative where it applies."""

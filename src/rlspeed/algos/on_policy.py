@@ -176,10 +176,6 @@ class OnPolicyAlgorithm(Algorithm):
             default_init_(self.policy)
         self.policy = to_device(self.policy, self.device)
         self._params = list(self.policy.parameters())
-        self.optimizer = self._make_optimizer(self._params)
-        if self.config.anneal_lr:
-            self._hold_learning_rates_as_tensors()
-        self._update_step = self._make_update_step()
         if self.accelerate == "auto":  # the rollout's forward passes, measured (same object, same parameters)
             self.policy = auto_accelerate(self.policy, device=self.device)
         space = self.spec.action_space
@@ -188,6 +184,12 @@ class OnPolicyAlgorithm(Algorithm):
         if self._action_kind == "gaussian":  # (flattened: the policy's Gaussian is over prod(shape) values)
             self._action_low = torch.as_tensor(space.low, device=self.device, dtype=torch.float32).flatten()
             self._action_high = torch.as_tensor(space.high, device=self.device, dtype=torch.float32).flatten()
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = self._make_optimizer(self._params)
+        if self.config.anneal_lr:
+            self._hold_learning_rates_as_tensors()
+        self._update_step = self._make_update_step()
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}

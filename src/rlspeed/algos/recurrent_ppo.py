@@ -129,6 +129,8 @@ class RecurrentPPO(PPO):
                                     encoder=self._make_encoder("policy"),
                                     action_space=spec.action_space)
 
+    _optimizer_attributes = ("optimizer", "_update_step", "_segmented")
+
     def _make_update_step(self):
         # PPO's hand-derived update is for the MLP ActorCritic: this one always trains with the autograd of `_loss`
         update = OnPolicyAlgorithm._make_update_step(self)

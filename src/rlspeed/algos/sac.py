@@ -119,8 +119,6 @@ class SAC(OffPolicyAlgorithm):
         # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`); in each
         # step, the parameters without a gradient are left alone.
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
-        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._update_step = self._make_update_step()
         self._setup_action_scaling()
         # (weights, biases, tanh?) of rlspeed's MLP actor for `_explore`'s kernel-by-kernel pass, while it is the
         # actor (a subclass's forward, or an actor a subclass's _setup puts in its place, is called as a module)
@@ -142,6 +140,12 @@ class SAC(OffPolicyAlgorithm):
             self.target_entropy = -float(self.spec.action_dim) if now is None else now
             return True
         return False
+
+    _optimizer_attributes = ("optimizer", "_update_step", "_actor_step")
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = make_adam(self._params, self.config.learning_rate, self.device, eps=self.config.adam_eps)
+        self._update_step = self._make_update_step()
 
     def _make_update_step(self):
         """The critics' step (the hand-derived update: the whole update, both steps and the Polyak step); with

@@ -100,11 +100,17 @@ class TD3(OffPolicyAlgorithm):
         self._target_statistics = statistics_pairs((self.actor_target, self.actor), (self.critic_target, self.critic))
         # One Adam for actor and critics: their losses share no parameters (see `_update`); in the critics' step
         # the actor has no gradients and Adam leaves it (and its moment estimates) alone, and the other way round.
-        self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._update_step = self._make_update_step()
         self._critic_updates = 0
         self._ou_noise: torch.Tensor | None = None
         self._setup_action_scaling()
+
+    _optimizer_attributes = ("optimizer", "_update_step", "_actor_step")
+    _optimized_parameters = "_online_params"
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = make_adam(self._online_params, self.config.learning_rate, self.device,
+                                   eps=self.config.adam_eps)
+        self._update_step = self._make_update_step()
 
     def _make_update_step(self):
         """The critics' step (`select_update`); `_actor_step` is the actor's after it."""
