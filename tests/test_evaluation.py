@@ -595,3 +595,24 @@ def test_a_target_on_an_env_without_a_time_limit_says_what_it_is_compared_with(m
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         limited.learn(8, target_return=1e9, eval_episodes=1, progress_bar=False)
+
+
+def test_metrics_csv_says_how_many_of_each_evaluations_episodes_were_cut_short(monkeypatch, tmp_path):
+    """The warning of evaluation episodes cut at the step limit shows once: metrics.csv's `eval_unfinished` says it of
+    every periodic evaluation (0 where none was cut)."""
+    import csv
+
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    settings = {"device": "cpu", "seed": 0, "num_envs": 1, "num_steps": 8, "batch_size": 8}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        PPO(endless_pendulum_id(), **settings).learn(16, eval_freq=8, eval_episodes=2, progress_bar=False,
+                                                    run_dir=tmp_path / "endless")
+        PPO(endless_pendulum_id(), env_kwargs={"max_episode_steps": 3}, **settings).learn(
+            8, eval_freq=8, eval_episodes=1, progress_bar=False, run_dir=tmp_path / "limited")
+    for name, cut in (("endless", "2"), ("limited", "0")):
+        with open(tmp_path / name / "metrics.csv", newline="", encoding="utf-8") as handle:
+            rows = [row for row in csv.DictReader(handle) if row["eval_mean"]]
+        assert rows and all(row["eval_unfinished"] == cut for row in rows), rows

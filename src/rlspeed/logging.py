@@ -24,7 +24,7 @@ from rlspeed.files import refuse_symlinks, write_atomic
 TENSORBOARD_SECTIONS = {
     "train_wall_s": "time", "sps": "time", "members": "time",
     "episode_return": "rollout", "success_rate": "rollout", "epsilon": "rollout",
-    "eval_mean": "eval", "eval_success_rate": "eval", "eval_confirm_mean": "eval",
+    "eval_mean": "eval", "eval_success_rate": "eval", "eval_confirm_mean": "eval", "eval_unfinished": "eval",
 }
 
 

@@ -2456,7 +2456,8 @@ class Algorithm:
         try:
             env = self.make_training_env()
             # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
-            columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
+            columns = (("eval_mean", "eval_unfinished") if target_return is not None or eval_freq is not None
+                       else ()) + (
                 ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
             logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
                                 columns=columns, kept=self._tensorboard) if run_dir is not None and main else None)
@@ -2664,6 +2665,9 @@ class Algorithm:
                         if main:
                             evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
                             row["eval_mean"] = evaluation["mean"]
+                            # (the episodes still running at the step limit, counted with their return so far: the
+                            # warning of them shows once, each row says it of its evaluation)
+                            row["eval_unfinished"] = evaluation.get("unfinished", 0)
                             if "success_rate" in evaluation:
                                 row["eval_success_rate"] = evaluation["success_rate"]
                             result.evaluations.append((self.num_timesteps, clock_offset + train_clock,
