@@ -616,3 +616,19 @@ def test_metrics_csv_says_how_many_of_each_evaluations_episodes_were_cut_short(m
         with open(tmp_path / name / "metrics.csv", newline="", encoding="utf-8") as handle:
             rows = [row for row in csv.DictReader(handle) if row["eval_mean"]]
         assert rows and all(row["eval_unfinished"] == cut for row in rows), rows
+
+
+def test_the_progress_bars_evaluation_says_how_many_episodes_were_cut_short(monkeypatch, capsys):
+    """The progress bar's `eval` is followed by `(K/M cut)` where K of the evaluation's M episodes were still running
+    at the step limit (the warning of them shows once)."""
+    import rlspeed.evaluation
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)  # (stderr is no terminal here: a line per row)
+    model = PPO(endless_pendulum_id(), device="cpu", seed=0, num_envs=1, num_steps=8, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.learn(8, eval_freq=8, eval_episodes=2)
+    lines = capsys.readouterr().err.splitlines()
+    assert any(line.endswith(" (2/2 cut)") and ", eval " in line for line in lines), lines

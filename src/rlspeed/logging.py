@@ -107,6 +107,15 @@ def cut_short(unfinished: int | None, episodes: int) -> str:
     return f", {unfinished} of {episodes} cut short at the step limit" if unfinished else ""
 
 
+def bar_evaluation(row: dict, episodes: int) -> float | str | None:
+    """The progress bar's `eval` of metrics row `row`: its `eval_mean`, followed by ` (K/M cut)` where K of the
+    evaluation's `episodes` were cut short at the step limit (None where the row has no evaluation)."""
+    mean, unfinished = row.get("eval_mean"), row.get("eval_unfinished")
+    if mean is None or not unfinished:
+        return mean
+    return f"{format_return(mean, decimals=1)} ({unfinished}/{episodes} cut)"
+
+
 #: metrics whose NaN means "nothing to measure", written as an empty cell: no episode finished in the row's interval,
 #: or (explained_variance) returns that did not vary
 NO_DATA_METRICS = ("episode_return", "success_rate", "explained_variance")

@@ -108,7 +108,7 @@ from rlspeed.errors import (
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
-from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
+from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics
 from rlspeed.nn import acting, acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
 
@@ -2690,7 +2690,7 @@ class Algorithm:
                     if numerics is None or finite_checked:  # (a row's losses: not those of a rolled-back stretch)
                         self._numerics.check_losses(row, self.num_timesteps, checked=finite_checked)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
-                               success=row.get("success_rate"), eval=row.get("eval_mean"))
+                               success=row.get("success_rate"), eval=bar_evaluation(row, eval_episodes))
                     if logger is not None:
                         logger.log(row)
                     logged = row
