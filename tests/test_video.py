@@ -909,3 +909,21 @@ def test_an_envs_warning_at_every_frame_is_shown_once_as_python_shows_it(tmp_pat
         assert video.record_video(model, tmp_path / "v.gif", episodes=2, seed=0)["frames"] == 14
     model.close()
     assert [str(warning.message) for warning in caught].count("rlspeed-test: a frame drawn") == 1
+
+
+def test_cli_eval_videos_line_says_the_filmed_episodes_cut_short_at_the_step_limit(tmp_path, capsys, monkeypatch):
+    """`rlspeed eval --video`'s "wrote" line says how many filmed episodes were still running at the step limit (they
+    count with the return collected by then), as the evaluation's line says it of the evaluated ones."""
+    from conftest import endless_pendulum_id
+
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    model = PPO(endless_pendulum_id(), seed=0, device="cpu", num_envs=1, num_steps=8, batch_size=8)
+    model.save(tmp_path / "model.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--seed", "1", "--no-progress",
+                         "--video", str(tmp_path / "x.gif")])
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlspeed: wrote")]
+    assert code == 0 and len(wrote) == 1 and wrote[0].endswith(", 1 of 1 cut short at the step limit)"), wrote

@@ -2910,7 +2910,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
         returns = "return" if video["episodes"] == 1 else "mean return"
         print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
-              f"{_score(video['mean'])})", file=sys.stderr if args.json else sys.stdout)
+              f"{_score(video['mean'])}{_cut_short(video['unfinished'], video['episodes'])})",
+              file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 import rlspeed
+from rlspeed import evaluation
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running
@@ -341,9 +342,10 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     `seed`, episode i is `evaluate`'s episode i (deterministic; not on EnvPool, which draws no frames) on the backend
     the model trained with (also for `backend='auto'`, as `evaluate` takes it), or on `backend` where given: 'torch'
     films the native env's view (`rlspeed/<id>`), 'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes
-    its own). Returns {"path", "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height,
-    width)}. UserError when imageio, ffmpeg or the env's renderer is missing. The video is written to a hidden file
-    beside `path` (`.NAME.PID.RANDOM.EXT`) that takes the name `path` once whole: a call that does not return
+    its own). Returns {"path", "episodes", "frames", "fps", "returns", "mean" (of the returns), "unfinished" (the
+    episodes the step limit cut short, as `evaluate`'s), "size": (height, width)}. UserError when imageio, ffmpeg or
+    the env's renderer is missing. The video is written to a hidden file beside `path` (`.NAME.PID.RANDOM.EXT`) that
+    takes the name `path` once whole: a call that does not return
     (interrupted, killed, a full disk, or an error of the env or the model) leaves no file at `path`, and the file that
     `overwrite` replaces stays as it was.
     """
@@ -388,7 +390,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     # (an Atari step is FRAME_SKIP of the game's 60 frames a second: the video plays at the game's speed)
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
     limit = max_steps or (game.max_steps if game else None) or (
-        env.spec.max_episode_steps if env.spec is not None else None) or 10_000
+        env.spec.max_episode_steps if env.spec is not None else None) or evaluation.UNLIMITED_EPISODE_STEPS
     options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
     recurrent = hasattr(model, "act_with_state")
     from rlspeed.envs import NATIVE_ENVS
@@ -489,5 +491,5 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                       "ends them there and they count with the return collected so far (pass max_steps= to run "
                       "longer; on the command line, --env-kwargs max_episode_steps=N gives the env a time limit of N "
                       "steps).", stacklevel=3)
-    return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns,
+    return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns, "unfinished": cut,
             "size": tuple(int(v) for v in size), "fps": fps, "mean": math.fsum(returns) / len(returns)}
