@@ -927,3 +927,18 @@ def test_cli_eval_videos_line_says_the_filmed_episodes_cut_short_at_the_step_lim
                          "--video", str(tmp_path / "x.gif")])
     wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlspeed: wrote")]
     assert code == 0 and len(wrote) == 1 and wrote[0].endswith(", 1 of 1 cut short at the step limit)"), wrote
+
+
+def test_a_video_callbacks_line_says_the_filmed_episodes_cut_short_at_the_step_limit(tmp_path, capsys, monkeypatch):
+    """VideoRecorderCallback leaves out the warning of filmed episodes cut at the step limit: its `verbose=1` line
+    says how many were."""
+    from conftest import endless_pendulum_id
+
+    import rlspeed.evaluation
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    model = PPO(endless_pendulum_id(), seed=0, device="cpu", num_envs=1, num_steps=8, batch_size=8)
+    model.learn(8, callback=VideoRecorderCallback(8, tmp_path, verbose=1), progress_bar=False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlspeed: video")]
+    assert len(lines) == 1 and lines[0].endswith(".mp4, 1 of 1 cut short at the step limit"), lines

@@ -1011,15 +1011,16 @@ class VideoRecorderCallback(BaseCallback):
             with warnings.catch_warnings():  # (an episode cut at the step limit is still a video; others are said)
                 warnings.filterwarnings("ignore", message="record_video: .* episodes were still running",
                                         category=UserWarning)
-                record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
-                             overwrite=self.overwrite, env_id=self.env_id)
+                filmed = record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
+                                      overwrite=self.overwrite, env_id=self.env_id)
         except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)
             warnings.warn(f"rlspeed: {error} Training goes on; the next video is due in {self._period.every:,} steps.",
                           RuntimeWarning, stacklevel=2)
             return True
         self.videos.append(path)
         if self.verbose:
-            print_beside_bars(f"rlspeed: video {path}")
+            # (the warning of episodes cut at the step limit is left out: this line says it of each video)
+            print_beside_bars(f"rlspeed: video {path}{cut_short(filmed['unfinished'], filmed['episodes'])}")
         if self.on_video is not None:
             self.on_video(path, self.num_timesteps)
         return True
