@@ -928,3 +928,27 @@ def test_a_database_servers_running_trials_are_failed_only_when_asked(tmp_path, 
     assert cli.main(_command(tmp_path, "--trials", "4", *quick, "--fail-running")) == 0
     assert _states(tmp_path)[other.number] == "FAIL"
     assert "1 trial(s) left running by an earlier process marked failed" in capsys.readouterr().out
+
+
+def test_a_trials_final_evaluation_says_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):
+    """On an env whose episodes never end, the best trial's final evaluation (its batch line, the last line and the
+    preset's header) says how many of its episodes were still running at the step limit, counted with the return
+    collected by then (the warning of them shows once)."""
+    import warnings
+
+    from conftest import endless_pendulum_id
+
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = cli.main(["tune", "ppo", endless_pendulum_id(), "--population", "1", "--trials", "1", "--budget", "8",
+                         "--eval-episodes", "2", "--confirm-seeds", "0", "--storage", str(tmp_path / "study.db"),
+                         "--out", str(tmp_path / "best.yaml"), "--no-progress", "--set", "num_envs=1", "--set",
+                         "num_steps=8", "--set", "batch_size=8"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "best trial 0: final eval" in line]
+    assert code == 0 and len(lines) == 2, lines
+    assert all(re.search(r"final eval -?[\d.]+, 2 of 2 cut short at the step limit \(", line) for line in lines), lines
+    assert re.search(r"final evaluation -?[\d.]+, 2 of 2 cut short at the step limit;",
+                     (tmp_path / "best.yaml").read_text(encoding="utf-8"))

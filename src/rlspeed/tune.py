@@ -52,7 +52,7 @@ from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.files import unwritable, write_atomic
 from rlspeed.locks import let_go
-from rlspeed.logging import format_return
+from rlspeed.logging import cut_short, format_return
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
 #: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
@@ -744,6 +744,8 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         final = member.get("final_eval") or {}
         trial.set_user_attr("steps_to_target", member.get("steps_to_target"))
         trial.set_user_attr("final_eval", final.get("mean"))
+        if final.get("unfinished"):  # (episodes still running at the step limit, counted with their return so far)
+            trial.set_user_attr("final_eval_unfinished", [final["unfinished"], final["episodes"]])
         if member.get("pruned_at") is not None:
             study.tell(trial, state=TrialState.PRUNED)
             counts["pruned"] += 1
@@ -849,6 +851,7 @@ def _describe(trial) -> dict:
     return {"number": trial.number, "value": trial.value, "seed": trial.user_attrs.get("seed"),
             "steps_to_target": trial.user_attrs.get("steps_to_target"),
             "final_eval": trial.user_attrs.get("final_eval"),
+            "final_eval_unfinished": trial.user_attrs.get("final_eval_unfinished"),
             "hyperparameters": dict(trial.user_attrs.get("hyperparameters", {}))}
 
 
@@ -861,7 +864,12 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
 
 def _trial_result(best: dict, target_return: float | None) -> str:
     return (f"{best['steps_to_target']:,} steps to {target_return:g}" if best.get("steps_to_target") is not None
-            else f"final eval {format_return(best['final_eval'])}")
+            else f"final eval {format_return(best['final_eval'])}{_cut(best)}")
+
+
+def _cut(best: dict) -> str:
+    """', K of M cut short at the step limit' where the trial's final evaluation cut K of its M episodes there."""
+    return cut_short(*best.get("final_eval_unfinished") or (0, 0))
 
 
 def _values_line(values: dict) -> str:
@@ -918,7 +926,8 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         header.append(f"# Command: {without_password(context['command'])}")
     if best["number"] is not None:
         result = (f"reached {setup.target_return:g} after {best['steps_to_target']:,} steps"
-                  if best["steps_to_target"] is not None else f"final evaluation {format_return(best['final_eval'])}")
+                  if best["steps_to_target"] is not None
+                  else f"final evaluation {format_return(best['final_eval'])}{_cut(best)}")
         finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         header.append(f"# Trial {best['number']} of {len(finished)} finished (seed {best['seed']}) "
                       f"{result}; objective {best['value']:g} (lower is better).")
