@@ -151,7 +151,8 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     (its `use_masking`), the deterministic policy is masked too: it never picks a masked action. Atari games that wait
     for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of the
     policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
-    (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
+    (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning
+    (Python shows it once per place: `unfinished`, how many they were, 0 where none, says it of every call).
     `device`: where the evaluation env and the policy's inputs live (default: the model's device). `progress_bar`:
     a bar over the episodes finished (long evaluations: Atari games, many episodes), as `learn`'s over its steps,
     with the steps run toward the limit.
