@@ -4,6 +4,7 @@ sentence and exit code 2. Plus the IQM band the plot draws."""
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
 
@@ -392,8 +393,8 @@ def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot
 
 def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):
     """Members evaluated on an env whose episodes never end: the final line says how many of all the members'
-    episodes were cut short at the step limit (it read as if they had ended), and so does each evaluation's line in
-    training (the warning shows once)."""
+    episodes were cut short at the step limit (it read as if they had ended), and so do each evaluation's line in
+    training and its metrics.csv row's `eval_unfinished` (the warning shows once)."""
     import rlspeed.evaluation
 
     env_id = endless_pendulum_id()
@@ -407,6 +408,9 @@ def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path
     lines = [line for line in out.splitlines() if "members evaluated" in line]
     assert lines and all("2 of 2 members evaluated, 4 of 4 cut short at the step limit: " in line
                          for line in lines), lines
+    with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:  # (and metrics.csv's rows)
+        cuts = [row["eval_unfinished"] for row in csv.DictReader(handle) if row["eval_mean/seed_0"]]
+    assert cuts and set(cuts) == {"4"}, cuts
 
 
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_leaves_normalize_obs_out(

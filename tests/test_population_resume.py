@@ -113,8 +113,9 @@ def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_pat
     with open(tmp_path / "run" / "metrics.csv", encoding="utf-8") as file:
         header = file.readline().strip().split(",")
     assert header[:4] == ["timesteps", "train_wall_s", "sps", "members"]
-    assert header[4:] == ["eval_mean/seed_3", "eval_mean/seed_5", "eval_mean/seed_8"]
+    assert header[4:] == ["eval_mean/seed_3", "eval_mean/seed_5", "eval_mean/seed_8", "eval_unfinished"]
     assert [int(row["timesteps"]) for row in rows] == [256, 512, 640]
+    assert [row["eval_unfinished"] for row in rows] == ["0", "0", "0"], rows  # (CartPole's episodes end)
     assert [int(row["members"]) for row in rows] == [3, 2, 2]  # (member 1, seed 5, pruned at 256)
     for member in summary["members"]:
         column = [(int(row["timesteps"]), float(row[f"eval_mean/seed_{member['seed']}"])) for row in rows

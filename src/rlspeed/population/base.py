@@ -1385,7 +1385,8 @@ class PopulationBase:
             which = "untrained" if not self.num_timesteps else "trained in another run"
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
                             "would replace: give another run_dir, or delete the file first.")
-        columns = ("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds)) if evaluating else ("members",)
+        columns = (("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds), "eval_unfinished") if evaluating
+                   else ("members",))
         if self._tensorboard is None:
             self._tensorboard = KeptWriter()
         logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False,
@@ -1396,12 +1397,13 @@ class PopulationBase:
     def _metrics_row(self, loop: _LoopProgress, means: dict[int, float] | None = None) -> dict:
         """A metrics.csv row at this step: the training clock, the env steps per second of all members since the
         previous row (of this `learn` call), the members training, and `means` (member -> evaluated mean) in their
-        seeds' columns."""
+        seeds' columns, with `eval_unfinished`, the evaluated episodes of all members cut short at the step limit."""
         steps, wall = self._metrics_since or (0, 0.0)
         self._metrics_since = (loop.member_steps, loop.train_wall_s)
+        cut = {"eval_unfinished": sum(self.last_unfinished or [])} if means else {}
         return {"timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s,
                 "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
-                **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}}
+                **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}, **cut}
 
     def finish_resumed(self, target_return: float | None = None, eval_episodes: int = 10,
                        stop: str = "each") -> dict[str, Any]:
