@@ -151,6 +151,21 @@ def test_a_diverged_member_is_left_out_of_the_final_scores_and_counts_in_the_cur
     assert curve["iqm"][1] == pytest.approx(3.0)
 
 
+def test_final_evaluations_cut_short_at_the_step_limit_are_said_in_a_note_and_in_scores_csv(tmp_path):
+    """A final evaluation whose episodes were still running at the step limit (summary.json's `unfinished`: an env
+    without a time limit) scores the return collected by then: the report says so in a note and each seed's row of
+    scores.csv says how many; a run whose summary has no `unfinished` (an older rlspeed's) counts none."""
+    from rlspeed.report import write_report
+
+    fake_run(tmp_path / "cut", seed=0, curve=(), final_eval={"mean": 5.0, "std": 0.0, "episodes": 10, "unfinished": 10})
+    fake_run(tmp_path / "older", seed=1, curve=())  # (no curves: no plot to draw)
+    report = write_report([tmp_path / "cut", tmp_path / "older"], tmp_path / "out", reps=100)
+    assert any("10 of the final evaluations' 20 episodes were cut short at the step limit" in note
+               for note in report["notes"]), report["notes"]
+    with open(tmp_path / "out" / "scores.csv", newline="", encoding="utf-8") as handle:
+        assert sorted(row["final_eval_unfinished"] for row in csv.DictReader(handle)) == ["0", "10"]
+
+
 def test_normalized_scores_over_envs_are_one_row_per_algorithm_stratified_over_envs(tmp_path):
     cartpole = [100.0, 300.0, 500.0, 250.0]
     acrobot = [-500.0, -100.0, -250.0, -80.0]

@@ -42,7 +42,8 @@ class SeedResult:
     with the member's own values); `final`, the final evaluation's mean return over `episodes` episodes (None for a
     member that diverged, left out of the final scores); `curve`, its evaluations during training as (env steps,
     mean return); `diverged_at`, the env step a member diverged at (its curve counts up to there), else None;
-    `steps_to_target`, summary.json's."""
+    `steps_to_target`, summary.json's; `unfinished`, the final evaluation's episodes cut short at the step limit
+    (counted with the return collected by then; 0 in summaries of an rlspeed that did not record them)."""
 
     algo: str
     env_id: str
@@ -54,6 +55,7 @@ class SeedResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
     diverged_at: int | None = None
     steps_to_target: int | None = None
+    unfinished: int = 0
 
 
 def _read_json(path: Path) -> dict:
@@ -144,7 +146,8 @@ def _load(run_dir: Path) -> list[SeedResult]:
         final = summary["final_eval"]
         return [SeedResult(**common, seed=int(summary["seed"]), settings=settings, final=float(final["mean"]),
                            episodes=final.get("episodes"), curve=_eval_curve(run_dir / "metrics.csv"),
-                           steps_to_target=summary.get("steps_to_target"))]
+                           steps_to_target=summary.get("steps_to_target"),
+                           unfinished=int(final.get("unfinished") or 0))]
     results = []
     for member in summary["members"]:
         final = member.get("final_eval") or {}
@@ -157,7 +160,8 @@ def _load(run_dir: Path) -> list[SeedResult]:
             **common, seed=int(member["seed"]), settings=own,
             final=None if final.get("mean") is None else float(final["mean"]), episodes=final.get("episodes"),
             curve=[(int(step), value) for step, value in member.get("curve") or []],
-            diverged_at=member.get("diverged_at"), steps_to_target=member.get("steps_to_target")))
+            diverged_at=member.get("diverged_at"), steps_to_target=member.get("steps_to_target"),
+            unfinished=int(final.get("unfinished") or 0)))
     return results
 
 
@@ -231,16 +235,22 @@ def final_scores(results: list[SeedResult], normalize: dict[str, tuple[float, fl
     rows, notes, per_task = [], [], {}
     for algo, env_id, variant, members in _experiments(results):
         scale = _scale(env_id, normalize)
+        named = f"{algo} on {env_id}{f' ({variant})' if variant else ''}"
         scores = [scale(result.final) for result in members if result.final is not None]
         left_out = len(members) - len(scores)
         if left_out:
-            notes.append(f"{algo} on {env_id}{f' ({variant})' if variant else ''}: {left_out} of {len(members)} "
+            notes.append(f"{named}: {left_out} of {len(members)} "
                          "members diverged, left out of the final scores (their curves count up to the step they "
                          "diverged at)")
         episodes = sorted({result.episodes for result in members if result.final is not None} - {None})
         if len(episodes) > 1:
-            notes.append(f"{algo} on {env_id}{f' ({variant})' if variant else ''}: final evaluations of "
+            notes.append(f"{named}: final evaluations of "
                          f"{' and '.join(map(str, episodes))} episodes pooled (--eval-episodes differed)")
+        cut = sum(result.unfinished for result in members if result.final is not None)
+        if cut:
+            notes.append(f"{named}: {cut} of the final evaluations' "
+                         f"{sum(result.episodes or 0 for result in members if result.final is not None)} episodes "
+                         "were cut short at the step limit (they count with the return collected by then)")
         if not scores:
             continue
         row = {"algo": algo, "env_id": env_id, "variant": variant, **aggregate(scores, reps=reps, seed=seed),
@@ -392,10 +402,10 @@ def write_report(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike
         ([row["algo"], row["env_id"], row["variant"], row["runs"], row["iqm"], *row["iqm_ci"], row["median"],
           *row["median_ci"], row["mean"], row["normalized"]] for row in table)))
     write_text_atomic(files[1], _csv_text(
-        ["algo", "env_id", "variant", "seed", "final_eval_mean", "final_eval_episodes", "steps_to_target",
-         "diverged_at", "run_dir"],
+        ["algo", "env_id", "variant", "seed", "final_eval_mean", "final_eval_episodes", "final_eval_unfinished",
+         "steps_to_target", "diverged_at", "run_dir"],
         ([algo, env_id, variant, result.seed, "" if result.final is None else result.final,
-          "" if result.episodes is None else result.episodes,
+          "" if result.episodes is None else result.episodes, "" if result.final is None else result.unfinished,
           "" if result.steps_to_target is None else result.steps_to_target,
           "" if result.diverged_at is None else result.diverged_at, str(result.run_dir)]
          for algo, env_id, variant, members in _experiments(results) for result in members)))
