@@ -1016,3 +1016,32 @@ def test_eval_callbacks_line_says_every_evaluation_whose_episodes_were_cut_short
         model.learn(16, callback=EvalCallback(eval_freq=8, n_eval_episodes=2), progress_bar=False)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rlspeed: eval at")]
     assert len(lines) == 2 and all(line.endswith(", 2 of 2 cut short at the step limit") for line in lines), lines
+
+
+def test_eval_callback_records_how_many_of_each_evaluations_episodes_were_cut_short(monkeypatch, tmp_path):
+    """Without `verbose`, EvalCallback still says which evaluations counted episodes cut at the step limit (the
+    warning shows once): `eval/unfinished` in the metrics row and `unfinished` in evaluations.npz, which a further
+    learn reads back (-1 for evaluations a file without it holds: Stable-Baselines3's or an older rlspeed's)."""
+    import csv
+    import warnings
+
+    from conftest import endless_pendulum_id
+
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    model = PPO(endless_pendulum_id(), device="cpu", seed=0, num_envs=1, num_steps=8, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.learn(16, callback=EvalCallback(eval_freq=8, n_eval_episodes=2, log_path=tmp_path, verbose=0),
+                    progress_bar=False, run_dir=tmp_path / "run")
+        with np.load(tmp_path / "evaluations.npz") as saved:
+            assert saved["unfinished"].tolist() == [2, 2]
+            older = {key: saved[key] for key in saved.files if key != "unfinished"}
+        with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:
+            cut = [float(row["eval/unfinished"]) for row in csv.DictReader(handle) if row["eval/mean_reward"]]
+        assert cut and set(cut) == {2.0}, cut
+        np.savez(tmp_path / "evaluations.npz", **older)
+        again = EvalCallback(eval_freq=8, n_eval_episodes=2, log_path=tmp_path, verbose=0)
+        model.learn(8, callback=again, progress_bar=False)
+    assert again.evaluations_unfinished == [-1, -1, 2]

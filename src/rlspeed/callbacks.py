@@ -683,6 +683,8 @@ class EvalCallback(BaseCallback):
         self.evaluations_results: list[list[float]] = []
         self.evaluations_length: list[list[int]] = []
         self.evaluations_successes: list[list[bool]] = []  # (envs that report info["is_success"])
+        # each evaluation's episodes cut short at the step limit (-1: not recorded, in SB3's or an older rlspeed's file)
+        self.evaluations_unfinished: list[int] = []
         self._seeds: list[int] = []  # (each evaluation's seed, as evaluations.npz keeps them)
         self.last_success_rate: float | None = None
         self._period = _Period(self.eval_freq)
@@ -762,6 +764,9 @@ class EvalCallback(BaseCallback):
         self.evaluations_timesteps = timesteps[kept].tolist()
         self.evaluations_results = results[kept].tolist()
         self.evaluations_length = lengths[kept].tolist()
+        cut = logged.get("unfinished")
+        self.evaluations_unfinished = (cut[kept].tolist() if cut is not None and len(cut) == len(timesteps)
+                                       else [-1] * int(kept.sum()))
         if "successes" in logged and len(logged["successes"]) == len(timesteps):
             self.evaluations_successes = logged["successes"][kept].tolist()
         means = results[kept].mean(axis=1)
@@ -800,9 +805,11 @@ class EvalCallback(BaseCallback):
         self._seeds.append(seed)
         self.evaluations_results.append(result["returns"])
         self.evaluations_length.append(result["lengths"])
+        self.evaluations_unfinished.append(result["unfinished"])
         # (as Stable-Baselines3's EvalCallback logs them: columns of the next metrics row, and of W&B's)
         self.logger.record("eval/mean_reward", result["mean"])
         self.logger.record("eval/mean_ep_length", float(np.mean(result["lengths"])))
+        self.logger.record("eval/unfinished", result["unfinished"])  # (rlspeed's: SB3 has none)
         success = ""
         if "successes" in result:
             self.evaluations_successes.append(result["successes"])
@@ -818,7 +825,7 @@ class EvalCallback(BaseCallback):
             archive = io.BytesIO()
             np.savez(archive, timesteps=np.array(self.evaluations_timesteps),
                      results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
-                     seeds=np.array(self._seeds), **extra)
+                     seeds=np.array(self._seeds), unfinished=np.array(self.evaluations_unfinished), **extra)
             # (whole or not at all: a run killed while writing it is resumed, and reads it back)
             write_atomic(self.log_path / "evaluations.npz", archive.getvalue())
         if self.verbose:
