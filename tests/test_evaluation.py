@@ -632,3 +632,16 @@ def test_the_progress_bars_evaluation_says_how_many_episodes_were_cut_short(monk
         model.learn(8, eval_freq=8, eval_episodes=2)
     lines = capsys.readouterr().err.splitlines()
     assert any(line.endswith(" (2/2 cut)") and ", eval " in line for line in lines), lines
+
+
+def test_learns_result_says_how_many_of_each_evaluations_episodes_were_cut_short(monkeypatch):
+    """`model.result.unfinished` holds, beside each of `model.result.evaluations`, how many of its episodes were still
+    running at the step limit (the warning of them shows once)."""
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 5)  # (10,000 steps: the same, slower)
+    model = PPO(endless_pendulum_id(), device="cpu", seed=0, num_envs=1, num_steps=8, batch_size=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.learn(16, eval_freq=8, eval_episodes=2, progress_bar=False)
+    assert len(model.result.evaluations) == 2 and model.result.unfinished == [2, 2]

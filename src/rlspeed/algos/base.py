@@ -1022,9 +1022,10 @@ class LearnResult:
     total_timesteps: env steps trained; train_wall_s: training time in seconds; sps: their ratio. target_return:
     learn's `target_return` (None: no target); steps_to_target and time_to_target_s: the env steps and seconds from
     the run's start to the evaluation that reached it (None until one does). evaluations: one
-    `(steps, clock, mean return)` per evaluation; confirmations: `(steps, mean return)` of each confirming evaluation
-    (fresh episodes run where an evaluation reached the target). stop_requested: training stopped because a rank was
-    asked to (`Algorithm.stop_requested`: a signal).
+    `(steps, clock, mean return)` per evaluation; unfinished: beside it, each evaluation's episodes cut short at the
+    step limit (counted with the return collected by then; metrics.csv's `eval_unfinished`); confirmations: `(steps,
+    mean return)` of each confirming evaluation (fresh episodes run where an evaluation reached the target).
+    stop_requested: training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal).
     """
 
     total_timesteps: int = 0
@@ -1034,6 +1035,8 @@ class LearnResult:
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
     evaluations: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    #: each evaluation's episodes cut short at the step limit, one per entry of `evaluations`
+    unfinished: list[int] = dataclasses.field(default_factory=list)
     #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
     confirmations: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
@@ -1053,7 +1056,7 @@ class LearnResult:
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
         fields = [f"{f.name}={short(getattr(self, f.name))}" for f in dataclasses.fields(self)
-                  if f.name not in ("evaluations", "confirmations")]
+                  if f.name not in ("evaluations", "unfinished", "confirmations")]
         return f"LearnResult({', '.join(fields)}, evaluations=[{len(self.evaluations)} of (steps, clock, mean)])"
 
 
@@ -2668,6 +2671,7 @@ class Algorithm:
                             # (the episodes still running at the step limit, counted with their return so far: the
                             # warning of them shows once, each row says it of its evaluation)
                             row["eval_unfinished"] = evaluation.get("unfinished", 0)
+                            result.unfinished.append(row["eval_unfinished"])
                             if "success_rate" in evaluation:
                                 row["eval_success_rate"] = evaluation["success_rate"]
                             result.evaluations.append((self.num_timesteps, clock_offset + train_clock,
