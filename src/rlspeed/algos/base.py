@@ -3373,7 +3373,7 @@ class Algorithm:
                 raise UserError(f"'{path}' holds networks built with {key}={getattr(saved, key)!r}, this model has "
                                 f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
                                 "its networks).")
-        self._restore(tensors, meta, path)
+        self._restore(tensors, meta, path, build_optimizer=True)
         self._run_dir = Path(path).resolve().parent
         self._restore_counts(meta)
         schedule = meta.get("schedule")
@@ -3413,13 +3413,18 @@ class Algorithm:
         self._n_updates = int(meta.get("n_updates", 0))
         self._n_updates_known = "n_updates" in meta or not self.num_timesteps
 
-    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict, path: str | Path | None = None) -> None:
+    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict, path: str | Path | None = None,
+                 build_optimizer: bool = False) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors (of the file `path`,
-        which a tensor that does not fit names). On the model's threads (`training_threads`), as training."""
+        which a tensor that does not fit names). On the model's threads (`training_threads`), as training.
+        `build_optimizer` (a resume, which trains next): the optimisers are built now (`_ensure_optimizer`), so that
+        a state that does not fit them is refused here, not at the first update."""
         try:
             # (statistics it makes are trainable tensors also inside a caller's torch.inference_mode(), as __init__'s)
             with training_threads(self.num_threads), torch.inference_mode(False):
                 self._restore_tensors(tensors, meta)
+            if build_optimizer:
+                self._ensure_optimizer()
         except UserError as error:
             if path is None or str(path) in str(error):
                 raise
