@@ -641,15 +641,15 @@ class OffPolicyAlgorithm(Algorithm):
                           "empty and updates wait for learning_starts new transitions: training is not identical to "
                           "the uninterrupted run.", stacklevel=4)
             return False
-        normalised = [rows for rows in resume.get("normalised_replay") or () if getattr(
-            self, "_obs_normaliser" if rows == "observations" else "_reward_normaliser", None) is not None]
+        normalisers = {"observations": getattr(self, "_obs_normaliser", None),
+                       "rewards": getattr(self, "_reward_normaliser", None)}
+        normalised = [rows for rows in resume.get("normalised_replay") or () if normalisers.get(rows) is not None]
         if normalised:
-            rows, flags = " and ".join(normalised), " and ".join(
-                "normalize_obs" if rows == "observations" else "normalize_reward" for rows in normalised)
+            flags = " and ".join(_NORMALISED_BY[rows] for rows in normalised)
             warnings.warn(f"Resuming from '{resume['path']}': an older rlspeed saved its replay buffer with the "
-                          f"{rows} normalised as they were collected, and {flags} now stores them raw and "
-                          "normalises each batch, so the replay buffer refills from empty and updates wait for "
-                          "learning_starts new transitions.", stacklevel=4)
+                          f"{' and '.join(normalised)} normalised as they were collected, and {flags} now stores them "
+                          "raw and normalises each batch, so the replay buffer refills from empty and updates wait "
+                          "for learning_starts new transitions.", stacklevel=4)
             return False
         # (the file's tensors read as views of it mapped in memory, copied into the buffer and dropped: a copy of them
         # besides the buffer it fills, as large as the buffer when full, would not fit where the buffer fills memory)
