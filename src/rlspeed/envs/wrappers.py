@@ -12,6 +12,45 @@ from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, ResetResult, StepResult, observation_layout
 from rlspeed.errors import UserError
 
+#: `(x - mean) / sqrt(var + EPSILON)`: the variance's floor in observation and reward normalisation (as SB3's)
+EPSILON = 1e-8
+
+
+def fold_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch_count, batch_mean: torch.Tensor,
+                 batch_var: torch.Tensor) -> None:
+    """Parallel-variance merge of a batch's (count, mean, variance) into running (mean, var, count), in place.
+    `count` may hold one count per leading index of `mean` (populations: counts `[K]` against moments `[K, ...]`)."""
+    shape = count.shape + (1,) * (mean.dim() - count.dim())
+    running = count.view(shape)
+    delta = batch_mean - mean
+    total = running + batch_count
+    mean.add_(delta * (batch_count / total))
+    m2 = var * running + batch_var * batch_count + delta.square() * (running * batch_count / total)
+    var.copy_(m2 / total)
+    count.copy_(total.view(count.shape))
+
+
+def normalized(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, clip: float) -> torch.Tensor:
+    """`(x - mean) / sqrt(var + EPSILON)` clipped to [-clip, clip], in `x`'s dtype (float32 for integer `x`),
+    computed in the statistics' dtype."""
+    dtype = x.dtype if x.is_floating_point() else torch.float32
+    return ((x - mean) / torch.sqrt(var + EPSILON)).clamp(-clip, clip).to(dtype)
+
+
+def scaled_rewards(reward: torch.Tensor, var: torch.Tensor, clip: float) -> torch.Tensor:
+    """`reward / sqrt(var + EPSILON)` (`var`: the variance of the discounted return) clipped to [-clip, clip], in
+    `reward`'s dtype: reward normalisation's scaling."""
+    return (reward / torch.sqrt(var + EPSILON)).clamp(-clip, clip).to(reward.dtype)
+
+
+def advance_returns(returns: torch.Tensor, reward: torch.Tensor, gamma, ended: torch.Tensor,
+                    fold: Callable[[torch.Tensor], None]) -> None:
+    """One step of reward normalisation's running discounted returns, in place: `returns * gamma + reward`, folded
+    into the return statistics by `fold`, then restarted from 0 on the rows whose episode `ended`."""
+    returns.mul_(gamma).add_(reward)
+    fold(returns)
+    returns.mul_((~ended).to(torch.float32))
+
 
 class RunningMeanStd(nn.Module):
     """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them; kept in
@@ -62,18 +101,11 @@ class RunningMeanStd(nn.Module):
 
     def _fold(self, batch_count, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
         """Parallel-variance merge of a batch's (count, mean, variance) into the running statistics."""
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean.add_(delta * (batch_count / total))
-        m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        fold_moments(self.mean, self.var, self.count, batch_count, batch_mean, batch_var)
 
     def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
-        """`(x - mean) / sqrt(var + 1e-8)`, clipped to [-clip, clip], in `x`'s dtype (computed in the statistics');
-        the statistics are not updated."""
-        dtype = x.dtype if x.is_floating_point() else torch.float32
-        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip).to(dtype)
+        """`normalized` by these statistics; the statistics are not updated."""
+        return normalized(x, self.mean, self.var, clip)
 
 
 def _drop_stats_prefix(module, state_dict, prefix, local_metadata) -> None:
@@ -237,12 +269,9 @@ class NormalizeReward(EnvWrapper):
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._training:
-            self._returns.mul_(self.gamma).add_(reward)
-            self.return_rms.update(self._returns)
-            self._returns.mul_((~(terminated | truncated)).to(torch.float32))
+            advance_returns(self._returns, reward, self.gamma, terminated | truncated, self.return_rms.update)
         return obs, reward if self.hand_out_raw else self.scale(reward), terminated, truncated, info
 
     def scale(self, reward: torch.Tensor) -> torch.Tensor:
-        """`reward / sqrt(var + 1e-8)` (the variance of the discounted return), clipped to [-clip, clip], in
-        `reward`'s dtype; the statistics are not updated."""
-        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).to(reward.dtype)
+        """`scaled_rewards` by the running variance of the discounted return; the statistics are not updated."""
+        return scaled_rewards(reward, self.return_rms.var, self.clip)

@@ -19,8 +19,9 @@ import torch
 
 from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
+from rlspeed.envs.wrappers import advance_returns, fold_moments, normalized, scaled_rewards
 
-_CLIP, _EPS, _INITIAL_COUNT = 10.0, 1e-8, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
+_CLIP, _INITIAL_COUNT = 10.0, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
 
 
 @dataclasses.dataclass
@@ -77,18 +78,9 @@ class MemberStatistics:
 
 
 def _fold(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch: torch.Tensor) -> None:
-    """Merge each member's batch `[K, N, ...]` into its running (mean, var, count) in place: `RunningMeanStd._fold`
-    of the batch's count, mean and (biased) variance, member by member in one set of kernels."""
-    batch_count = float(batch.shape[1])
-    batch_mean, batch_var = batch.mean(1), batch.var(1, unbiased=False)
-    shape = (-1,) + (1,) * (mean.dim() - 1)  # counts `[K]` against `[K, ...]` moments
-    delta = batch_mean - mean
-    total = count + batch_count
-    mean.add_(delta * (batch_count / total).view(shape))
-    m2 = (var * count.view(shape) + batch_var * batch_count
-          + delta.square() * (count * batch_count / total).view(shape))
-    var.copy_(m2 / total.view(shape))
-    count.copy_(total)
+    """Merge each member's batch `[K, N, ...]` into its running (mean, var, count) in place: `fold_moments` of the
+    batch's count, mean and (biased) variance, member by member in one set of kernels."""
+    fold_moments(mean, var, count, float(batch.shape[1]), batch.mean(1), batch.var(1, unbiased=False))
 
 
 class MemberNormalize(EnvWrapper):
@@ -114,9 +106,8 @@ class MemberNormalize(EnvWrapper):
 
     def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         stats = self.statistics
-        blocks = self._blocks(obs)
-        normalized = (blocks - stats.obs_mean.unsqueeze(1)) / torch.sqrt(stats.obs_var.unsqueeze(1) + _EPS)
-        return normalized.clamp_(-_CLIP, _CLIP).reshape(obs.shape).to(obs.dtype)
+        return normalized(self._blocks(obs), stats.obs_mean.unsqueeze(1), stats.obs_var.unsqueeze(1),
+                          _CLIP).reshape(obs.shape)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
@@ -147,10 +138,8 @@ class MemberNormalize(EnvWrapper):
             obs = normalized
         if stats.ret_var is not None:
             if self._training:
-                self._returns.mul_(self._gamma).add_(reward)
-                _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
-                      self._returns.view(self.members, self.rows_per_member).to(stats.ret_mean.dtype))
-                self._returns.mul_((~(terminated | truncated)).to(torch.float32))
-            scale = torch.sqrt(stats.ret_var.unsqueeze(1) + _EPS)
-            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).reshape(reward.shape).to(reward.dtype)
+                advance_returns(self._returns, reward, self._gamma, terminated | truncated,
+                                lambda returns: _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
+                                                      self._blocks(returns).to(stats.ret_mean.dtype)))
+            reward = scaled_rewards(self._blocks(reward), stats.ret_var.unsqueeze(1), _CLIP).reshape(reward.shape)
         return obs, reward, terminated, truncated, info
