@@ -436,6 +436,47 @@ def test_a_populations_checkpoint_apart_from_its_replay_file_resumes_with_an_emp
     assert len(resumed.buffer) == len(population.buffer)
 
 
+def _with_contents(file, contents) -> None:
+    """Rewrite the replay file `file` with `contents` as its record of what its rows hold (None: no record, as files
+    written before it was recorded), its token kept."""
+    from rlspeed.checkpoint import save_checkpoint
+
+    tensors, meta = checkpoint_tensors(file), checkpoint_metadata(file)
+    del meta["digest"]
+    if contents is None:
+        del meta["replay_buffer"]["contents"]
+    else:
+        meta["replay_buffer"]["contents"] = contents
+    save_checkpoint(file, tensors, meta)
+
+
+def test_a_populations_replay_file_records_raw_rows_and_one_recorded_normalised_resumes_empty(tmp_path):
+    """A population's replay file says what its rows hold, as a solo run's does (the env's own observations and
+    rewards); resumed from a file whose rows are recorded as normalised, the replay starts empty with a warning
+    saying why, rather than training on them; a file written before the record (raw: populations normalised
+    nothing) still fills it."""
+    from rlspeed import DQN
+
+    population = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+    population.learn(128)
+    path = population.save(tmp_path / "checkpoint")
+    replay = tmp_path / "checkpoint.replay.safetensors"
+    assert checkpoint_metadata(replay)["replay_buffer"]["contents"] == {"observations": "raw", "rewards": "raw"}
+    _with_contents(replay, None)
+    resumed = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+    resumed.resume(path)
+    assert len(resumed.buffer) == len(population.buffer)
+    _with_contents(replay, {"observations": "normalised", "rewards": "raw"})
+    resumed = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+    with pytest.warns(UserWarning, match=r"checkpoint.replay.safetensors' cannot fill this population's replay "
+                                         r"buffer: its rows hold observations 'normalised'.*the replay buffer starts "
+                                         "empty"):
+        resumed.resume(path)
+    assert resumed.buffer is None
+    resumed.learn(32)
+    assert len(resumed.buffer) == 32
+
+
 @pytest.mark.parametrize(("algo_name", "env_id"), [("SAC", "Pendulum-v1"), ("TD3", "Pendulum-v1"),
                                                    ("DQN", "CartPole-v1")])
 def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_path, algo_name, env_id):

@@ -316,6 +316,30 @@ def test_a_copy_of_an_older_checkpoint_does_not_take_the_replay_buffer_a_later_s
     assert again.buffer.size == model.buffer.size + 8
 
 
+def test_a_resume_whose_replay_file_records_normalised_rows_refills_the_buffer_from_empty(tmp_path):
+    """A replay file beside a checkpoint whose rows are recorded as normalised (the buffer holds the env's own, which
+    rows normalised with the statistics of their time cannot be turned back into) is not loaded on resume: the model
+    says why and refills its buffer from empty."""
+    from rlspeed.checkpoint import save_checkpoint
+
+    settings = dict(seed=0, device="cpu", env_backend="torch", learning_starts=16, batch_size=8, buffer_size=500,
+                    net_arch=(8,), save_replay_buffer=True)
+    model = DQN("CartPole-v1", **settings)
+    model.learn(64, progress_bar=False)
+    path = model.save(tmp_path / "checkpoint")
+    replay = tmp_path / "checkpoint.replay.safetensors"
+    tensors, meta = checkpoint_tensors(replay), checkpoint_metadata(replay)
+    del meta["digest"]
+    meta["replay_buffer"]["contents"] = {"observations": "raw", "rewards": "normalised"}
+    save_checkpoint(replay, tensors, meta)
+    resumed = DQN("CartPole-v1", **settings)
+    resumed.resume(path)
+    with pytest.warns(UserWarning, match=r"checkpoint.replay.safetensors' cannot fill this model's replay buffer: its "
+                                         r"rows hold rewards 'normalised'.*; it refills from empty"):
+        resumed.learn(8, progress_bar=False)
+    assert resumed.buffer.size == 8
+
+
 @pytest.mark.parametrize("saved", [False, True])
 def test_a_resume_from_a_checkpoint_without_its_replay_buffer_says_the_buffer_refills(tmp_path, saved):
     """A single off-policy run resumed from a checkpoint saved without its replay buffer refilled it from empty, and

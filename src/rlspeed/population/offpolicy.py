@@ -66,7 +66,14 @@ import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.dqn import TD_LOSSES
-from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
+from rlspeed.algos.off_policy import (
+    RAW_CONTENTS,
+    OffPolicyAlgorithm,
+    allowed_uniform,
+    clamped,
+    next_masks,
+    no_update_reason,
+)
 from rlspeed.buffers.replay import (
     REPLAY_MEMORY_SHARE,
     FrameStackReplayBuffer,
@@ -995,7 +1002,7 @@ class OffPolicyPopulation(PopulationBase):
         tensors, meta = buffer.state()
         token = secrets.token_hex(16)
         file = replay_path(path)
-        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {**meta, "token": token,
+        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {**meta, "token": token, "contents": RAW_CONTENTS,
                                                                        "alive": list(self.alive)}})
         return {"file": file.name, "token": token}
 
@@ -1022,6 +1029,11 @@ class OffPolicyPopulation(PopulationBase):
         info = meta.get("replay_buffer") or {}
         if info.get("token") != saved.get("token") or info.get("alive") != self.alive:
             warnings.warn(f"'{file}' does not belong to '{path}' (a later save wrote it); {empty}.", stacklevel=3)
+            return
+        # (a file without `contents` was written before it was recorded, by a population that normalised nothing: raw)
+        problem = OffPolicyAlgorithm._replay_contents_problem(info["contents"], []) if "contents" in info else None
+        if problem is not None:
+            warnings.warn(f"'{file}' cannot fill this population's replay buffer: {problem}; {empty}.", stacklevel=3)
             return
         masks = info.get("masks", "next_action_masks" in tensors)  # (a run that applied the env's action masks)
         if info.get("layout", "dense") != ("frames" if self._frame_replay else "dense"):
