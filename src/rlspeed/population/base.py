@@ -39,6 +39,7 @@ from rlspeed.files import write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.numerics import DIVERGED_ADVICE
+from rlspeed.population.normalize import MemberNormalize, MemberStatistics
 from rlspeed.stats import aggregate
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
@@ -688,9 +689,84 @@ class PopulationBase:
         raise NotImplementedError
 
     def member_statistics(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's normalisation statistics named as a solo checkpoint names them (`obs_rms.mean`, ...); empty
-        for populations without normalisation."""
-        return {}
+        """Member k's (original index) normalisation statistics, named as a solo run's checkpoint names them
+        (`obs_rms.mean`, `obs_rms.var`, `obs_rms.count`, `return_rms.*`): the current ones while it trains, those it
+        left with after it left; empty without normalisation."""
+        if self._normalization is None:
+            return {}
+        if k in self.alive:
+            return self._normalization.solo_state(self.alive.index(k))
+        return self._final_normalization.solo_state(k)
+
+    # --- observation and reward normalisation (`rlspeed.population.normalize`) ----------------------------------
+    #: the normalisation statistics of the members in the computation (`MemberNormalize` updates them), and every
+    #: member's as it left (rows of members still training are stale): None without normalize_obs and
+    #: normalize_reward (`_start_normalization`)
+    _normalization: MemberStatistics | None = None
+    _final_normalization: MemberStatistics | None = None
+    #: whether the training env hands out the env's own observations and rewards while it updates the statistics
+    #: (`MemberNormalize.hand_out_raw`): the off-policy populations, whose replay normalises each sampled batch
+    _hands_out_raw = False
+
+    def _start_normalization(self) -> None:
+        """Fresh statistics for every member where the config asks for `normalize_obs` or `normalize_reward`."""
+        cfg = self.config
+        observations, rewards = bool(cfg.normalize_obs), bool(cfg.normalize_reward)
+        if observations or rewards:
+            self._normalization = MemberStatistics.fresh(self.size, tuple(self.spec.observation_shape), observations,
+                                                         rewards, self.device)
+            self._final_normalization = self._normalization.rows(torch.arange(self.size, device=self.device))
+
+    def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
+        """`env` in the population's observation/reward normalisation where it has one (`normalize_obs`,
+        `normalize_reward`): `members` None, the training env of the members in the computation (statistics updated;
+        `_hands_out_raw`: the env's own values handed out); else an evaluation env for `members` (original indices;
+        each member's statistics as it left, or now, frozen). Without normalisation: `env` as it is."""
+        if self._normalization is None:
+            return env
+        if members is None:
+            training = MemberNormalize(env, rows_per_member, self._normalization, self.hyper["gamma"])
+            training.hand_out_raw = self._hands_out_raw
+            return training
+        self._store_alive_statistics()
+        index = torch.tensor(list(members), device=self.device, dtype=torch.long)
+        evaluation = MemberNormalize(env, rows_per_member, self._final_normalization.rows(index))
+        evaluation.training = False
+        return evaluation
+
+    def _store_alive_statistics(self) -> None:
+        """Copy the statistics of the members in the computation into the store of every member's."""
+        if self.alive and self._normalization is not None:
+            self._final_normalization.store(torch.tensor(self.alive, device=self.device), self._normalization)
+
+    def _keep_statistics(self, keep_positions: Sequence[int]) -> None:
+        """Members leave: the statistics of those not at `keep_positions` (positions in `alive`) go to the store of
+        every member's, and the statistics in the computation keep the others."""
+        if self._normalization is None:
+            return
+        gone = [i for i in range(len(self.alive)) if i not in set(keep_positions)]
+        gone_members = torch.tensor([self.alive[i] for i in gone], device=self.device, dtype=torch.long)
+        self._final_normalization.store(gone_members,
+                                        self._normalization.rows(torch.tensor(gone, device=self.device,
+                                                                              dtype=torch.long)))
+        self._normalization = self._normalization.rows(torch.tensor(list(keep_positions), device=self.device,
+                                                                    dtype=torch.long))
+
+    def _statistics_state(self) -> dict[str, torch.Tensor]:
+        """The statistics for a checkpoint (`norm.*`: the members' in the computation, `final_norm.*`: every
+        member's as it left); none without normalisation."""
+        if self._normalization is None:
+            return {}
+        return {f"{prefix}.{key}": value for prefix, stats in (("norm", self._normalization),
+                                                                ("final_norm", self._final_normalization))
+                for key, value in stats.tensors().items()}
+
+    def _load_statistics(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `_statistics_state` saved (`saved_like` each, any float dtype)."""
+        if self._normalization is not None:
+            for prefix, stats in (("norm", self._normalization), ("final_norm", self._final_normalization)):
+                for key, value in stats.tensors().items():
+                    setattr(stats, key, saved_like(tensors, f"{prefix}.{key}", value, any_float=True).clone())
 
     def _member_checkpoint(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's parameters named as a solo checkpoint of `algo_cls` names them (`member_state`'s names, where
@@ -913,13 +989,6 @@ class PopulationBase:
         if unflatten:
             return rows.reshape(*rows.shape[:2], *self._observation_shape)
         return rows
-
-    def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
-        """`env` in the population's observation/reward normalisation where it has one (PPO's and A2C's
-        `normalize_obs`, `normalize_reward`): `members` None, the training env of the members in the computation
-        (statistics updated); else an evaluation env for `members` (original indices; statistics frozen).
-        Default: `env` as it is."""
-        return env
 
     def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> tuple[torch.Tensor, dict]:
         """(first observations, info) of a `_make_env` env: a native env's streams and the EnvPool pools are already

@@ -70,7 +70,6 @@ from rlspeed.population.base import (
     saved_like,
     stack_leaf,
 )
-from rlspeed.population.normalize import MemberNormalize, MemberStatistics
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
 PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
@@ -182,13 +181,7 @@ class PPOPopulation(PopulationBase):
             self.alive: list[int] = list(range(size))
             # every member's parameters as they were when it left (rows of members still training are stale)
             self._final_params = [p.detach().clone() for p in self.params]
-            # observation / reward normalisation statistics of the members in the computation (`MemberNormalize`), and
-            # every member's as it left (rows of members still training are stale): None without normalisation
-            self._normalization = self._final_normalization = None
-            if cfg.normalize_obs or cfg.normalize_reward:
-                self._normalization = MemberStatistics.fresh(size, tuple(self.spec.observation_shape),
-                                                             cfg.normalize_obs, cfg.normalize_reward, self.device)
-                self._final_normalization = self._normalization.rows(torch.arange(size, device=self.device))
+            self._start_normalization()
             self.num_timesteps = 0  # env steps per member
             self._env = None
             self._storage_key = None  # (the rollout storage is made at the first iteration)
@@ -582,9 +575,7 @@ class PPOPopulation(PopulationBase):
             for final, param in zip(self._final_params, self.params):
                 final[gone_members] = param.detach()[gone_rows]
         keep = torch.tensor(rows, device=self.device, dtype=torch.long)
-        if self._normalization is not None:
-            self._final_normalization.store(gone_members, self._normalization.rows(gone_rows))
-            self._normalization = self._normalization.rows(keep)
+        self._keep_statistics(rows)
         self._set_params([param.detach()[keep].requires_grad_() for param in self.params])
         self._exp_avg, self._exp_avg_sq = self._exp_avg[keep], self._exp_avg_sq[keep]
         self.hyper = {key: value[keep] for key, value in self.hyper.items()}
@@ -670,26 +661,14 @@ class PPOPopulation(PopulationBase):
 
         return self._mean_returns(seeds, episodes, policy, members, max_steps)
 
-    def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
-        if self._normalization is None:
-            return env
-        if members is None:  # the training env: the statistics of the members in the computation, updated
-            return MemberNormalize(env, rows_per_member, self._normalization, self.hyper["gamma"])
-        self._store_alive()  # an evaluation env: each member's statistics (as it left, or now), frozen
-        index = torch.tensor(list(members), device=self.device, dtype=torch.long)
-        evaluation = MemberNormalize(env, rows_per_member, self._final_normalization.rows(index))
-        evaluation.training = False
-        return evaluation
-
     def _store_alive(self) -> None:
-        """Copy the parameters of the members in the computation into the store of every member's parameters."""
+        """Copy the parameters (and statistics) of the members in the computation into the store of every member's."""
+        self._store_alive_statistics()
         if self.alive:
             members = torch.tensor(self.alive, device=self.device)
             with torch.no_grad():
                 for final, param in zip(self._final_params, self.params):
                     final[members] = param.detach()
-                if self._normalization is not None:
-                    self._final_normalization.store(members, self._normalization)
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
@@ -706,9 +685,7 @@ class PPOPopulation(PopulationBase):
         tensors.update({f"final.{i}": p for i, p in enumerate(self._final_params)})
         tensors.update({"exp_avg": self._exp_avg, "exp_avg_sq": self._exp_avg_sq})
         tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
-        if self._normalization is not None:
-            tensors.update({f"norm.{key}": value for key, value in self._normalization.tensors().items()})
-            tensors.update({f"final_norm.{key}": value for key, value in self._final_normalization.tensors().items()})
+        tensors.update(self._statistics_state())
         # the schedules' end is the learn call's in progress (`progress` set): a save between learn calls has none, as
         # the next learn call sets its own
         in_learn = self.progress is not None
@@ -724,10 +701,7 @@ class PPOPopulation(PopulationBase):
         self._final_params = [take(f"final.{i}", p) for i, p in enumerate(self._final_params)]
         self._exp_avg, self._exp_avg_sq = take("exp_avg", self._exp_avg), take("exp_avg_sq", self._exp_avg_sq)
         self.hyper = {key: take(f"hyper.{key}", value) for key, value in self.hyper.items()}
-        if self._normalization is not None:
-            for prefix, stats in (("norm", self._normalization), ("final_norm", self._final_normalization)):
-                for key, value in stats.tensors().items():
-                    setattr(stats, key, take(f"{prefix}.{key}", value, any_float=True))
+        self._load_statistics(tensors)
         self._adam_steps = int(values["adam_steps"])
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)
@@ -736,16 +710,6 @@ class PPOPopulation(PopulationBase):
 
     def _member_checkpoint(self, k: int) -> dict[str, torch.Tensor]:
         return {f"policy.{name}": value for name, value in self.member_state(k).items()}
-
-    def member_statistics(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's (original index) normalisation statistics, named as a solo run's checkpoint names them
-        (`obs_rms.mean`, `obs_rms.var`, `obs_rms.count`, `return_rms.*`): the current ones while it trains, those it
-        left with after it left; empty without normalisation."""
-        if self._normalization is None:
-            return {}
-        if k in self.alive:
-            return self._normalization.solo_state(self.alive.index(k))
-        return self._final_normalization.solo_state(k)
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the
