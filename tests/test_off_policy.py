@@ -858,9 +858,9 @@ def test_sac_normalize_obs_stores_raw_observations_normalises_batches_and_saves_
     assert float(loaded.obs_rms.count) > float(model.obs_rms.count)
 
 
-def test_off_policy_normalize_obs_from_the_cli_and_refused_for_populations(tmp_path, capsys):
-    """`--set normalize_obs=true` trains and records it in config.yaml; off-policy populations refuse it in one
-    sentence (they would ignore it)."""
+def test_off_policy_normalize_obs_from_the_cli_and_one_value_for_a_population(tmp_path, capsys):
+    """`--set normalize_obs=true` trains and records it in config.yaml; an off-policy population takes it for all its
+    members (each with its own statistics), and refuses one member's own value in one sentence."""
     out = tmp_path / "run"
     assert main(["train", "sac", "Pendulum-v1", "--preset", "none", "--set", "normalize_obs=true", "--set",
                  "learning_starts=32", "--set", "batch_size=16", "--set", "net_arch=[16]", "--total-timesteps",
@@ -870,9 +870,9 @@ def test_off_policy_normalize_obs_from_the_cli_and_refused_for_populations(tmp_p
     assert SAC.load(out / "model").obs_rms is not None
     from rlspeed.population import Population
 
-    with pytest.raises(UserError, match="SAC populations do not support normalize_obs"):
-        Population(SAC, "Pendulum-v1", seeds=range(2), normalize_obs=True)
-    with pytest.raises(UserError, match="TD3 populations do not support normalize_reward"):
+    assert Population(SAC, "Pendulum-v1", seeds=range(2), normalize_obs=True).member_statistics(1).keys() == {
+        "obs_rms.mean", "obs_rms.var", "obs_rms.count"}
+    with pytest.raises(UserError, match="member_overrides sets 'normalize_reward'"):
         Population(TD3, "Pendulum-v1", seeds=range(2), member_overrides=[{}, {"normalize_reward": True}])
 
 

@@ -108,6 +108,36 @@ def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameter
             torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(("algo", "env_id", "hyper"), [
+    (SAC, "Pendulum-v1", SMALL),
+    (DQN, "CartPole-v1", {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
+                          "target_update_interval": 16, "net_arch": [32, 32], "n_step": 3})])
+def test_members_normalise_observations_and_rewards_as_their_solo_runs(algo, env_id, hyper):
+    """normalize_obs and normalize_reward: each member keeps its own running statistics (its own gamma for the
+    discounted return), its replay stores the env's own observations and rewards and normalises each sampled batch,
+    as the solo run with its seed does: member k's parameters and statistics are the solo run's, and evaluated on the
+    solo run's evaluation episodes (observations normalised by its statistics, frozen) it scores the solo's."""
+    normalise = {"normalize_obs": True, "normalize_reward": True}
+    seeds, steps, gammas = [3, 7], 80, [0.99, 0.9]
+    population = Population(algo, env_id, seeds=seeds, env_backend="torch", gamma=gammas, **hyper, **normalise)
+    initial = [population.member_state(k) for k in range(2)]
+    population._start(steps)
+    while population.num_timesteps < steps:
+        population.train_iteration()
+    if algo is SAC:  # (the replay holds Pendulum's own rewards, down to -16.3, not scaled ones)
+        assert float(population.buffer.sample(torch.arange(64).expand(2, 64))["rewards"].min()) < -1
+    for k, seed in enumerate(seeds):
+        solo = algo(env_id, seed=seed, env_backend="torch", gamma=gammas[k], **hyper, **normalise)
+        solo_initial = _state(solo)
+        solo.learn(steps, progress_bar=False)
+        solo_trained = {**_state(solo), **{f"{name}.{key}": value for name in ("obs_rms", "return_rms")
+                                           for key, value in getattr(solo, name).state_dict().items()}}
+        trained = {**population.member_state(k), **population.member_statistics(k)}
+        assert_member_is_its_solo_run(initial[k], trained, solo_initial, solo_trained, rtol=1e-5)
+        solo_eval = solo.evaluate(episodes=2, seed=100 + k)["mean"]
+        assert population.evaluate([100 + k], episodes=2, members=[k]).item() == pytest.approx(solo_eval, abs=1e-3)
+
+
 def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     """on_eval prunes member 0 at the first evaluation: it leaves the computation (its stacks shrink), member 1
     trains on exactly as the solo run, member 0 keeps the parameters it left with, and the summary says when it
@@ -247,6 +277,17 @@ def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
     with pytest.raises(UserError, match=words) as error:
         Population(algo, "Pendulum-v1", seeds=seeds, **hyper)
     assert "\n" not in str(error.value)
+
+
+def test_normalize_obs_on_observations_that_go_through_an_encoder_is_one_sentence():
+    """A population normalises float vector observations only (as PPO's): one-hot Discrete observations refuse
+    normalize_obs in one sentence rather than normalising indices; normalize_reward alone is taken."""
+    with pytest.raises(UserError, match="^normalize_obs applies to float vector observations.*drop normalize_obs") \
+            as error:
+        Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_obs=True)
+    assert "\n" not in str(error.value)
+    assert Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_reward=True).member_statistics(0).keys() == {
+        "return_rms.mean", "return_rms.var", "return_rms.count"}
 
 
 def test_on_eval_returning_an_unknown_member_is_one_sentence():

@@ -477,18 +477,20 @@ def test_a_populations_replay_file_records_raw_rows_and_one_recorded_normalised_
     assert len(resumed.buffer) == 32
 
 
-@pytest.mark.parametrize(("algo_name", "env_id"), [("SAC", "Pendulum-v1"), ("TD3", "Pendulum-v1"),
-                                                   ("DQN", "CartPole-v1")])
-def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_path, algo_name, env_id):
+@pytest.mark.parametrize(("algo_name", "env_id", "extra"), [
+    ("SAC", "Pendulum-v1", {"normalize_obs": True, "normalize_reward": True}), ("TD3", "Pendulum-v1", {}),
+    ("DQN", "CartPole-v1", {})])
+def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_path, algo_name, env_id, extra):
     """As for PPO, with the replay buffer saved beside each checkpoint (`save_replay_buffer=True`; the buffer wraps:
     400 rows per member, 1024 steps), so the resumed members sample the same transitions; DQN's epsilon schedule
-    keeps the run's span."""
+    keeps the run's span; with normalize_obs and normalize_reward, each member's statistics (those of the member
+    pruned on the way as it left) and the running returns carry over."""
     import rlspeed
 
     algo = getattr(rlspeed, algo_name)
 
     def make():
-        return _offpolicy(algo, env_id, save_replay_buffer=True)
+        return _offpolicy(algo, env_id, save_replay_buffer=True, **extra)
 
     expected_summary, expected, checkpoint, saved_steps = _killed_after_first_checkpoint(tmp_path, make)
     assert (tmp_path / "b" / "checkpoint.replay.safetensors").exists()
@@ -496,6 +498,8 @@ def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_pat
     replay = checkpoint_tensors(tmp_path / "b" / "final.replay.safetensors")
     for name, value in checkpoint_tensors(tmp_path / "a" / "final.replay.safetensors").items():
         assert torch.equal(replay[name], value), name
+    if extra:  # (the statistics are in the checkpoint, the pruned member's among every member's as it left)
+        assert {"state.norm.obs_mean", "state.norm.ret_var", "state.final_norm.obs_count"} <= set(expected)
 
 
 def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_empty(tmp_path):

@@ -1044,14 +1044,6 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # a shipped or RL-Zoo preset's serves its target only)
     args.eval_freq_given = preset.source == "file" and "eval_freq" in run_settings
     dropped_notes: dict[str, str] = {}  # (a preset's setting left out -> the note that says so)
-    if hyper.get("normalize_reward") and preset.source != "file" and getattr(args, "seeds", None) is not None:
-        from rlspeed.algos.off_policy import OffPolicyConfig
-
-        if issubclass(algo_cls.config_cls, OffPolicyConfig):  # (off-policy populations do not normalise: a solo run
-            hyper["normalize_reward"] = False  # does)
-            dropped_notes["normalize_reward"] = (f"rlspeed: note: the preset's normalize_reward is left out: "
-                                                 f"{algo_cls.__name__} populations do not normalise rewards (a solo "
-                                                 "run does)")
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
         # one-hot encoded instead (asked for with --set, the same is an error that says so)
@@ -1061,15 +1053,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
 
         # (the space the run's env options make: an option may turn float vectors into indices, or back)
         space = env_spec(args.env_id, _env_kwargs(args)).observation_space
-        from rlspeed.algos.off_policy import OffPolicyConfig
-
         if not normalizable(space):
             hyper["normalize_obs"] = False
-        elif getattr(args, "seeds", None) is not None and issubclass(algo_cls.config_cls, OffPolicyConfig):
-            hyper["normalize_obs"] = False  # (off-policy populations do not normalise: a solo run does)
-            dropped_notes["normalize_obs"] = (f"rlspeed: note: the preset's normalize_obs is left out: "
-                                              f"{algo_cls.__name__} populations do not normalise observations (a "
-                                              "solo run does)")
         elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
             # (a population normalises what reaches its networks without an encoder, float vectors, only)
             hyper["normalize_obs"] = False

@@ -67,6 +67,18 @@ class MemberStatistics:
         for name, value in rows.tensors().items():
             getattr(self, name)[index] = value
 
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations `[K, B, ...]` (member k's in row k), each member's normalised by its statistics (`normalized`,
+        clip 10), in `obs`'s dtype; the statistics are not updated."""
+        shape = (-1,) + (1,) * (obs.dim() - self.obs_mean.dim())
+        return normalized(obs, self.obs_mean.view(shape + self.obs_mean.shape[1:]),
+                          self.obs_var.view(shape + self.obs_var.shape[1:]), _CLIP)
+
+    def scale_rewards(self, reward: torch.Tensor) -> torch.Tensor:
+        """Rewards `[K, ...]` (member k's in row k), each member's scaled by the running variance of its discounted
+        return (`scaled_rewards`, clip 10), in `reward`'s dtype; the statistics are not updated."""
+        return scaled_rewards(reward, self.ret_var.view((-1,) + (1,) * (reward.dim() - 1)), _CLIP)
+
     def solo_state(self, row: int) -> dict[str, torch.Tensor]:
         """Member `row`'s statistics named as a solo model's checkpoint names them (`obs_rms.mean`, ...)."""
         state = {}
@@ -86,7 +98,14 @@ def _fold(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch: tor
 class MemberNormalize(EnvWrapper):
     """`NormalizeObservation` then `NormalizeReward` of a population env whose rows are K blocks of
     `rows_per_member`, block k by member k's `statistics` (see the module docstring). `gamma` `[K]`: each member's
-    discount for the running return. Set `training = False` to freeze the statistics (evaluation envs)."""
+    discount for the running return. Set `training = False` to freeze the statistics (evaluation envs).
+
+    `hand_out_raw = True` keeps updating the statistics but hands out the env's own observations and rewards, as the
+    solo wrappers' flag: the off-policy populations' training env, whose replay stores the env's own rows and
+    normalises each sampled batch (`MemberStatistics.normalize_obs`, `scale_rewards`).
+    """
+
+    hand_out_raw = False
 
     def __init__(self, env: BatchedEnv, rows_per_member: int, statistics: MemberStatistics,
                  gamma: torch.Tensor | None = None):
@@ -105,9 +124,7 @@ class MemberNormalize(EnvWrapper):
         return x.reshape(self.members, self.rows_per_member, *x.shape[1:])
 
     def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
-        stats = self.statistics
-        return normalized(self._blocks(obs), stats.obs_mean.unsqueeze(1), stats.obs_var.unsqueeze(1),
-                          _CLIP).reshape(obs.shape)
+        return self.statistics.normalize_obs(self._blocks(obs)).reshape(obs.shape)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
@@ -116,30 +133,33 @@ class MemberNormalize(EnvWrapper):
 
     def reset(self, seed=None):
         """Zero the running returns, reset the inner env, fold the first observations in (while `training`) and
-        return them normalised."""
+        return them normalised (as they are with `hand_out_raw`)."""
         self._returns.zero_()
         obs, info = self.env.reset(seed=seed)
         if self.statistics.obs_mean is None:
             return obs, info
         self._update_obs(obs)
-        return self._normalize_obs(obs), info
+        return (obs if self.hand_out_raw else self._normalize_obs(obs)), info
 
     @torch.no_grad()
     def step(self, actions: torch.Tensor):
         """Step the inner env; observations (and `info["final_obs"]`) normalised after folding `obs` in, rewards
-        divided by the running std of each member's discounted return after updating it, as the solo wrappers do."""
+        divided by the running std of each member's discounted return after updating it, as the solo wrappers do
+        (with `hand_out_raw`, the statistics updated and the env's own observations and rewards handed out)."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
         stats = self.statistics
         if stats.obs_mean is not None:
             self._update_obs(obs)
-            normalized = self._normalize_obs(obs)
-            final = info["final_obs"]
-            info["final_obs"] = normalized if final is obs else self._normalize_obs(final)
-            obs = normalized
+            if not self.hand_out_raw:
+                normalized = self._normalize_obs(obs)
+                final = info["final_obs"]
+                info["final_obs"] = normalized if final is obs else self._normalize_obs(final)
+                obs = normalized
         if stats.ret_var is not None:
             if self._training:
                 advance_returns(self._returns, reward, self._gamma, terminated | truncated,
                                 lambda returns: _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
                                                       self._blocks(returns).to(stats.ret_mean.dtype)))
-            reward = scaled_rewards(self._blocks(reward), stats.ret_var.unsqueeze(1), _CLIP).reshape(reward.shape)
+            if not self.hand_out_raw:
+                reward = stats.scale_rewards(self._blocks(reward)).reshape(reward.shape)
         return obs, reward, terminated, truncated, info

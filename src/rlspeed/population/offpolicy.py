@@ -17,6 +17,10 @@ one update call takes a gradient step for every member. Member `k` is a solo
   draws, replay indices, the policy's and the target smoothing's noise in the update) comes from member k's own
   `torch.Generator`, started from the state the solo run's global generator has when its training starts, in the
   solo run's order and shapes, so they are the solo run's draws;
+* with `normalize_obs` / `normalize_reward`, its own running statistics (`rlspeed.population.normalize`), updated
+  from its env rows as the solo run's wrappers update theirs; the env hands out its own observations and rewards,
+  which the replay stores, and the member acts on observations normalised by its statistics and updates on batches
+  normalised (and rewards scaled) by them at sampling time, as the solo run's `VecNormalize`-like replay does;
 * per-member hyperparameters that do not change shapes (`PER_MEMBER_SAC`, `PER_MEMBER_TD3`, `PER_MEMBER_DQN`) are
   tensors `[K]` (or host values where the solo run uses host floats: DQN's epsilon schedule); Adam and DQN's
   gradient clipping are per member (TD3's actor steps only every `policy_delay`).
@@ -46,9 +50,9 @@ through its own multi-input encoder, as `rlspeed.population.ppo` says: the nativ
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
-steps, the per-member hyperparameter tensors, the schedules' span and TD3's noise process and update count; with
-`save_replay_buffer=True` the replay buffer goes beside each checkpoint (`<name>.replay.safetensors`), else a
-resumed replay starts empty.
+steps, the per-member hyperparameter tensors, the normalisation statistics, the schedules' span and TD3's noise
+process and update count; with `save_replay_buffer=True` the replay buffer goes beside each checkpoint
+(`<name>.replay.safetensors`, its rows recorded as the env's own: `contents`), else a resumed replay starts empty.
 """
 
 from __future__ import annotations
@@ -122,7 +126,8 @@ PER_MEMBER_DQN = ("learning_rate", "gamma", "tau", "max_grad_norm", "exploration
 SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
                          "anneal_lr", "adam_eps", "ortho_init", "buffer_size", "n_step", "activation", "encoder",
                          "cnn_features_dim", "normalize_images", "n_critics", "fused_update", "policy_delay",
-                         "action_noise", "target_update_interval", "double_q", "dueling", "use_masking")
+                         "action_noise", "target_update_interval", "double_q", "dueling", "use_masking",
+                         "normalize_obs", "normalize_reward")
 _ADAM_BETAS = (0.9, 0.999)  # as `rlspeed.nn.make_adam` (epsilon: the config's adam_eps)
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
@@ -607,6 +612,9 @@ class OffPolicyPopulation(PopulationBase):
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
+    #: `normalize_obs`, `normalize_reward`: the replay stores the env's own observations and rewards and normalises
+    #: each sampled batch by each member's statistics at sampling time (`_normalized_rows`), as a solo run's does
+    _hands_out_raw = True
     #: whether the members may have encoders with parameters (each member's own CNN or multi-input encoder:
     #: `MemberEncoder`); encoders without parameters (one-hot Discrete observations, flattened bool or integer
     #: vectors, Dict or Tuple observations of those: `member_features`) every off-policy population takes
@@ -624,14 +632,13 @@ class OffPolicyPopulation(PopulationBase):
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
         # (and trainable ones, also inside a caller's torch.inference_mode(), and built on the CPU, also where the
         # caller made another device torch's default, as a solo model's)
-        for name in ("normalize_obs", "normalize_reward"):
-            if hyperparameters.get(name) or any((o or {}).get(name) for o in member_overrides or ()):
-                raise UserError(f"{algo_cls.__name__} populations do not support {name} yet: leave it out, or train "
-                                "the seeds as separate runs (PPO and A2C populations normalise).")
         threads = check_num_threads(hyperparameters.get("num_threads"))
         with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
             encoder = getattr(solos[0].policy, "encoder", None)
+            if encoder is not None and self.config.normalize_obs:  # (as PPO populations: float vectors only)
+                raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
+                                f"{encoder.kind}: drop normalize_obs.")
             if has_parameters(encoder) and not self.member_encoders:
                 raise UserError(f"{algo_cls.__name__} populations cover encoders without parameters so far (float, "
                                 f"one-hot Discrete, MultiBinary or integer vectors, and Dict or Tuple observations of "
@@ -656,6 +663,7 @@ class OffPolicyPopulation(PopulationBase):
             self.update_path, self.update_reason = "autograd", "populations have a hand-derived update for SAC only"
             self._build(solos)
             del solos
+            self._start_normalization()
             #: original indices of the members still in the computation; every stacked tensor follows this order
             self.alive = list(range(self.size))
             self.num_timesteps = 0  # env steps per member
@@ -870,9 +878,9 @@ class OffPolicyPopulation(PopulationBase):
                 if timesteps < cfg.learning_starts:
                     actions = self._random_actions(envs, masks)
                 elif masking:
-                    actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps, masks)
+                    actions = self._explore(self._inputs(self._acting_obs(obs, alive, envs)), timesteps, masks)
                 else:
-                    actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps)
+                    actions = self._explore(self._inputs(self._acting_obs(obs, alive, envs)), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
                 following = None  # (the masks at each row's next observation)
@@ -893,6 +901,25 @@ class OffPolicyPopulation(PopulationBase):
         self._after_iteration(before)
         self.num_timesteps += steps
         return steps
+
+    def _acting_obs(self, obs: torch.Tensor, alive: int, envs: int) -> torch.Tensor:
+        """The training env's observations `[K * N, ...]` as the members act on them, `[K, N, ...]`: normalised by
+        each member's statistics with `normalize_obs` (the env hands out its own), as a solo run's `_normalised_obs`."""
+        obs = obs.view(alive, envs, -1)
+        stats = self._normalization
+        return obs if stats is None or stats.obs_mean is None else stats.normalize_obs(obs)
+
+    def _normalized_rows(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sampled replay rows `[K, B, ...]` (the env's own) with observations normalised (`normalize_obs`) and
+        rewards scaled (`normalize_reward`) by each member's statistics now, as a solo run's `_prepare_normalised`."""
+        stats = self._normalization
+        if stats is None:
+            return rows
+        if stats.obs_mean is not None:
+            rows = {**rows, "obs": stats.normalize_obs(rows["obs"]), "next_obs": stats.normalize_obs(rows["next_obs"])}
+        if stats.ret_var is not None:
+            rows = {**rows, "rewards": stats.scale_rewards(rows["rewards"])}
+        return rows
 
     def _replay_obs_dtype(self) -> torch.dtype:
         """How the replay stores observations: images (members with their own CNN) in the env's dtype, everything
@@ -933,7 +960,7 @@ class OffPolicyPopulation(PopulationBase):
             count = min(chunk, gradient_steps - first)
             index = torch.stack([torch.randint(0, rows, (count * batch_size,), device=self.device, generator=g)
                                  for rows, g in zip(stored, self.generators)])
-            rows = buffer.sample(index)
+            rows = self._normalized_rows(buffer.sample(index))
             rows["obs"], rows["next_obs"] = self._inputs(rows["obs"]), self._inputs(rows["next_obs"])
             for i in range(count):
                 self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
@@ -943,6 +970,7 @@ class OffPolicyPopulation(PopulationBase):
         tensors = {f"{name}.{i}": t.detach() for name in self._member_lists for i, t in enumerate(getattr(self, name))}
         tensors.update({name: getattr(self, name).detach() for name in self._member_tensors})
         tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        tensors.update(self._statistics_state())
         # the schedules' span is the learn call's in progress (`progress` set): a save between learn calls has none,
         # as the next learn call sets its own
         in_learn = self.progress is not None and hasattr(self, "_schedule_end")
@@ -978,6 +1006,7 @@ class OffPolicyPopulation(PopulationBase):
                     copy(f"{name}.exp_avg", adam.exp_avg)
                     copy(f"{name}.exp_avg_sq", adam.exp_avg_sq)
                     adam.steps = int(values["adam_steps"][name])
+        self._load_statistics(tensors)
         self._left = {int(k): {name: [tensors[f"left.{k}.{name}.{i}"].clone() for i in range(count)]
                                for name, count in self._row_counts().items() if f"left.{k}.{name}.0" in tensors}
                       for k in values["left"]}
@@ -1078,6 +1107,7 @@ class OffPolicyPopulation(PopulationBase):
         if self.buffer is not None:
             self.buffer.keep(index)
         self._keep_rows(index)
+        self._keep_statistics(keep_positions)
         self._keep_members(keep_positions)
 
     def _keep_rows(self, index: torch.Tensor) -> None:
