@@ -203,11 +203,42 @@ def test_loading_with_another_algorithm_is_a_user_error(tmp_path, cartpole_model
     path = cartpole_model.save(tmp_path / "model.safetensors")
     for other in others:
         with pytest.raises(rlspeed.UserError, match=rf"holds a model of PPO, not of {other.__name__}; load it with "
-                                                    r"rlspeed\.PPO\.load"):
+                                                    r"rlspeed\.PPO\.load, or rlspeed\.load\(path\)"):
             other.load(path, device="cpu")
     from rlspeed.algos.base import Algorithm
 
     assert type(Algorithm.load(path, device="cpu")) is PPO  # (the base class takes whichever algorithm it holds)
+
+
+class SubclassedDQN(rlspeed.DQN):
+    """A user's DQN subclass, its module imported where its file is loaded."""
+
+
+def test_rlspeed_load_gives_the_model_of_whichever_class_saved_it(tmp_path, cartpole_model):
+    """docs/checkpoints.md: `rlspeed.load(path)` (Stable-Baselines3's `PPO.load` without knowing the class) gives the
+    model as the class that saved it: each algorithm, a user's subclass whose module is imported, from a file or a run
+    directory; a file that is no rlspeed model, or of an algorithm not imported, is one sentence."""
+    small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
+    dqn = SubclassedDQN("CartPole-v1", seed=0, device="cpu", **small)
+    (tmp_path / "run").mkdir()
+    files = {PPO: cartpole_model.save(tmp_path / "ppo"), SubclassedDQN: dqn.save(tmp_path / "run" / "model"),
+             rlspeed.SAC: rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac")}
+    for cls, path in files.items():
+        loaded = rlspeed.load(path, device="cpu")
+        assert type(loaded) is cls
+        obs = observation_batch(loaded, size=4).numpy()
+        assert np.array_equal(loaded.predict(obs, deterministic=True)[0],
+                              cls.load(path, device="cpu").predict(obs, deterministic=True)[0])
+    assert type(rlspeed.load(tmp_path / "run", device="cpu")) is SubclassedDQN  # (a run directory: its model)
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(files[PPO])
+    rlspeed.checkpoint.save_checkpoint(tmp_path / "other", tensors, {**meta, "algo": "trpo",
+                                                                      "class": "sb3_contrib.TRPO"})
+    with pytest.raises(UserError, match=r"holds a model of sb3_contrib.TRPO, which is not one of rlspeed's "
+                                        r"algorithms: load it with TRPO.load"):
+        rlspeed.load(tmp_path / "other")
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(UserError, match=r"notes.txt' is not an rlspeed checkpoint"):
+        rlspeed.load(tmp_path / "notes.txt")
 
 
 def test_a_stable_baselines3_zip_is_named(tmp_path):

@@ -1,6 +1,6 @@
 """rlspeed: fast reinforcement learning in PyTorch on any accelerator.
 
-Public API: `auto_accelerate`, `accelerate_step`,
+Public API: `auto_accelerate`, `accelerate_step`, `load` (a saved model of any algorithm),
 `PPO`, `A2C`, `RecurrentPPO`, `DQN`, `SAC`, `TD3`, `DDPG`, `make_env`, `evaluate`, `record_video`, `resolve_device`,
 `UserError`; callbacks for `learn` (`BaseCallback`, `CallbackList`, `EvalCallback`, `CheckpointCallback`,
 `StopTrainingOnRewardThreshold`, `StopTrainingOnNoModelImprovement`, `EveryNTimesteps`; all in `rlspeed.callbacks`).
@@ -20,7 +20,7 @@ from rlspeed._version import __version__
 
 if TYPE_CHECKING:  # (what the names are, for type checkers and the API docs; at run time `__getattr__` loads them)
     from rlspeed.accel import accelerate_step, auto_accelerate
-    from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
+    from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3, RecurrentPPO, load
     from rlspeed.callbacks import (
         BaseCallback,
         CallbackList,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # (what the names are, for type checkers and the API docs; at
 #: each public name and the module it comes from
 _SOURCES = {
     "auto_accelerate": "rlspeed.accel", "accelerate_step": "rlspeed.accel",
-    **dict.fromkeys(["PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG"], "rlspeed.algos"),
+    **dict.fromkeys(["PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG", "load"], "rlspeed.algos"),
     **dict.fromkeys(["BaseCallback", "CallbackList", "EvalCallback", "CheckpointCallback",
                      "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement", "EveryNTimesteps"],
                     "rlspeed.callbacks"),
@@ -47,10 +47,10 @@ _SOURCES = {
     "resolve_device": "rlspeed.device", "UserError": "rlspeed.errors",
 }
 
-__all__ = ["auto_accelerate", "accelerate_step", "PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG", "make_env",
-           "evaluate", "record_video", "resolve_device", "UserError", "__version__", "BaseCallback", "CallbackList",
-           "EvalCallback", "CheckpointCallback", "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement",
-           "EveryNTimesteps"]
+__all__ = ["auto_accelerate", "accelerate_step", "load", "PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG",
+           "make_env", "evaluate", "record_video", "resolve_device", "UserError", "__version__", "BaseCallback",
+           "CallbackList", "EvalCallback", "CheckpointCallback", "StopTrainingOnRewardThreshold",
+           "StopTrainingOnNoModelImprovement", "EveryNTimesteps"]
 
 
 def _lazy_getattr(name: str):

@@ -1,4 +1,13 @@
-"""Ready algorithms with an SB3-like API. `ALGORITHMS` maps CLI names to classes."""
+"""Ready algorithms with an SB3-like API. `ALGORITHMS` maps CLI names to classes; `load` rebuilds whichever
+algorithm's model a file holds."""
+
+from __future__ import annotations
+
+import os
+import typing
+from pathlib import Path
+
+import torch
 
 from rlspeed.algos.a2c import A2C, A2CConfig
 from rlspeed.algos.base import Algorithm
@@ -12,5 +21,18 @@ from rlspeed.algos.td3 import TD3, TD3Config
 ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC, "td3": TD3, "ddpg": DDPG,
                                         "recurrent_ppo": RecurrentPPO}
 
-__all__ = ["Algorithm", "PPO", "PPOConfig", "A2C", "A2CConfig", "DQN", "DQNConfig", "SAC", "SACConfig", "TD3",
+
+
+def load(path: str | os.PathLike[str] | Path, device: str | torch.device = "auto", env: typing.Any = None,
+         **options: typing.Any) -> Algorithm:
+    """The model saved at `path` (a file `save` or a run wrote, or a run directory: its model.safetensors), as an
+    instance of the class that saved it, whichever algorithm that is: `Algorithm.load`, which `PPO.load` and the
+    others are when the file holds their algorithm (a subclass of the user's when its module is imported, else the
+    rlspeed algorithm it derives from, with a warning). `device` and `env` are `Algorithm.load`'s, and so are
+    `options` (`verify`, `allow_nonfinite`, hyperparameter overrides). A file that is not an rlspeed model (another
+    library's, a population's checkpoint, a replay buffer) or of an algorithm not imported is a UserError."""
+    return Algorithm.load(path, device=device, env=env, **options)
+
+
+__all__ = ["load", "Algorithm", "PPO", "PPOConfig", "A2C", "A2CConfig", "DQN", "DQNConfig", "SAC", "SACConfig", "TD3",
            "TD3Config", "DDPG", "DDPGConfig", "RecurrentPPO", "RecurrentPPOConfig", "ALGORITHMS"]

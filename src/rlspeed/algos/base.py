@@ -39,6 +39,7 @@ from rlspeed.checkpoint import (
     checkpoint_path,
     load_checkpoint,
     refuse_non_model,
+    run_model,
     save_with_staged,
 )
 from rlspeed.device import (
@@ -3152,10 +3153,10 @@ class Algorithm:
     def load(cls, path: str | Path, device: str | torch.device = "auto",
              env: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None, verify: bool = True,
              allow_nonfinite: bool = False, **overrides: typing.Any) -> Self:
-        """Rebuild the model saved at `path` (as given, or with `.safetensors` appended where that does not exist) on
-        `device` (no unpickling). `env` is optional: without it, `learn` builds one.
-        `Algorithm.load` (rlspeed.algos.base) rebuilds whichever algorithm the file holds; `PPO.load` and the others
-        refuse another's.
+        """Rebuild the model saved at `path` (as given, or with `.safetensors` appended where that does not exist; a
+        run directory: its model.safetensors) on `device` (no unpickling). `env` is optional: without it, `learn`
+        builds one. `Algorithm.load` (`rlspeed.load`) rebuilds whichever algorithm the file holds, as the user's
+        subclass that saved it where its module is imported; `PPO.load` and the others refuse another's.
 
         The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters. `env_kwargs=` (a dict)
@@ -3167,6 +3168,7 @@ class Algorithm:
                             "pickled objects (replace a saved hyperparameter with a keyword: load(path, "
                             "learning_rate=...)), and an env given to load starts fresh episodes.")
         device = resolve_device(device)
+        path = run_model(path) if isinstance(path, (str, os.PathLike)) else path  # (a run directory: its model)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
         algo = cls
@@ -3178,7 +3180,8 @@ class Algorithm:
                                 f"it with {saved.rpartition('.')[2]}.load (its module imported).")
             if cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
                 raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
-                                f"rlspeed.{algo.__name__}.load.")
+                                f"rlspeed.{algo.__name__}.load, or rlspeed.load(path), which loads any model.")
+            algo = imported_saved_class(meta, algo)  # (a subclass of the user's that saved it, its module imported)
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own)
             raise UserError(f"'{path}' was saved by {other}, whose settings {algo.__name__}.load does not have "
