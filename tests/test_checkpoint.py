@@ -926,13 +926,14 @@ for name, path in zip(("PPO", "SAC", "DQN"), sys.argv[1:]):
     model = getattr(rlspeed, name).load(path, device="cpu")
     model.predict(np.zeros(model.spec.observation_shape, np.float32), deterministic=True)
     model.evaluate(episodes=1, deterministic=True)
+    model.save(path + "_resaved")
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
 """
 
 
 def test_loading_to_act_builds_no_optimizer(tmp_path):
-    """docs/checkpoints.md: a model loaded to act (load, predict, evaluate) builds no optimizer, so a fresh process
-    never imports torch._dynamo (which torch imports when the first optimizer is made)."""
+    """docs/checkpoints.md: a model loaded to act (load, predict, evaluate), and saved again, builds no optimizer,
+    so a fresh process never imports torch._dynamo (which torch imports when the first optimizer is made)."""
     small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
     paths = [rlspeed.PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo"),
              rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac"),

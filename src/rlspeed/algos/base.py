@@ -1819,7 +1819,7 @@ class Algorithm:
     def _ensure_optimizer(self) -> None:
         """The one place that builds the optimisers and update steps a model made without them (`_setup` leaves them
         to `_setup_optimizer`), on the first read of one of `_optimizer_attributes` (the first learn, a gradient step,
-        `model.optimizer`, save): a model loaded to act (predict, evaluate, export) never builds them, nor imports
+        `model.optimizer`): a model loaded to act (predict, evaluate, export) or saved never builds them, nor imports
         torch._dynamo, which torch's optimizers import when first made. What a `_setup` put in place of one stays, and
         the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them then."""
         if not self.__dict__.get("_optimizer_deferred"):
@@ -3059,7 +3059,13 @@ class Algorithm:
             raise UserError(f"save writes a file: give a path (str or pathlib.Path), not a {type(path).__name__}.")
         tensors = self._state_tensors()
         optim_meta = {}
-        for name, optimizer in self._optimizers().items():
+        deferred = self.__dict__.get("_optimizer_deferred")
+        if deferred:  # (not built: the state a checkpoint gave, unchanged, or none; building the optimisers here
+            # would cost a model saved to act the import of torch._dynamo)
+            optim_tensors, optim_meta = self.__dict__.get("_optimizer_state") or ({}, {})
+            tensors.update(optim_tensors)
+            optim_meta = dict(optim_meta)
+        for name, optimizer in ({} if deferred else self._optimizers()).items():
             state = optimizer.state_dict()
             for index, entries in state["state"].items():
                 for key, value in entries.items():
