@@ -921,19 +921,26 @@ def test_float32_bounds_are_recorded_as_the_decimals_the_env_gave():
 _ACT_FROM_CHECKPOINTS = """
 import sys
 import numpy as np
+import torch
 import rlspeed
+class SGDPPO(rlspeed.PPO):
+    def _make_optimizer(self, params):
+        return torch.optim.SGD(params, lr=self.config.learning_rate)
 for name, path in zip(("PPO", "SAC", "DQN"), sys.argv[1:]):
     model = getattr(rlspeed, name).load(path, device="cpu")
     model.predict(np.zeros(model.spec.observation_shape, np.float32), deterministic=True)
     model.evaluate(episodes=1, deterministic=True)
     model.save(path + "_resaved")
+fresh = SGDPPO("CartPole-v1", device="cpu", num_envs=1, num_steps=8, batch_size=8)
+SGDPPO.load(fresh.save(sys.argv[1] + "_sgd"), device="cpu").save(sys.argv[1] + "_sgd_resaved")
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
 """
 
 
 def test_loading_to_act_builds_no_optimizer(tmp_path):
-    """docs/checkpoints.md: a model loaded to act (load, predict, evaluate), and saved again, builds no optimizer,
-    so a fresh process never imports torch._dynamo (which torch imports when the first optimizer is made)."""
+    """docs/checkpoints.md: a model loaded to act (load, predict, evaluate), and saved again, builds no optimizer
+    (one a subclass's `_make_optimizer` makes neither), so a fresh process never imports torch._dynamo (which torch
+    imports when the first optimizer is made)."""
     small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
     paths = [rlspeed.PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo"),
              rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac"),

@@ -1987,14 +1987,18 @@ class Algorithm:
         it holds (an auxiliary head that a `_make_optimizer` override adds). Saved, loaded and resumed with the
         networks, under the attribute's name."""
         modules = self._modules()
-        trained = _trained_parameters(self)
         held = {id(p) for value in modules.values()
                 for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
+        candidates = {name: list(value.parameters()) if isinstance(value, torch.nn.Module) else [value]
+                      for name, value in vars(self).items()
+                      if name not in modules and isinstance(value, (torch.nn.Module, torch.Tensor))}
+        if not any(id(p) not in held and (p.requires_grad or isinstance(p, torch.nn.Parameter))
+                   for params in candidates.values() for p in params):
+            return modules  # (nothing an optimiser could train beside them: a subclass's are not built to see)
+        trained = _trained_parameters(self)
         own = {}
-        for name, value in vars(self).items():
-            if name in modules or not isinstance(value, (torch.nn.Module, torch.Tensor)):
-                continue
-            params = list(value.parameters()) if isinstance(value, torch.nn.Module) else [value]
+        for name, params in candidates.items():
+            value = vars(self)[name]
             if any(id(p) in trained and id(p) not in held for p in params):
                 own[name] = value
                 held.update(id(p) for p in params)
