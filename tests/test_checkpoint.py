@@ -951,6 +951,45 @@ def test_loading_to_act_builds_no_optimizer(tmp_path):
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
+class FlakyPPO(PPO):
+    """A PPO whose optimizer's first build fails (a subclass's bug, memory running out)."""
+
+    failures = 1
+
+    def _make_optimizer(self, params):
+        if type(self).failures:
+            type(self).failures -= 1
+            raise RuntimeError("out of memory")
+        return super()._make_optimizer(params)
+
+
+def test_an_optimizer_build_that_failed_is_tried_again_with_the_checkpoints_state(tmp_path, monkeypatch,
+                                                                                  cartpole_model):
+    """A model's optimizer is built on first need; where that build raised, the next read said "'PPO' object has no
+    attribute 'optimizer'" (the model held none, and would not build again), and where loading the checkpoint's state
+    into it raised, the next read gave an optimizer without that state, silently. Each read builds again, raising the
+    cause again, and the state goes in when a build succeeds."""
+    path = cartpole_model.save(tmp_path / "model")
+    FlakyPPO.failures = 1
+    model = FlakyPPO.load(path, device="cpu")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        model.optimizer  # noqa: B018
+    state = model.optimizer.state_dict()["state"]
+    assert state and all(torch.equal(state[index]["exp_avg"], cartpole_model.optimizer.state_dict()["state"][index][
+        "exp_avg"]) for index in state)
+    model = PPO.load(path, device="cpu")
+
+    def refused(*_):
+        raise UserError("does not fit")
+
+    monkeypatch.setattr(PPO, "_load_optimizer_state", refused)
+    for _ in range(2):
+        with pytest.raises(UserError, match="does not fit"):
+            model.learn(64, progress_bar=False)
+    monkeypatch.undo()
+    assert model.optimizer.state_dict()["state"].keys() == state.keys()
+
+
 @pytest.mark.parametrize("algo, env_id, config", [
     (rlspeed.PPO, "CartPole-v1", TINY),
     (rlspeed.SAC, "Pendulum-v1", {"num_envs": 1, "net_arch": [8], "learning_starts": 16, "batch_size": 8})])

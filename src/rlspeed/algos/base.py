@@ -1826,14 +1826,25 @@ class Algorithm:
             return
         object.__setattr__(self, "_optimizer_deferred", False)
         given = {name: self.__dict__[name] for name in self._optimizer_attributes if name in self.__dict__}
-        with (training_threads(self.num_threads), float32_default(), torch.inference_mode(False),
-              torch.device("cpu")):
-            self._setup_optimizer()
+        pending = self._optimizer_state
+        try:
+            with (training_threads(self.num_threads), float32_default(), torch.inference_mode(False),
+                  torch.device("cpu")):
+                self._setup_optimizer()
+                self.__dict__.update(given)
+                self._follow_replaced_optimizers()
+                self._optimizer_state = None
+                if pending is not None:
+                    self._load_optimizer_state(*pending)
+        except BaseException:
+            # a build that failed partway is no build: the next read builds again (and raises its error again), with
+            # the checkpoint's state still to go in, rather than finding some of the attributes, or none
+            for name in self._optimizer_attributes:
+                self.__dict__.pop(name, None)
             self.__dict__.update(given)
-            self._follow_replaced_optimizers()
-            pending, self._optimizer_state = self._optimizer_state, None
-            if pending is not None:
-                self._load_optimizer_state(*pending)
+            object.__setattr__(self, "_optimizer_state", pending)
+            object.__setattr__(self, "_optimizer_deferred", True)
+            raise
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         """Prepare a learn() call: buffers, first observation."""
