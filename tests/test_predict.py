@@ -45,6 +45,29 @@ def test_predict_takes_an_array_with_negative_strides():
     assert model.predict(flipped[0])[0] == model.predict(flipped[0].copy())[0]
 
 
+def test_a_models_observation_space_goes_with_the_model():
+    """predict found each space's observation layout once in a cache of the module's, which held up to 64 spaces (an
+    env's observation space can be large: a Box's bounds per pixel) past the models they were of. The model's spec
+    keeps its layout: a model gone, its space goes too."""
+    import gc
+    import weakref
+
+    import gymnasium as gym
+
+    from rlspeed.envs.base import EnvSpec
+
+    space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    model = rlspeed.PPO(EnvSpec("Spaced-v0", (3,), gym.spaces.Discrete(2), None, None, space), device="cpu",
+                        num_envs=1, num_steps=8, batch_size=8, net_arch=(8,))
+    assert model.predict(np.zeros(3, np.float32), deterministic=True)[0] in (0, 1)
+    with pytest.raises(rlspeed.UserError, match="shape"):  # (checked against the layout as before)
+        model.predict(np.zeros(2, np.float32))
+    freed = weakref.ref(space)
+    del model, space
+    gc.collect()
+    assert freed() is None
+
+
 def test_recurrent_predict_takes_a_state_with_negative_strides():
     """The state given back may be a flipped view too (the observation's rule: acted on as its copy)."""
     recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, lstm_hidden_size=8, net_arch=(8,))

@@ -791,13 +791,16 @@ def check_acting_batch(obs, space: gym.Space, call: str) -> None:
         raise UserError(f"{call} takes a batch of observations as a tensor of shape {expected}{where}, not {got}.")
 
 
-def as_observation_batch(observation, space: gym.Space, device: torch.device):
+def as_observation_batch(observation, space: gym.Space, device: torch.device, layout: tuple | dict | None = None):
     """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
     lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
     observations are a dict of them per key (keys the model does not use, such as MiniGrid's `mission`, are
     ignored), Tuple observations a tuple of them (one observation, or a batch element by element, as the env returns
     them) or a list of observations, one tuple (or list) per row; a single observation gets a batch dimension. Float
-    observations must be finite; whole-number ones (indices, uint8 images) whole and within their dtype's range."""
+    observations must be finite; whole-number ones (indices, uint8 images) whole and within their dtype's range.
+    `layout`: `observation_layout(space)`, which a model's spec keeps (`EnvSpec.observation_layout`); found here
+    without it."""
+    layout = observation_layout(space) if layout is None else layout
     if isinstance(space, gym.spaces.Dict):
         keys = list(space.spaces)
         if all(key.isdigit() for key in keys):  # a Tuple env's: its space became keys "0", "1", ...
@@ -828,7 +831,7 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         parts = {}
         for key, sub in space.spaces.items():
             try:
-                parts[key] = as_observation_batch(observation[key], sub, device)
+                parts[key] = as_observation_batch(observation[key], sub, device, layout[key])
             except UserError as error:  # (the key named: "shape (4,)" alone does not say which part is wrong)
                 raise UserError(f"The observation's key '{key}': {error}") from None
         rows = {key: part[0].shape[0] for key, part in parts.items()}  # (each with its batch dimension)
@@ -838,7 +841,7 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                             "observation, or the same batch of N.")
         return ({key: part[0] for key, part in parts.items()}, any(part[1] for part in parts.values()),
                 all(part[2] for part in parts.values()))
-    shape, dtype = _layout(space)
+    shape, dtype = layout
     as_numpy = not isinstance(observation, torch.Tensor)
     if as_numpy:
         try:
@@ -890,23 +893,6 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
             raise UserError(f"An observation holds {_first_value(obs, torch.as_tensor(outside, device=device))}, "
                             f"outside {space} (values 0 and 1).")
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
-
-
-#: id(space) -> (space, its `observation_layout`): the layouts of the spaces `predict` has seen, each found once
-_LAYOUTS: dict[int, tuple[gym.Space, tuple]] = {}
-
-
-def _layout(space: gym.Space) -> tuple:
-    """`observation_layout(space)`, found once per space object (a model's spaces do not change; a predict per env
-    step read them again each time)."""
-    found = _LAYOUTS.get(id(space))
-    if found is not None and found[0] is space:
-        return found[1]
-    if len(_LAYOUTS) >= 64:  # (the spaces held stay few: a process may build models by the thousand)
-        _LAYOUTS.clear()
-    layout = observation_layout(space)
-    _LAYOUTS[id(space)] = (space, layout)
-    return layout
 
 
 def host_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -2341,7 +2327,8 @@ class Algorithm:
         concatenated); a masked action is never chosen.
         """
         deterministic = true_or_false("predict(deterministic=...)", deterministic)
-        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
+        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device,
+                                                     self.spec.observation_layout)
         masks = self._check_masks(action_masks, obs_batch_size(obs))
         actions = self._checked_actions(obs, deterministic, masks)
         if as_numpy:

@@ -206,7 +206,8 @@ class RecurrentPPO(PPO):
         the state of envs whose observation starts an episode (None: none does); `action_masks` as `Algorithm.predict`
         takes them."""
         deterministic = true_or_false("predict(deterministic=...)", deterministic)
-        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
+        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device,
+                                                     self.spec.observation_layout)
         num = obs_batch_size(obs)
         masks = self._check_masks(action_masks, num)
         if state is not None:

@@ -21,6 +21,7 @@ input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import numbers
@@ -428,6 +429,12 @@ class EnvSpec:
         return dataclasses.replace(self, env_kwargs=dict(env_kwargs),
                                    reward_threshold=gym.spec(variant).reward_threshold if variant else None,
                                    max_episode_steps=time_limit_option(env_kwargs, self.max_episode_steps))
+
+    @functools.cached_property
+    def observation_layout(self) -> tuple | dict[str, tuple]:
+        """`observation_layout(self.observation_space)`, found once per spec (what `predict` checks each
+        observation against)."""
+        return observation_layout(self.observation_space)
 
     @property
     def discrete(self) -> bool:
