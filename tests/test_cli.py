@@ -37,7 +37,8 @@ TIMEOUT_S = 300
 NUMBER = (int, float)
 SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
-                  "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
+                  "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None),
+                  "target_confirmation": (dict, None), "final_eval": dict,
                   "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
                   "checkpoint_encryption": (dict, None), "interrupted": bool, "error": (str, None),
                   "provenance": dict}
@@ -1110,6 +1111,33 @@ def test_evaluations_of_episodes_without_end_say_so_in_the_result_line_and_summa
     with pytest.warns(UserWarning, match="1 of 1 episodes were still running"):
         assert cli.main(["eval", "run", "--episodes", "1", "--seed", "0"]) == 0
     assert "1 episode, 1 of 1 cut short at the step limit, seed 0: -30" in capsys.readouterr().out
+
+
+def test_the_confirmation_of_a_reached_target_says_how_many_episodes_were_cut_short(tmp_path, monkeypatch, capsys):
+    """The evaluation that reached the target is confirmed on fresh episodes; where those were cut short at the step
+    limit, the steps line says so, summary.json's `target_confirmation` counts them, and so does metrics.csv's
+    `eval_confirm_unfinished` (the confirming mean alone read as if the episodes had ended)."""
+    import warnings
+
+    import rlspeed.evaluation
+
+    if "Endless-v0" not in gym.registry:
+        gym.register("Endless-v0", entry_point=_endless_env)
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
+        assert cli.main(["train", "ppo", "Endless-v0", "--total-timesteps", "64", "--set", "num_envs=2", "--set",
+                         "num_steps=16", "--set", "batch_size=32", "--eval-episodes", "2", "--eval-freq", "32",
+                         "--target-return", "-1000", "--no-progress", "--out", "run"]) == 0
+    out = capsys.readouterr().out
+    assert "target -1000 reached after 32 steps in" in out and (
+        " s (confirmed on fresh episodes, 2 of 2 cut short at the step limit)\n") in out, out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["target_confirmation"] == {"mean": -30.0, "episodes": 2, "unfinished": 2}
+    with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["eval_confirm_mean"]]
+    assert [(row["eval_confirm_mean"], row["eval_confirm_unfinished"]) for row in rows] == [("-30.0", "2")], rows
 
 
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):

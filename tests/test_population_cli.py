@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+import warnings
 
 import pytest
 from conftest import cli_error, endless_pendulum_id
@@ -411,6 +412,25 @@ def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path
     with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:  # (and metrics.csv's rows)
         cuts = [row["eval_unfinished"] for row in csv.DictReader(handle) if row["eval_mean/seed_0"]]
     assert cuts and set(cuts) == {"4"}, cuts
+
+
+def test_a_populations_confirmations_say_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):
+    """Members whose evaluation reached the target are confirmed on fresh episodes; where those were cut short at the
+    step limit, the reached line says how many, and so do the members' `confirmations_unfinished` in summary.json
+    (beside `confirmations`)."""
+    import rlspeed.evaluation
+
+    monkeypatch.setattr(rlspeed.evaluation, "UNLIMITED_EPISODE_STEPS", 30)  # (10,000 steps: the same, slower)
+    argv = ["train", "ppo", endless_pendulum_id(), "--seeds", "0-1", *SMALL[:8], "--total-timesteps", "128",
+            "--eval-episodes", "2", "--eval-freq", "64", "--target-return", "-1000", "--out", str(tmp_path / "run"),
+            "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warnings of the cut episodes and of the target: tested elsewhere)
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 members reached -1000 (confirmations on fresh episodes, 4 of 4 cut short at the step limit)" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2], [2]]
 
 
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_normalises(tmp_path, capsys, monkeypatch):

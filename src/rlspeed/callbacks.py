@@ -64,9 +64,9 @@ class _Period:
 #: before learning_starts, an evaluation's mean between evaluations): a callback's value never takes one of them over
 LOOP_COLUMNS = frozenset({
     "timesteps", "train_wall_s", "sps", "episode_return", "success_rate", "eval_mean", "eval_success_rate",
-    "eval_unfinished", "eval_confirm_mean", "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
-    "explained_variance", "loss", "q_values", "epsilon", "critic_loss", "actor_loss", "alpha", "learning_rate",
-    "n_updates", "std"})
+    "eval_unfinished", "eval_confirm_mean", "eval_confirm_unfinished", "policy_loss", "value_loss", "entropy",
+    "approx_kl", "clipfrac", "explained_variance", "loss", "q_values", "epsilon", "critic_loss", "actor_loss",
+    "alpha", "learning_rate", "n_updates", "std"})
 
 
 _PRINT = "print, or Python's logging module, writes text (rlspeed's logger holds a metrics row's numbers)"

@@ -826,7 +826,9 @@ def _train_population(args: argparse.Namespace) -> int:
                        "provenance": _provenance(args, device),
                        "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
                                     "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
-                                    "confirmations": so_far("confirmations", k) or [], **left.get(k, {})}
+                                    "confirmations": so_far("confirmations", k) or [],
+                                    "confirmations_unfinished": so_far("confirmations_unfinished", k) or [],
+                                    **left.get(k, {})}
                                    for k, seed in enumerate(seeds)]}
         with _signals_ignored():
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
@@ -881,7 +883,10 @@ def _train_population(args: argparse.Namespace) -> int:
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
     if target is not None:
-        line = f"{summary['reached']} of {len(seeds)} members reached {target:g}"
+        cuts = [cut for member in summary["members"] for cut in member.get("confirmations_unfinished", [])]
+        cut = _cut_short(sum(c for c in cuts if c > 0), len(cuts) * _eval_episodes(args))
+        line = f"{summary['reached']} of {len(seeds)} members reached {target:g}" + (
+            f" (confirmations on fresh episodes{cut})" if cut else "")
         if steps is not None:
             line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
                      f"{_interval(steps, lambda value: f'{value:,.0f}')}")
@@ -2360,6 +2365,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         model.result.target_return = target
         model.result.steps_to_target = int(model._loop["steps_to_target"])
         model.result.time_to_target_s = float(model._loop["time_to_target_s"])
+        model.result.target_confirmation = model._loop.get("target_confirmation")  # (None from an older rlspeed)
     _say_preset(args, say)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
@@ -2497,8 +2503,11 @@ def _steps_line(summary: dict, result, target, resumed_from) -> str:
     """The line that closes a run's training: its steps, training time and speed, and whether it reached `target`."""
     reached = ""
     if target is not None:
+        confirmation = result.target_confirmation or {}
+        cut = (f" (confirmed on fresh episodes{_cut_short(confirmation['unfinished'], confirmation['episodes'])})"
+               if confirmation.get("unfinished") else "")
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
-                   f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
+                   f"{result.time_to_target_s:.2f} s{cut}" if result.time_to_target_s is not None
                    else f"; target {target:g} not reached")
     return (f"rlspeed: {summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} "
             f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
@@ -2554,7 +2563,8 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "env_backend": model.env_backend, "total_timesteps": total_timesteps,
                "train_wall_s": round(train_wall_s, 4), "sps": round(sps, 1), "target_return": run["target"],
                "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
-               "steps_to_target": result.steps_to_target, "final_eval": final_eval,
+               "steps_to_target": result.steps_to_target, "target_confirmation": result.target_confirmation,
+               "final_eval": final_eval,
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted,

@@ -25,6 +25,7 @@ TENSORBOARD_SECTIONS = {
     "train_wall_s": "time", "sps": "time", "members": "time",
     "episode_return": "rollout", "success_rate": "rollout", "epsilon": "rollout",
     "eval_mean": "eval", "eval_success_rate": "eval", "eval_confirm_mean": "eval", "eval_unfinished": "eval",
+    "eval_confirm_unfinished": "eval",
 }
 
 

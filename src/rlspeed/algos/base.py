@@ -1011,7 +1011,10 @@ class LearnResult:
     the run's start to the evaluation that reached it (None until one does). evaluations: one
     `(steps, clock, mean return)` per evaluation; unfinished: beside it, each evaluation's episodes cut short at the
     step limit (counted with the return collected by then; metrics.csv's `eval_unfinished`); confirmations: `(steps,
-    mean return)` of each confirming evaluation (fresh episodes run where an evaluation reached the target).
+    mean return)` of each confirming evaluation (fresh episodes run where an evaluation reached the target), and
+    confirmations_unfinished beside it, each one's episodes cut short at the step limit (`eval_confirm_unfinished`);
+    target_confirmation: `{"mean", "episodes", "unfinished"}` of the confirmation that reached the target (None until
+    one does, or where `confirm_target=False`).
     stop_requested: training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal).
     """
 
@@ -1026,6 +1029,10 @@ class LearnResult:
     unfinished: list[int] = dataclasses.field(default_factory=list)
     #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
     confirmations: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    #: each confirming evaluation's episodes cut short at the step limit, one per entry of `confirmations`
+    confirmations_unfinished: list[int] = dataclasses.field(default_factory=list)
+    #: {"mean", "episodes", "unfinished"} of the confirming evaluation that reached the target (None before)
+    target_confirmation: dict | None = None
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
 
@@ -1035,7 +1042,7 @@ class LearnResult:
         if self.steps_to_target is None:
             return {}
         return {"steps_to_target": self.steps_to_target, "time_to_target_s": self.time_to_target_s,
-                "target_return": self.target_return}
+                "target_return": self.target_return, "target_confirmation": self.target_confirmation}
 
     def __repr__(self) -> str:
         # (a notebook shows it: rounded figures, and how many evaluations rather than all of them)
@@ -1043,7 +1050,7 @@ class LearnResult:
             return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
         fields = [f"{f.name}={short(getattr(self, f.name))}" for f in dataclasses.fields(self)
-                  if f.name not in ("evaluations", "unfinished", "confirmations")]
+                  if f.name not in ("evaluations", "unfinished", "confirmations", "confirmations_unfinished")]
         return f"LearnResult({', '.join(fields)}, evaluations=[{len(self.evaluations)} of (steps, clock, mean)])"
 
 
@@ -2464,7 +2471,8 @@ class Algorithm:
             # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
             columns = (("eval_mean", "eval_unfinished") if target_return is not None or eval_freq is not None
                        else ()) + (
-                ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
+                ("eval_confirm_mean", "eval_confirm_unfinished") if target_return is not None and confirm_target
+                else ())
             logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
                                 columns=columns, kept=self._tensorboard) if run_dir is not None and main else None)
             self._total_timesteps = self.num_timesteps + int(total_timesteps)
@@ -2686,8 +2694,14 @@ class Algorithm:
                                 confirming = self.evaluate(episodes=eval_episodes,
                                                            seed=self._eval_seed() + CONFIRM_SEED)
                                 row["eval_confirm_mean"] = confirming["mean"]
+                                row["eval_confirm_unfinished"] = confirming.get("unfinished", 0)
                                 result.confirmations.append((self.num_timesteps, confirming["mean"]))
+                                result.confirmations_unfinished.append(row["eval_confirm_unfinished"])
                                 reached = confirming["mean"] >= target_return
+                                if reached:
+                                    result.target_confirmation = {
+                                        "mean": confirming["mean"], "episodes": confirming["episodes"],
+                                        "unfinished": row["eval_confirm_unfinished"]}
                             if callbacks is not None and not callbacks.on_evaluation(evaluation):
                                 callback_stop = True
                         if self.strategy.broadcast_flag(reached):

@@ -563,6 +563,8 @@ class _LoopProgress:
     left: dict[int, dict]
     #: each member's `[[steps, confirming evaluation's mean], ...]`: every evaluation that reached the target
     confirmations: list[list[list[float]]] = dataclasses.field(default_factory=list)
+    #: beside each member's `confirmations`, each one's episodes cut short at the step limit
+    confirmations_unfinished: list[list[int]] = dataclasses.field(default_factory=list)
     train_wall_s: float = 0.0
     #: this process's CPU time in training (on a shared machine the wall clock also counts others)
     train_cpu_s: float = 0.0
@@ -576,7 +578,8 @@ class _LoopProgress:
         return cls(eval_freq=eval_freq, next_eval=num_timesteps + eval_freq, checkpoint_freq=checkpoint_freq,
                    next_checkpoint=num_timesteps + checkpoint_freq if checkpoint_freq else None,
                    time_to_target_s=[None] * size, steps_to_target=[None] * size, reached=[False] * size,
-                   curves=[[] for _ in range(size)], left={}, confirmations=[[] for _ in range(size)])
+                   curves=[[] for _ in range(size)], left={}, confirmations=[[] for _ in range(size)],
+                   confirmations_unfinished=[[] for _ in range(size)])
 
     @classmethod
     def from_checkpoint(cls, saved: dict, size: int, num_timesteps: int, eval_freq: int,
@@ -594,6 +597,9 @@ class _LoopProgress:
             progress.member_steps = int(saved["member_steps"])
             if "confirmations" in saved:  # (checkpoints written before they were recorded have none)
                 progress.confirmations = [list(c) for c in saved["confirmations"]]
+                # (older checkpoints' confirmations: -1 episodes cut short, not known)
+                progress.confirmations_unfinished = [list(c) for c in saved.get(
+                    "confirmations_unfinished", [[-1] * len(c) for c in progress.confirmations])]
             if saved["eval_freq"] == eval_freq:
                 progress.next_eval = int(saved["next_eval"])
             if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
@@ -611,7 +617,8 @@ class _LoopProgress:
         return {"eval_freq": self.eval_freq, "next_eval": self.next_eval, "checkpoint_freq": self.checkpoint_freq,
                 "next_checkpoint": self.next_checkpoint, "time_to_target_s": self.time_to_target_s,
                 "steps_to_target": self.steps_to_target, "reached": self.reached, "curves": self.curves,
-                "confirmations": self.confirmations, "left": sorted(self.left.items()),
+                "confirmations": self.confirmations, "confirmations_unfinished": self.confirmations_unfinished,
+                "left": sorted(self.left.items()),
                 "train_wall_s": self.train_wall_s, "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
 
 
@@ -1567,8 +1574,9 @@ class PopulationBase:
                 confirming = _shortest(self.evaluate(
                     [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
                     hits).tolist())
-                for k, mean in zip(hits, confirming):
+                for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
+                    loop.confirmations_unfinished[k].append(cut)
                 hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
             for k in hits:
                 loop.reached[k] = True
@@ -1621,7 +1629,8 @@ class PopulationBase:
                                      **({"success_rate": rates[k]} if rates.get(k) is not None else {}),
                                      **({"unfinished": cut[k]} if cut.get(k) else {})}
                                     if k in finals_by_member else None),
-                     "curve": loop.curves[k], "confirmations": loop.confirmations[k]}
+                     "curve": loop.curves[k], "confirmations": loop.confirmations[k],
+                     "confirmations_unfinished": loop.confirmations_unfinished[k]}
             entry.update(loop.left.get(k, {}))
             members.append(entry)
         finals = [mean for mean in finals_by_member.values() if math.isfinite(mean)]
