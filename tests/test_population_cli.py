@@ -410,8 +410,9 @@ def test_a_populations_final_line_says_how_many_episodes_were_cut_short(tmp_path
     assert lines and all("2 of 2 members evaluated, 4 of 4 cut short at the step limit: " in line
                          for line in lines), lines
     with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:  # (and metrics.csv's rows)
-        cuts = [row["eval_unfinished"] for row in csv.DictReader(handle) if row["eval_mean/seed_0"]]
-    assert cuts and set(cuts) == {"4"}, cuts
+        cuts = [(row["eval_unfinished/seed_0"], row["eval_unfinished/seed_1"]) for row in csv.DictReader(handle)
+                if row["eval_mean/seed_0"]]
+    assert cuts and set(cuts) == {("2", "2")}, cuts  # (each member's, as its eval_mean/seed_S)
 
 
 def test_a_populations_confirmations_say_how_many_episodes_were_cut_short(tmp_path, capsys, monkeypatch):

@@ -94,6 +94,31 @@ def _assert_resumes_as_uninterrupted(tmp_path, make, checkpoint, saved_steps: in
     return actual
 
 
+def test_a_resume_continues_a_metrics_csv_whose_eval_unfinished_sums_the_members(tmp_path):
+    """A population's metrics.csv an earlier rlspeed began has one `eval_unfinished`, all members' cut episodes
+    summed: a resume keeps its rows' values and writes each member's in `eval_unfinished/seed_S` from then on."""
+    import csv
+
+    population = _population(PPO, "CartPole-v1")
+    population.learn(256, run_dir=tmp_path, eval_freq=128, checkpoint_freq=128)
+    path = tmp_path / "metrics.csv"
+    with open(path, newline="", encoding="utf-8") as handle:  # (written again as the earlier rlspeed wrote it)
+        rows = list(csv.DictReader(handle))
+    cut = [f"eval_unfinished/seed_{seed}" for seed in (3, 5, 8)]
+    older = [{**{key: value for key, value in row.items() if key not in cut},
+              "eval_unfinished": str(sum(int(row[key]) for key in cut)) if row[cut[0]] else ""} for row in rows]
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(older[0]))
+        writer.writeheader()
+        writer.writerows(older)
+    resumed = _population(PPO, "CartPole-v1")
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    resumed.learn(128, run_dir=tmp_path, eval_freq=128)
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["eval_mean/seed_3"]]
+    assert [(row["eval_unfinished"], row[cut[0]]) for row in rows] == [("0", ""), ("", "0")], rows
+
+
 def _metrics(run_dir: Path) -> list[dict]:
     """metrics.csv's rows less what the clock measures."""
     import csv
@@ -113,9 +138,12 @@ def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_pat
     with open(tmp_path / "run" / "metrics.csv", encoding="utf-8") as file:
         header = file.readline().strip().split(",")
     assert header[:4] == ["timesteps", "train_wall_s", "sps", "members"]
-    assert header[4:] == ["eval_mean/seed_3", "eval_mean/seed_5", "eval_mean/seed_8", "eval_unfinished"]
+    assert header[4:] == ["eval_mean/seed_3", "eval_mean/seed_5", "eval_mean/seed_8", "eval_unfinished/seed_3",
+                          "eval_unfinished/seed_5", "eval_unfinished/seed_8"]
     assert [int(row["timesteps"]) for row in rows] == [256, 512, 640]
-    assert [row["eval_unfinished"] for row in rows] == ["0", "0", "0"], rows  # (CartPole's episodes end)
+    # (CartPole's episodes end: 0 for each member evaluated, empty for the one pruned)
+    assert [row["eval_unfinished/seed_5"] for row in rows] == ["0", "", ""], rows
+    assert [row["eval_unfinished/seed_8"] for row in rows] == ["0", "0", "0"], rows
     assert [int(row["members"]) for row in rows] == [3, 2, 2]  # (member 1, seed 5, pruned at 256)
     for member in summary["members"]:
         column = [(int(row["timesteps"]), float(row[f"eval_mean/seed_{member['seed']}"])) for row in rows

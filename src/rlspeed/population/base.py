@@ -1450,8 +1450,9 @@ class PopulationBase:
             return self.summary
 
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
-        """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`: a row per evaluation, each member's mean in a
-        column `eval_mean/seed_S` of its own, and one where training ends; a population that has trained continues
+        """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`: a row per evaluation, each member's mean and
+        episodes cut short at the step limit in columns `eval_mean/seed_S` and `eval_unfinished/seed_S` of its own, and
+        one where training ends; a population that has trained continues
         its run's file, an untrained one refuses another run's."""
         if run_dir is None:
             return None
@@ -1461,8 +1462,10 @@ class PopulationBase:
             which = "untrained" if not self.num_timesteps else "trained in another run"
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
                             "would replace: give another run_dir, or delete the file first.")
-        columns = (("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds), "eval_unfinished") if evaluating
-                   else ("members",))
+        # (a file an earlier rlspeed began keeps its column `eval_unfinished`, all members' cut episodes summed, with
+        # its rows' values; the rows written from here on leave it empty)
+        columns = (("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds),
+                    *(f"eval_unfinished/seed_{seed}" for seed in self.seeds)) if evaluating else ("members",))
         if self._tensorboard is None:
             self._tensorboard = KeptWriter()
         logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False,
@@ -1473,10 +1476,13 @@ class PopulationBase:
     def _metrics_row(self, loop: _LoopProgress, means: dict[int, float] | None = None) -> dict:
         """A metrics.csv row at this step: the training clock, the env steps per second of all members since the
         previous row (of this `learn` call), the members training, and `means` (member -> evaluated mean) in their
-        seeds' columns, with `eval_unfinished`, the evaluated episodes of all members cut short at the step limit."""
+        seeds' columns, with `eval_unfinished/seed_S`, each evaluated member's episodes cut short at the step
+        limit."""
         steps, wall = self._metrics_since or (0, 0.0)
         self._metrics_since = (loop.member_steps, loop.train_wall_s)
-        cut = {"eval_unfinished": sum(self.last_unfinished or [])} if means else {}
+        # (`last_unfinished` is of the members evaluated, in the order of `means`)
+        cut = {f"eval_unfinished/seed_{self.seeds[k]}": int(count)
+               for k, count in zip(means or {}, self.last_unfinished or [0] * len(means or {}))}
         return {"timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s,
                 "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
                 **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}, **cut}
