@@ -40,12 +40,6 @@ if typing.TYPE_CHECKING:
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
 FORMATS = (".mp4", ".gif")
-#: The most memory a GIF's frames may take: Pillow's writer keeps every frame in memory until the file is closed (an
-#: mp4 streams to disk), as an image of 4 bytes a pixel (`GIF_BYTES_PER_PIXEL`: about 1 MB a CartPole frame of 600 x
-#: 400), and 15 CartPole episodes held 2.4 GB.
-GIF_MAX_BYTES = 1 << 30
-#: What Pillow holds per pixel of a colour frame (its RGB images are 32 bits a pixel, not the frame's 3 bytes)
-GIF_BYTES_PER_PIXEL = 4
 
 
 def _require_writer(path: Path) -> None:
@@ -248,13 +242,38 @@ def _append(writer, frame) -> None:
         raise _WriteFailed(error) from None
 
 
-def _check_gif_memory(path: Path, frames: int, frame: np.ndarray, episode: int, episodes: int) -> None:
-    """UserError in one sentence where a GIF's frames, all held in memory until it is written, pass
-    `GIF_MAX_BYTES` (the partial file is removed by the caller)."""
-    if path.suffix.lower() == ".gif" and frames * frame.shape[0] * frame.shape[1] * GIF_BYTES_PER_PIXEL > GIF_MAX_BYTES:
-        raise UserError(f"'{path}': a GIF is written from every frame held in memory, and {frames:,} frames of "
-                        f"{frame.shape[1]} x {frame.shape[0]} (episode {episode + 1} of {episodes}) passed "
-                        f"{GIF_MAX_BYTES >> 30} GiB; write an .mp4 (streamed to disk) or film fewer episodes.")
+class _GifWriter:
+    """A GIF written to `path` frame by frame as it is filmed, so that memory holds one frame: imageio's GIF writer
+    (Pillow's) held every frame until it was closed, about 1 MB a CartPole frame, and a 10,000-step episode ran out of
+    memory where an mp4 streams to disk. Each frame has a palette of its own (Pillow's adaptive palette, as Pillow's
+    writer gives a colour frame) and shows `1000 / fps` ms; the GIF loops."""
+
+    def __init__(self, path: Path, fps: float):
+        self._file = open(path, "wb")  # noqa: SIM115 (closed by `close`, which the caller always calls)
+        self._duration_ms = 1000 / fps
+        self._started = False
+
+    def _write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def append_data(self, frame: np.ndarray) -> None:
+        from PIL import GifImagePlugin, Image
+
+        image = Image.fromarray(np.ascontiguousarray(frame[..., :3])).convert("P", palette=Image.Palette.ADAPTIVE)
+        if not self._started:  # (the screen's size and a global palette, the first frame's, and the loop)
+            header, _ = GifImagePlugin.getheader(image, info={"loop": 0, "duration": self._duration_ms})
+            self._write(b"".join(header))
+            self._started = True
+        self._write(b"".join(GifImagePlugin.getdata(image, duration=self._duration_ms, include_color_table=True)))
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        try:
+            if self._started:
+                self._write(b";")  # (the GIF's trailer)
+        finally:
+            self._file.close()
 
 
 def _complete_mp4(path: Path) -> bool:
@@ -307,15 +326,8 @@ def _put_in_place(temporary: Path, path: Path, overwrite: bool) -> None:
         raise _WriteFailed(error) from None
 
 
-def _close_writer(writer, discard: bool = False) -> None:
-    """Close a video writer after a failure, whose own errors on closing are beside the point then. `discard` (the
-    file could not be written): first drop the frames it still holds, which a GIF writer (Pillow) writes only when
-    closed: each later close (imageio's `__del__`s) would try them again on the full disk, and print its traceback
-    after the one sentence; dropped, the writer closes its file and is closed for good."""
-    if discard:
-        pending = getattr(getattr(writer, "instance", None), "images_to_write", None)  # (imageio's Pillow plugin)
-        if isinstance(pending, list):
-            pending.clear()
+def _close_writer(writer) -> None:
+    """Close a video writer after a failure, whose own errors on closing are beside the point then."""
     try:
         writer.close()
     except Exception:  # noqa: S110 (imageio's backends close with their own exception types)
@@ -391,7 +403,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
     limit = max_steps or (game.max_steps if game else None) or (
         env.spec.max_episode_steps if env.spec is not None else None) or evaluation.UNLIMITED_EPISODE_STEPS
-    options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
+    options = {"fps": fps, "macro_block_size": 1}  # (an mp4's; a GIF is `_GifWriter`'s)
     recurrent = hasattr(model, "act_with_state")
     from rlspeed.envs import NATIVE_ENVS
     from rlspeed.envs.gym_view import NativeGymEnv
@@ -411,7 +423,8 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     # disk leaves no cut video at `path`, and the file an overwrite replaces stays until then)
     temporary = _temporary_video(path)
     try:
-        writer = imageio.get_writer(temporary, **options)
+        writer = (_GifWriter(temporary, fps) if path.suffix.lower() == ".gif"
+                  else imageio.get_writer(temporary, **options))
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
         env.close()
         temporary.unlink(missing_ok=True)
@@ -456,7 +469,6 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                     frame = _frame(env, env_id or model.env_id)
                     _append(writer, frame)
                     frames += 1
-                    _check_gif_memory(path, frames, frame, episode, episodes)
                     if terminated or truncated:
                         break
                 else:
@@ -472,7 +484,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
             raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
         _put_in_place(temporary, path, overwrite)
     except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
-        _close_writer(writer, discard=True)
+        _close_writer(writer)
         temporary.unlink(missing_ok=True)
         error = failed.args[0]
         raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
@@ -481,7 +493,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         # (an interruption, Ctrl-C or a notebook's stop button, or an error of the env or the model: the episodes
         # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
         # lands in a frame's write) that refuses the same call run again)
-        _close_writer(writer, discard=True)
+        _close_writer(writer)
         temporary.unlink(missing_ok=True)
         raise
     finally:
