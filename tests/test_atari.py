@@ -88,6 +88,30 @@ def test_a_max_episode_steps_option_counts_agent_steps(env_id):
     assert env_spec(env_id, {"max_num_frames_per_episode": 4000}).max_episode_steps == 1000
 
 
+def test_max_episode_steps_minus_one_leaves_the_games_own_limit():
+    """`max_episode_steps=-1`, Gymnasium's value for no time limit (which other envs take: a continuing run), was
+    refused by Gymnasium's TimeLimit ("Expect the `max_episode_steps` to be positive"): a game then has no limit of
+    rlspeed's, and ends at ALE's own truncation (`max_num_frames_per_episode`, 108,000 frames by default), which its
+    spec (and so evaluation) says in agent steps. Another value below 1 is one sentence."""
+    from rlspeed import PPO
+
+    env = make_env("ALE/Breakout-v5", num_envs=1, seed=0, backend="gymnasium", evaluation=True, device="cpu",
+                   max_episode_steps=-1, max_num_frames_per_episode=80)
+    assert env.spec.max_episode_steps == 20
+    env.reset()
+    for _ in range(20):  # NOOP: Breakout waits (the reset's no-ops count among ALE's frames: it ends by step 20)
+        _, _, terminated, truncated, _ = env.step(torch.tensor([0]))
+        if bool(truncated[0]):
+            break
+    assert bool(truncated[0]) and not bool(terminated[0])
+    env.close()
+    model = PPO("ALE/Breakout-v5", env_kwargs={"max_episode_steps": -1}, num_envs=1, num_steps=8, batch_size=8,
+                device="cpu")
+    assert model.spec.max_episode_steps == 108_000 // 4
+    with pytest.raises(UserError, match="max_episode_steps is the agent steps per game, a whole number above 0 "):
+        make_env("ALE/Breakout-v5", num_envs=1, seed=0, backend="gymnasium", device="cpu", max_episode_steps=0)
+
+
 def test_training_variant_ends_episodes_at_lost_lives_and_clips_rewards_but_reports_whole_games():
     """Same seed and actions: the training env sees the evaluation env's frames, rewards clipped to their sign,
     `terminated` also where a life was lost, and the same whole-game raw episode returns."""

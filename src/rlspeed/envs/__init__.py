@@ -218,7 +218,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     spec = gym_spec(env_id)
     atari_game = atari.preprocessed(env_id, env_kwargs)
     if atari_game and (known := atari.known_spec(env_id, env_kwargs)) is not None:
-        return known.with_options(env_kwargs)
+        return atari.with_options(known, env_kwargs)
     try:
         env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:
@@ -231,10 +231,9 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         raise _make_error(env_id, "gymnasium", error) from error
     try:
         if atari_game:
-            made = atari.atari_spec(env_id, env, env_kwargs)
-        else:
-            made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
-                                       spec.reward_threshold)
+            return atari.with_options(atari.atari_spec(env_id, env, env_kwargs), env_kwargs)
+        made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
+                                   spec.reward_threshold)
         return made.with_options(env_kwargs)
     finally:
         env.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 
@@ -25,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
+from rlspeed.envs.base import NO_TIME_LIMIT, BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
 from rlspeed.errors import UserError
 
@@ -83,11 +84,11 @@ def preprocessed(env_id: str, env_kwargs: dict) -> bool:
 
 def max_episode_steps(env_id: str, env_kwargs: dict | None = None) -> int:
     """Agent steps per game at most, for `env_id` made with the options `env_kwargs`: a `max_episode_steps` option
-    (agent steps, as `make_atari_env` applies it), else ALE's truncation after `max_num_frames_per_episode` frames
-    (the option's, else the id's: 108,000 for the registered ids, 30 minutes of play), each agent step being
-    `FRAME_SKIP` frames."""
+    (agent steps, as `make_atari_env` applies it), else (left out, or `NO_TIME_LIMIT`: no limit of rlspeed's) ALE's
+    truncation after `max_num_frames_per_episode` frames (the option's, else the id's: 108,000 for the registered ids,
+    30 minutes of play), each agent step being `FRAME_SKIP` frames."""
     env_kwargs = env_kwargs or {}
-    if env_kwargs.get("max_episode_steps") is not None:
+    if env_kwargs.get("max_episode_steps") not in (None, NO_TIME_LIMIT):
         return int(env_kwargs["max_episode_steps"])
     frames = (env_kwargs.get("max_num_frames_per_episode")
               or (gym.spec(env_id).kwargs or {}).get("max_num_frames_per_episode") or 108_000)
@@ -158,7 +159,12 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         env_kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself and refuses an env that does
     # A time limit counts agent steps, as every step count of rlspeed's does (the spec's, evaluation's max_steps):
     # gym.make's would wrap the emulator, whose steps are single frames here
+    # (NO_TIME_LIMIT, Gymnasium's value for none, leaves ALE's own truncation: `max_num_frames_per_episode`)
     limit = env_kwargs.pop("max_episode_steps", None)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, np.integer))
+                              or (limit <= 0 and limit != NO_TIME_LIMIT)):
+        raise UserError(f"{env_id}: max_episode_steps is the agent steps per game, a whole number above 0 (or -1 for "
+                        f"no limit but ALE's own, max_num_frames_per_episode), got {limit!r}.")
     env = gym.make(env_id, **env_kwargs)
     try:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
@@ -170,7 +176,7 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
                         "(or \"rlspeed[atari]\").") from None
     if fire:
         env = FireReset(env, fire_action(env_id))
-    if limit is not None:
+    if limit is not None and limit != NO_TIME_LIMIT:
         env = gym.wrappers.TimeLimit(env, int(limit))
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 
@@ -198,6 +204,13 @@ def atari_spec(env_id: str, env: gym.Env, env_kwargs: dict | None = None) -> Env
     while len(_specs) > _SPECS_KEPT:
         _specs.popitem(last=False)
     return made
+
+
+def with_options(spec: EnvSpec, env_kwargs: dict | None) -> EnvSpec:
+    """`spec` (`atari_spec`'s, whose time limit already counts the options' agent steps) with the options recorded
+    (`EnvSpec.with_options`), its time limit kept: `max_episode_steps=-1` (`NO_TIME_LIMIT`) leaves ALE's own
+    truncation, which ends the game all the same, where a Gymnasium env has none."""
+    return dataclasses.replace(spec.with_options(env_kwargs), max_episode_steps=spec.max_episode_steps)
 
 
 def known_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec | None:
@@ -268,7 +281,8 @@ class AtariGymnasiumEnv(GymnasiumEnv):
             else:
                 vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
         super().__init__(env_id, vector_env=vector_env, device=device)
-        self.spec = spec.with_options(env_kwargs)  # the id's time limit in agent steps (the vector env's spec has none)
+        # (the id's time limit in agent steps: the vector env's spec has none)
+        self.spec = with_options(spec, env_kwargs)
 
     @property
     def splits_steps(self) -> bool:
@@ -408,6 +422,6 @@ def for_evaluation(env: BatchedEnv) -> BatchedEnv:
 
 
 __all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec", "known_spec",
-           "max_episode_steps", "FireReset", "fire_reset_option", "AtariGymnasiumEnv", "AtariTraining",
+           "with_options", "max_episode_steps", "FireReset", "fire_reset_option", "AtariGymnasiumEnv", "AtariTraining",
            "stacked_frames", "fire_action", "fire_steps", "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP",
            "SCREEN_SIZE", "FRAME_STACK", "STICKY_FIRE_STEPS"]
