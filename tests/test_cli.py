@@ -366,7 +366,7 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "td3", "Pendulum-v1", "--policy-noise", "0.2"], "--set target_policy_noise=0.2."),
     (["train", "ppo", "CartPole-v1", "--clip-coef", "0.1"], "given with --set: --set clip_range=0.1."),
     (["train", "sac", "Pendulum-v1", "--steps", "1000"], "--steps 1000; rlspeed train's env steps are "
-                                                          "--total-timesteps 1000 (rlspeed profile's --steps"),
+                                                          "--total-timesteps 1000 (rlspeed tune's --budget"),
     (["train", "ppo", "CartPole-v1", "--capture-video"], "--video-every N"),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-group", "sweep-7"], "variable: WANDB_RUN_GROUP=sweep-7 "),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-name=lr3e-4"], "variable: WANDB_NAME=lr3e-4 rlspeed train"),
@@ -2314,7 +2314,7 @@ def test_a_misspelled_option_names_the_closest_one(argv, hint, capsys):
 
 @pytest.mark.parametrize("argv, hint", [
     (["train", "ppo", "CartPole-v1", "--steps", "3000"], "--steps 3000; rlspeed train's env steps are "
-     "--total-timesteps 3000 (rlspeed profile's --steps, rlspeed tune's --budget)."),
+     "--total-timesteps 3000 (rlspeed tune's --budget, rlspeed profile's --steps)."),
     (["tune", "ppo", "CartPole-v1", "--total-timesteps", "512"], "--total-timesteps 512; rlspeed tune's env steps are "
      "--budget 512 (rlspeed train's --total-timesteps, rlspeed profile's --steps)."),
     (["profile", "ppo", "CartPole-v1", "--timesteps=512"], "--timesteps=512; rlspeed profile's env steps are "

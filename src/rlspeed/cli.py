@@ -3675,11 +3675,18 @@ def _pairs_after_flag(unknown: list[str], argv: list[str]) -> tuple[str, list[st
 
 
 #: the flag of each command that takes the env steps to run, and the names other commands or tools give it
-_BUDGET_FLAGS = {"train": "--total-timesteps", "profile": "--steps", "tune": "--budget"}
+#: the names of a command's env steps to run, here (an option's dest: train's total_timesteps, profile's steps, tune's
+#: budget) and in other tools
 _BUDGET_NAMES = ("steps", "timesteps", "total_timesteps", "total_steps", "budget", "n_timesteps")
 
 
-def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
+def _budget_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each command's option of the env steps to run (the one whose dest is one of `_BUDGET_NAMES`), by command."""
+    return {name: action.option_strings[0] for name, sub in _commands(parser).items() for action in sub._actions
+            if action.dest in _BUDGET_NAMES and action.option_strings}
+
+
+def _unrecognized_hint(text: str, argv: list[str], command: str, parser: argparse.ArgumentParser) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
     from rlspeed.algos import ALGORITHMS
@@ -3694,7 +3701,8 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     flag = next((item for item in unknown if item.startswith("--")), None)
     if flag is None:
         return text
-    if command not in ("train", "profile", "tune"):
+    budget_flags = _budget_flags(parser)
+    if command not in budget_flags:
         return _close_option_hint(text, flag, command)
     name, _, value = flag[2:].partition("=")
     name = name.replace("-", "_")
@@ -3718,8 +3726,8 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     if key in fields:
         return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {key}={value}."
     if name in _BUDGET_NAMES:  # (another command's, or another tool's, name of the env steps to run)
-        return (f"unrecognized arguments: {given}; rlspeed {command}'s env steps are {_BUDGET_FLAGS[command]} "
-                f"{value} (" + ", ".join(f"rlspeed {other}'s {option}" for other, option in _BUDGET_FLAGS.items()
+        return (f"unrecognized arguments: {given}; rlspeed {command}'s env steps are {budget_flags[command]} "
+                f"{value} (" + ", ".join(f"rlspeed {other}'s {option}" for other, option in budget_flags.items()
                                         if other != command) + ").")
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
@@ -3791,7 +3799,7 @@ def _main(argv: list[str]) -> int:
         if text.startswith("unrecognized arguments") and command is not None:
             # (options after the command are checked by the top parser: point to the command's own help)
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
-            text = _unrecognized_hint(text, argv, command)
+            text = _unrecognized_hint(text, argv, command, parser)
         elif command is None and text.startswith("a command is required") and set(argv) - {"--debug"}:
             # (`rlspeed --verison`: the unknown option is named, and its closest one, not the missing command)
             unknown = [arg for arg in argv if arg != "--debug"]
