@@ -533,6 +533,7 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("num_steps: 4\nnum_steps: 8\n", "num_steps twice"),
     ("CartPole-v1:\n  num_steps: 010\n", "010 with a leading zero.*octal number 8"),
     ("CartPole-v1:\n  num_steps: 1:30\n", "base-60 number 90"),
+    ("CartPole-v1:\n  n_envs: 4\n  n_steps: 010\n", "010 with a leading zero.*octal number 8"),  # RL-Zoo's format
 ])
 def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
@@ -542,6 +543,19 @@ def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text
     assert str(path) in str(error.value)
     # (one sentence: the reasons joined, a reason's own full stop dropped: "got 2.0.." was printed)
     assert not re.search(r"\.[.;]", str(error.value).replace(str(path), "FILE")), str(error.value)
+
+
+def test_rlspeeds_own_preset_files_are_read_by_the_rules_of_a_persons_file(tmp_path, monkeypatch):
+    """A shipped preset file is written by a person too: a key given twice is refused (it was read as its last
+    value), and every shipped file reads so."""
+    from rlspeed import presets
+
+    for algo in ALGORITHMS:
+        load_preset(algo, "CartPole-v1", "rlspeed")
+    (tmp_path / "ppo.yaml").write_text("CartPole-v1:\n  num_envs: 4\n  num_envs: 8\n")
+    monkeypatch.setattr(presets.resources, "files", lambda package: tmp_path)
+    with pytest.raises(UserError, match="rlspeed's ppo.yaml gives num_envs twice"):
+        load_preset("ppo", "CartPole-v1", "rlspeed")
 
 
 def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_would_change(tmp_path):

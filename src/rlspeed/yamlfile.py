@@ -22,8 +22,34 @@ class _Surprise(yaml.YAMLError):
     """A value or key the reader refuses (its message is the sentence's end)."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that refuses duplicate keys and octal or base-60 integers."""
+#: YAML's tag of a Python tuple (`!!python/tuple [128, 64]`): env options an env takes only as tuples
+TUPLE_TAG = "tag:yaml.org,2002:python/tuple"
+
+
+def _tuple(loader: yaml.SafeLoader, node):
+    return tuple(loader.construct_sequence(node, deep=True))
+
+
+class _RunFileLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads tuples (`TUPLE_TAG`), as a run's config.yaml writes env options."""
+
+
+class _TaggedTuple(tuple):
+    """A tuple `dump_run_file` writes with `TUPLE_TAG` (other tuples are written as lists, as safe_dump does)."""
+
+
+class _RunFileDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper that writes `_TaggedTuple`s as tuples."""
+
+
+_RunFileLoader.add_constructor(TUPLE_TAG, _tuple)  # (before `_StrictLoader` copies the constructors it inherits)
+_RunFileDumper.add_representer(_TaggedTuple, lambda dumper, data: dumper.represent_sequence(TUPLE_TAG, data,
+                                                                                            flow_style=True))
+
+
+class _StrictLoader(_RunFileLoader):
+    """`_RunFileLoader` that refuses duplicate keys and octal or base-60 integers: the reader of what a person wrote
+    (`read`)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -56,31 +82,6 @@ def _int(loader: _StrictLoader, node):
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
-#: YAML's tag of a Python tuple (`!!python/tuple [128, 64]`): env options an env takes only as tuples
-TUPLE_TAG = "tag:yaml.org,2002:python/tuple"
-
-
-def _tuple(loader: yaml.SafeLoader, node):
-    return tuple(loader.construct_sequence(node, deep=True))
-
-
-class _RunFileLoader(yaml.SafeLoader):
-    """PyYAML's safe loader that also reads tuples (`TUPLE_TAG`), as a run's config.yaml writes env options."""
-
-
-class _TaggedTuple(tuple):
-    """A tuple `dump_run_file` writes with `TUPLE_TAG` (other tuples are written as lists, as safe_dump does)."""
-
-
-class _RunFileDumper(yaml.SafeDumper):
-    """PyYAML's safe dumper that writes `_TaggedTuple`s as tuples."""
-
-
-for _loader in (_StrictLoader, _RunFileLoader):
-    _loader.add_constructor(TUPLE_TAG, _tuple)
-_RunFileDumper.add_representer(_TaggedTuple, lambda dumper, data: dumper.represent_sequence(TUPLE_TAG, data,
-                                                                                            flow_style=True))
-
 
 def _tagged(value):
     if isinstance(value, dict):
@@ -101,7 +102,8 @@ def dump_run_file(config: dict, tuples_under: tuple[str, ...] = ("env_kwargs",))
 
 def load_run_file(text: str):
     """The data of a run's config.yaml (`dump_run_file`): `yaml.safe_load`'s, with its tuples (yaml.YAMLError where
-    it is not YAML)."""
+    it is not YAML). Without `read`'s refusals: the file is rlspeed's own writing, whose values read back as written;
+    a config.yaml a person gives as input (`--preset`) is read by `read`."""
     return yaml.load(text, Loader=_RunFileLoader)  # noqa: S506 (a SafeLoader subclass)
 
 

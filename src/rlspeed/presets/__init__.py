@@ -14,8 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlspeed import yamlfile
 from rlspeed.errors import UserError
 from rlspeed.files import local_path
@@ -99,7 +97,7 @@ def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
     path = resources.files(__package__) / f"{algo}.yaml"
     if not path.is_file():
         return Preset({}, "rlspeed-default", f"{algo}'s defaults (rlspeed ships no {algo} presets)")
-    presets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    presets = yamlfile.read(path.read_text(encoding="utf-8"), f"rlspeed's {path.name}") or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
     # (asked only where the answer matters: it imports torch, and presets load without it)

@@ -210,6 +210,9 @@ def hyperparams_file(algo: str) -> Path:
 
 def zoo_entries(algo: str) -> dict[str, dict]:
     """Every entry of the installed RL-Zoo YAML for `algo`, by env id (and RL-Zoo's `atari` entry)."""
+    # read as RL-Zoo reads it (`yaml.safe_load`), not by `yamlfile.read`'s rules: an installed package's file, whose
+    # entries mean in rlspeed what they mean in RL-Zoo; a person's own file in RL-Zoo's format is a `--preset FILE`,
+    # read by those rules (`load_preset_file`)
     entries = yaml.safe_load(hyperparams_file(algo).read_text(encoding="utf-8")) or {}
     return {str(env_id): dict(entry or {}) for env_id, entry in entries.items()}
 
