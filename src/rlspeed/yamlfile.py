@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from rlspeed.env_options import rebuild
 from rlspeed.errors import UserError
 
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")
@@ -83,20 +84,12 @@ def _int(loader: _StrictLoader, node):
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
-def _tagged(value):
-    if isinstance(value, dict):
-        return {key: _tagged(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [_tagged(item) for item in value]
-        return _TaggedTuple(items) if isinstance(value, tuple) else items
-    return value
-
-
 def dump_run_file(config: dict, tuples_under: tuple[str, ...] = ("env_kwargs",)) -> str:
     """A run's config.yaml: `yaml.safe_dump` in the order of the keys, non-ASCII text as it is, with the tuples under
     the keys `tuples_under` tagged as tuples (an env may take only a tuple: highway-env's `observation_shape`), so
     that `load_run_file` gives them back."""
-    config = {key: _tagged(value) if key in tuples_under else value for key, value in config.items()}
+    config = {key: rebuild(value, lambda items, path, was_tuple: _TaggedTuple(items) if was_tuple else items)
+              if key in tuples_under else value for key, value in config.items()}
     return yaml.dump(config, Dumper=_RunFileDumper, sort_keys=False, allow_unicode=True)
 
 

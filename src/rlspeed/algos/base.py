@@ -56,6 +56,7 @@ from rlspeed.device import (
 from rlspeed.diagnostics import waiting
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
+from rlspeed.env_options import tuple_paths, with_tuples
 from rlspeed.envs import (
     BACKENDS,
     BatchedEnv,
@@ -88,8 +89,6 @@ from rlspeed.envs.base import (
     space_from_json,
     space_text,
     space_to_json,
-    tuple_paths,
-    with_tuples,
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of

@@ -289,29 +289,6 @@ def recorded_env_kwargs(spec: EnvSpec) -> dict:
     return kept
 
 
-def tuple_paths(value, path: tuple = ()) -> list[list]:
-    """The paths (keys and list indices, outermost first) of the tuples in env options, which JSON writes as lists:
-    a checkpoint records them beside the options (`env_kwargs_tuples`) so that `with_tuples` gives a loaded model
-    the tuples its env was given (an env may take only a tuple: highway-env's `observation_shape`)."""
-    if isinstance(value, dict):
-        return [found for key, item in value.items() for found in tuple_paths(item, (*path, key))]
-    if isinstance(value, (list, tuple)):
-        inner = [found for index, item in enumerate(value) for found in tuple_paths(item, (*path, index))]
-        return [list(path), *inner] if isinstance(value, tuple) else inner
-    return []
-
-
-def with_tuples(value, paths, path: tuple = ()):
-    """Options read from JSON with the lists at `paths` (`tuple_paths`) made tuples again."""
-    wanted = paths if isinstance(paths, set) else {tuple(found) for found in paths or ()}
-    if isinstance(value, dict):
-        return {key: with_tuples(item, wanted, (*path, key)) for key, item in value.items()}
-    if isinstance(value, list):
-        items = [with_tuples(item, wanted, (*path, index)) for index, item in enumerate(value)]
-        return tuple(items) if path in wanted else items
-    return value
-
-
 def space_text(space: gym.Space) -> str:
     """A space as one line for a message: Gymnasium's repr, whose per-component bounds NumPy wraps over lines
     (shown as literal '\\n' in the command line's one-line errors); a Box of more than 8 components with bounds per

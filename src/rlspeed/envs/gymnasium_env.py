@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from gymnasium.vector.async_vector_env import AsyncState
 
+from rlspeed.env_options import has_list
 from rlspeed.envs.base import (
     BatchedEnv,
     EnvSpec,
@@ -1105,15 +1106,8 @@ def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> Use
     names and the env's own message (without Gymnasium's note on where it was raised)."""
     message = str(error).split(" was raised from the environment creator")[0].rstrip(".")
     hint = (" (an option it takes as a tuple is written !!python/tuple [a, b] in --env-kwargs, whose [a, b] is a list;"
-            " a tuple in Python)" if "tuple" in message and _has_list(env_kwargs) else "")
+            " a tuple in Python)" if "tuple" in message and has_list(env_kwargs) else "")
     return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}{hint}.")
-
-
-def _has_list(value) -> bool:
-    """Whether env options hold a list, at any depth."""
-    if isinstance(value, dict):
-        return any(_has_list(item) for item in value.values())
-    return isinstance(value, list) or (isinstance(value, tuple) and any(_has_list(item) for item in value))
 
 
 def _unpicklable_options(env_kwargs: dict) -> list[str]:

@@ -1,0 +1,45 @@
+"""A user's env options (`env_kwargs`: values nested in dicts, lists and tuples) walked in one place: the tuples an env
+may take only as tuples (highway-env's `observation_shape`) kept through the files that record the options as lists,
+a checkpoint's JSON (`tuple_paths`, `with_tuples`) and config.yaml (`rlspeed.yamlfile`). No torch import here: the
+CLI and the presets use it before they import torch (which `rlspeed.envs` does)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def rebuild(value: Any, sequence: Callable[[list, tuple, bool], Any], path: tuple = ()) -> Any:
+    """`value` with each list and tuple in it, innermost first, replaced by `sequence(items, path, was_tuple)`: its
+    items rebuilt so, the keys and indices that lead to it from the top, and whether it was a tuple."""
+    if isinstance(value, dict):
+        return {key: rebuild(item, sequence, (*path, key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [rebuild(item, sequence, (*path, index)) for index, item in enumerate(value)]
+        return sequence(items, path, isinstance(value, tuple))
+    return value
+
+
+def _sequences(value: Any) -> list[tuple[list, bool]]:
+    """(path, was_tuple) of each list and tuple in `value`, innermost first."""
+    found: list[tuple[list, bool]] = []
+    rebuild(value, lambda items, path, was_tuple: found.append((list(path), was_tuple)))
+    return found
+
+
+def tuple_paths(value: Any) -> list[list]:
+    """The paths (keys and indices) of the tuples in env options, which JSON writes as lists: a checkpoint records
+    them beside the options (`env_kwargs_tuples`) so that `with_tuples` gives a loaded model the tuples its env was
+    given."""
+    return [path for path, was_tuple in _sequences(value) if was_tuple]
+
+
+def with_tuples(value: Any, paths: list[list] | None) -> Any:
+    """Options read from JSON with the lists at `paths` (`tuple_paths`) made tuples again."""
+    wanted = {tuple(found) for found in paths or ()}
+    return rebuild(value, lambda items, path, was_tuple: tuple(items) if was_tuple or path in wanted else items)
+
+
+def has_list(value: Any) -> bool:
+    """Whether env options hold a list, at any depth."""
+    return any(not was_tuple for _, was_tuple in _sequences(value))
