@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import pytest
 import yaml
@@ -797,8 +798,21 @@ def test_a_preset_naming_its_storage_with_the_password_is_the_same_study_s(tmp_p
     code = cli.main(["tune", "ppo", "CartPole-v1", "--storage", url, "--study-name", "pw", "--trials", "2", "--out",
                      str(preset)])
     err = capsys.readouterr().err
-    assert code == 2 and "cannot open it as an Optuna storage" in err  # (the study's own error: no server there)
+    # (the study's own error: no server there, or no driver for it)
+    assert code == 2 and "--storage postgresql+psycopg2://tuner:***@127.0.0.1:1/optuna: " in err
     assert "hunter2" not in err
+
+
+def test_a_server_storage_without_its_database_driver_names_the_package_to_install(tmp_path, monkeypatch, capsys):
+    """A database server's URL whose driver is not installed was "cannot open it as an Optuna storage (Failed to import
+    DB access module for the specified storage URL. Please install appropriate one.)", naming neither."""
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # (not installed, whether it is here or not)
+    code = cli.main(["tune", "ppo", "CartPole-v1", "--storage", "postgresql+psycopg2://tuner:hunter2@127.0.0.1:1/optuna",
+                     "--trials", "2", "--out", str(tmp_path / "best.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.endswith("the Python module psycopg2, is not installed: pip install psycopg2-binary, or "
+                                      "name an installed driver in the URL (postgresql+DRIVER://...).\n"), err
+    assert "hunter2" not in err and not (tmp_path / "best.yaml").exists()
 
 
 def test_a_storage_that_fills_up_while_the_study_runs_is_one_sentence(tmp_path, monkeypatch, capsys):

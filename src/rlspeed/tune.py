@@ -412,6 +412,10 @@ def _changed_setup(made_for: dict, record: dict) -> str:
     return ", ".join(changed)
 
 
+#: pip's names of the database drivers SQLAlchemy imports by another name
+_DRIVER_PACKAGES = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'"}
+
+
 def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
     """The study `study_name` in `storage`, created or loaded (its completed trials' reports given to the pruner);
     UserError when it was made for another setup."""
@@ -431,6 +435,12 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
     try:
         rdb = optuna.storages.RDBStorage(url)
     except Exception as error:  # SQLAlchemy's errors for a bad URL or an unreadable file
+        driver = getattr(error.__cause__, "name", None) if isinstance(error.__cause__, ImportError) else None
+        if driver:  # (Optuna's "Failed to import DB access module ...: Please install appropriate one.")
+            scheme = url.split("://")[0].split("+")[0]
+            raise UserError(f"--storage {without_password(storage)}: the database driver it needs, the Python module "
+                            f"{driver}, is not installed: pip install {_DRIVER_PACKAGES.get(driver, driver)}, or "
+                            f"name an installed driver in the URL ({scheme}+DRIVER://...).") from None
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"--storage {without_password(storage)}: cannot open it as an Optuna storage "
                         f"({without_password(first)[:200]}).") from None
