@@ -1383,36 +1383,8 @@ class GymnasiumEnv(BatchedEnv):
             self._final_masks = final_masks
             successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
             self._successes = successes
-            if self._float_vector:
-                obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
-                shape = self.spec.observation_shape
-                for i, env in enumerate(self._sync_envs):
-                    stepped = env.step(actions[i])
-                    observation, reward[i], terminated[i], truncated[i], info = stepped
-                    if first:
-                        self._check_flags(stepped)
-                        self._check_step_masks(info)
-                    check_shape(observation, shape)
-                    if terminated[i] or truncated[i]:
-                        if final is None:
-                            final = np.empty_like(obs)
-                        final[i] = observation
-                        if masks is not None or self._mask_method:
-                            final_masks[i] = self._env_mask(env, info)
-                        if "is_success" in info:
-                            successes[i] = info["is_success"]
-                        reset_returned = env.reset()
-                        observation, info = reset_returned
-                        check_shape(observation, shape)
-                    obs[i] = observation
-                    if masks is not None:
-                        masks[i] = info.get("action_mask")
-                if final is not None:
-                    done = terminated | truncated
-                    final[~done] = obs[~done]
-                return obs, reward, terminated, truncated, final, masks
             host = self._host
-            obs = host.empty(n)
+            obs = host.empty(n)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
                 stepped = env.step(actions[i])
                 observation, reward[i], terminated[i], truncated[i], info = stepped
