@@ -266,6 +266,22 @@ def _take(name: str, storage: torch.Tensor, index: torch.Tensor) -> torch.Tensor
     return storage[index]
 
 
+def check_masks_given(next_action_masks: torch.Tensor | None, stored: torch.Tensor | None) -> None:
+    """Masks are given to `add` exactly when the buffer stores them (`stored`: its masks' storage, else None): a
+    check on the host, no device read."""
+    if (next_action_masks is None) != (stored is None):
+        raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
+
+
+def window_entry(obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None) -> tuple:
+    """One step pending for n-step returns: (obs, actions, rewards, next_obs, terminated, done[, next_action_masks]),
+    the rewards and flags as float32 (done: terminated or truncated, where the return stops)."""
+    terminated = terminated.to(torch.float32)
+    done = torch.maximum(terminated, truncated.to(torch.float32))
+    entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
+    return entry if next_action_masks is None else (*entry, next_action_masks)
+
+
 class ReplayBuffer:
     """Circular storage of `capacity` transitions; `sample(batch_size)` returns a dict of device tensors.
 
@@ -417,15 +433,12 @@ class ReplayBuffer:
         with `mask_size` only) the actions allowed there. `reset_rows` (the adapters' host `info["final_rows"]`: the
         rows the env restarted) matters to the frame layout only (`FrameStackReplayBuffer`)."""
         self._check_step(actions, rewards)
-        self._check_masks(next_action_masks)
+        check_masks_given(next_action_masks, self.next_action_masks)
         if self.n_step == 1:
             self._write(obs, actions, rewards, next_obs, terminated,  # the copy converts bool to float
                         next_action_masks=next_action_masks)
             return
-        terminated = terminated.to(torch.float32)
-        done = torch.maximum(terminated, truncated.to(torch.float32))
-        entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
-        self._window.append(entry if next_action_masks is None else (*entry, next_action_masks))
+        self._window.append(window_entry(obs, actions, rewards, next_obs, terminated, truncated, next_action_masks))
         if len(self._window) == self.n_step:
             self._write(*self._n_step_transition())
             self._window.pop(0)
@@ -436,7 +449,7 @@ class ReplayBuffer:
         """Store T consecutive steps of all N envs (every argument `[T, N, ...]`; `reset_rows` one entry per step),
         as T calls of `add` would, in the same rows: one copy per field for all of them (dense 1-step buffers;
         others add step by step)."""
-        self._check_masks(next_action_masks)
+        check_masks_given(next_action_masks, self.next_action_masks)
         steps = obs_batch_size(obs)
         if self.n_step > 1 or steps * self.num_envs > self.capacity or self.layout != "dense":
             for t in range(steps):
@@ -461,11 +474,6 @@ class ReplayBuffer:
             raise UserError(f"ReplayBuffer.add stores one step of all {self.num_envs} envs the buffer was made for: "
                             f"rewards of shape ({self.num_envs},) and actions of {self.num_envs} rows, got "
                             f"{tuple(rewards.shape)} and {tuple(actions.shape)}.")
-
-    def _check_masks(self, next_action_masks: torch.Tensor | None) -> None:
-        """Masks are given exactly when the buffer stores them (a shape check on the host: no device read)."""
-        if (next_action_masks is None) != (self.next_action_masks is None):
-            raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
 
     def _n_step_transition(self):
         """The n-step transition starting at the oldest pending step, for all N envs at once."""

@@ -82,9 +82,11 @@ from rlspeed.buffers.replay import (
     REPLAY_MEMORY_SHARE,
     FrameStackReplayBuffer,
     available_memory_bytes,
+    check_masks_given,
     count_unwritten_host_storage,
     frame_stacks,
     storage_zeros,
+    window_entry,
 )
 from rlspeed.checkpoint import beside, load_paired, replay_path, save_checkpoint, staged_path
 from rlspeed.device import check_num_threads, float32_default, rules, training_threads
@@ -389,16 +391,12 @@ class MemberReplay:
         """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it;
         `next_action_masks` (bool `[K * N, n]`) exactly when the buffer keeps masks; `reset_rows` (the env's
         restarted rows) matters to the frame layout only (`MemberFrameReplay`)."""
-        if (next_action_masks is None) != (self.next_action_masks is None):
-            raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
+        check_masks_given(next_action_masks, self.next_action_masks)
         if self.n_step == 1:  # (the discount is each row's gamma: column 0 of the table, gamma ** 1)
             self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), self._discount_table[:, 0],
                         next_action_masks)
             return
-        terminated = terminated.to(torch.float32)
-        done = torch.maximum(terminated, truncated.to(torch.float32))
-        entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
-        self._window.append(entry if next_action_masks is None else (*entry, next_action_masks))
+        self._window.append(window_entry(obs, actions, rewards, next_obs, terminated, truncated, next_action_masks))
         if len(self._window) == self.n_step:
             self._write_oldest()
 
