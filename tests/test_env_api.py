@@ -2149,6 +2149,23 @@ def test_tuple_env_options_come_back_as_tuples_from_a_saved_model(tmp_path):
         gym.registry.pop("rlspeed_test/TupleOption-v0", None)
 
 
+def test_an_env_option_json_would_change_is_not_saved_changed(tmp_path):
+    """A dict option keyed by numbers (`{3: (1, 2)}`) was saved as JSON writes it, its keys as text and the tuple
+    under one lost: a loaded model made its env with `{"3": [1, 2]}`. It is named as one no checkpoint holds."""
+    gym.register(id="rlspeed_test/KeyedOption-v0", entry_point=lambda table: gym.make("Pendulum-v1").unwrapped,
+                 max_episode_steps=5)
+    try:
+        model = rlspeed.PPO("rlspeed_test/KeyedOption-v0", env_kwargs={"table": {3: (1, 2)}}, seed=0, device="cpu",
+                            num_envs=1, num_steps=8, batch_size=8)
+        with pytest.warns(UserWarning, match=r"The env option table=\{3: \(1, 2\)\} cannot be saved in a checkpoint "
+                                             r"\(JSON gives it back as \{'3': \[1, 2\]\}\): a loaded model makes"):
+            model.save(tmp_path / "model")
+        assert rlspeed.PPO.load(tmp_path / "model", device="cpu", env_kwargs={"table": {3: (1, 2)}}).spec.env_kwargs \
+            == {"table": {3: (1, 2)}}
+    finally:
+        gym.registry.pop("rlspeed_test/KeyedOption-v0", None)
+
+
 def test_an_env_option_no_checkpoint_holds_is_named_on_one_line_with_how_to_give_it_again(tmp_path):
     """An option that is not JSON (a table of prices for gym-anytrading, a 2-D array here) is named by its type where
     its repr takes many lines (the warning printed the table's first columns over lines), with `load`'s remedy."""

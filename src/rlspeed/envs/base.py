@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from rlspeed.device import statistics_dtype
+from rlspeed.env_options import tuple_paths, with_tuples
 from rlspeed.errors import UserError
 
 #: An observation batch: one tensor, or one tensor per key of a Dict (or Tuple) space.
@@ -273,19 +274,24 @@ def _bounds_from_json(values, unbounded: float, dtype: np.dtype) -> np.ndarray:
 
 
 def recorded_env_kwargs(spec: EnvSpec) -> dict:
-    """The env options a checkpoint records (`spec.env_kwargs`): those strict JSON can hold, with a warning naming
-    the others (a loaded model then makes its env without them)."""
+    """The env options a checkpoint records (`spec.env_kwargs`): those strict JSON gives back as they are (with
+    their tuples: `tuple_paths`), with a warning naming the others (a loaded model then makes its env without them):
+    one that is not JSON, or that JSON changes (a dict key that is not text comes back as text)."""
     kept = {}
     for key, value in spec.env_kwargs.items():
         try:
-            json.dumps(value, allow_nan=False)
-            kept[key] = value
+            back = with_tuples(json.loads(json.dumps(value, allow_nan=False)), tuple_paths(value))
+            why = None if back == value else f"JSON gives it back as {back!r:.60}"
         except (TypeError, ValueError):
-            text = repr(value)  # (a DataFrame's or an array's is many lines: its type says what it is)
-            shown = f"{key}={text:.60}" if "\n" not in text else f"{key} (a {type(value).__name__})"
-            warnings.warn(f"The env option {shown} cannot be saved in a checkpoint (not JSON): a loaded model makes "
-                          f"{spec.env_id} without it (give it again: load(path, env_kwargs={{{key!r}: ...}})).",
-                          stacklevel=3)
+            why = "not JSON"
+        if why is None:
+            kept[key] = value
+            continue
+        text = repr(value)  # (a DataFrame's or an array's is many lines: its type says what it is)
+        shown = f"{key}={text:.60}" if "\n" not in text else f"{key} (a {type(value).__name__})"
+        warnings.warn(f"The env option {shown} cannot be saved in a checkpoint ({why}): a loaded model makes "
+                      f"{spec.env_id} without it (give it again: load(path, env_kwargs={{{key!r}: ...}})).",
+                      stacklevel=3)
     return kept
 
 
