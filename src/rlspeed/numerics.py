@@ -38,6 +38,11 @@ DIVERGED_ADVICE = ("lower learning_rate, check the observations' and rewards' sc
 
 NAN_POLICIES = ("raise", "mask")
 
+#: Rewards (observation values) of at least this magnitude in an env's first steps make the scale hint suggest
+#: normalize_reward (normalize_obs); rewards that are not all 0 and stay below `TINY_REWARD`, scaling them up.
+LARGE_SCALE = 1e4
+TINY_REWARD = 1e-4
+
 #: Rollbacks in a row (log intervals whose updates made a tensor non-finite) before training stops.
 MAX_CONSECUTIVE_ROLLBACKS = 10
 
@@ -118,6 +123,11 @@ class EnvValueGuard:
         self._pending: list[tuple] = []  # (reward, obs, final_obs, actions) of steps not yet checked
         self._pending_elements = 0
         self._zeros: dict[tuple, torch.Tensor] = {}  # stand-ins for a missing reward, final obs or action
+        #: [the largest |reward|, the largest |observation value|] of the env's first `_BLOCK_STEPS` steps (NaN until
+        #: measured; the observations' stays NaN where they are not floats), which `NumericsGuard` reads for its
+        #: scale hint; measured once, on the steps the guard keeps anyway
+        self.scale = torch.full((2,), math.nan, device=device, dtype=torch.float32)
+        self._scale_steps = 0
 
     def _zeros_like(self, like: torch.Tensor) -> torch.Tensor:
         key = (tuple(like.shape), like.dtype)
@@ -140,6 +150,8 @@ class EnvValueGuard:
             if len(self._pending) >= _BLOCK_STEPS or self._pending_elements >= _BLOCK_ELEMENTS:
                 self.flush()
             return obs, reward, final_obs
+        if self._scale_steps < _BLOCK_STEPS:
+            self._measure_scale([reward], [obs])
         step = torch.zeros_like(self._value_sums)
         for values in (reward, obs, final_obs):
             if values is not None and values.is_floating_point():
@@ -156,6 +168,21 @@ class EnvValueGuard:
             return values
 
         return zeroed(obs), zeroed(reward), zeroed(final_obs)
+
+    def _measure_scale(self, rewards: list, obs: list) -> None:
+        """Fold the largest |reward| and |observation value| of these steps (resets' rewards None) into `scale`,
+        non-finite values read as 0 (the guard reports those)."""
+        rewards = [r for r in rewards if r is not None]
+        if not rewards:
+            return
+        self._scale_steps += len(rewards)
+
+        def largest(values: list) -> torch.Tensor:
+            stacked = torch.stack(values).to(torch.float32)
+            return torch.nan_to_num(stacked, nan=0.0, posinf=0.0, neginf=0.0).abs().amax()
+
+        observed = largest(obs) if obs[0].is_floating_point() else self.scale.new_tensor(math.nan)
+        torch.fmax(self.scale, torch.stack((largest(rewards), observed)), out=self.scale)
 
     def _accumulate(self, sums: torch.Tensor, clean: torch.Tensor, totals: torch.Tensor) -> None:
         """Fold per-step row totals `[T, N]` into a running sum and its clean-step count. The totals are taken
@@ -181,6 +208,8 @@ class EnvValueGuard:
         pending, self._pending, self._pending_elements = self._pending, [], 0
         if not pending:
             return
+        if self._scale_steps < _BLOCK_STEPS:
+            self._measure_scale([entry[0] for entry in pending], [entry[1] for entry in pending])
         steps, num_envs = len(pending), self._value_sums.shape[0]
         totals = torch.zeros(steps, num_envs, device=self._value_sums.device, dtype=torch.float32)
         obs = [entry[1] for entry in pending]
@@ -246,10 +275,14 @@ class NumericsGuard:
         self._unchecked_losses: dict[str, tuple[int, float, object]] = {}
         #: the run's hyperparameters that differ from the defaults (`key=value, ...`), named when training diverges
         self.settings = ""
+        #: (normalize_obs, normalize_reward) of the run (`attach`): what the scale hint need not suggest
+        self.normalising = (False, False)
+        self.scale_hinted = False  # (the hint shows once per model)
 
-    def attach(self, env) -> None:
+    def attach(self, env, normalize_obs: bool = False, normalize_reward: bool = False) -> None:
         """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
-        watched, and `report` says so)."""
+        watched, and `report` says so); `normalize_obs` and `normalize_reward`: the run's, for the scale hint."""
+        self.normalising = (bool(normalize_obs), bool(normalize_reward))
         if not self.enabled:
             return
         from rlspeed.envs.base import find_episode_statistics
@@ -273,8 +306,33 @@ class NumericsGuard:
         dtype = statistics_dtype(device)
         parts = [finite.to(device, dtype).reshape(1)]
         if self.env_guard is not None:
-            parts.append(self.env_guard.summary().to(device, dtype))
+            parts += [self.env_guard.summary().to(device, dtype), self.env_guard.scale.to(device, dtype)]
         return torch.cat(parts)
+
+    def _hint_scale(self, reward: float, observed: float) -> None:
+        """Warn once where the env's first steps (`EnvValueGuard.scale`: their largest |reward| and |observation
+        value|, NaN before any step) are far from 1 and the run does not normalise them."""
+        if math.isnan(reward):
+            return
+        self.scale_hinted = True
+        normalize_obs, normalize_reward = self.normalising
+        found, advice = [], []
+        if not normalize_reward and reward >= LARGE_SCALE:
+            found.append(f"rewards up to {reward:.3g} in magnitude")
+            advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
+                          "std of the discounted return")
+        elif not normalize_reward and 0 < reward < TINY_REWARD:
+            found.append(f"rewards of at most {reward:.3g} in magnitude")
+            advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
+                          "std of the discounted return (scaling them up in the env does more)")
+        if not normalize_obs and not math.isnan(observed) and observed >= LARGE_SCALE:
+            found.append(f"observation values up to {observed:.3g} in magnitude")
+            advice.append("normalize_obs=True (--set normalize_obs=true) scales each observation feature by its "
+                          "running mean and std")
+        if found:
+            warnings.warn(f"rlspeed: the env's first steps have {' and '.join(found)}: values this far from 1 train "
+                          f"slowly or not at all; {', and '.join(advice)}, statistics the model saves.",
+                          UserWarning, stacklevel=3)
 
     def snapshot(self, tensors: dict[str, torch.Tensor], timesteps: int) -> None:
         """Keep device copies of `tensors` as the last good state (copied into the previous copies when the set of
@@ -303,6 +361,8 @@ class NumericsGuard:
             if rows and self.nan_policy == "raise":
                 raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats)
             finite = finite and not caused  # non-finite actions went to the env: the policy diverged
+            if not self.scale_hinted and len(values) >= 8:
+                self._hint_scale(values[6], values[7])
         if finite:
             self.consecutive_rollbacks = 0
             self.snapshot(tensors, timesteps)

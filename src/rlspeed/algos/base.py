@@ -2234,7 +2234,7 @@ class Algorithm:
         # The env's observation statistics (built here, or a normalising env passed in) are the model's: predict,
         # evaluate and save use them. Saved statistics (load, resume) seed the env's, which then carry on.
         self._adopt_statistics()
-        self._numerics.attach(self._env)
+        self._numerics.attach(self._env, self.config.normalize_obs, self.config.normalize_reward)
         return self._env
 
     def _drop_disrupted_env(self) -> None:
