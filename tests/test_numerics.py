@@ -394,6 +394,8 @@ def test_rewards_far_from_1_get_one_hint_to_normalise_them(algo):
     assert "observation" not in hints[0]
     tiny = algo(_cartpole_times(reward_scale=1e-6), seed=0, device="cpu", **SMALL[algo])
     assert "rewards of at most 1e-06" in "".join(_scale_warnings(tiny))
+    masked = algo(_cartpole_times(reward_scale=1e5), seed=0, device="cpu", nan_policy="mask", **SMALL[algo])
+    assert len(_scale_warnings(masked)) == 1  # (the mask policy checks each step at once: measured there too)
 
 
 @pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda a: a.__name__)
