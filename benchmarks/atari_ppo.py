@@ -9,7 +9,10 @@ background:
   update excluded). Sides: rlspeed on Gymnasium envs (`env_backend="gymnasium"`: one process, envs stepped in turn,
   as SB3's DummyVecEnv), rlspeed on EnvPool (`env_backend="envpool"`), and SB3 PPO `CnnPolicy` on its standard
   Atari wrappers (`make_atari_env` + `VecFrameStack(4)`, DummyVecEnv). The sides of a pair run one after another
-  in fresh processes (order reversed every other pair); reports ratios per pair and their medians.
+  in fresh processes (order reversed every other pair); reports ratios per pair and their medians. The `-auto`
+  sides (`accelerate="auto"`) search at their second update and rollout calls, in the untimed warm-up
+  (`common.acceleration_decided_at_once`; the window would not reach the search otherwise), so they need
+  `--warmup` >= 1.
 - `sb3-learn`: one SB3 learning run at a fixed budget, then a deterministic 10-episode evaluation on separate envs
   with full games and raw scores (SB3's Atari wrappers without episodic life or reward clipping); writes a JSON file.
   rlspeed's learning runs are `rlspeed train ppo BreakoutNoFrameskip-v4 ... --out DIR` (summary.json `final_eval`).
@@ -27,6 +30,7 @@ torch.set_num_threads(--threads, default 1) for every run of both libraries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -97,9 +101,12 @@ def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> 
             return True
 
         backend = "envpool" if side.startswith("rlspeed-envpool") else "gymnasium"
-        model = rlspeed_model(backend, seed, threads, "auto" if side.endswith("-auto") else "off")
+        auto = side.endswith("-auto")
+        model = rlspeed_model(backend, seed, threads, "auto" if auto else "off")
         common.set_threads(threads)
-        model.learn((warmup + iterations) * ROLLOUT, callback=mark, progress_bar=False)
+        # (the auto sides search in the untimed warm-up iterations, at the second call of each kind)
+        with common.acceleration_decided_at_once() if auto else contextlib.nullcontext():
+            model.learn((warmup + iterations) * ROLLOUT, callback=mark, progress_bar=False)
         window = common.window_sps(marks, warmup * ROLLOUT)
         record = {"library": "rlspeed", "env_backend": model.env_backend, "update": model.update_summary(),
                   "accelerate": json.loads(json.dumps(model.acceleration_summary(), default=str)),

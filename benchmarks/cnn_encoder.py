@@ -10,7 +10,9 @@ bytes one transition of image observations takes in rollout and replay storage.
     - DQN: buffer 100,000, learning_starts 1,000, train_freq 4, batch 32, target update every 1,000 steps, lr 1e-4,
       epsilon 1 -> 0.05 over 10% of the run, grad norm 10, no double Q (SB3's DQN has none), linear Q head.
     rlspeed runs twice: fp32 eager (`accelerate="off"`, the like-for-like comparison) and `accelerate="auto"` (the
-    update's precision chosen by measuring, within its accuracy check; what it chose is in the table).
+    update's precision chosen by measuring, within its accuracy check; what it chose is in the table), which searches
+    in its untimed warm-up run (`common.acceleration_decided_at_once`: a run of this length would not reach its
+    search), its timed runs taking that choice from the cache.
     The encoder of both: rlspeed's small CNN (`rlspeed.nn.CNNEncoder`, Nature-DQN's 8x8 kernel does not fit 10x10):
     16 then 32 3x3 convolutions, a ReLU linear layer of 256; for SB3 the same layers as a features extractor
     (`SmallCNN` below), which takes SB3's float32 observations (SB3 treats a bool Box as a vector, not an image).
@@ -26,6 +28,7 @@ to trust them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import warnings
 
@@ -210,8 +213,10 @@ def main() -> None:
                "dqn rlspeed": (rlspeed_dqn, args.dqn_steps, 1200),
                "dqn rlspeed auto": (auto(rlspeed_dqn), args.dqn_steps, 1200),
                "dqn sb3": (sb3_dqn, args.dqn_steps, 1200)}
-    for run, _, warmup in runners.values():  # imports and first allocations, not recorded
-        run(warmup, 0)
+    for name, (run, _, warmup) in runners.items():  # imports and first allocations, not recorded
+        # (the auto sides' searches run here, and the timed runs take their choices from the cache)
+        with common.acceleration_decided_at_once() if name.endswith("auto") else contextlib.nullcontext():
+            run(warmup, 0)
     results: dict[str, list[float]] = {name: [] for name in runners}
     for repeat in range(args.repeats):
         for name, (run, steps, _) in runners.items():

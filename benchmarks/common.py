@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import datetime
 import gc
 import json
@@ -20,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -35,6 +36,33 @@ def temporary_directory(prefix: str) -> str:
     path = tempfile.mkdtemp(prefix=prefix)
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+#: the strategy cache of `acceleration_decided_at_once`'s searches in this process (made at its first use)
+_DECISIONS: list[str] = []
+
+
+@contextlib.contextmanager
+def acceleration_decided_at_once() -> Iterator[None]:
+    """Inside the block, `accelerate="auto"` searches at the second call of each kind it decides (update step,
+    hand-derived update, rollout policy), where otherwise it runs fp32 until those calls have taken about 33 times
+    what the search costs (`rlspeed.accel.module.SEARCH_COST_SHARE`; a PPO update on MinAtar, about 15 ms, searches
+    after about 140,000 env steps), which a benchmark's warm-up or timed run does not reach: its `auto` side would
+    time fp32, or a choice an earlier run left in the machine's cache. The choices go to a cache of this process's
+    own (`RLSPEED_CACHE_DIR`, which stays set; removed as the process ends): a warm-up run inside the block makes
+    them, on an early batch, and the runs after it take them from that cache. Their reason says so: "searched after 1
+    fp32 calls ..., so that the search costs at most 100000% of their time"."""
+    from rlspeed.accel import module
+
+    if not _DECISIONS:
+        _DECISIONS.append(temporary_directory("rlspeed-accel-bench-"))
+    os.environ["RLSPEED_CACHE_DIR"] = _DECISIONS[0]
+    saved = module.SEARCH_COST_SHARE
+    module.SEARCH_COST_SHARE = 1000.0  # (a search is due once the calls have taken 1/1000 of its cost)
+    try:
+        yield
+    finally:
+        module.SEARCH_COST_SHARE = saved
 
 
 # Stable-Baselines3's learn() makes a log folder, <temp dir>/SB3-<date and time>, at each call unless SB3_LOGDIR names

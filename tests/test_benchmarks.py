@@ -11,6 +11,14 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+def _benchmarks_common():
+    """benchmarks/common.py, imported as a module of its own."""
+    spec = importlib.util.spec_from_file_location("benchmarks_common", BENCHMARKS / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    return common
+
+
 def test_a_benchmarks_reference_runs_leave_nothing_in_the_temp_directory(tmp_path):
     """Stable-Baselines3's learn() makes <temp dir>/SB3-<date and time> at each call where SB3_LOGDIR is unset: the
     benchmarks, which train SB3 models seed after seed, left one per run (a hundred after a day of benchmarks); they
@@ -34,8 +42,32 @@ def test_a_benchmarks_readme_made_afresh_starts_with_the_published_introduction(
     """`publish` writes benchmarks/README.md from `common.README_INTRO` where the file is missing (a fork that
     deleted it, a new results directory): that text is the published README's introduction, not an older one (it
     had fallen behind by a paragraph on the scripts' extras and the CUDA check)."""
-    spec = importlib.util.spec_from_file_location("benchmarks_common", BENCHMARKS / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    common = _benchmarks_common()
     published = (BENCHMARKS / "README.md").read_text().split("<!-- ", 1)[0]
     assert common.README_INTRO.rstrip() == published.rstrip()
+
+
+def test_a_benchmarks_auto_side_decides_in_its_warm_up_and_its_timed_runs_take_the_choice(monkeypatch, tmp_path):
+    """`accelerate="auto"` runs fp32 until its calls pay for a search, which a benchmark's short runs never reach (a
+    MinAtar PPO update searches after about 140,000 env steps): cnn_encoder.py's and atari_ppo.py's auto sides timed
+    fp32, or a choice some earlier run had left in the machine's cache. Their warm-up runs inside
+    `common.acceleration_decided_at_once()`, which searches at once into a cache of the script's own, and the timed
+    runs after it take that choice."""
+    from rlspeed import DQN
+    from rlspeed.fused import precision as fused_precision
+
+    monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")  # (any CPU)
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "machine-cache"))
+    common = _benchmarks_common()
+
+    def chosen_by() -> str:
+        model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=8,
+                    batch_size=16)
+        model.learn(64, progress_bar=False)
+        return model.acceleration_summary()["chosen_by"]
+
+    assert chosen_by() == "waiting"  # (a short run, as a benchmark's)
+    with common.acceleration_decided_at_once():
+        assert chosen_by() == "search"
+    assert chosen_by() == "cache"
+    assert not (tmp_path / "machine-cache").exists()  # (the machine's cache is left as it was)
