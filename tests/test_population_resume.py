@@ -154,6 +154,33 @@ def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_pat
         _population(PPO, "CartPole-v1").learn(256, run_dir=tmp_path / "run")
 
 
+
+def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(tmp_path, monkeypatch):
+    """Members whose evaluations are cut short at the step limit unequally: metrics.csv's `eval_unfinished/seed_S`
+    and summary.json's `confirmations_unfinished` give each member its own count, not another member's."""
+    import csv
+    import warnings
+
+    from rlspeed.population import base
+
+    real = base.first_episode_returns
+
+    def member_0_never_finishes(*args, **kwargs):  # (rows are blocks of 2 episodes, member 0's first)
+        returns, finished, succeeded = real(*args, **kwargs)
+        finished.view(-1, 2)[0] = False
+        return returns, finished, succeeded
+
+    monkeypatch.setattr(base, "first_episode_returns", member_0_never_finishes)
+    population = _population(PPO, "CartPole-v1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
+        summary = population.learn(128, target_return=-1000, eval_freq=128, eval_episodes=2, run_dir=tmp_path,
+                                   progress_bar=False)
+    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2], [0], [0]]
+    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = [row for row in csv.DictReader(handle) if row["eval_mean/seed_3"]]
+    assert [tuple(row[f"eval_unfinished/seed_{seed}"] for seed in (3, 5, 8)) for row in rows] == [("2", "0", "0")], rows
+
 @pytest.mark.parametrize(("algo", "env_id", "extra"), [
     (PPO, "CartPole-v1", {}), (PPO, "Pendulum-v1", {}), (A2C, "CartPole-v1", {}),
     (PPO, "Pendulum-v1", {"normalize_obs": True, "normalize_reward": True}),
