@@ -1771,6 +1771,7 @@ def test_final_obs_is_the_last_observation_of_an_env_that_reuses_its_array(backe
     assert (final == 3).all() and (obs == 0).all(), (final, obs)
 
 
+
 def test_a_contract_breach_is_told_under_a_time_limit_another_package_put_in_place(monkeypatch):
     """rl_zoo3 (rlspeed's `--preset zoo`) replaces Gymnasium's TimeLimit with a subclass of its own when imported: the
     old API's 4-value step then failed in that subclass's file, not Gymnasium's, and was taken for the env's own
@@ -2134,6 +2135,9 @@ def test_tuple_env_options_come_back_as_tuples_from_a_saved_model(tmp_path):
         model = rlspeed.PPO("rlspeed_test/TupleOption-v0", env_kwargs=options, seed=0, device="cpu", num_envs=1,
                             num_steps=8, batch_size=8)
         model.save(tmp_path / "model")
+        # (the file records the tuples' paths, keys and indices from the top, as every rlspeed has written them)
+        _, meta = rlspeed.checkpoint.load_checkpoint(tmp_path / "model.safetensors")
+        assert sorted(meta["env_kwargs_tuples"]) == [["config", "observation", "shape"], ["config", "pairs", 0]]
         loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
         assert loaded.spec.env_kwargs == options
         assert isinstance(loaded.spec.env_kwargs["config"]["pairs"][0], tuple)
