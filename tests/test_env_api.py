@@ -1772,6 +1772,26 @@ def test_final_obs_is_the_last_observation_of_an_env_that_reuses_its_array(backe
 
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "OwnBuffer-v0"])  # (float vectors, and a Dict's keys)
+def test_a_gymnasium_envs_observations_are_the_callers_to_keep(env_id):
+    """Each step returns observations of its own, final ones included: a rollout keeps them, and the next step writes
+    into new ones rather than over those it kept."""
+    env = rlspeed.make_env(env_id, num_envs=2, backend="gymnasium", seed=0,
+                           env_kwargs={"keyed": True} if env_id == "OwnBuffer-v0" else None)
+    try:
+        kept = [env.reset()[0]]
+        for _ in range(20):  # (CartPole pushed one way ends its episodes within 20 steps)
+            obs, _, _, _, info = env.step(torch.ones(2, dtype=torch.long))
+            kept += [obs, info["final_obs"]]
+        copies = [{key: value.clone() for key, value in obs.items()} if isinstance(obs, dict) else obs.clone()
+                  for obs in kept]
+        for _ in range(20):
+            env.step(torch.zeros(2, dtype=torch.long))
+    finally:
+        env.close()
+    for obs, copy in zip(kept, copies):
+        assert all(torch.equal(obs[key], copy[key]) for key in obs) if isinstance(obs, dict) else torch.equal(obs, copy)
+
 def test_a_contract_breach_is_told_under_a_time_limit_another_package_put_in_place(monkeypatch):
     """rl_zoo3 (rlspeed's `--preset zoo`) replaces Gymnasium's TimeLimit with a subclass of its own when imported: the
     old API's 4-value step then failed in that subclass's file, not Gymnasium's, and was taken for the env's own
