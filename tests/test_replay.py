@@ -541,3 +541,26 @@ def test_load_replay_buffer_refuses_returns_of_another_n_step_or_gamma_as_it_is_
         DQN("CartPole-v1", device="cpu", n_step=3, gamma=0.9).load_replay_buffer(three)
     DQN("CartPole-v1", device="cpu", n_step=3, gamma=0.5).load_replay_buffer(three)  # (the same returns: taken)
     DQN("CartPole-v1", device="cpu", gamma=0.5).load_replay_buffer(make_buffer(10, 1, gamma=0.9, obs_dim=4))  # (1-step)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_masks_are_given_to_add_exactly_when_the_buffer_keeps_them(n_step):
+    """A buffer made with `mask_size` stores each transition's next action masks: a step added without them, or with
+    masks to a buffer that keeps none, is a ValueError (a row without its masks would sample whatever row was there
+    before), for `add` and `extend` alike; with them, the sampled masks are the ones given."""
+    ids = torch.arange(2, dtype=torch.float32)
+    step = (ids.unsqueeze(1), ids.long(), ids, ids.unsqueeze(1), torch.zeros(2, dtype=torch.bool),
+            torch.zeros(2, dtype=torch.bool))
+    masks = torch.tensor([[True, False, True], [False, True, True]])
+    masked = ReplayBuffer(10, 2, (1,), (), torch.int64, "cpu", n_step=n_step, mask_size=3)
+    plain = make_buffer(10, 2, n_step=n_step)
+    for buffer, given in ((masked, None), (plain, masks)):
+        with pytest.raises(ValueError, match="next_action_masks must be given exactly when the buffer was made with "
+                                             "mask_size"):
+            buffer.add(*step, next_action_masks=given)
+        with pytest.raises(ValueError, match="next_action_masks must be given exactly"):
+            buffer.extend(*(part.unsqueeze(0) for part in step), next_action_masks=given
+                          if given is None else given.unsqueeze(0))
+    for _ in range(n_step):
+        masked.add(*step, next_action_masks=masks)
+    assert torch.equal(masked.gather(torch.arange(2))["next_action_masks"], masks)
