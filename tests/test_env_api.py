@@ -341,6 +341,24 @@ def test_normalize_observation_tracks_the_data_statistics():
     assert torch.equal(env.obs_rms.mean, frozen)
 
 
+
+def test_normalised_observations_are_clipped_at_10_as_sb3s_vec_normalize():
+    """SB3's VecNormalize clips normalised observations to [-10, 10] (`clip_obs`), and so does rlspeed, in a solo
+    run's env, a population's (each member's rows) and an off-policy population's sampled batches: an observation far
+    from the statistics seen so far reaches the networks 10 standard deviations out, not 10,000."""
+    from rlspeed.population.normalize import MemberNormalize, MemberStatistics
+
+    data = torch.tensor([[[1e4, -1e4, 0.5]]]).expand(2, 1, 3)  # ([T + 1, N, D]; statistics start at mean 0, var 1)
+    expected = torch.tensor([[10.0, -10.0, 0.5]])
+    solo = NormalizeObservation(ScriptedEnv(data, torch.zeros(1, 1)))
+    solo.training = False
+    torch.testing.assert_close(solo.reset()[0], expected)
+    statistics = MemberStatistics.fresh(2, (3,), True, False, torch.device("cpu"))
+    members = MemberNormalize(ScriptedEnv(data.expand(2, 2, 3), torch.zeros(1, 2)), 1, statistics)
+    members.training = False
+    torch.testing.assert_close(members.reset()[0], expected.expand(2, 3))
+    torch.testing.assert_close(statistics.normalize_obs(data[:1].expand(2, 1, 3)), expected.expand(2, 1, 3))
+
 def test_rlspeeds_normalisation_around_an_env_of_ones_own_counts_the_envs_own_returns(tmp_path):
     """NormalizeReward(MyEnv()) given to a model or to evaluate: the episodes were counted over the wrapper, so the
     returns in metrics.csv, a target_return and evaluate's were the normalised rewards' sums (Pendulum: -30 where
