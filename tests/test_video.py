@@ -84,6 +84,29 @@ def test_a_gif_is_written_to_disk_frame_by_frame_and_reads_back_whole(tmp_path, 
     assert max(sizes) > (tmp_path / "many.gif").stat().st_size / 2, sizes
 
 
+
+def test_a_gifs_frames_keep_their_own_colours_play_at_the_videos_speed_and_loop(tmp_path):
+    """Each GIF frame has a palette of its own (a frame whose colours the first frame lacks shows them, not the first
+    frame's nearest ones), shows for 1000 / fps ms, the GIF loops as Pillow's writer made it, and the file ends with
+    the GIF trailer (a stricter reader refuses a file without it)."""
+    from PIL import Image
+
+    rows = np.arange(16, dtype=np.uint8)[:, None]
+    frames = [np.full((16, 16, 3), (201, 17, 130), np.uint8),  # (no web-safe colour, and none of the next frames')
+              np.stack([rows * 13 + 3, np.full_like(rows, 77), 250 - rows * 9], -1).repeat(16, 1),  # (16 colours)
+              np.full((16, 16, 3), (12, 200, 99), np.uint8)]
+    writer = video._GifWriter(tmp_path / "x.gif", fps=20)
+    for frame in frames:
+        writer.append_data(frame)
+    writer.close()
+    assert (tmp_path / "x.gif").read_bytes().endswith(b";")
+    with Image.open(tmp_path / "x.gif") as image:
+        assert image.n_frames == 3 and image.info["loop"] == 0
+        for k, frame in enumerate(frames):
+            image.seek(k)
+            assert image.info["duration"] == 50
+            assert np.array_equal(np.asarray(image.convert("RGB")), frame), k
+
 def test_cli_eval_video(tmp_path, capsys):
     model = _cartpole()
     model.save(tmp_path / "model.safetensors")
