@@ -279,15 +279,27 @@ def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
     assert "\n" not in str(error.value)
 
 
-def test_normalize_obs_on_observations_that_go_through_an_encoder_is_one_sentence():
+@pytest.mark.parametrize(("env_id", "words"), [("FrozenLake-v1", "Discrete observations"),
+                                               ("rlspeed_test/DictFloats-v0", "go through a multi-input encoder")])
+def test_normalize_obs_on_observations_that_go_through_an_encoder_is_one_sentence(env_id, words):
     """A population normalises float vector observations only (as PPO's): one-hot Discrete observations refuse
-    normalize_obs in one sentence rather than normalising indices; normalize_reward alone is taken."""
-    with pytest.raises(UserError, match="^normalize_obs applies to float vector observations.*drop normalize_obs") \
-            as error:
-        Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_obs=True)
-    assert "\n" not in str(error.value)
-    assert Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_reward=True).member_statistics(0).keys() == {
-        "return_rms.mean", "return_rms.var", "return_rms.count"}
+    normalize_obs in one sentence rather than normalising indices, and so do a Dict's float vectors, which a solo
+    run normalises key by key; normalize_reward alone is taken."""
+    import gymnasium as gym
+    import numpy as np
+
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)})
+    gym.register("rlspeed_test/DictFloats-v0", max_episode_steps=500, entry_point=lambda: gym.wrappers.
+                 TransformObservation(gym.make("CartPole-v1"), lambda observation: {"x": observation}, space))
+    try:
+        with pytest.raises(UserError, match=f"^normalize_obs applies to float vector observations.*{words}.*drop "
+                                            "normalize_obs") as error:
+            Population(DQN, env_id, seeds=[0, 1], normalize_obs=True)
+        assert "\n" not in str(error.value)
+        assert Population(DQN, env_id, seeds=[0, 1], normalize_reward=True).member_statistics(0).keys() == {
+            "return_rms.mean", "return_rms.var", "return_rms.count"}
+    finally:
+        gym.registry.pop("rlspeed_test/DictFloats-v0", None)
 
 
 def test_on_eval_returning_an_unknown_member_is_one_sentence():
