@@ -1129,7 +1129,7 @@ def test_the_confirmation_of_a_reached_target_says_how_many_episodes_were_cut_sh
         warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
         assert cli.main(["train", "ppo", "Endless-v0", "--total-timesteps", "64", "--set", "num_envs=2", "--set",
                          "num_steps=16", "--set", "batch_size=32", "--eval-episodes", "2", "--eval-freq", "32",
-                         "--target-return", "-1000", "--no-progress", "--out", "run"]) == 0
+                         "--target-return", "-1000", "--no-progress", "--out", "run", "--resume"]) == 0
     out = capsys.readouterr().out
     assert "target -1000 reached after 32 steps in" in out and (
         " s (confirmed on fresh episodes, 2 of 2 cut short at the step limit)\n") in out, out
@@ -1138,6 +1138,17 @@ def test_the_confirmation_of_a_reached_target_says_how_many_episodes_were_cut_sh
     with open(tmp_path / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["eval_confirm_mean"]]
     assert [(row["eval_confirm_mean"], row["eval_confirm_unfinished"]) for row in rows] == [("-30.0", "2")], rows
+    # killed after the checkpoint of the target reached, before the model and summary.json: --resume writes them,
+    # the confirmation as the checkpoint recorded it
+    (tmp_path / "run" / "summary.json").unlink()
+    (tmp_path / "run" / "model.safetensors").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["train", "ppo", "Endless-v0", "--total-timesteps", "64", "--eval-episodes", "2",
+                         "--target-return", "-1000", "--no-progress", "--out", "run", "--resume"]) == 0
+    assert " s (confirmed on fresh episodes, 2 of 2 cut short at the step limit)\n" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["target_confirmation"] == {
+        "mean": -30.0, "episodes": 2, "unfinished": 2}
 
 
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):
