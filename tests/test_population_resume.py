@@ -155,22 +155,28 @@ def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_pat
 
 
 
+def _member_0_cut_short(monkeypatch) -> None:
+    """Every evaluation's first member (rows are blocks of 2 episodes, member by member) has its episodes cut short
+    at the step limit, the others' end."""
+    from rlspeed.population import base
+
+    real = base.first_episode_returns
+
+    def member_0_never_finishes(*args, **kwargs):
+        returns, finished, succeeded = real(*args, **kwargs)
+        finished.view(-1, 2)[0] = False
+        return returns, finished, succeeded
+
+    monkeypatch.setattr(base, "first_episode_returns", member_0_never_finishes)
+
+
 def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(tmp_path, monkeypatch):
     """Members whose evaluations are cut short at the step limit unequally: metrics.csv's `eval_unfinished/seed_S`
     and summary.json's `confirmations_unfinished` give each member its own count, not another member's."""
     import csv
     import warnings
 
-    from rlspeed.population import base
-
-    real = base.first_episode_returns
-
-    def member_0_never_finishes(*args, **kwargs):  # (rows are blocks of 2 episodes, member 0's first)
-        returns, finished, succeeded = real(*args, **kwargs)
-        finished.view(-1, 2)[0] = False
-        return returns, finished, succeeded
-
-    monkeypatch.setattr(base, "first_episode_returns", member_0_never_finishes)
+    _member_0_cut_short(monkeypatch)
     population = _population(PPO, "CartPole-v1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
@@ -180,6 +186,38 @@ def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["eval_mean/seed_3"]]
     assert [tuple(row[f"eval_unfinished/seed_{seed}"] for seed in (3, 5, 8)) for row in rows] == [("2", "0", "0")], rows
+
+
+def test_a_resume_keeps_each_confirmations_episodes_cut_short(tmp_path, monkeypatch):
+    """The confirmations made before a checkpoint keep their counts of episodes cut short through a resume (a
+    confirmation that did not reach the target: its fresh episodes scored below it, so the members train on)."""
+    import warnings
+
+    from rlspeed.algos.base import CONFIRM_SEED
+
+    _member_0_cut_short(monkeypatch)
+
+    def make():
+        population = _population(PPO, "CartPole-v1")
+        evaluate = population.evaluate
+
+        def confirmations_fall_short(seeds, episodes, members):
+            means = evaluate(seeds, episodes, members)
+            return means - 1e6 if seeds[0] >= CONFIRM_SEED else means
+
+        population.evaluate = confirmations_fall_short
+        return population
+
+    learn = dict(target_return=-1000, eval_freq=128, eval_episodes=2, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
+        make().learn(256, run_dir=tmp_path, checkpoint_freq=128, **learn)
+        resumed = make()
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+        summary = resumed.learn(128, run_dir=tmp_path, **learn)
+    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2, 2], [0, 0], [0, 0]]
+    assert summary["reached"] == 0
+
 
 @pytest.mark.parametrize(("algo", "env_id", "extra"), [
     (PPO, "CartPole-v1", {}), (PPO, "Pendulum-v1", {}), (A2C, "CartPole-v1", {}),
