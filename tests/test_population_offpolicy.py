@@ -302,6 +302,22 @@ def test_normalize_obs_on_observations_that_go_through_an_encoder_is_one_sentenc
         gym.registry.pop("rlspeed_test/DictFloats-v0", None)
 
 
+
+@pytest.mark.parametrize(("env_id", "backend"), [("Taxi-v4", "gymnasium"), ("CartPole-v1", "torch")])
+def test_a_populations_replay_takes_masks_exactly_when_it_keeps_them(env_id, backend):
+    """As a solo run's replay buffer: a population's replay that keeps the env's action masks (Taxi's) refuses a step
+    added without them, and one that keeps none refuses masks (a row without its masks would sample another's)."""
+    with Population(DQN, env_id, seeds=[0, 1], env_backend=backend, learning_starts=8, batch_size=8,
+                    buffer_size=64) as population:
+        population._start(16)
+        keeps = population.buffer.next_action_masks is not None
+        assert keeps == (env_id == "Taxi-v4")
+        rows = torch.zeros(2)
+        with pytest.raises(ValueError, match="next_action_masks must be given exactly when the buffer was made with "
+                                             "mask_size"):
+            population.buffer.add(rows, rows, rows, rows, rows.bool(), rows.bool(),
+                                  next_action_masks=None if keeps else torch.ones(2, 2, dtype=torch.bool))
+
 def test_on_eval_returning_an_unknown_member_is_one_sentence():
     population = Population(SAC, "Pendulum-v1", seeds=[0, 1], **SMALL)
     with pytest.raises(UserError, match=r"member\(s\) 5, outside 0..1"):
