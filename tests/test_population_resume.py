@@ -548,13 +548,16 @@ def test_a_populations_replay_file_records_raw_rows_and_one_recorded_normalised_
     rewards); resumed from a file whose rows are recorded as normalised, the replay starts empty with a warning
     saying why, rather than training on them; a file written before the record (raw: populations normalised
     nothing) still fills it."""
-    from rlspeed import DQN
+    from rlspeed import DQN, load
 
     population = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
     population.learn(128)
     path = population.save(tmp_path / "checkpoint")
     replay = tmp_path / "checkpoint.replay.safetensors"
     assert checkpoint_metadata(replay)["replay_buffer"]["contents"] == {"observations": "raw", "rewards": "raw"}
+    with pytest.raises(UserError, match=r"is a population's replay buffer .* give one member's model, "
+                                        r"members/seed_<S>.safetensors"):
+        load(replay)  # (not "the model file beside it": that is the population's checkpoint)
     _with_contents(replay, None)
     resumed = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
     resumed.resume(path)

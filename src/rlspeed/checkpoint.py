@@ -1064,8 +1064,12 @@ def refuse_non_model(path, meta: dict, verb: str = "load") -> None:
     (`<name>.replay.safetensors`) or a population's checkpoint (`PopulationBase.save`); the message says what to
     give instead (`verb`: "load" or "resume")."""
     if "replay_buffer" in meta and "algo" not in meta:
-        raise UserError(f"'{path}' is a replay buffer (written beside a checkpoint by --save-replay-buffer), not a "
-                        "model: give the model file beside it (model.safetensors or checkpoint.safetensors).")
+        if isinstance(meta["replay_buffer"], dict) and "alive" in meta["replay_buffer"]:  # (a population's)
+            what, model = "a population's", "one member's model, members/seed_<S>.safetensors in its run directory"
+        else:
+            what, model = "a", "the model file beside it (model.safetensors or checkpoint.safetensors)"
+        raise UserError(f"'{path}' is {what} replay buffer (written beside a checkpoint by --save-replay-buffer), not "
+                        f"a model: give {model}.")
     population = meta.get("population")
     if not isinstance(population, dict):
         return
