@@ -71,6 +71,23 @@ def test_v5_ids_skip_frames_in_the_wrapper_and_keep_sticky_actions():
         atari.make_atari_env("ALE/Breakout-v5", frameskip=4)
 
 
+def test_an_atari_id_registered_with_its_own_preprocessing_is_one_sentence():
+    """An ALE id registered as Gymnasium's docs teach, with AtariPreprocessing in its additional_wrappers: rlspeed's
+    own AtariPreprocessing went on top of the 84x84 frames, and the first reset raised ALE's "Invalid shape (84, 84),
+    expecting shape (210, 160)" as a failure of the env."""
+    preprocessing = gym.wrappers.AtariPreprocessing.wrapper_spec(noop_max=30, frame_skip=4, screen_size=84,
+                                                                 terminal_on_life_loss=False, grayscale_obs=True,
+                                                                 grayscale_newaxis=False, scale_obs=False)
+    gym.register("PreprocessedBreakout-v0", entry_point="ale_py.env:AtariEnv",
+                 kwargs={"game": "breakout", "frameskip": 1}, additional_wrappers=(preprocessing,))
+    try:
+        with pytest.raises(UserError, match="PreprocessedBreakout-v0 is registered with wrappers that change ALE's "
+                                            r"frames \(AtariPreprocessing\).*register the id without them"):
+            make_env("PreprocessedBreakout-v0", num_envs=1, backend="gymnasium", device="cpu")
+    finally:
+        del gym.registry["PreprocessedBreakout-v0"]
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
 def test_a_max_episode_steps_option_counts_agent_steps(env_id):
     """`max_episode_steps=N` ends a game after N agent steps, as the spec (and so evaluation) says; gym.make's time

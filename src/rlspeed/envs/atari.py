@@ -166,6 +166,14 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         raise UserError(f"{env_id}: max_episode_steps is the agent steps per game, a whole number above 0 (or -1 for "
                         f"no limit but ALE's own, max_num_frames_per_episode), got {limit!r}.")
     env = gym.make(env_id, **env_kwargs)
+    if env.observation_space != env.unwrapped.observation_space:  # (AtariPreprocessing takes the emulator's frames)
+        env.close()
+        wrappers = ", ".join(wrapper.name for wrapper in gym.spec(env_id).additional_wrappers)
+        raise UserError(f"{env_id} is registered with wrappers that change ALE's frames ({wrappers}), and rlspeed "
+                        "preprocesses an Atari game's frames itself (AtariPreprocessing, then the last "
+                        f"{FRAME_STACK} frames stacked): register the id without them, or train on a vector env you "
+                        "build with them, gymnasium.make_vec(id, n, vectorization_mode='sync', vector_kwargs="
+                        "{'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP}, wrappers=[...]).")
     try:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
                                               screen_size=SCREEN_SIZE, terminal_on_life_loss=False,
