@@ -88,6 +88,28 @@ def test_an_atari_id_registered_with_its_own_preprocessing_is_one_sentence():
         del gym.registry["PreprocessedBreakout-v0"]
 
 
+def test_an_atari_id_registered_with_a_time_limit_counts_agent_steps():
+    """`gymnasium.register(..., max_episode_steps=40)` for an ALE game: gym.make's TimeLimit wrapped the emulator,
+    which rlspeed makes with frameskip=1, so a game ended after 40 frames (10 agent steps, the reset's no-ops among
+    them) while the spec, and so evaluation, said 27,000 agent steps. Now it counts agent steps, as the option does."""
+    gym.register("LimitedBreakout-v0", entry_point="ale_py.env:AtariEnv", kwargs={"game": "breakout", "frameskip": 4},
+                 max_episode_steps=40)
+    try:
+        env = make_env("LimitedBreakout-v0", num_envs=1, seed=0, backend="gymnasium", evaluation=True, device="cpu")
+        assert env.spec.max_episode_steps == 40
+        env.reset()
+        steps = 0
+        while steps < 41:  # NOOP: Breakout waits for FIRE, so only the time limit ends the game
+            _, _, terminated, truncated, info = env.step(torch.tensor([0]))
+            steps += 1
+            if info["done"].any():
+                break
+        assert (steps, bool(terminated), bool(truncated)) == (40, False, True)
+        env.close()
+    finally:
+        del gym.registry["LimitedBreakout-v0"]
+
+
 @pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
 def test_a_max_episode_steps_option_counts_agent_steps(env_id):
     """`max_episode_steps=N` ends a game after N agent steps, as the spec (and so evaluation) says; gym.make's time

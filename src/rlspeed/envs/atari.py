@@ -82,14 +82,21 @@ def preprocessed(env_id: str, env_kwargs: dict) -> bool:
     return is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
 
 
+def registered_limit(env_id: str, limit: int | None) -> int | None:
+    """A game's time limit in agent steps: the option `limit`, else the id's registered `max_episode_steps` (an id
+    registered with one: an option by another name, counted in agent steps too)."""
+    return gym.spec(env_id).max_episode_steps if limit is None else limit
+
+
 def max_episode_steps(env_id: str, env_kwargs: dict | None = None) -> int:
-    """Agent steps per game at most, for `env_id` made with the options `env_kwargs`: a `max_episode_steps` option
-    (agent steps, as `make_atari_env` applies it), else (left out, or `NO_TIME_LIMIT`: no limit of rlspeed's) ALE's
-    truncation after `max_num_frames_per_episode` frames (the option's, else the id's: 108,000 for the registered ids,
-    30 minutes of play), each agent step being `FRAME_SKIP` frames."""
+    """Agent steps per game at most, for `env_id` made with the options `env_kwargs`: a `max_episode_steps` option or
+    registration (agent steps, as `make_atari_env` applies it), else (left out, or `NO_TIME_LIMIT`: no limit of
+    rlspeed's) ALE's truncation after `max_num_frames_per_episode` frames (the option's, else the id's: 108,000 for
+    the registered ids, 30 minutes of play), each agent step being `FRAME_SKIP` frames."""
     env_kwargs = env_kwargs or {}
-    if env_kwargs.get("max_episode_steps") not in (None, NO_TIME_LIMIT):
-        return int(env_kwargs["max_episode_steps"])
+    limit = registered_limit(env_id, env_kwargs.get("max_episode_steps"))
+    if limit not in (None, NO_TIME_LIMIT):
+        return int(limit)
     frames = (env_kwargs.get("max_num_frames_per_episode")
               or (gym.spec(env_id).kwargs or {}).get("max_num_frames_per_episode") or 108_000)
     return int(frames) // FRAME_SKIP
@@ -165,7 +172,9 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
                               or (limit <= 0 and limit != NO_TIME_LIMIT)):
         raise UserError(f"{env_id}: max_episode_steps is the agent steps per game, a whole number above 0 (or -1 for "
                         f"no limit but ALE's own, max_num_frames_per_episode), got {limit!r}.")
-    env = gym.make(env_id, **env_kwargs)
+    limit = registered_limit(env_id, limit)
+    # (gym.make's TimeLimit would count the emulator's single frames, the reset's no-ops among them)
+    env = gym.make(env_id, max_episode_steps=NO_TIME_LIMIT, **env_kwargs)
     if env.observation_space != env.unwrapped.observation_space:  # (AtariPreprocessing takes the emulator's frames)
         env.close()
         wrappers = ", ".join(wrapper.name for wrapper in gym.spec(env_id).additional_wrappers)
