@@ -2045,6 +2045,25 @@ def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_
     assert not [w for w in caught if said in str(w.message)]
 
 
+def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_envs(monkeypatch):
+    """An id registered as Gymnasium's docs teach, with NormalizeReward in its additional_wrappers: the episode
+    returns in the metrics, evaluate's and a target's were sums of normalised rewards (an evaluation's from
+    statistics started anew), without the warning a vector env passed in with the wrapper gets."""
+    import rlspeed.envs.gymnasium_env as gymnasium_env
+
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    gym.register("RewardNormalisingCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                 max_episode_steps=50, additional_wrappers=(gym.wrappers.NormalizeReward.wrapper_spec(),))
+    said = ("RewardNormalisingCartPole-v0's rewards pass through Gymnasium's NormalizeReward, so every episode "
+            "return reported .* sums normalised rewards.*normalize_reward=True in place of the wrapper")
+    try:
+        with pytest.warns(UserWarning, match=said):
+            rlspeed.PPO("RewardNormalisingCartPole-v0", device="cpu", env_backend="gymnasium", num_envs=2,
+                        num_steps=16, batch_size=32, normalize_reward=False).make_training_env()
+    finally:
+        del gym.registry["RewardNormalisingCartPole-v0"]
+
+
 def test_a_box2d_env_is_made_under_python_w_error_for_deprecations(tmp_path):
     """Box2D's SWIG-made extension warns about its own types (DeprecationWarnings) as it is imported: raised as errors
     (`python -W error::DeprecationWarning`, a test suite's filter) they crashed the interpreter inside the import, a

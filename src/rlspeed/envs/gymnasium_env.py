@@ -605,11 +605,23 @@ def normalising_wrappers(env) -> tuple[bool, bool]:
 _WARNED_STATISTICS: set[str] = set()
 
 
-def warn_env_statistics(vector_env, env_id: str) -> None:
+def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
     """A warning (once per env id in a process) where `env_id`'s envs normalise their observations with Gymnasium's
     NormalizeObservation: its statistics belong to each env, so a model neither saves them nor shows a new env
-    (evaluation, a video, a loaded model's env) those it trained with."""
-    if env_id in _WARNED_STATISTICS or not normalising_wrappers(vector_env)[0]:
+    (evaluation, a video, a loaded model's env) those it trained with. `made` (envs made from the id, whose
+    registration is the task): one too where they normalise their rewards with NormalizeReward, whose sums every
+    return reported would be (a vector env passed in is warned of any reward wrapper by the model)."""
+    if env_id in _WARNED_STATISTICS:
+        return
+    observations, rewards = normalising_wrappers(vector_env)
+    if made and rewards:
+        _WARNED_STATISTICS.add(env_id)
+        warn_at_caller(f"{env_id}'s rewards pass through Gymnasium's NormalizeReward, so every episode return "
+                       "reported (the metrics, evaluate, a target_return) sums normalised rewards, not the env's own, "
+                       "on a scale that changes as training goes on and starts from nothing in each env made anew "
+                       "(evaluation's); normalize_reward=True in place of the wrapper normalises what the model learns "
+                       "from while the returns stay the env's own.", UserWarning)
+    if not observations:
         return
     _WARNED_STATISTICS.add(env_id)
     whose = "this vector env's" if env_id == USER_VECTOR_ENV else f"{env_id}'s"
@@ -1217,7 +1229,7 @@ class GymnasiumEnv(BatchedEnv):
             inner.env_fns = list(inner.env_fns)
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
-        warn_env_statistics(vector_env, env_id)
+        warn_env_statistics(vector_env, env_id, made)
         # (the error a subprocess env's step or reset raised, and Gymnasium's log of it: `_subprocess_failure`)
         self._worker_errors: list = []
         if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
