@@ -208,6 +208,34 @@ def test_a_reward_wrapper_of_the_users_own_is_said_as_gymnasiums_are():
             rlspeed.evaluate(model, built(), episodes=2)
 
 
+def _recorded_then_normalised(env):  # (CleanRL's order; module level: subprocess envs take it by pickle)
+    return gym.wrappers.ClipReward(gym.wrappers.NormalizeReward(gym.wrappers.RecordEpisodeStatistics(env)), -10, 10)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_returns_recorded_under_reward_wrappers_are_the_envs_own(mode):
+    """CleanRL's envs: Gymnasium's RecordEpisodeStatistics around each env, NormalizeReward and a clip over it. The
+    episode returns in training's metrics and evaluate's were the sums of the normalised rewards, with a warning;
+    they are the returns RecordEpisodeStatistics recorded (the env's own, as CleanRL logs them), and none warns.
+    A CartPole episode's own return is its length."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        env = rlspeed.make_env(_same_step_cartpoles([_recorded_then_normalised], mode=mode), device="cpu")
+        model = PPO(_same_step_cartpoles([_recorded_then_normalised]), seed=0, num_steps=16, batch_size=32)
+        result = rlspeed.evaluate(model, env, episodes=2, seed=0)
+    assert result["returns"] == [float(length) for length in result["lengths"]]
+    assert not [w for w in caught if "rewards pass through" in str(w.message)]
+    env.reset(seed=0)
+    finished = 0
+    while finished < 3:
+        _, _, _, _, info = env.step(torch.randint(0, 2, (2,)))
+        done = info["done"]
+        assert info["episode_return"][done].tolist() == info["episode_length"][done].double().tolist()
+        finished += int(done.sum())
+    env.close()
+    model.close()
+
+
 def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
     """gSDE's exploration matrices came from the caller's generator when the model was made (or loaded), so
     `rlspeed eval --stochastic --seed S` gave other returns in another process; the evaluation draws them from its

@@ -90,7 +90,13 @@ from rlspeed.envs.base import (
     space_text,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
+from rlspeed.envs.gymnasium_env import (
+    check_action_masks,
+    normalising_wrappers,
+    records_episodes,
+    reward_wrappers,
+    single_env_id,
+)
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import (
@@ -1544,7 +1550,8 @@ class Algorithm:
                                                self.device)
         else:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
-                changers = reward_wrappers(env) if isinstance(env, gym.vector.VectorEnv) else []
+                changers = (reward_wrappers(env, below_monitor=records_episodes(env))
+                            if isinstance(env, gym.vector.VectorEnv) else [])
                 if changers:  # (SB3's VecNormalize hands its original rewards on: those returns are the env's own)
                     warn_at_caller(f"{name}: this vector env's rewards pass through {', '.join(changers)}, so the "
                                    "episode returns in the metrics (and a target_return) are the changed rewards' "

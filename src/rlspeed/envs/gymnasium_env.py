@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from gymnasium.vector.async_vector_env import AsyncState
 
+from rlspeed.device import statistics_dtype
 from rlspeed.env_options import has_list
 from rlspeed.envs.base import (
     BatchedEnv,
@@ -562,15 +563,49 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
     return layers
 
 
+def _counts_episodes(name: str, wrapper) -> bool:
+    """Whether a layer (`_wrapper_layers`') is a wrapper whose episode returns are reported in place of the sums of
+    the rewards over it: SB3's `Monitor`, or Gymnasium's single-env `RecordEpisodeStatistics` (`records_episodes`)."""
+    return name == "Monitor" or (name == "RecordEpisodeStatistics"
+                                 and (wrapper is None or isinstance(wrapper, gym.wrappers.RecordEpisodeStatistics)))
+
+
+def records_episodes(vector_env) -> bool:
+    """Whether every env inside a Gymnasium vector env is wrapped in Gymnasium's (single-env)
+    `RecordEpisodeStatistics`, whose last info of each episode gives the return summed at its layer
+    (`info["episode"]["r"]`); a subprocess env's wrappers are read from its `str()`."""
+    inner = getattr(vector_env, "unwrapped", vector_env)
+    if isinstance(inner, gym.vector.SyncVectorEnv):
+        chains = [_env_chain(env) for env in inner.envs]
+        return bool(chains) and all(any(isinstance(layer, gym.wrappers.RecordEpisodeStatistics) for layer in chain)
+                                    for chain in chains)
+    if isinstance(inner, gym.vector.AsyncVectorEnv):
+        try:
+            described = inner.call("__str__")
+        except Exception:  # (envs that cannot answer: not known to record)
+            return False
+        return bool(described) and all("<RecordEpisodeStatistics<" in str(text) for text in described)
+    return False
+
+
+def _env_chain(env) -> list:
+    """A single Gymnasium env and the envs its wrappers wrap, outermost first."""
+    chain = [env]
+    while isinstance(env, gym.Wrapper):
+        env = env.env
+        chain.append(env)
+    return chain
+
+
 def reward_wrappers(env, below_monitor: bool = False) -> list[str]:
     """The names of the reward-changing wrappers around a vector env and around the envs inside it
     (`REWARD_WRAPPERS`, and any Gymnasium `RewardWrapper` or `VectorRewardWrapper` of the caller's own, where the
     wrapper itself is at hand: not inside subprocess envs), outermost first, each once. `below_monitor`: only those
-    inside each env's SB3 `Monitor` (an SB3 VecEnv whose Monitors' episodes are reported: the wrappers over them
-    change no reported return)."""
+    inside each env's SB3 `Monitor` or Gymnasium `RecordEpisodeStatistics` (a vector env whose envs' recorded
+    episodes are reported: the wrappers over them change no reported return)."""
     changers = []
     for name, wrapper in _wrapper_layers(env):
-        if below_monitor and name == "Monitor":
+        if below_monitor and _counts_episodes(name, wrapper):
             changers = []  # (the layers so far were over this env's Monitor; each env's chain comes whole)
             continue
         changing = name in REWARD_WRAPPERS or isinstance(wrapper, (gym.RewardWrapper, gym.vector.VectorRewardWrapper))
@@ -614,7 +649,7 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
     if env_id in _WARNED_STATISTICS:
         return
     observations, rewards = normalising_wrappers(vector_env)
-    if made and rewards:
+    if made and rewards and "NormalizeReward" in reward_wrappers(vector_env, records_episodes(vector_env)):
         _WARNED_STATISTICS.add(env_id)
         warn_at_caller(f"{env_id}'s rewards pass through Gymnasium's NormalizeReward, so every episode return "
                        "reported (the metrics, evaluate, a target_return) sums normalised rewards, not the env's own, "
@@ -1230,6 +1265,10 @@ class GymnasiumEnv(BatchedEnv):
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
         warn_env_statistics(vector_env, env_id, made)
+        # the envs' own RecordEpisodeStatistics under wrappers that change rewards (CleanRL's NormalizeReward over
+        # it): the returns it recorded are the episodes' (`recorded_returns`, read where it reports an end)
+        self._records_returns = records_episodes(vector_env) and bool(reward_wrappers(vector_env))
+        self._recorded: dict[int, float] = {}  # (this step's: finished row -> its recorded return)
         # (the error a subprocess env's step or reset raised, and Gymnasium's log of it: `_subprocess_failure`)
         self._worker_errors: list = []
         if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
@@ -1395,6 +1434,8 @@ class GymnasiumEnv(BatchedEnv):
             self._final_masks = final_masks
             successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
             self._successes = successes
+            recorded: dict[int, float] = {}  # finished row -> the return its RecordEpisodeStatistics recorded
+            self._recorded = recorded
             host = self._host
             obs = host.empty(n)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
@@ -1412,6 +1453,8 @@ class GymnasiumEnv(BatchedEnv):
                         final_masks[i] = self._env_mask(env, info)
                     if "is_success" in info:
                         successes[i] = info["is_success"]
+                    if self._records_returns and isinstance(info.get("episode"), dict):
+                        recorded[i] = float(info["episode"]["r"])
                     reset_returned = env.reset()
                     observation, info = reset_returned
                 host.write(obs, i, observation)
@@ -1458,6 +1501,7 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["final_action_mask"] = final_action_masks(out_info["action_mask"], self._final_masks,
                                                                    self.spec.action_space, source)
             add_success(self, out_info, self._successes)
+            self._add_recorded(out_info, self._recorded)
             return (obs_t, host_to(reward, self.device), host_to(terminated, self.device),
                     host_to(truncated, self.device), out_info)
         self.step_send(actions)
@@ -1535,8 +1579,24 @@ class GymnasiumEnv(BatchedEnv):
         reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
         add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
                                      if "is_success" in final_info and (not reported.size or reported[row])})
+        episode = final_info.get("episode")
+        if self._records_returns and isinstance(episode, dict) and "r" in episode:
+            recorded = np.asarray(final_info.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+            self._add_recorded(out_info, {int(row): float(episode["r"][row]) for row in finished if recorded[row]})
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
+
+    def _add_recorded(self, out_info: dict, recorded: dict[int, float]) -> None:
+        """`out_info["recorded_returns"]` (`EpisodeStatistics`): the finished rows whose env's RecordEpisodeStatistics
+        reported their episode's end (bool `[N]`), and those returns (`[N]`), where any did."""
+        if not recorded:
+            return
+        rows = np.zeros(self.num_envs, dtype=bool)
+        returns = np.zeros(self.num_envs, dtype=np.float64)
+        rows[list(recorded)], returns[list(recorded)] = True, list(recorded.values())
+        out_info["recorded_returns"] = (torch.as_tensor(rows, device=self.device),
+                                        torch.as_tensor(returns, device=self.device,
+                                                        dtype=statistics_dtype(self.device)))
 
     def _finished_rows(self, info: dict, done: np.ndarray) -> np.ndarray:
         """The rows whose episode ended in this step (host int64 indices), whose true last observation is
