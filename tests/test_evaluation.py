@@ -236,6 +236,23 @@ def test_returns_recorded_under_reward_wrappers_are_the_envs_own(mode):
     model.close()
 
 
+def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_keep_their_time_limit():
+    """Subprocess envs wrapped as Gymnasium's docs write it, `TransformReward(env, lambda r: ...)`: rlspeed asked them
+    for their specs (the time limit), the lambda in those failed to pickle, Gymnasium shut every worker down, and the
+    model stopped with "workers 0, 1 stopped: an interrupt inside a step". The time limit is their TimeLimit's."""
+    env = gym.make_vec("CartPole-v1", 2, vectorization_mode="async", max_episode_steps=30,
+                       wrappers=[lambda env: gym.wrappers.TransformReward(env, lambda reward: 2 * reward)],
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
+        model = PPO(env, seed=0, num_steps=16, batch_size=32)
+    assert model.spec.max_episode_steps == 30
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
+        result = rlspeed.evaluate(model, env, episodes=2, seed=0)
+    assert result["returns"] == [2.0 * length for length in result["lengths"]]
+    model.close()
+    env.close()
+
+
 def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
     """gSDE's exploration matrices came from the caller's generator when the model was made (or loaded), so
     `rlspeed eval --stochastic --seed S` gave other returns in another process; the evaluation draws them from its

@@ -525,11 +525,40 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
     spec = getattr(vector_env, "spec", None)
     if spec is not None:
         return spec
+    specs = _env_specs(vector_env)
+    return specs[0] if specs else None
+
+
+#: Gymnasium's wrappers whose spec keeps a function among their arguments (`TransformReward(env, lambda r: ...)`,
+#: `RecordVideo`'s triggers), which a subprocess env cannot send back where it is a lambda
+_FUNCTION_ARGUMENTS = ("TransformObservation", "TransformReward", "TransformAction", "RecordVideo")
+
+
+def _subprocess_chains(vector_env) -> list[str] | None:
+    """Each subprocess env's `str()` (`"<ClipReward<TimeLimit<...<CartPoleEnv<CartPole-v1>>>>"`: its wrappers'
+    names) where `vector_env` is (or wraps) an `AsyncVectorEnv`, else None; an empty list where they cannot answer."""
+    inner = getattr(vector_env, "unwrapped", vector_env)
+    if not isinstance(inner, gym.vector.AsyncVectorEnv):
+        return None
     try:
-        spec = vector_env.get_attr("spec")[0]
+        return [str(text) for text in inner.call("__str__")]
+    except Exception:  # (envs that cannot answer)
+        return []
+
+
+def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
+    """The specs of the envs inside a user's vector env, None where they have none or cannot send them: subprocess
+    envs whose wrappers keep a function (`_FUNCTION_ARGUMENTS`) are not asked, as a lambda in a spec fails to pickle
+    and Gymnasium then shuts every worker down."""
+    chains = _subprocess_chains(vector_env)
+    if chains is not None and (not chains or any(f"<{name}<" in chain for chain in chains
+                                                 for name in _FUNCTION_ARGUMENTS)):
+        return None
+    try:
+        specs = vector_env.get_attr("spec")
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return None
-    return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
+    return list(specs) if specs and isinstance(specs[0], gym.envs.registration.EnvSpec) else None
 
 
 # Gymnasium's wrappers that change rewards (vector and single-env ones share these names; rlspeed's NormalizeReward
@@ -551,12 +580,8 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
             later = envs[1:]  # (envs made unlike each other: any one's wrappers count)
             inner = envs[0]
         elif inner is None and isinstance(env, gym.vector.AsyncVectorEnv):
-            try:
-                described = env.call("__str__")  # ("<ClipReward<TimeLimit<...<CartPoleEnv<CartPole-v1>>>>" per env)
-            except Exception:  # (envs that cannot answer: nothing known, nothing said)
-                described = ()
-            for text in described:
-                layers.extend((name, None) for name in re.findall(r"<(\w+)", str(text)))
+            for text in _subprocess_chains(env):  # (envs that cannot answer: nothing known, nothing said)
+                layers.extend((name, None) for name in re.findall(r"<(\w+)", text))
         env = inner
     for other in later:
         layers.extend(_wrapper_layers(other))
@@ -579,13 +604,8 @@ def records_episodes(vector_env) -> bool:
         chains = [_env_chain(env) for env in inner.envs]
         return bool(chains) and all(any(isinstance(layer, gym.wrappers.RecordEpisodeStatistics) for layer in chain)
                                     for chain in chains)
-    if isinstance(inner, gym.vector.AsyncVectorEnv):
-        try:
-            described = inner.call("__str__")
-        except Exception:  # (envs that cannot answer: not known to record)
-            return False
-        return bool(described) and all("<RecordEpisodeStatistics<" in str(text) for text in described)
-    return False
+    chains = _subprocess_chains(inner)
+    return bool(chains) and all("<RecordEpisodeStatistics<" in chain for chain in chains)
 
 
 def _env_chain(env) -> list:
@@ -670,12 +690,14 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
     """The time limit of the envs inside a user's vector env (their specs': a TimeLimit wrapper or gym.make_vec's
     max_episode_steps sets it there, while make_vec's own spec keeps the registered one; None in a spec of envs made
-    without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec)."""
-    try:
-        specs = vector_env.get_attr("spec")
-    except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
-        return default
-    if not specs or not isinstance(specs[0], gym.envs.registration.EnvSpec):
+    without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec). Subprocess envs whose
+    specs are not asked for (`_env_specs`) give their TimeLimit's, where each has one."""
+    specs = _env_specs(vector_env)
+    chains = _subprocess_chains(vector_env)
+    if specs is None and chains and all("<TimeLimit<" in chain for chain in chains):
+        limits = vector_env.get_attr("_max_episode_steps")  # (TimeLimit's: an int, which pickles)
+        return int(limits[0]) if limits[0] is not None and limits[0] > 0 else None
+    if specs is None:
         return default
     limit = specs[0].max_episode_steps
     return limit if isinstance(limit, int) and limit > 0 else None
