@@ -2064,6 +2064,24 @@ def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_e
         del gym.registry["RewardNormalisingCartPole-v0"]
 
 
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_a_time_limit_among_an_ids_additional_wrappers_is_its_time_limit(backend):
+    """`gymnasium.register(..., additional_wrappers=(TimeLimit.wrapper_spec(max_episode_steps=50),))`: the envs end
+    their episodes at 50 steps, but the spec read the registration's max_episode_steps (None), so a target_return
+    warned that the env had no time limit and evaluation ran episodes to 10,000 steps."""
+    from rlspeed.envs import env_spec
+
+    gym.register("WrappedLimitCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                 additional_wrappers=(gym.wrappers.TimeLimit.wrapper_spec(max_episode_steps=50),))
+    try:
+        assert env_spec("WrappedLimitCartPole-v0").max_episode_steps == 50
+        env = rlspeed.make_env("WrappedLimitCartPole-v0", num_envs=2, backend=backend, device="cpu")
+        assert env.spec.max_episode_steps == 50
+        env.close()
+    finally:
+        del gym.registry["WrappedLimitCartPole-v0"]
+
+
 def test_a_box2d_env_is_made_under_python_w_error_for_deprecations(tmp_path):
     """Box2D's SWIG-made extension warns about its own types (DeprecationWarnings) as it is imported: raised as errors
     (`python -W error::DeprecationWarning`, a test suite's filter) they crashed the interpreter inside the import, a

@@ -232,8 +232,10 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     try:
         if atari_game:
             return atari.with_options(atari.atari_spec(env_id, env, env_kwargs), env_kwargs)
-        made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
-                                   spec.reward_threshold)
+        # (the made env's time limit: a TimeLimit among the registration's additional_wrappers or put on by its entry
+        # point sets it there, not in the registration)
+        limit = env.spec.max_episode_steps if env.spec is not None else spec.max_episode_steps
+        made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, limit, spec.reward_threshold)
         return made.with_options(env_kwargs)
     finally:
         env.close()

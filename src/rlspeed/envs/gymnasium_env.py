@@ -547,12 +547,14 @@ def _subprocess_chains(vector_env) -> list[str] | None:
 
 
 def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
-    """The specs of the envs inside a user's vector env, None where they have none or cannot send them: subprocess
-    envs whose wrappers keep a function (`_FUNCTION_ARGUMENTS`) are not asked, as a lambda in a spec fails to pickle
-    and Gymnasium then shuts every worker down."""
+    """The specs of the envs inside a vector env, None where they have none or cannot send them: subprocess envs
+    whose wrappers keep a function (`_FUNCTION_ARGUMENTS`), or made with options that do not pickle, are not asked,
+    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down."""
     chains = _subprocess_chains(vector_env)
-    if chains is not None and (not chains or any(f"<{name}<" in chain for chain in chains
-                                                 for name in _FUNCTION_ARGUMENTS)):
+    options = {key: value for key, value in (getattr(getattr(vector_env, "spec", None), "kwargs", None) or {}).items()
+               if key not in _VECTOR_KEYS}  # (gym.make_vec's own: its wrappers stay in this process)
+    if chains is not None and (not chains or _unpicklable_options(options)
+                               or any(f"<{name}<" in chain for chain in chains for name in _FUNCTION_ARGUMENTS)):
         return None
     try:
         specs = vector_env.get_attr("spec")
@@ -1268,7 +1270,8 @@ class GymnasiumEnv(BatchedEnv):
                     # most likely an option the env's constructor does not take (a typo, or a native-env option), or a
                     # value it refuses
                     raise rejected_options(env_id, env_kwargs, error) from None
-            max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
+            # (the envs' time limit: a TimeLimit among the registration's additional_wrappers sets theirs alone)
+            max_steps, threshold = _envs_time_limit(vector_env, spec.max_episode_steps), spec.reward_threshold
         else:
             check_vector_api(vector_env)
             check_same_step(vector_env)
