@@ -772,8 +772,9 @@ class EpisodeStatistics(EnvWrapper):
     inner env's `info["raw_reward"]` where it gives them: SB3 VecEnvs under a reward-normalising VecNormalize).
 
     An inner env whose envs record their own returns under wrappers that change rewards (Gymnasium's
-    `RecordEpisodeStatistics` under `NormalizeReward`) gives `info["recorded_returns"]`, (rows: bool `[N]`, their
-    returns `[N]`), where an episode ended: those returns replace the sums of the changed rewards.
+    `RecordEpisodeStatistics` under `NormalizeReward`) gives `info["recorded_rows"]` (bool `[N]`: the rows whose
+    episode ended with a recorded return) and `info["recorded_returns"]` (`[N]`): those returns replace the sums of
+    the changed rewards.
 
     An inner env that knows its whole episodes gives `info["episode_ends"]`, (ended: bool `[N]`, their returns:
     float32 `[N]`), on every step: SB3 VecEnvs whose envs are in SB3's `Monitor`, under wrappers that may end the
@@ -826,10 +827,9 @@ class EpisodeStatistics(EnvWrapper):
         if ends is not None:  # (whole episodes the inner env knows: those, and their returns, count)
             done, ended_returns = ends
             episode_return = torch.where(done, ended_returns, episode_return)
-        recorded = info.pop("recorded_returns", None)
-        if recorded is not None:  # (finished episodes whose return a recorder under reward wrappers summed)
-            rows, recorded_returns = recorded
-            episode_return = torch.where(rows & done, recorded_returns.to(episode_return.dtype), episode_return)
+        rows, recorded = info.pop("recorded_rows", None), info.pop("recorded_returns", None)
+        if rows is not None and recorded is not None:  # (finished episodes a recorder under reward wrappers summed)
+            episode_return = torch.where(rows & done, recorded.to(episode_return.dtype), episode_return)
         self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0)
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length

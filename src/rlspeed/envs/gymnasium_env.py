@@ -1605,23 +1605,26 @@ class GymnasiumEnv(BatchedEnv):
         add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
                                      if "is_success" in final_info and (not reported.size or reported[row])})
         episode = final_info.get("episode")
-        if self._records_returns and isinstance(episode, dict) and "r" in episode:
+        if isinstance(episode, dict) and "r" in episode:
             recorded = np.asarray(final_info.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
             self._add_recorded(out_info, {int(row): float(episode["r"][row]) for row in finished if recorded[row]})
+        else:
+            self._add_recorded(out_info, {})
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
 
     def _add_recorded(self, out_info: dict, recorded: dict[int, float]) -> None:
-        """`out_info["recorded_returns"]` (`EpisodeStatistics`): the finished rows whose env's RecordEpisodeStatistics
-        reported their episode's end (bool `[N]`), and those returns (`[N]`), where any did."""
-        if not recorded:
+        """Where the envs record their returns (`_records_returns`), on every step (a population's envs join their
+        infos key by key): `out_info["recorded_rows"]`, the finished rows whose env's RecordEpisodeStatistics reported
+        their episode's end (bool `[N]`), and `out_info["recorded_returns"]`, those returns (`[N]`), for
+        `EpisodeStatistics`."""
+        if not self._records_returns:
             return
         rows = np.zeros(self.num_envs, dtype=bool)
         returns = np.zeros(self.num_envs, dtype=np.float64)
         rows[list(recorded)], returns[list(recorded)] = True, list(recorded.values())
-        out_info["recorded_returns"] = (torch.as_tensor(rows, device=self.device),
-                                        torch.as_tensor(returns, device=self.device,
-                                                        dtype=statistics_dtype(self.device)))
+        out_info["recorded_rows"] = torch.as_tensor(rows, device=self.device)
+        out_info["recorded_returns"] = torch.as_tensor(returns, device=self.device, dtype=statistics_dtype(self.device))
 
     def _finished_rows(self, info: dict, done: np.ndarray) -> np.ndarray:
         """The rows whose episode ended in this step (host int64 indices), whose true last observation is
