@@ -236,6 +236,36 @@ def test_returns_recorded_under_reward_wrappers_are_the_envs_own(mode):
     model.close()
 
 
+def test_recorded_returns_of_a_populations_member_envs_join():
+    """A population's members step envs of their own whose infos are joined key by key: recorded returns given as one
+    tuple failed to concatenate where two members' episodes ended in the same step."""
+    from rlspeed.envs.base import EpisodeStatistics
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv
+    from rlspeed.population.base import MemberEnvs
+
+    class Steady(gym.Env):  # (episodes of 3 steps, reward 1 each: every member's end in the same step)
+        observation_space, action_space = gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(2, dtype=np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, dtype=np.float32), 1.0, False, False, {}
+
+    def member():
+        made = [lambda: _recorded_then_normalised(gym.wrappers.TimeLimit(Steady(), 3))] * 2
+        same_step = gym.vector.AutoresetMode.SAME_STEP
+        return GymnasiumEnv(vector_env=gym.vector.SyncVectorEnv(made, autoreset_mode=same_step))
+
+    env = EpisodeStatistics(MemberEnvs([member(), member()]))
+    env.reset()
+    for _ in range(3):
+        _, _, _, _, info = env.step(torch.zeros(4, dtype=torch.int64))
+    assert info["done"].all() and info["episode_return"].tolist() == [3.0] * 4
+    env.close()
+
+
 def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_keep_their_time_limit():
     """Subprocess envs wrapped as Gymnasium's docs write it, `TransformReward(env, lambda r: ...)`: rlspeed asked them
     for their specs (the time limit), the lambda in those failed to pickle, Gymnasium shut every worker down, and the
