@@ -283,6 +283,25 @@ def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_keep_their_tim
     env.close()
 
 
+def _doubled_cartpole():  # (a lambda in its wrapper's spec, which the subprocess cannot send back)
+    return gym.wrappers.TransformReward(gym.make("CartPole-v1", max_episode_steps=30), lambda reward: 2 * reward)
+
+
+def test_sb3_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_are_said_to_change_rewards():
+    """The same with Stable-Baselines3's SubprocVecEnv: asking for the envs' specs crashed its workers (the model
+    stopped with a BrokenPipeError); and evaluate read no wrapper inside its subprocesses, so the doubled rewards'
+    sums went unsaid."""
+    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+    env = vec_env.SubprocVecEnv([_doubled_cartpole] * 2, start_method="fork")
+    model = PPO(env, seed=0, num_steps=16, batch_size=32)
+    assert model.spec.max_episode_steps == 30
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
+        result = rlspeed.evaluate(model, env, episodes=2, seed=0)
+    assert result["returns"] == [2.0 * length for length in result["lengths"]]
+    model.close()
+    env.close()
+
+
 def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
     """gSDE's exploration matrices came from the caller's generator when the model was made (or loaded), so
     `rlspeed eval --stochastic --seed S` gave other returns in another process; the evaluation draws them from its

@@ -536,12 +536,17 @@ _FUNCTION_ARGUMENTS = ("TransformObservation", "TransformReward", "TransformActi
 
 def _subprocess_chains(vector_env) -> list[str] | None:
     """Each subprocess env's `str()` (`"<ClipReward<TimeLimit<...<CartPoleEnv<CartPole-v1>>>>"`: its wrappers'
-    names) where `vector_env` is (or wraps) an `AsyncVectorEnv`, else None; an empty list where they cannot answer."""
+    names) where `vector_env` is (or wraps) a Gymnasium `AsyncVectorEnv` or a Stable-Baselines3 `SubprocVecEnv`,
+    else None; an empty list where they cannot answer."""
     inner = getattr(vector_env, "unwrapped", vector_env)
-    if not isinstance(inner, gym.vector.AsyncVectorEnv):
+    if isinstance(inner, gym.vector.AsyncVectorEnv):
+        ask = functools.partial(inner.call, "__str__")
+    elif hasattr(inner, "remotes") and callable(getattr(inner, "env_method", None)):  # (SB3's SubprocVecEnv)
+        ask = functools.partial(inner.env_method, "__str__")
+    else:
         return None
     try:
-        return [str(text) for text in inner.call("__str__")]
+        return [str(text) for text in ask()]
     except Exception:  # (envs that cannot answer)
         return []
 
@@ -570,8 +575,8 @@ REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformRewa
 
 def _wrapper_layers(env) -> list[tuple[str, object | None]]:
     """(class name, wrapper) of every layer of a vector env and of the envs inside it (a `SyncVectorEnv`'s walked,
-    an `AsyncVectorEnv`'s read from their `str()`, which names every wrapper: those come as (name, None)), outermost
-    first."""
+    an `AsyncVectorEnv`'s or SB3 `SubprocVecEnv`'s read from their `str()`, which names every wrapper: those come as
+    (name, None)), outermost first."""
     layers, seen, later = [], set(), []
     while env is not None and not isinstance(env, str) and id(env) not in seen:
         seen.add(id(env))
@@ -581,8 +586,8 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
         if inner is None and isinstance(envs, (list, tuple)) and envs:
             later = envs[1:]  # (envs made unlike each other: any one's wrappers count)
             inner = envs[0]
-        elif inner is None and isinstance(env, gym.vector.AsyncVectorEnv):
-            for text in _subprocess_chains(env):  # (envs that cannot answer: nothing known, nothing said)
+        elif inner is None:  # (subprocess envs: their wrappers' names; envs that cannot answer: nothing said)
+            for text in _subprocess_chains(env) or ():
                 layers.extend((name, None) for name in re.findall(r"<(\w+)", text))
         env = inner
     for other in later:

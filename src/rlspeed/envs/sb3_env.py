@@ -21,6 +21,7 @@ from rlspeed.envs.gymnasium_env import (
     _NUMPY_DIR,
     USER_SB3_VEC_ENV,
     HostObservations,
+    _envs_time_limit,
     _to_numpy_actions,
     _vector_env_spec,
     add_success,
@@ -134,7 +135,7 @@ class SB3VecEnv(BatchedEnv):
         spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
         registered = registered_vector_env_id(vec_env) is not None  # see GymnasiumEnv: the id only if it rebuilds
         self.spec = EnvSpec.from_spaces(spec.id if registered else USER_SB3_VEC_ENV, obs_space, action_space,
-                                        spec.max_episode_steps if spec is not None else None,
+                                        spec.max_episode_steps if spec is not None else _envs_time_limit(vec_env, None),
                                         spec.reward_threshold if registered else None)
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
