@@ -236,6 +236,20 @@ def test_returns_recorded_under_reward_wrappers_are_the_envs_own(mode):
     model.close()
 
 
+def test_returns_the_vector_record_episode_statistics_records_under_reward_wrappers_are_the_envs_own():
+    """Gymnasium's vector RecordEpisodeStatistics under its vector NormalizeReward: the returns reported were the
+    normalised rewards' sums, with a warning; they are the recorded ones (a CartPole episode's is its length)."""
+    def recorded():
+        return gym.wrappers.vector.NormalizeReward(gym.wrappers.vector.RecordEpisodeStatistics(_same_step_cartpoles()))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PPO(recorded(), seed=0, num_steps=16, batch_size=32)
+        result = rlspeed.evaluate(model, recorded(), episodes=2, seed=0)
+    assert result["returns"] == [float(length) for length in result["lengths"]]
+    assert not [w for w in caught if "rewards pass through" in str(w.message)]
+
+
 def test_recorded_returns_of_a_populations_member_envs_join():
     """A population's members step envs of their own whose infos are joined key by key: recorded returns given as one
     tuple failed to concatenate where two members' episodes ended in the same step."""

@@ -597,15 +597,24 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
 
 def _counts_episodes(name: str, wrapper) -> bool:
     """Whether a layer (`_wrapper_layers`') is a wrapper whose episode returns are reported in place of the sums of
-    the rewards over it: SB3's `Monitor`, or Gymnasium's single-env `RecordEpisodeStatistics` (`records_episodes`)."""
+    the rewards over it: SB3's `Monitor`, or Gymnasium's `RecordEpisodeStatistics`, single-env or vector
+    (`records_episodes`)."""
+    recorders = (gym.wrappers.RecordEpisodeStatistics, gym.wrappers.vector.RecordEpisodeStatistics)
     return name == "Monitor" or (name == "RecordEpisodeStatistics"
-                                 and (wrapper is None or isinstance(wrapper, gym.wrappers.RecordEpisodeStatistics)))
+                                 and (wrapper is None or isinstance(wrapper, recorders)))
 
 
 def records_episodes(vector_env) -> bool:
-    """Whether every env inside a Gymnasium vector env is wrapped in Gymnasium's (single-env)
-    `RecordEpisodeStatistics`, whose last info of each episode gives the return summed at its layer
-    (`info["episode"]["r"]`); a subprocess env's wrappers are read from its `str()`."""
+    """Whether a Gymnasium vector env records its episodes' returns with Gymnasium's `RecordEpisodeStatistics`: its
+    vector wrapper around it, or the single-env one around every env inside (a subprocess env's wrappers read from its
+    `str()`), whose info at each episode's end gives the return summed at its layer (`info["episode"]["r"]`)."""
+    if not isinstance(vector_env, gym.vector.VectorEnv):  # (SB3's VecEnvs: their Monitor's episodes are read)
+        return False
+    layer = vector_env
+    while isinstance(layer, gym.vector.VectorWrapper):
+        if isinstance(layer, gym.wrappers.vector.RecordEpisodeStatistics):
+            return True
+        layer = layer.env
     inner = getattr(vector_env, "unwrapped", vector_env)
     if isinstance(inner, gym.vector.SyncVectorEnv):
         chains = [_env_chain(env) for env in inner.envs]
@@ -1609,10 +1618,13 @@ class GymnasiumEnv(BatchedEnv):
         reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
         add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
                                      if "is_success" in final_info and (not reported.size or reported[row])})
-        episode = final_info.get("episode")
-        if isinstance(episode, dict) and "r" in episode:
-            recorded = np.asarray(final_info.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
-            self._add_recorded(out_info, {int(row): float(episode["r"][row]) for row in finished if recorded[row]})
+        # (each env's RecordEpisodeStatistics: in its last info; the vector one's: in the step's own)
+        recording = next((where for where in (final_info, info)
+                          if isinstance(where.get("episode"), dict) and "r" in where["episode"]), None)
+        if recording is not None:
+            returns = recording["episode"]["r"]
+            recorded = np.asarray(recording.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+            self._add_recorded(out_info, {int(row): float(returns[row]) for row in finished if recorded[row]})
         else:
             self._add_recorded(out_info, {})
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
