@@ -979,3 +979,16 @@ def test_a_stop_request_during_the_final_evaluation_ends_it_without_waiting_for_
     assert summary["aggregate"]["final_eval"] is None and all(m["final_eval"] is None for m in summary["members"])
     # (32 training steps of 8 envs, then the evaluation's, stopped at its first check: not after Pendulum's 200)
     assert len(stepped) <= 32 + 64
+
+
+def test_normalisation_clips_apply_to_every_member_as_to_its_solo_run():
+    """`normalize_obs_clip` and `normalize_reward_clip`: one value for the population, each member normalising as
+    its solo run with those clips does."""
+    clips = {**NORMALIZE, "normalize_obs_clip": 0.5, "normalize_reward_clip": 0.25}
+    population = Population(PPO, "Pendulum-v1", seeds=[3], **SMALL, **clips)
+    population._total_timesteps = SMALL["num_envs"] * SMALL["num_steps"]
+    population.train_iteration()
+    _, solo_trained = _solo_state(3, iterations=1, env_id="Pendulum-v1", **clips)
+    trained = {**population.member_state(0), **population.member_statistics(0)}
+    for name, value in solo_trained.items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)

@@ -126,7 +126,8 @@ class PolicyExport(nn.Module):
     The graph's inputs are the observation inputs (one per Dict key, in key order), then `extra_inputs()`.
 
     `model`: the trained model it copies from; `observation_clip`: where the model normalises observations, the
-    normalised values are clipped to [-`observation_clip`, `observation_clip`] (10, as in training).
+    normalised values are clipped to [-`observation_clip`, `observation_clip`] (default: the model's
+    `normalize_obs_clip`, as in training).
     """
 
     #: how the network's output becomes the env's action (written to the sidecar)
@@ -134,7 +135,7 @@ class PolicyExport(nn.Module):
     #: whether the policy can take an action mask (`with_action_mask`)
     takes_action_mask = False
 
-    def __init__(self, model: rlspeed.algos.Algorithm, observation_clip: float = 10.0) -> None:
+    def __init__(self, model: rlspeed.algos.Algorithm, observation_clip: float | None = None) -> None:
         super().__init__()
         self.observation_space = model.spec.observation_space
         self.observation_shape = tuple(model.spec.observation_shape)
@@ -144,7 +145,7 @@ class PolicyExport(nn.Module):
                                    if isinstance(layout, dict) else [("obs", *layout)])
         self.keyed = isinstance(layout, dict)
         self.action_space = model.spec.action_space
-        self.observation_clip = observation_clip
+        self.observation_clip = model._obs_clip if observation_clip is None else observation_clip
         self.action_mask = False  # whether the graph takes an `action_mask` input (`with_action_mask`)
         self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # float32 constants in the graph: its input's dtype, what runtimes compute in

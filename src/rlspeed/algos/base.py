@@ -23,7 +23,7 @@ import threading
 import time
 import typing
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import gymnasium as gym
@@ -60,6 +60,7 @@ from rlspeed.env_options import tuple_paths, with_tuples
 from rlspeed.envs import (
     BACKENDS,
     BatchedEnv,
+    NormalizeObservation,
     NormalizeReward,
     RunningMeanStd,
     _check_env_id,
@@ -98,7 +99,7 @@ from rlspeed.envs.gymnasium_env import (
     single_env_id,
 )
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
-from rlspeed.envs.wrappers import observation_statistics
+from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
@@ -636,12 +637,14 @@ def changed_settings(config) -> str:
     return ", ".join(changed)
 
 
-def unused_settings(config, spec: EnvSpec) -> list[str]:
+def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ()) -> list[str]:
     """The hyperparameters set away from their defaults that change nothing on this env, one sentence each: the CNN
     encoders' options without images they apply to, log_std_init without Gaussian actions, gSDE's options without
-    use_sde (the config's `needs_sde`), episodic_life and clip_rewards without an Atari game, SAC's ent_coef_init
+    use_sde (the config's `needs_sde`), episodic_life and clip_rewards without an Atari game, a normalisation's clip
+    without that normalisation, SAC's ent_coef_init
     beside a fixed ent_coef, an on-policy batch_size above the rollout (one minibatch of the whole rollout) and a
-    batch_size above buffer_size (every batch repeats rows)."""
+    batch_size above buffer_size (every batch repeats rows). `env_normalises`: the normalisations (`normalize_obs`,
+    `normalize_reward`) an env passed in has, which the model takes on."""
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
 
     def given(name: str) -> bool:
@@ -673,6 +676,10 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
         if given(name) and not _atari_training(spec):
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of the training envs of "
                          f"Atari games, and {spec.env_id} is none.")
+    for name, flag in (("normalize_obs_clip", "normalize_obs"), ("normalize_reward_clip", "normalize_reward")):
+        if given(name) and not getattr(config, flag, False) and flag not in env_normalises:
+            found.append(f"{name}={getattr(config, name):g} has no effect: it clips the values {flag} normalises, and "
+                         f"{flag} is off.")
     if given("ent_coef_init") and "ent_coef" in defaults and config.ent_coef is not None:
         found.append(f"ent_coef_init={config.ent_coef_init:g} has no effect: it starts a tuned entropy coefficient, "
                      f"and ent_coef={config.ent_coef:g} holds it fixed (ent_coef=auto_{config.ent_coef_init:g} tunes "
@@ -697,9 +704,9 @@ def _atari_training(spec: EnvSpec) -> bool:
     return isinstance(spec.env_id, str) and preprocessed(spec.env_id, spec.env_kwargs or {})
 
 
-def warn_unused_settings(config, spec: EnvSpec) -> None:
+def warn_unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ()) -> None:
     """`unused_settings` as one warning each, shown at the caller outside rlspeed (the model's construction)."""
-    for sentence in unused_settings(config, spec):
+    for sentence in unused_settings(config, spec, env_normalises):
         warn_at_caller(sentence, UnusedSettingWarning)
 
 
@@ -764,6 +771,19 @@ def require(condition: bool, message: str) -> None:
     """Raise UserError(message) unless condition holds (for config validation)."""
     if not condition:
         raise UserError(message)
+
+
+#: the config options that clip normalised values, by the statistics module the model keeps for that normalisation
+NORMALIZATION_CLIPS = {"obs_rms": "normalize_obs_clip", "return_rms": "normalize_reward_clip"}
+
+
+def validate_normalization_clips(config) -> None:
+    """UserError for a clip of normalised observations or rewards (`normalize_obs_clip`, `normalize_reward_clip`)
+    that is not a positive finite number."""
+    for name in NORMALIZATION_CLIPS.values():
+        value = getattr(config, name)
+        require(0 < value < math.inf, f"{name} must be a positive finite number (normalised values are clipped to "
+                f"[-{name}, {name}]), got {value}.")
 
 
 def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -1605,7 +1625,8 @@ class Algorithm:
                 self._follow_replaced_optimizers()
             self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
-            warn_unused_settings(self.config, self.spec)
+            warn_unused_settings(self.config, self.spec, [flag for name, flag in _STATISTICS
+                                                          if getattr(self._env, name, None) is not None])
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)
@@ -2275,6 +2296,29 @@ class Algorithm:
                 setattr(self, name, rms)
                 if hasattr(self.config, flag):  # a normalising env passed in: a loaded model rebuilds one too
                     setattr(self.config, flag, True)
+        self._apply_normalization_clips()
+
+    def _apply_normalization_clips(self) -> None:
+        """The config's clips (`normalize_obs_clip`, `normalize_reward_clip`) on the training env's normalisation
+        wrappers. A wrapper at the default clip takes the config's; a config at the default takes another clip of a
+        normalising env passed in (as it takes its normalize_obs); a clip set in both, differently, is a UserError."""
+        for wrapper_type, option in ((NormalizeObservation, "normalize_obs_clip"),
+                                     (NormalizeReward, "normalize_reward_clip")):
+            wrapper = find_wrapper(self._env, wrapper_type)
+            if wrapper is None or not hasattr(self.config, option) or wrapper.clip == getattr(self.config, option):
+                continue
+            if wrapper.clip == CLIP:
+                wrapper.clip = getattr(self.config, option)
+            elif getattr(self.config, option) == CLIP:
+                setattr(self.config, option, float(wrapper.clip))
+            else:
+                raise UserError(f"This env's {wrapper_type.__name__} clips at {wrapper.clip} and the model's {option} "
+                                f"is {getattr(self.config, option)}: give one value (or leave one at {CLIP:g}).")
+
+    @property
+    def _obs_clip(self) -> float:
+        """The clip of normalised observations (`normalize_obs_clip`; SB3's default for configs without it)."""
+        return getattr(self.config, "normalize_obs_clip", CLIP)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True,
             action_masks: torch.Tensor | None = None) -> torch.Tensor:
@@ -2297,7 +2341,7 @@ class Algorithm:
         `predict` make of their arguments): each check runs once per call."""
         with acting(self.policy):
             if self.obs_rms is not None:
-                obs = self.obs_rms.normalize(obs)
+                obs = self.obs_rms.normalize(obs, self._obs_clip)
             if action_masks is None:
                 return self._policy_actions(obs, deterministic)
             if not self.supports_action_masks:

@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.algos.base import Algorithm, require, success_totals
+from rlspeed.algos.base import Algorithm, require, success_totals, validate_normalization_clips
 from rlspeed.buffers import (
     FrameStackReplayBuffer,
     HerReplayBuffer,
@@ -111,6 +111,10 @@ class OffPolicyConfig:
     #: the replay stores the env's own rewards (n-step returns: their discounted sums) and scales each batch's with
     #: the statistics of sampling time, as SB3's does; metrics and evaluation report the env's own returns
     normalize_reward: bool = False
+    #: normalised observations are clipped to [-normalize_obs_clip, normalize_obs_clip] (SB3's VecNormalize clip_obs)
+    normalize_obs_clip: float = 10.0
+    #: normalised rewards are clipped to [-normalize_reward_clip, normalize_reward_clip] (VecNormalize's clip_reward)
+    normalize_reward_clip: float = 10.0
     # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer), other uint8 or bool
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
     # observation and next observation whole
@@ -149,6 +153,7 @@ class OffPolicyConfig:
                 f"{', '.join(GOAL_STRATEGIES)}, got '{self.goal_selection_strategy}'.")
         require(not (self.her and self.n_step > 1), f"her relabels one-step transitions (as SB3's HerReplayBuffer), "
                 f"and n_step is {self.n_step}: leave one of them out.")
+        validate_normalization_clips(self)
 
 
 def no_update_reason(cfg: OffPolicyConfig, stored: int, each_env: int, empty: bool) -> str | None:

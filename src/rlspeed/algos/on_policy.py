@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import auto_accelerate
-from rlspeed.algos.base import Algorithm, require, success_totals, warn_at_caller
+from rlspeed.algos.base import Algorithm, require, success_totals, validate_normalization_clips, warn_at_caller
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
@@ -63,6 +63,10 @@ class OnPolicyConfig(SDEConfig):
     ortho_init: bool = True
     normalize_obs: bool = False
     normalize_reward: bool = False
+    #: normalised observations are clipped to [-normalize_obs_clip, normalize_obs_clip] (SB3's VecNormalize clip_obs)
+    normalize_obs_clip: float = 10.0
+    #: normalised rewards are clipped to [-normalize_reward_clip, normalize_reward_clip] (VecNormalize's clip_reward)
+    normalize_reward_clip: float = 10.0
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
@@ -85,6 +89,7 @@ class OnPolicyConfig(SDEConfig):
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+        validate_normalization_clips(self)
         self.validate_sde()
 
 

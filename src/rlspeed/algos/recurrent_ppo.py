@@ -174,7 +174,7 @@ class RecurrentPPO(PPO):
             h, c = reset_at_episode_starts(h, episode_start), reset_at_episode_starts(c, episode_start)
         with acting(self.policy):
             if self.obs_rms is not None:
-                obs = self.obs_rms.normalize(obs)
+                obs = self.obs_rms.normalize(obs, self._obs_clip)
             actions, h, c = self.policy.actor_step(obs, h, c, deterministic, action_masks)
         return self._to_env(actions), h, c
 

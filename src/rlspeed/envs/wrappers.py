@@ -14,6 +14,8 @@ from rlspeed.errors import UserError
 
 #: `(x - mean) / sqrt(var + EPSILON)`: the variance's floor in observation and reward normalisation (as SB3's)
 EPSILON = 1e-8
+#: the default clip of normalised observations and rewards, [-CLIP, CLIP] (SB3's clip_obs and clip_reward)
+CLIP = 10.0
 
 
 def fold_moments(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch_count, batch_mean: torch.Tensor,
@@ -103,7 +105,7 @@ class RunningMeanStd(nn.Module):
         """Parallel-variance merge of a batch's (count, mean, variance) into the running statistics."""
         fold_moments(self.mean, self.var, self.count, batch_count, batch_mean, batch_var)
 
-    def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
+    def normalize(self, x: torch.Tensor, clip: float = CLIP) -> torch.Tensor:
         """`normalized` by these statistics; the statistics are not updated."""
         return normalized(x, self.mean, self.var, clip)
 
@@ -153,7 +155,7 @@ class DictRunningMeanStd(nn.Module):
         for rms in self.stats.values():
             rms.flush()
 
-    def normalize(self, obs: dict[str, torch.Tensor], clip: float = 10.0) -> dict[str, torch.Tensor]:
+    def normalize(self, obs: dict[str, torch.Tensor], clip: float = CLIP) -> dict[str, torch.Tensor]:
         """The float keys normalised (`RunningMeanStd.normalize`), the others as they are."""
         return {key: self.stats[key].normalize(value, clip) if key in self.stats else value
                 for key, value in obs.items()}
@@ -203,7 +205,7 @@ class NormalizeObservation(EnvWrapper):
     counted_beneath = True
     hand_out_raw = False
 
-    def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: nn.Module | None = None):
+    def __init__(self, env: BatchedEnv, clip: float = CLIP, obs_rms: nn.Module | None = None):
         super().__init__(env)
         self.obs_rms = obs_rms or observation_statistics(env.spec.observation_space, device=env.device)
         self.clip = clip
@@ -246,7 +248,7 @@ class NormalizeReward(EnvWrapper):
     counted_beneath = True
     hand_out_raw = False
 
-    def __init__(self, env: BatchedEnv, gamma: float = 0.99, clip: float = 10.0):
+    def __init__(self, env: BatchedEnv, gamma: float = 0.99, clip: float = CLIP):
         super().__init__(env)
         self.return_rms = RunningMeanStd((), device=env.device)
         self.gamma = gamma

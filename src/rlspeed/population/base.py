@@ -732,14 +732,20 @@ class PopulationBase:
         if self._normalization is None:
             return env
         if members is None:
-            training = MemberNormalize(env, rows_per_member, self._normalization, self.hyper["gamma"])
+            training = MemberNormalize(env, rows_per_member, self._normalization, self.hyper["gamma"],
+                                       **self._normalization_clips())
             training.hand_out_raw = self._hands_out_raw
             return training
         self._store_alive_statistics()
         index = torch.tensor(list(members), device=self.device, dtype=torch.long)
-        evaluation = MemberNormalize(env, rows_per_member, self._final_normalization.rows(index))
+        evaluation = MemberNormalize(env, rows_per_member, self._final_normalization.rows(index),
+                                     **self._normalization_clips())
         evaluation.training = False
         return evaluation
+
+    def _normalization_clips(self) -> dict[str, float]:
+        """`MemberNormalize`'s clips: the config's `normalize_obs_clip` and `normalize_reward_clip`."""
+        return {"obs_clip": self.config.normalize_obs_clip, "reward_clip": self.config.normalize_reward_clip}
 
     def _store_alive_statistics(self) -> None:
         """Copy the statistics of the members in the computation into the store of every member's."""

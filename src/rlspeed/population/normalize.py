@@ -3,8 +3,9 @@
 A solo run with `normalize_obs` / `normalize_reward` wraps its N envs in `rlspeed.envs.wrappers.NormalizeObservation`
 (inside) and `NormalizeReward` (outside). A population's env holds K blocks of N rows, one block per member;
 `MemberNormalize` applies both to every block with that member's statistics, in the same order and with the same
-formulas (`RunningMeanStd`'s parallel-variance merge of each step's N rows, clip 10, epsilon 1e-8, each member's own
-gamma for the discounted return), so member k's statistics and normalised data are its solo run's.
+formulas (`RunningMeanStd`'s parallel-variance merge of each step's N rows, the config's clips (one for the
+population), epsilon 1e-8, each member's own gamma for the discounted return), so member k's statistics and normalised
+data are its solo run's.
 
 The statistics are `MemberStatistics`: `[K, ...]` tensors the population owns (cut down when members leave, saved in
 its checkpoints); the wrapper updates them in place while `training`, and only reads them when frozen (evaluation).
@@ -19,9 +20,9 @@ import torch
 
 from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
-from rlspeed.envs.wrappers import advance_returns, fold_moments, normalized, scaled_rewards
+from rlspeed.envs.wrappers import CLIP, advance_returns, fold_moments, normalized, scaled_rewards
 
-_CLIP, _INITIAL_COUNT = 10.0, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
+_INITIAL_COUNT = 1e-4  # as `RunningMeanStd`
 
 
 @dataclasses.dataclass
@@ -67,17 +68,18 @@ class MemberStatistics:
         for name, value in rows.tensors().items():
             getattr(self, name)[index] = value
 
-    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+    def normalize_obs(self, obs: torch.Tensor, clip: float = CLIP) -> torch.Tensor:
         """Observations `[K, B, ...]` (member k's in row k), each member's normalised by its statistics (`normalized`,
-        clip 10), in `obs`'s dtype; the statistics are not updated."""
+        clipped to [-`clip`, `clip`]), in `obs`'s dtype; the statistics are not updated."""
         shape = (-1,) + (1,) * (obs.dim() - self.obs_mean.dim())
         return normalized(obs, self.obs_mean.view(shape + self.obs_mean.shape[1:]),
-                          self.obs_var.view(shape + self.obs_var.shape[1:]), _CLIP)
+                          self.obs_var.view(shape + self.obs_var.shape[1:]), clip)
 
-    def scale_rewards(self, reward: torch.Tensor) -> torch.Tensor:
+    def scale_rewards(self, reward: torch.Tensor, clip: float = CLIP) -> torch.Tensor:
         """Rewards `[K, ...]` (member k's in row k), each member's scaled by the running variance of its discounted
-        return (`scaled_rewards`, clip 10), in `reward`'s dtype; the statistics are not updated."""
-        return scaled_rewards(reward, self.ret_var.view((-1,) + (1,) * (reward.dim() - 1)), _CLIP)
+        return (`scaled_rewards`, clipped to [-`clip`, `clip`]), in `reward`'s dtype; the statistics are not
+        updated."""
+        return scaled_rewards(reward, self.ret_var.view((-1,) + (1,) * (reward.dim() - 1)), clip)
 
     def solo_state(self, row: int) -> dict[str, torch.Tensor]:
         """Member `row`'s statistics named as a solo model's checkpoint names them (`obs_rms.mean`, ...)."""
@@ -98,7 +100,8 @@ def _fold(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch: tor
 class MemberNormalize(EnvWrapper):
     """`NormalizeObservation` then `NormalizeReward` of a population env whose rows are K blocks of
     `rows_per_member`, block k by member k's `statistics` (see the module docstring). `gamma` `[K]`: each member's
-    discount for the running return. Set `training = False` to freeze the statistics (evaluation envs).
+    discount for the running return; `obs_clip`, `reward_clip`: the clips of normalised observations and rewards.
+    Set `training = False` to freeze the statistics (evaluation envs).
 
     `hand_out_raw = True` keeps updating the statistics but hands out the env's own observations and rewards, as the
     solo wrappers' flag: the off-policy populations' training env, whose replay stores the env's own rows and
@@ -108,9 +111,10 @@ class MemberNormalize(EnvWrapper):
     hand_out_raw = False
 
     def __init__(self, env: BatchedEnv, rows_per_member: int, statistics: MemberStatistics,
-                 gamma: torch.Tensor | None = None):
+                 gamma: torch.Tensor | None = None, obs_clip: float = CLIP, reward_clip: float = CLIP):
         super().__init__(env)
         self.rows_per_member = rows_per_member
+        self.obs_clip, self.reward_clip = obs_clip, reward_clip
         self.statistics = statistics
         self.members = env.num_envs // rows_per_member
         self._gamma = None if gamma is None else gamma.repeat_interleave(rows_per_member)
@@ -124,7 +128,7 @@ class MemberNormalize(EnvWrapper):
         return x.reshape(self.members, self.rows_per_member, *x.shape[1:])
 
     def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.statistics.normalize_obs(self._blocks(obs)).reshape(obs.shape)
+        return self.statistics.normalize_obs(self._blocks(obs), self.obs_clip).reshape(obs.shape)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
@@ -161,5 +165,5 @@ class MemberNormalize(EnvWrapper):
                                 lambda returns: _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
                                                       self._blocks(returns).to(stats.ret_mean.dtype)))
             if not self.hand_out_raw:
-                reward = stats.scale_rewards(self._blocks(reward)).reshape(reward.shape)
+                reward = stats.scale_rewards(self._blocks(reward), self.reward_clip).reshape(reward.shape)
         return obs, reward, terminated, truncated, info

@@ -129,7 +129,7 @@ SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps",
                          "anneal_lr", "adam_eps", "ortho_init", "buffer_size", "n_step", "activation", "encoder",
                          "cnn_features_dim", "normalize_images", "n_critics", "fused_update", "policy_delay",
                          "action_noise", "target_update_interval", "double_q", "dueling", "use_masking",
-                         "normalize_obs", "normalize_reward")
+                         "normalize_obs", "normalize_reward", "normalize_obs_clip", "normalize_reward_clip")
 _ADAM_BETAS = (0.9, 0.999)  # as `rlspeed.nn.make_adam` (epsilon: the config's adam_eps)
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
@@ -905,7 +905,8 @@ class OffPolicyPopulation(PopulationBase):
         each member's statistics with `normalize_obs` (the env hands out its own), as a solo run's `_normalised_obs`."""
         obs = obs.view(alive, envs, -1)
         stats = self._normalization
-        return obs if stats is None or stats.obs_mean is None else stats.normalize_obs(obs)
+        return (obs if stats is None or stats.obs_mean is None
+                else stats.normalize_obs(obs, self.config.normalize_obs_clip))
 
     def _normalized_rows(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Sampled replay rows `[K, B, ...]` (the env's own) with observations normalised (`normalize_obs`) and
@@ -914,9 +915,11 @@ class OffPolicyPopulation(PopulationBase):
         if stats is None:
             return rows
         if stats.obs_mean is not None:
-            rows = {**rows, "obs": stats.normalize_obs(rows["obs"]), "next_obs": stats.normalize_obs(rows["next_obs"])}
+            clip = self.config.normalize_obs_clip
+            rows = {**rows, "obs": stats.normalize_obs(rows["obs"], clip),
+                    "next_obs": stats.normalize_obs(rows["next_obs"], clip)}
         if stats.ret_var is not None:
-            rows = {**rows, "rewards": stats.scale_rewards(rows["rewards"])}
+            rows = {**rows, "rewards": stats.scale_rewards(rows["rewards"], self.config.normalize_reward_clip)}
         return rows
 
     def _replay_obs_dtype(self) -> torch.dtype:
