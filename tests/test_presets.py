@@ -507,7 +507,7 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     # another algorithm's key too)
     ("CartPole-v1:\n  n_envs: 2\n  buffer_size: 100000\n", "buffer_size: rlspeed's ppo has no buffer_size"),
     ("CartPole-v1:\n  n_envs: 2\n  policy_kwargs: 'dict(activation_fn=nn.GELU)'\n", "activation_fn: nn.GELU"),
-    ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'clip_obs': 5.0}\"\n", "normalize.clip_obs"),
+    ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'epsilon': 1e-4}\"\n", "normalize.epsilon"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v0:\n  num_envs: 4\n", "no entry for CartPole-v1 .*: CartPole-v0 is another version of the env"),
     # the model's arguments, not hyperparameters: the flag to give (it read "Unknown hyperparameter 'seed' ... Valid:
@@ -861,3 +861,20 @@ def test_rl_zoos_recurrent_ppo_atari_entry_is_used_with_whole_games():
     pytest.importorskip("ale_py")
     preset = load_preset("recurrent_ppo", "BreakoutNoFrameskip-v4", "zoo")
     assert preset.source == "zoo" and preset["episodic_life"] is False
+
+
+def test_normalize_clips_and_gamma_translate_as_rl_zoo_runs_them():
+    """VecNormalize's clip_obs and clip_reward set normalize_obs_clip and normalize_reward_clip (ignored, as SB3's,
+    without their normalisation); its gamma, which RL-Zoo replaces by the entry's gamma, is refused only where the
+    run would discount otherwise than RL-Zoo's."""
+    for algo in ("ppo", "sac"):
+        clips = translated(algo, {"normalize": "dict(norm_obs=True, norm_reward=True, clip_obs=5.0, clip_reward=2)"})
+        assert clips.status == "full", (algo, clips.unsupported)
+        assert (clips.hyperparameters["normalize_obs_clip"], clips.hyperparameters["normalize_reward_clip"]) == (5, 2)
+    unused = translated("ppo", {"normalize": "dict(norm_obs=True, norm_reward=False, clip_reward=2)"})
+    assert "normalize_reward_clip" not in unused.hyperparameters and unused.status == "full"
+    negative = translated("ppo", {"normalize": "dict(norm_obs=True, clip_obs=-1.0)"})
+    assert negative.status == "none" and "normalize_obs_clip must be a positive" in negative.unsupported[0]
+    assert translated("ppo", {"normalize": "dict(gamma=0.9)", "gamma": 0.95}).status == "full"
+    assert translated("ppo", {"normalize": "dict(gamma=0.99)"}).status == "full"
+    assert refused(translated("ppo", {"normalize": "dict(gamma=0.9)"})) == {"normalize.gamma"}

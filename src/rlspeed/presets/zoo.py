@@ -70,6 +70,9 @@ SDE_ALGORITHMS = ("ppo", "a2c", "sac")
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
 
+#: VecNormalize's clips -> the normalisation whose `<name>_clip` rlspeed's config has for it
+_NORMALIZE_CLIPS = {"clip_obs": "normalize_obs", "clip_reward": "normalize_reward"}
+
 #: keys about SB3's own logging only: a user's file that holds them trains as it says (noted, not refused)
 BOOKKEEPING = ("stats_window_size", "monitor_kwargs")
 
@@ -323,6 +326,7 @@ class _Translator:
         self.notes: list[str] = []
         self.differences: list[str] = []
         self.episode_train_freq: list | None = None  # (an entry's `[n, "episode"]` train_freq, refused)
+        self.normalize_gamma = None  # (`normalize`'s gamma, checked in `finish` against the entry's gamma)
 
     def differ(self, note: str) -> None:
         """A note on what rlspeed does otherwise than SB3 with the entry (among `notes`, and said by the run)."""
@@ -546,13 +550,19 @@ class _Translator:
                                                      "(normalize_obs), not rewards")
             elif option in ("norm_obs", "norm_reward") and isinstance(option_value, bool):
                 self.set(name, option_value, "normalize")
-            elif option in ("clip_obs", "clip_reward") and option_value == 10.0:
-                self.notes.append(f"normalize {option} 10: rlspeed's clip too")
+            elif option in _NORMALIZE_CLIPS and f"{_NORMALIZE_CLIPS[option]}_clip" in own:
+                if options[f"norm_{option.removeprefix('clip_')}"] is True:
+                    self.set(f"{_NORMALIZE_CLIPS[option]}_clip", option_value, f"normalize.{option}")
+                else:
+                    self.notes.append(f"normalize {option} without norm_{option.removeprefix('clip_')}: unused, as "
+                                      "VecNormalize leaves it")
             elif option == "gamma":
-                self.notes.append("normalize gamma: RL-Zoo replaces it by the algorithm's gamma, as rlspeed does")
+                self.normalize_gamma = option_value
+            elif option == "epsilon" and option_value == 1e-8:
+                self.notes.append("normalize epsilon 1e-8: rlspeed's too")
             else:
-                self.refuse(f"normalize.{option}", f"{option_value!r}: rlspeed normalises with clip 10 and epsilon "
-                                                   "1e-8 and has no other options")
+                self.refuse(f"normalize.{option}", f"{option_value!r}: rlspeed's normalisation takes clip_obs, "
+                                                   "clip_reward and gamma, with epsilon 1e-8, and has no other options")
 
     def schedule(self, key: str, value) -> None:
         """A number, or `lin_X` / `linear_X` (linear from X to 0 over the run, RL-Zoo's schedules): the value plus
@@ -710,6 +720,25 @@ class _Translator:
             self.refuse(key, f"{value!r}: expected a list of layer widths")
 
     # --- the result ----------------------------------------------------------------------------------------------
+    def check_normalize_gamma(self) -> None:
+        """`normalize`'s gamma: RL-Zoo replaces it by the entry's gamma where the entry has one; rlspeed discounts the
+        normalised return at the algorithm's gamma, so another value there is refused."""
+        if self.normalize_gamma is None:
+            return
+        from rlspeed.algos import ALGORITHMS
+
+        if "gamma" in self.hyper:
+            self.notes.append("normalize gamma: RL-Zoo replaces it by the entry's gamma, at which rlspeed discounts")
+            return
+        algorithm_gamma = {field.name: field.default
+                           for field in dataclasses.fields(ALGORITHMS[self.algo].config_cls)}["gamma"]
+        if self.normalize_gamma == algorithm_gamma:
+            self.notes.append(f"normalize gamma {algorithm_gamma}: the algorithm's, at which rlspeed discounts")
+        else:
+            self.refuse("normalize.gamma", f"{self.normalize_gamma!r}: rlspeed discounts the normalised return at the "
+                                           f"algorithm's gamma ({algorithm_gamma}); give the entry gamma: "
+                                           f"{self.normalize_gamma} to use it for both")
+
     def finish(self, source: str) -> Translation:
         """SB3's defaults where the entry is silent, then the check against the rlspeed config: a key the config
         lacks or a value of the wrong kind is refused; values that fail together refuse the whole entry."""
@@ -723,6 +752,7 @@ class _Translator:
             except UserError as error:
                 self.refuse(self.origin[key], str(error), blocking=self.strict)
                 self.run.pop(key)
+        self.check_normalize_gamma()
         steps = self.hyper.get("gradient_steps", 1)  # (SB3's default)
         if self.episode_train_freq is not None and steps != -1:
             # (SB3: that many updates per collected episode; here per env step: an episode's length times as many)
