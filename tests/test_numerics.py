@@ -115,6 +115,33 @@ def test_a_float64_observation_past_float32s_range_is_named_as_such():
     assert "float64" not in str(caught.value)
 
 
+class RewardBeyond32(gym.Env):
+    """float32 observations and a reward (1e39) finite in float64 and past float32's range, from step 3 on."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(2, np.float32), 1e39 if self.steps >= 3 else 1.0, False, False, {}
+
+
+def test_a_finite_reward_past_float32s_range_is_named_as_such():
+    """rlspeed keeps rewards in float32, where 1e39 from a float64 env is infinite: the refusal said the env 'returned
+    a NaN or infinite observation or reward' of an env that returned none, with nothing about float32 (as observations
+    were before)."""
+    env = gym.vector.SyncVectorEnv([RewardBeyond32] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(NonFiniteEnvError, match=r"\(a finite reward past float32's range, about 3\.4e38, became "
+                                                r"infinite: rlspeed keeps rewards in float32; scale them down in the "
+                                                r"env\) in env 0 at its step 3"):
+        PPO(env, seed=0, device="cpu", **SMALL[PPO]).learn(64, progress_bar=False)
+
+
 @pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda a: a.__name__)
 def test_large_finite_values_are_no_nan(algo):
     """The guard folded every value into one float32 running sum over the run, which overflowed after a few hundred

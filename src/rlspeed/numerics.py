@@ -59,14 +59,21 @@ class NonFiniteEnvError(NumericsError):
     (`member`: its index and seed) names the member instead, `step` being the population's step count when it was
     noticed (populations do not mask such values). `wide_floats`: the observation space has float64 parts, whose
     finite values beyond float32's range became infinite in the float32 the adapters store (said, as the env may
-    have returned no NaN or infinity itself).
+    have returned no NaN or infinity itself); `wide_rewards`: the env returned a finite reward past float32's range,
+    infinite in the float32 rlspeed keeps rewards in (`BatchedEnv.rewards_overflowed`).
     """
 
     def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None,
-                 wide_floats: bool = False):
+                 wide_floats: bool = False, wide_rewards: bool = False):
         self.env_index, self.step, self.rows = env_index, step, rows
-        wide = (" (float64 observations past float32's range, about 3.4e38, count too: rlspeed keeps observations "
-                "in float32)" if wide_floats else "")
+        wide = ""
+        if wide_rewards:
+            also = " (and float64 observations past it count too)" if wide_floats else ""
+            wide = (f" (a finite reward past float32's range, about 3.4e38, became infinite{also}: rlspeed keeps "
+                    "rewards in float32; scale them down in the env)")
+        elif wide_floats:
+            wide = (" (float64 observations past float32's range, about 3.4e38, count too: rlspeed keeps observations "
+                    "in float32)")
         if member is not None:
             others = f" ({rows - 1} other env rows too)" if rows > 1 else ""
             super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward{wide} to "
@@ -258,6 +265,7 @@ class NumericsGuard:
         self.env_guard: EnvValueGuard | None = None
         self.env_checked = False
         self.wide_floats = False  # (the watched env's observation space has float64 parts: `attach`)
+        self._source = None  # (the watched env, innermost: `attach`)
         self.rollbacks = 0
         self.consecutive_rollbacks = 0
         self.rolled_back_timesteps = 0
@@ -295,6 +303,7 @@ class NumericsGuard:
             stats.numerics = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
         self.env_guard = stats.numerics
         self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
+        self._source = getattr(env, "unwrapped", env)  # (its `rewards_overflowed`, named in a refusal)
 
     def device_values(self, tensors: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor | None:
         """What the next host read needs, as one device vector: [all tensors finite, env summary...]; None when the
@@ -359,7 +368,8 @@ class NumericsGuard:
                 self.first_env_index, self.first_env_step = first_env, first_step
             self.masked_env_rows = self._masked_before + masked
             if rows and self.nan_policy == "raise":
-                raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats)
+                raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats,
+                                        wide_rewards=bool(getattr(self._source, "rewards_overflowed", False)))
             finite = finite and not caused  # non-finite actions went to the env: the policy diverged
             if not self.scale_hinted and len(values) >= 8:
                 self._hint_scale(values[6], values[7])

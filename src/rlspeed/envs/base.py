@@ -463,6 +463,9 @@ class BatchedEnv:
     #: What this env has in place of a Stable-Baselines3 VecEnv's env objects (`__getattr__` says it), where it adapts
     #: none (no `vec_env` or `vector_env`)
     without_env_objects = "this one has no env objects of its own to reach"
+    #: Whether a finite reward the env returned was past float32's range (about 3.4e38) and became infinite in the
+    #: float32 rlspeed keeps rewards in (set by the adapters of float64 rewards: Gymnasium, SB3, EnvPool)
+    rewards_overflowed = False
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, typing.Any]]:
         """Start new episodes in all N envs (reseeding them first when `seed` is given).

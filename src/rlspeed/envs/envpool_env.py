@@ -25,6 +25,7 @@ import torch
 
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, numpy_dtype, observation_layout
+from rlspeed.envs.gymnasium_env import float32_rewards
 from rlspeed.errors import UserError
 
 INSTALL = "pip install envpool"
@@ -201,7 +202,7 @@ class EnvPoolEnv(BatchedEnv):
                     "final_rows": finished.astype(np.int64)}  # the finished rows, on the host (envs/base.py)
         if self.atari:
             info_out["lives"] = torch.as_tensor(values[4], device=self.device)
-        return (obs_t, torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
+        return (obs_t, torch.as_tensor(float32_rewards(reward, self), device=self.device),
                 torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
                 torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device), info_out)
 

@@ -719,6 +719,17 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     return limit if isinstance(limit, int) and limit > 0 else None
 
 
+def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
+    """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
+    finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed` (the NaN
+    guard's refusal names it)."""
+    with np.errstate(over="ignore"):
+        stored = np.array(rewards, dtype=np.float32)
+    if not np.isfinite(stored).all() and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
+        env.rewards_overflowed = True
+    return stored
+
+
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
     """A tensor copy of a vector env's host array: a vector env made with copy=False (and SB3's SubprocVecEnv) may
     hand back its own buffer (for AsyncVectorEnv, shared memory) and overwrite it on the next step, while callers
@@ -1464,7 +1475,7 @@ class GymnasiumEnv(BatchedEnv):
         first, self._first_step = self._first_step, False  # (each env's first step: its flags' types are checked)
         try:
             n = self.num_envs
-            reward = np.empty(n, dtype=np.float32)
+            reward = np.empty(n, dtype=np.float64)  # (as the envs return them: `float32_rewards` below)
             terminated = np.empty(n, dtype=bool)
             truncated = np.empty(n, dtype=bool)
             final = None
@@ -1501,7 +1512,7 @@ class GymnasiumEnv(BatchedEnv):
                     masks[i] = info.get("action_mask")
             if final is not None:
                 host.copy_rows(final, obs, ~(terminated | truncated))
-            return obs, reward, terminated, truncated, final, masks
+            return obs, float32_rewards(reward, self), terminated, truncated, final, masks
         except UserError:
             raise
         except Exception as error:
@@ -1581,7 +1592,7 @@ class GymnasiumEnv(BatchedEnv):
             if isinstance(error, Exception):
                 self._subprocess_failure("step", error)
             raise
-        reward, terminated, truncated = (np.asarray(reward, dtype=np.float32), np.asarray(terminated, dtype=bool),
+        reward, terminated, truncated = (float32_rewards(reward, self), np.asarray(terminated, dtype=bool),
                                          np.asarray(truncated, dtype=bool))
         for field, value in (("rewards", reward), ("terminated", terminated), ("truncated", truncated)):
             if value.shape != (self.num_envs,):  # (an env's reward of shape (1,) batches to [N, 1], not [N])

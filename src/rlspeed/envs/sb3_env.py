@@ -26,6 +26,7 @@ from rlspeed.envs.gymnasium_env import (
     _vector_env_spec,
     add_success,
     check_action_masks,
+    float32_rewards,
     host_tensor,
     mask_size,
     obs_and_final,
@@ -264,7 +265,7 @@ class SB3VecEnv(BatchedEnv):
             info["episode_ends"] = (torch.as_tensor(ended, device=self.device),
                                     torch.as_tensor(returns, device=self.device))
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
-        return (obs_t, host_tensor(rewards, self.device).reshape(-1),
+        return (obs_t, torch.as_tensor(float32_rewards(rewards, self), device=self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 info)
 

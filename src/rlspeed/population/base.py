@@ -1301,7 +1301,9 @@ class PopulationBase:
         member = self.alive[first // self.config.num_envs]
         space = getattr(getattr(self._env, "spec", None), "observation_space", None)
         raise NonFiniteEnvError(self.env_id, first, self.num_timesteps, own, member=(member, self.seeds[member]),
-                                wide_floats=has_wide_floats(space))
+                                wide_floats=has_wide_floats(space),
+                                wide_rewards=bool(getattr(getattr(self._env, "unwrapped", None), "rewards_overflowed",
+                                                         False)))
 
     def _env_value_flags(self) -> torch.Tensor | None:
         """[env rows whose own observation or reward was NaN or infinite, the first such row] on the device, since the
