@@ -723,8 +723,7 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed` (the NaN
     guard's refusal names it)."""
-    with np.errstate(over="ignore"):
-        stored = np.array(rewards, dtype=np.float32)
+    stored = np.array(rewards, dtype=np.float32)  # (an overflow: numpy's RuntimeWarning, as numpy gives it)
     if not np.isfinite(stored).all() and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
         env.rewards_overflowed = True
     return stored
