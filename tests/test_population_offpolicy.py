@@ -116,8 +116,10 @@ def test_members_normalise_observations_and_rewards_as_their_solo_runs(algo, env
     """normalize_obs and normalize_reward: each member keeps its own running statistics (its own gamma for the
     discounted return), its replay stores the env's own observations and rewards and normalises each sampled batch,
     as the solo run with its seed does: member k's parameters and statistics are the solo run's, and evaluated on the
-    solo run's evaluation episodes (observations normalised by its statistics, frozen) it scores the solo's."""
-    normalise = {"normalize_obs": True, "normalize_reward": True}
+    solo run's evaluation episodes (observations normalised by its statistics, frozen) it scores the solo's. Clips
+    tighter than the default 10 (`normalize_obs_clip`, `normalize_reward_clip`) apply to members as to solo runs."""
+    normalise = {"normalize_obs": True, "normalize_reward": True, "normalize_obs_clip": 1.5,
+                 "normalize_reward_clip": 0.5}
     seeds, steps, gammas = [3, 7], 64, [0.99, 0.9]
     population = Population(algo, env_id, seeds=seeds, env_backend="torch", gamma=gammas, **hyper, **normalise)
     initial = [population.member_state(k) for k in range(2)]
