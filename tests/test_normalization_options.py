@@ -58,3 +58,13 @@ def test_a_normalising_env_passed_in_keeps_its_clip_unless_the_model_sets_anothe
     with pytest.raises(UserError, match=r"^This env's NormalizeObservation clips at 3.0 and the model's "
                                         r"normalize_obs_clip is 5.0: give one value \(or leave one at 10\)\.$"):
         other.make_training_env()
+
+
+def test_a_clip_changed_between_learn_calls_applies_to_the_next():
+    model = rlspeed.PPO("Pendulum-v1", device="cpu", seed=0, **TINY, **CLIPS)
+    model.learn(32, progress_bar=False)
+    model.config.normalize_obs_clip, model.config.normalize_reward_clip = 2.0, 10.0
+    model.learn(32, progress_bar=False)
+    env = model.make_training_env()
+    assert (find_wrapper(env, NormalizeObservation).clip, find_wrapper(env, NormalizeReward).clip) == (2.0, 10.0)
+    assert (model.config.normalize_obs_clip, model.config.normalize_reward_clip) == (2.0, 10.0)

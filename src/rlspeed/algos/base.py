@@ -2300,20 +2300,23 @@ class Algorithm:
 
     def _apply_normalization_clips(self) -> None:
         """The config's clips (`normalize_obs_clip`, `normalize_reward_clip`) on the training env's normalisation
-        wrappers. A wrapper at the default clip takes the config's; a config at the default takes another clip of a
-        normalising env passed in (as it takes its normalize_obs); a clip set in both, differently, is a UserError."""
+        wrappers. A wrapper the model met before follows the config (set between learn calls); a new one at the
+        default clip takes the config's; a config at the default takes another clip of a normalising env passed in (as
+        it takes its normalize_obs); a clip set in both, differently, is a UserError."""
         for wrapper_type, option in ((NormalizeObservation, "normalize_obs_clip"),
                                      (NormalizeReward, "normalize_reward_clip")):
             wrapper = find_wrapper(self._env, wrapper_type)
-            if wrapper is None or not hasattr(self.config, option) or wrapper.clip == getattr(self.config, option):
+            if wrapper is None or not hasattr(self.config, option):
                 continue
-            if wrapper.clip == CLIP:
-                wrapper.clip = getattr(self.config, option)
-            elif getattr(self.config, option) == CLIP:
+            ours = getattr(self.config, option)
+            if wrapper.__dict__.get("_clip_follows_config") or wrapper.clip == CLIP:
+                wrapper.clip = ours
+            elif ours == CLIP:
                 setattr(self.config, option, float(wrapper.clip))
-            else:
+            elif wrapper.clip != ours:
                 raise UserError(f"This env's {wrapper_type.__name__} clips at {wrapper.clip} and the model's {option} "
-                                f"is {getattr(self.config, option)}: give one value (or leave one at {CLIP:g}).")
+                                f"is {ours}: give one value (or leave one at {CLIP:g}).")
+            wrapper._clip_follows_config = True
 
     @property
     def _obs_clip(self) -> float:
