@@ -1196,22 +1196,32 @@ def test_values_recorded_before_a_learn_calls_first_row_are_at_the_models_step(t
         assert _scalars(tmp_path / "tensorboard", "custom/stage") == [(128, 2.0)]
 
 
-def test_tensorboards_server_drops_a_killed_runs_points_after_the_checkpoint_it_resumed_from(tmp_path):
+@pytest.mark.parametrize("longer_count", [False, True])
+def test_tensorboards_server_drops_a_killed_runs_points_after_the_checkpoint_it_resumed_from(tmp_path, longer_count):
     """A run killed after its last checkpoint left points past it; the resumed run's writer marks its restart there
     (a session start), and TensorBoard's server (its Python reader, `--load_fast=false`, and where its data server
     is not installed) takes only a second session start for a restart: the run's first writer wrote none, so it
     showed both points at those steps, the killed run's and the resumed run's (metrics.csv has one). Every writer
-    marks its start."""
+    marks its start. TensorBoard reads the files in the order of their names (the second each was made, then the
+    host, the process and the process's count of writers): a resumed run's file made in the killed run's second with
+    a count of more digits (the process's 10th writer after its 9th: `longer_count`) was read first, and the killed
+    run's start, read second, dropped every point before it ([100, 200, 300])."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
 
     killed = RunLogger(tmp_path, tensorboard=True)
     for step in (100, 200, 300):
         killed.log({"timesteps": step, "episode_return": float(step)})
     killed.close(plot=False)
+    if longer_count:  # (the process's writers so far: the next one's count has one digit more)
+        count = next((tmp_path / "tensorboard").iterdir()).name.rpartition(".")[2]
+        while event_file_writer._global_uid.get() < 10 ** len(count) - 1:
+            pass
     resumed = RunLogger(tmp_path, tensorboard=True, continue_from=100)  # (its checkpoint: step 100)
     resumed.log({"timesteps": 200, "episode_return": -200.0})
     resumed.close(plot=False)
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 2
     server = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
     server.Reload()
     assert [event.step for event in server.Tensors("rollout/episode_return")] == [100, 200]

@@ -410,6 +410,38 @@ def _events_file(writer) -> str | None:
     return getattr(getattr(file_writer, "event_writer", None), "_file_name", None)
 
 
+#: an events file's name: events.out.tfevents.<the second it was made>.<host>.<process id>.<the process's writer count>
+_EVENTS = "events.out.tfevents."
+
+
+def _events_second(name: str) -> int | None:
+    """The second in which the events file `name` was made, as its name gives it (None for another name)."""
+    second = name[len(_EVENTS):].partition(".")[0] if name.startswith(_EVENTS) else ""
+    return int(second) if second.isdigit() else None
+
+
+def _summary_writer(summary_writer: type, directory: Path, purge_step: int):
+    """A `summary_writer` (torch's SummaryWriter) on a new events file in `directory` whose name sorts after those of
+    the events files there. TensorBoard reads a directory's events files in the order of their names (its live reader
+    goes on only to names after the one it read; a restart's purge drops the points read before it): a file made in
+    the same second as an earlier one could sort before it (a process's 10th writer before its 9th, another process's
+    id before this one's), and a continued run then showed the points its restart dropped, or none of its own. Such a
+    file is removed and made again in the next second."""
+    earlier = [path.name for path in directory.glob(f"{_EVENTS}*")] if directory.is_dir() else []
+    writer = summary_writer(str(directory), purge_step=purge_step)
+    made = _events_file(writer)
+    if made is None or not earlier or Path(made).name > max(earlier):
+        return writer
+    second = _events_second(Path(made).name)
+    if second is None or max(_events_second(name) or 0 for name in earlier) != second:
+        return writer  # (a later second than this one's: a clock set back, or files of a machine ahead; no wait helps)
+    writer.close()
+    os.remove(made)
+    while int(time.time()) <= second:
+        time.sleep(max(0.0, second + 1 - time.time()))
+    return summary_writer(str(directory), purge_step=purge_step)
+
+
 class RunLogger:
     """Writes one row per log interval to `metrics.csv` (and TensorBoard), and plots the curve at the end.
 
@@ -469,8 +501,8 @@ class RunLogger:
                     _quiet_tensorboard_threads()
                     try:  # (its first events are written at once: a full disk is said here)
                         with self._tensorboard_errors():
-                            self._writer = SummaryWriter(
-                                str(self.run_dir / "tensorboard"),
+                            self._writer = _summary_writer(
+                                SummaryWriter, self.run_dir / "tensorboard",
                                 purge_step=0 if continue_from is None else continue_from + 1)
                             self._writer.flush()
                     except OSError as error:
