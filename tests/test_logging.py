@@ -405,11 +405,19 @@ def test_a_run_dir_a_learn_left_without_rows_takes_a_new_model(tmp_path):
             128, progress_bar=False, run_dir=tmp_path / "b")
 
 
+def _tensorboard_writers() -> int:
+    """TensorBoard's writer threads running (a model that trained into a run directory keeps one until its `close`
+    or its collection: a test counting them collects earlier tests' models first)."""
+    import threading
+
+    return sum(type(thread).__module__.startswith("tensorboard.") for thread in threading.enumerate())
+
+
 def test_a_learn_whose_env_cannot_reset_leaves_no_tensorboard_writer_running(tmp_path):
     """learn(run_dir=...) on an env whose reset raises (a notebook cell run again and again while its env is being
     fixed) left the run's TensorBoard writer open, one more background thread per call. Now the call closes it."""
     pytest.importorskip("tensorboard")
-    import threading
+    import gc
 
     import gymnasium as gym
 
@@ -425,12 +433,13 @@ def test_a_learn_whose_env_cannot_reset_leaves_no_tensorboard_writer_running(tmp
 
     if "BrokenReset-v0" not in gym.registry:
         gym.register("BrokenReset-v0", entry_point=Broken)
-    before = threading.active_count()
+    gc.collect()  # (a model of an earlier test waiting for collection closes its writer now, not in the middle)
+    before = _tensorboard_writers()
     for attempt in range(2):
         with pytest.raises(EnvStepError, match="reset is broken"):
             PPO("BrokenReset-v0", device="cpu", num_envs=2, num_steps=16, batch_size=32).learn(
                 64, progress_bar=False, run_dir=tmp_path / str(attempt))
-    assert threading.active_count() == before
+    assert _tensorboard_writers() == before
 
 
 def test_a_trained_model_continues_only_its_own_run_directory(tmp_path):
@@ -1123,29 +1132,25 @@ def test_further_learn_calls_of_a_model_write_on_one_tensorboard_events_file(tmp
     that starts another file."""
     pytest.importorskip("tensorboard")
     import gc
-    import threading
 
     from rlspeed import PPO
 
-    def writers() -> int:  # (TensorBoard's writer threads running)
-        return sum(type(thread).__module__.startswith("tensorboard.") for thread in threading.enumerate())
-
     gc.collect()  # (a model of an earlier test waiting for collection closes its writer now, not in the middle)
-    threads = writers()
+    threads = _tensorboard_writers()
     model = PPO("CartPole-v1", device="cpu", num_envs=4, num_steps=32, batch_size=64, seed=0)
     for _ in range(2):
         model.learn(128, reset_num_timesteps=False, progress_bar=False, run_dir=tmp_path)
     assert len(list((tmp_path / "tensorboard").iterdir())) == 1
     assert [step for step, _ in _scalars(tmp_path / "tensorboard", "time/sps")] == [128, 256]
-    assert writers() == threads + 1
+    assert _tensorboard_writers() == threads + 1
     model.close()
-    assert writers() == threads  # (its writer closed)
+    assert _tensorboard_writers() == threads  # (its writer closed)
     model.learn(128, progress_bar=False, run_dir=tmp_path)
     assert len(list((tmp_path / "tensorboard").iterdir())) == 2
-    assert writers() == threads + 1
+    assert _tensorboard_writers() == threads + 1
     del model
     gc.collect()
-    assert writers() == threads
+    assert _tensorboard_writers() == threads
     assert [step for step, _ in _scalars(tmp_path / "tensorboard", "time/sps")] == [128, 256, 384]
 
 
