@@ -1,5 +1,6 @@
 """`model.close()` and `with ... as model:`: a model or population gives back its env subprocesses and goes on."""
 
+import gc
 import multiprocessing
 
 import numpy as np
@@ -14,8 +15,17 @@ def env_processes() -> list:
     return [child for child in multiprocessing.active_children() if child.is_alive()]
 
 
+def env_processes_before() -> int:
+    """How many env subprocesses are alive as a test starts, once the collector has run: a model of an earlier test
+    that only the collector frees (held by a reference cycle: a learn call's callbacks and their `locals`, the frames
+    a first import keeps) ends its envs' workers when collected, which would otherwise be in the middle of the
+    test's counts."""
+    gc.collect()
+    return len(env_processes())
+
+
 def test_close_ends_the_env_subprocesses_and_a_further_learn_makes_new_ones():
-    before = len(env_processes())
+    before = env_processes_before()
     model = PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32, seed=0,
                 device="cpu")
     model.learn(64, progress_bar=False)
@@ -32,7 +42,7 @@ def test_close_ends_the_env_subprocesses_and_a_further_learn_makes_new_ones():
 
 
 def test_a_with_block_closes_the_model_at_its_end_also_after_an_error():
-    before = len(env_processes())
+    before = env_processes_before()
     with pytest.raises(RuntimeError, match="stop here"):
         with PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32,
                  device="cpu") as model:
@@ -61,7 +71,7 @@ def test_a_closed_env_the_caller_passed_is_not_made_again():
 
 
 def test_a_population_closes_its_members_envs_and_trains_on():
-    before = len(env_processes())
+    before = env_processes_before()
     with Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium-async", num_envs=2, num_steps=16,
                     batch_size=32, device="cpu") as population:
         population.learn(32, progress_bar=False)
@@ -77,12 +87,9 @@ def test_an_env_or_model_dropped_without_close_ends_its_subprocesses_at_once():
     """A notebook user drops envs and models without close: `del` ends their subprocesses then, as for Gymnasium's
     own env, not at a later garbage collection (whose order closed the workers' pipes first: "Bad file descriptor"
     from the env's own close, its workers left unreaped)."""
-    import gc
-
     import torch._dynamo  # noqa: F401 (torch imports it at a first optimizer and keeps that caller's frames)
 
-    before = len(env_processes())
-    gc.collect()
+    before = env_processes_before()
     gc.disable()
     try:
         for _ in range(2):
@@ -108,7 +115,6 @@ def test_an_env_or_model_dropped_without_close_ends_its_subprocesses_at_once():
 def test_del_frees_a_trained_model_without_the_garbage_collector(algo, env_id, settings):
     """A model must not refer to itself (through its update step's loss, say): `del model` then frees its tensors,
     envs and device memory at once, not at some later full collection."""
-    import gc
     import weakref
 
     import torch._dynamo  # noqa: F401 (torch imports it at a first optimizer and keeps that caller's frames)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import inspect
 import json
 import math
@@ -1662,6 +1663,19 @@ def _numpy_stores_one_element_arrays_as_numbers() -> bool:
     return True
 
 
+def _children_before() -> set:
+    """multiprocessing's children alive as a test starts, once the collector has run: a model of an earlier test that
+    only the collector frees (held by a reference cycle: a learn call's callbacks and their `locals`, the frames a
+    first import keeps) ends its subprocess envs' workers when collected. A test's own workers are the children not
+    among these."""
+    gc.collect()
+    return set(multiprocessing.active_children())
+
+
+def _children_since(before: set) -> list:
+    return [child for child in multiprocessing.active_children() if child not in before]
+
+
 @pytest.mark.parametrize("fault, message", _BREACHES)
 def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, message):
     """What an env of the user's own returns against Gymnasium's contract failed where rlspeed (or Gymnasium's
@@ -1854,6 +1868,7 @@ def test_a_contract_breach_in_subprocess_envs_is_the_same_sentence(fault, messag
     Now the one-process backend's sentence (a fresh env probed in this process), nothing logged, workers ended."""
     from rlspeed import PPO
 
+    before = _children_before()
     model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=8,
                 batch_size=16, env_kwargs={"fault": fault})
     try:
@@ -1861,13 +1876,13 @@ def test_a_contract_breach_in_subprocess_envs_is_the_same_sentence(fault, messag
             model.learn(16, progress_bar=False)
         assert message in str(raised.value), str(raised.value)
         assert "\n" not in str(raised.value)
-        assert not multiprocessing.active_children()  # (the workers were ended with the error)
+        assert not _children_since(before)  # (the workers were ended with the error)
         assert not [str(w.message) for w in recwarn if "Worker" in str(w.message)]
         with pytest.raises(rlspeed.UserError, match=re.escape(message)):  # (envs made again: the same error)
             model.learn(16, progress_bar=False)
     finally:
         model.close()
-    assert not multiprocessing.active_children()
+    assert not _children_since(before)
 
 
 @pytest.mark.parametrize("fault, message", [f for f in _BREACHES if f[0] in ("reset_text", "reset_shape")])
@@ -1916,6 +1931,7 @@ def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
     from rlspeed.envs.gymnasium_env import WorkerTraceback
     from rlspeed.errors import EnvStepError
 
+    before = _children_before()
     model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=8,
                 batch_size=16, env_kwargs={"fault": "raises"})
     try:
@@ -1927,7 +1943,7 @@ def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
         assert "in step" in str(raised.value.__cause__.__cause__)
         assert not any("Traceback" in str(w.message) or "Worker" in str(w.message) for w in recwarn), \
             [str(w.message) for w in recwarn]
-        assert not multiprocessing.active_children()
+        assert not _children_since(before)
     finally:
         model.close()
 
@@ -1959,6 +1975,7 @@ def test_subprocess_envs_passed_in_that_failed_are_not_blamed_on_an_interrupt():
     from rlspeed import PPO
     from rlspeed.errors import EnvStepError
 
+    before = _children_before()
     given = gym.make_vec("ContractBreaking-v0", num_envs=2, vectorization_mode="async",
                          vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, fault="raises")
     model = PPO(given, seed=0, device="cpu", num_steps=8, batch_size=16)
@@ -1967,7 +1984,7 @@ def test_subprocess_envs_passed_in_that_failed_are_not_blamed_on_an_interrupt():
     with pytest.raises(rlspeed.UserError, match=r"cannot go on \(their step failed\), and learn") as again:
         model.learn(16, progress_bar=False)
     assert "interrupt" not in str(again.value)
-    assert not multiprocessing.active_children()
+    assert not _children_since(before)
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
@@ -1976,12 +1993,13 @@ def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys, backend):
     of Gymnasium's log of its worker's error before it."""
     from rlspeed import cli
 
+    before = _children_before()
     code = cli.main(["train", "ppo", "ContractBreaking-v0", "--env-backend", backend, "--total-timesteps", "64",
                      "--num-envs", "2", "--no-progress", "--out", str(tmp_path / "run"), "--env-kwargs", "fault=four"])
     err = capsys.readouterr().err
     assert code == 2 and "returned 4 values" in err, err
     assert "warning" not in err and err.count("rlspeed: error:") == 1, err
-    assert not multiprocessing.active_children()
+    assert not _children_since(before)
 
 
 def _self_normalising_cartpole():
