@@ -307,13 +307,32 @@ def test_sb3_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_are_said_t
     sums went unsaid."""
     vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
     env = vec_env.SubprocVecEnv([_doubled_cartpole] * 2, start_method="fork")
-    model = PPO(env, seed=0, num_steps=16, batch_size=32)
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward, so the episode returns in the metrics"):
+        model = PPO(env, seed=0, num_steps=16, batch_size=32)
     assert model.spec.max_episode_steps == 30
     with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
         result = rlspeed.evaluate(model, env, episodes=2, seed=0)
     assert result["returns"] == [2.0 * length for length in result["lengths"]]
     model.close()
     env.close()
+
+
+def test_an_sb3_vec_env_whose_rewards_are_changed_is_said_in_training_unless_its_monitor_counts():
+    """An SB3 DummyVecEnv of reward-changed envs without Monitor: the metrics' returns are the changed rewards' sums,
+    which training said of Gymnasium's vector envs only (evaluate said it of both); with Monitor under the wrapper its
+    episodes are the env's own, and nothing is said."""
+    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+    monitor = pytest.importorskip("stable_baselines3.common.monitor")
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward, so the episode returns in the metrics"):
+        PPO(vec_env.DummyVecEnv([_doubled_cartpole] * 2), seed=0, num_steps=16, batch_size=32)
+
+    def counted():
+        return gym.wrappers.TransformReward(monitor.Monitor(gym.make("CartPole-v1")), lambda reward: 2 * reward)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PPO(vec_env.DummyVecEnv([counted] * 2), seed=0, num_steps=16, batch_size=32)
+    assert not [w for w in caught if "rewards pass through" in str(w.message)]
 
 
 def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():

@@ -28,10 +28,8 @@ from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
     life_loss_wrappers,
-    records_episodes,
-    reward_wrappers,
 )
-from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, vec_normalize_of
+from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
 from rlspeed.errors import UserError, no_such_keyword, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
@@ -426,7 +424,7 @@ def _warn_reward_wrappers(env) -> None:
     `make_env(..., normalize_reward=True)` puts it there) change no reported return."""
     if isinstance(env, BatchedEnv):
         env = find_episode_statistics(env) or env
-    changers = reward_wrappers(env, below_monitor=(is_sb3_vec_env(env) and monitored(env)) or records_episodes(env))
+    changers = reported_reward_wrappers(env)
     if changers:
         warn_at_caller(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
                        "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",

@@ -94,11 +94,9 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import (
     check_action_masks,
     normalising_wrappers,
-    records_episodes,
-    reward_wrappers,
     single_env_id,
 )
-from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
+from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
     OtherEnvOptionsWarning,
@@ -1570,8 +1568,7 @@ class Algorithm:
                                                self.device)
         else:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
-                changers = (reward_wrappers(env, below_monitor=records_episodes(env))
-                            if isinstance(env, gym.vector.VectorEnv) else [])
+                changers = reported_reward_wrappers(env)
                 if changers:  # (SB3's VecNormalize hands its original rewards on: those returns are the env's own)
                     warn_at_caller(f"{name}: this vector env's rewards pass through {', '.join(changers)}, so the "
                                    "episode returns in the metrics (and a target_return) are the changed rewards' "

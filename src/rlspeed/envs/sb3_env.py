@@ -31,7 +31,9 @@ from rlspeed.envs.gymnasium_env import (
     mask_size,
     obs_and_final,
     probe_contract,
+    records_episodes,
     registered_vector_env_id,
+    reward_wrappers,
     to_device,
     warn_step_only_masks,
     warn_unapplied_masks,
@@ -50,6 +52,13 @@ def is_sb3_vec_env(env: object) -> bool:
     """Whether `env` has Stable-Baselines3's VecEnv interface (and is not a Gymnasium vector env)."""
     return (not isinstance(env, gym.vector.VectorEnv) and all(callable(getattr(env, m, None)) for m in _VEC_ENV_METHODS)
             and hasattr(env, "num_envs") and hasattr(env, "observation_space") and hasattr(env, "action_space"))
+
+
+def reported_reward_wrappers(env) -> list[str]:
+    """The wrappers around a Gymnasium or Stable-Baselines3 vector env, or the envs inside it, that change the rewards
+    whose sums are the episode returns reported (`reward_wrappers`): those under the layer whose episodes are read
+    (SB3's `Monitor` around every env, Gymnasium's `RecordEpisodeStatistics`) change none."""
+    return reward_wrappers(env, below_monitor=(is_sb3_vec_env(env) and monitored(env)) or records_episodes(env))
 
 
 def vec_normalize_of(env, normalising: str | None = None):
