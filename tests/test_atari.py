@@ -88,6 +88,24 @@ def test_an_atari_id_registered_with_its_own_preprocessing_is_one_sentence():
         del gym.registry["PreprocessedBreakout-v0"]
 
 
+def test_an_atari_id_registered_with_normalize_reward_says_the_returns_are_not_the_games(monkeypatch):
+    """An ALE id registered with Gymnasium's NormalizeReward in its additional_wrappers: every return reported sums
+    normalised rewards, which other ids' envs warn of and an ALE id's did not (its envs were taken as a vector env
+    passed in, whose reward wrappers the model warns of; an id's the model does not see)."""
+    import rlspeed.envs.gymnasium_env as gymnasium_env
+
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    gym.register("NormalisedBreakout-v0", entry_point="ale_py.env:AtariEnv",
+                 kwargs={"game": "breakout", "frameskip": 1},
+                 additional_wrappers=(gym.wrappers.NormalizeReward.wrapper_spec(),))
+    try:
+        with pytest.warns(UserWarning, match="NormalisedBreakout-v0's rewards pass through Gymnasium's "
+                                             "NormalizeReward, so every episode return reported"):
+            make_env("NormalisedBreakout-v0", num_envs=1, backend="gymnasium", device="cpu").close()
+    finally:
+        del gym.registry["NormalisedBreakout-v0"]
+
+
 def test_an_atari_id_registered_with_a_time_limit_counts_agent_steps():
     """`gymnasium.register(..., max_episode_steps=40)` for an ALE game: gym.make's TimeLimit wrapped the emulator,
     which rlspeed makes with frameskip=1, so a game ended after 40 frames (10 agent steps, the reset's no-ops among

@@ -297,7 +297,7 @@ class AtariGymnasiumEnv(GymnasiumEnv):
                 vector_env = gym.vector.SyncVectorEnv(factories, **vector_kwargs)
             else:
                 vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
-        super().__init__(env_id, vector_env=vector_env, device=device)
+        super().__init__(env_id, vector_env=vector_env, device=device, from_id=True)
         # (the id's time limit in agent steps: the vector env's spec has none)
         self.spec = with_options(spec, env_kwargs)
 

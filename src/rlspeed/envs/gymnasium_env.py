@@ -1242,14 +1242,16 @@ class GymnasiumEnv(BatchedEnv):
     Either `env_id`, a registered Gymnasium id made `num_envs` times (`env_kwargs`: options for its constructor),
     with `vectorization` "sync" (one process) or "async" (one subprocess per env); or `vector_env`, a Gymnasium
     vector env of your own with SAME_STEP autoreset, whose envs are taken as they are (`env_id`, where given, names
-    it; `env_kwargs` are then only recorded as its options).
+    it; `env_kwargs` are then only recorded as its options). `from_id`: `vector_env`'s envs were made from
+    `env_id`'s registration (an ALE id's, by `AtariGymnasiumEnv`), whose wrappers are warned about as the envs of an
+    id made here are.
     """
 
     backend = "gymnasium"
 
     def __init__(self, env_id: str | None = None, num_envs: int = 1, device: torch.device | str = "cpu",
                  vectorization: str = "sync", vector_env: gym.vector.VectorEnv | None = None,
-                 env_kwargs: dict | None = None):
+                 env_kwargs: dict | None = None, from_id: bool = False):
         self.device = torch.device(device)
         made = vector_env is None
         if vector_env is None:
@@ -1313,7 +1315,7 @@ class GymnasiumEnv(BatchedEnv):
             inner.env_fns = list(inner.env_fns)
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
-        warn_env_statistics(vector_env, env_id, made)
+        warn_env_statistics(vector_env, env_id, made or from_id)
         # the envs' own RecordEpisodeStatistics under wrappers that change rewards (CleanRL's NormalizeReward over
         # it): the returns it recorded are the episodes' (`recorded_returns`, read where it reports an end)
         self._records_returns = records_episodes(vector_env) and bool(reward_wrappers(vector_env))
