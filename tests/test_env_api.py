@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import importlib.util
 import inspect
 import json
 import math
@@ -2080,6 +2081,37 @@ def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_e
                         num_steps=16, batch_size=32, normalize_reward=False).make_training_env()
     finally:
         del gym.registry["RewardNormalisingCartPole-v0"]
+
+
+def _filmed_cartpole(video_folder):  # (an entry point that films each env it makes)
+    env = gym.make("CartPole-v1", render_mode="rgb_array")
+    return gym.wrappers.RecordVideo(env, video_folder=video_folder, disable_logger=True)
+
+
+def test_an_id_whose_envs_film_themselves_is_one_sentence(tmp_path):
+    """An id registered with Gymnasium's RecordVideo (in its additional_wrappers, or put on by its entry point): every
+    env rlspeed made of it (2 training envs, 3 evaluation envs) wrote rl-video-episode-0.mp4, ... into the one folder,
+    over each other's. It is refused in one sentence pointing to rlspeed's own videos, before any env is made."""
+    folder = tmp_path / "videos"
+    recording = gym.wrappers.RecordVideo.wrapper_spec(video_folder=str(folder), episode_trigger=None,
+                                                      step_trigger=None, video_length=0, name_prefix="rl-video",
+                                                      fps=None, disable_logger=True, gc_trigger=None)
+    gym.register("FilmedCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
+                 kwargs={"render_mode": "rgb_array"}, additional_wrappers=(recording,))
+    gym.register("FilmingCartPole-v0", entry_point=_filmed_cartpole, kwargs={"video_folder": str(folder)})
+    said = "FilmedCartPole-v0's envs film themselves with Gymnasium's RecordVideo.*rlspeed train --video-every"
+    try:
+        with pytest.raises(rlspeed.UserError, match=said):
+            rlspeed.PPO("FilmedCartPole-v0", device="cpu", env_backend="gymnasium", num_envs=2)
+        for backend in ("gymnasium", "gymnasium-async"):
+            with pytest.raises(rlspeed.UserError, match=said):
+                rlspeed.make_env("FilmedCartPole-v0", num_envs=2, backend=backend, device="cpu")
+        assert not folder.exists()
+        if importlib.util.find_spec("moviepy") is not None:  # (RecordVideo needs it to be made)
+            with pytest.raises(rlspeed.UserError, match="FilmingCartPole-v0's envs film themselves"):
+                rlspeed.make_env("FilmingCartPole-v0", num_envs=1, backend="gymnasium", device="cpu")
+    finally:
+        del gym.registry["FilmedCartPole-v0"], gym.registry["FilmingCartPole-v0"]
 
 
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])

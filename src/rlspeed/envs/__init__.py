@@ -31,6 +31,7 @@ from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
     GymnasiumEnv,
     gym_spec,
+    refuse_filming_envs,
     rejected_options,
     single_env_id,
 )
@@ -216,6 +217,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
     spec = gym_spec(env_id)
+    refuse_filming_envs(env_id)
     atari_game = atari.preprocessed(env_id, env_kwargs)
     if atari_game and (known := atari.known_spec(env_id, env_kwargs)) is not None:
         return atari.with_options(known, env_kwargs)
@@ -229,6 +231,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         raise rejected_options(env_id, env_kwargs, error) from None
     except Exception as error:
         raise _make_error(env_id, "gymnasium", error) from error
+    refuse_filming_envs(env_id, env)
     try:
         if atari_game:
             return atari.with_options(atari.atari_spec(env_id, env, env_kwargs), env_kwargs)

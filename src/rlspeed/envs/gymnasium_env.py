@@ -595,6 +595,24 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
     return layers
 
 
+def refuse_filming_envs(env_id: str, env=None) -> None:
+    """UserError where the envs of `env_id` film themselves with Gymnasium's RecordVideo: among its registration's
+    additional_wrappers, or (`env`: one env or a vector env made of the id) put on by its entry point. Every env
+    rlspeed makes of the id (each training env, each evaluation's) would write videos of the same names into one
+    folder, over each other's. `env` is closed before the error."""
+    names = ([name for name, _ in _wrapper_layers(env)] if env is not None
+             else [wrapper.name for wrapper in gym.spec(env_id).additional_wrappers])
+    if "RecordVideo" not in names:
+        return
+    if env is not None:
+        env.close()
+    raise UserError(f"{env_id}'s envs film themselves with Gymnasium's RecordVideo, and every env rlspeed makes of it "
+                    "(each training env, each evaluation's) would write videos of the same names into one folder over "
+                    "each other's: register the id without it and film evaluation episodes with rlspeed's own videos "
+                    "(rlspeed train --video-every N, rlspeed eval RUN --video FILE.mp4; in Python "
+                    "rlspeed.record_video(model, path) or rlspeed.callbacks.VideoRecorderCallback).")
+
+
 def _counts_episodes(name: str, wrapper) -> bool:
     """Whether a layer (`_wrapper_layers`') is a wrapper whose episode returns are reported in place of the sums of
     the rewards over it: SB3's `Monitor`, or Gymnasium's `RecordEpisodeStatistics`, single-env or vector
@@ -1258,6 +1276,7 @@ class GymnasiumEnv(BatchedEnv):
             if env_id is None:
                 raise ValueError("GymnasiumEnv needs env_id or vector_env")
             spec = gym_spec(env_id)
+            refuse_filming_envs(env_id)
             if vectorization not in ("sync", "async"):
                 raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
             # copy=False: every observation is copied here anyway (`_obs`, `step`)
@@ -1315,6 +1334,8 @@ class GymnasiumEnv(BatchedEnv):
             inner.env_fns = list(inner.env_fns)
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
+        if made or from_id:  # (a vector env passed in is the caller's, its files theirs to name)
+            refuse_filming_envs(env_id, vector_env)
         warn_env_statistics(vector_env, env_id, made or from_id)
         # the envs' own RecordEpisodeStatistics under wrappers that change rewards (CleanRL's NormalizeReward over
         # it): the returns it recorded are the episodes' (`recorded_returns`, read where it reports an end)
