@@ -434,6 +434,52 @@ def test_an_evaluation_leaves_the_statistics_of_a_vec_normalize_as_they_were():
     env.close()
 
 
+def _normalised_cartpoles(mode="sync"):  # (CleanRL's order: NormalizeObservation inside, NormalizeReward outside)
+    return _same_step_cartpoles([gym.wrappers.NormalizeObservation, gym.wrappers.NormalizeReward], mode=mode)
+
+
+def _layers(env):  # (a Gymnasium env and the envs its wrappers wrap)
+    return [env] + (_layers(env.env) if isinstance(env, gym.Wrapper) else [])
+
+
+def test_an_evaluation_leaves_gymnasiums_normalisation_statistics_as_they_were():
+    """Gymnasium's NormalizeObservation and NormalizeReward, around each env (CleanRL's) or the vector env's: evaluating
+    on an env that holds statistics (the training env, or one given its statistics) folded the evaluation's
+    observations and returns into them. They are frozen while it runs (`update_running_mean`, as Gymnasium's docs
+    suggest for evaluation) and their flags are the caller's again after it; an env whose statistics have seen
+    nothing is said to hand the policy raw observations, and subprocess envs' statistics, out of reach, are said to
+    move."""
+    with pytest.warns(UserWarning, match="NormalizeObservation"):
+        model = PPO(_normalised_cartpoles(), seed=0, num_steps=16, batch_size=32)
+    # (Gymnasium's vector NormalizeObservation takes no SAME_STEP vector env; its vector NormalizeReward does)
+    vector = gym.wrappers.vector.NormalizeReward(_same_step_cartpoles([gym.wrappers.NormalizeObservation]))
+    for env in (_normalised_cartpoles(), vector):
+        env.reset(seed=0)
+        for _ in range(5):  # (statistics of some steps, as a training env holds)
+            env.step(env.action_space.sample())
+        layers = [env] + [layer for one in env.unwrapped.envs for layer in _layers(one)]
+        normalisers = [layer for layer in layers if hasattr(type(layer), "update_running_mean")]
+        assert len(normalisers) == (4 if env is not vector else 3)
+        held = [(wrapper.obs_rms if hasattr(wrapper, "obs_rms") else wrapper.return_rms) for wrapper in normalisers]
+        before = [(rms.count, rms.mean.copy(), rms.var.copy()) for rms in held]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+        assert not [w for w in caught if "seen no observation" in str(w.message)]
+        for rms, (count, mean, var) in zip(held, before):
+            assert rms.count == count and np.array_equal(rms.mean, mean) and np.array_equal(rms.var, var)
+        assert all(wrapper.update_running_mean for wrapper in normalisers)
+        env.close()
+    with pytest.warns(UserWarning, match="NormalizeObservation, whose statistics have seen no observation yet"):
+        rlspeed.evaluate(model, _normalised_cartpoles(), episodes=2, seed=0, max_steps=20)
+    with pytest.warns(UserWarning, match="subprocess envs pass through Gymnasium's NormalizeReward, "
+                                         "NormalizeObservation, whose running statistics the evaluation cannot freeze"):
+        env = _normalised_cartpoles(mode="async")
+        rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+    env.close()
+    model.close()
+
+
 def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():
     """A training env made with make_env(..., normalize_reward=True) holds the model's own reward statistics:
     evaluating on it folded the evaluation's returns into them, changing the scale the model trains on. They are

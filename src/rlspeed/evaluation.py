@@ -27,6 +27,7 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
+    _wrapper_layers,
     life_loss_wrappers,
 )
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
@@ -144,9 +145,11 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
     observations with its own frozen statistics; an env made with `normalize_obs=True` is refused); a model training
     on Stable-Baselines3's `VecNormalize` is evaluated on a `VecNormalize(eval_env, training=False,
-    norm_reward=False)` holding its statistics (an env id is refused for it); a VecNormalize in an env you pass, or
-    rlspeed's reward normalisation (`make_env(..., normalize_reward=True)`), is not updated by the evaluation,
-    `training=True` or not.
+    norm_reward=False)` holding its statistics (an env id is refused for it); a VecNormalize in an env you pass,
+    rlspeed's reward normalisation (`make_env(..., normalize_reward=True)`), or Gymnasium's `NormalizeObservation`
+    and `NormalizeReward` around it or its envs is not updated by the evaluation, `training=True` or not (Gymnasium's
+    inside subprocess envs, out of reach, are, with a warning; one whose statistics have seen no observation, which
+    then hand the policy raw observations, is warned of too: copy the training env's statistics into it).
     `env_kwargs` are options of the env an id names (`gymnasium.make(env_id, **env_kwargs)`): on the model's own id
     they replace those of its recorded options they name (evaluating a variant of the training env).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
@@ -453,12 +456,59 @@ def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str 
     return resolve_backend(env_id, "auto", episodes, resolve_device(device))
 
 
+#: Gymnasium's running-statistics wrappers, single-env and vector: their `update_running_mean` freezes them
+_GYMNASIUM_NORMALISERS = (gym.wrappers.NormalizeObservation, gym.wrappers.NormalizeReward,
+                          gym.wrappers.vector.NormalizeObservation, gym.wrappers.vector.NormalizeReward)
+
+
+def _gymnasium_normalisers(env) -> tuple[list, list[str]]:
+    """Gymnasium's `NormalizeObservation` and `NormalizeReward` (single-env and vector) around a vector env the caller
+    passed (a Gymnasium or SB3 one, or a batched env `make_env` made of one) or around the envs inside it: those in
+    this process, each once; and the names of those inside subprocess envs (read from their `str()`), which no call
+    reaches one by one (`set_attr` sets only the outermost wrapper of each env that has the attribute)."""
+    inner = getattr(env, "vector_env", None) or getattr(env, "vec_env", None) or env
+    found, unreached = {}, []
+    for name, wrapper in _wrapper_layers(inner):
+        if isinstance(wrapper, _GYMNASIUM_NORMALISERS):
+            found[id(wrapper)] = wrapper
+        elif wrapper is None and name in ("NormalizeObservation", "NormalizeReward") and name not in unreached:
+            unreached.append(name)
+    return list(found.values()), unreached
+
+
+def _frozen_gymnasium_statistics(env) -> list[typing.Callable[[], None]]:
+    """Freeze Gymnasium's normalisation wrappers in `env` (`_gymnasium_normalisers`; as Gymnasium's docs suggest for
+    evaluation), each until the callable returned for it puts its `update_running_mean` back. A warning first where
+    observations pass through one that has seen none (an env made for evaluation: frozen empty statistics hand the
+    policy raw observations), or through one inside subprocess envs (updated by the evaluation)."""
+    normalisers, unreached = _gymnasium_normalisers(env)
+    observations = (gym.wrappers.NormalizeObservation, gym.wrappers.vector.NormalizeObservation)
+    if any(isinstance(wrapper, observations) and np.all(wrapper.obs_rms.count < 1) for wrapper in normalisers):
+        warn_at_caller("evaluate: this vector env's observations pass through Gymnasium's NormalizeObservation, whose "
+                       "statistics have seen no observation yet, and the evaluation leaves them as they are (frozen), "
+                       "so the policy sees raw observations, not normalised ones as in training: copy the training "
+                       "env's statistics into it first (each wrapper's obs_rms, as SB3's sync_envs_normalization "
+                       "copies VecNormalize's), or train with normalize_obs=True, which keeps them in the model.",
+                       UserWarning)
+    if unreached:
+        warn_at_caller(f"evaluate: this vector env's subprocess envs pass through Gymnasium's {', '.join(unreached)}, "
+                       "whose running statistics the evaluation cannot freeze in their processes, so its observations "
+                       "and rewards update them: evaluate on a SyncVectorEnv of such envs, whose statistics are left "
+                       "as they were.", UserWarning)
+    restore = []
+    for wrapper in normalisers:
+        restore.append(lambda wrapper=wrapper, own=wrapper.update_running_mean:
+                       setattr(wrapper, "update_running_mean", own))
+        wrapper.update_running_mean = False
+    return restore
+
+
 def _frozen_normalization(env) -> typing.Callable[[], None]:
     """Freeze the running statistics of the normalisation in `env`, an env the caller passed to an evaluation (an SB3
-    VecNormalize; rlspeed's `NormalizeReward`, whose statistics are the model's own where `env` is its training env):
-    an evaluation's observations and returns are not training data. Returns what puts every `training` flag back as
-    it was."""
-    restore = []
+    VecNormalize; rlspeed's `NormalizeReward`, whose statistics are the model's own where `env` is its training env;
+    Gymnasium's `NormalizeObservation` and `NormalizeReward`, `_frozen_gymnasium_statistics`): an evaluation's
+    observations and returns are not training data. Returns what puts every flag back as it was."""
+    restore = _frozen_gymnasium_statistics(env)
     normalizer = vec_normalize_of(env)
     if normalizer is not None:
         restore.append(lambda training=normalizer.training: setattr(normalizer, "training", training))
