@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 
 import torch
 
@@ -265,7 +266,7 @@ class NumericsGuard:
         self.env_guard: EnvValueGuard | None = None
         self.env_checked = False
         self.wide_floats = False  # (the watched env's observation space has float64 parts: `attach`)
-        self._source = None  # (the watched env, innermost: `attach`)
+        self._source = None  # (the watched env, innermost, held weakly: `attach`)
         self.rollbacks = 0
         self.consecutive_rollbacks = 0
         self.rolled_back_timesteps = 0
@@ -287,6 +288,9 @@ class NumericsGuard:
         self.normalising = (False, False)
         self.scale_hinted = False  # (the hint shows once per model)
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_source": None}  # (a weak reference does not pickle; `attach` sets it again)
+
     def attach(self, env, normalize_obs: bool = False, normalize_reward: bool = False) -> None:
         """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
         watched, and `report` says so); `normalize_obs` and `normalize_reward`: the run's, for the scale hint."""
@@ -303,7 +307,9 @@ class NumericsGuard:
             stats.numerics = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
         self.env_guard = stats.numerics
         self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
-        self._source = getattr(env, "unwrapped", env)  # (its `rewards_overflowed`, named in a refusal)
+        # (its `rewards_overflowed`, named in a refusal; held weakly, so that a closed model's env goes and the model
+        # pickles: a Gymnasium vector env holds local functions)
+        self._source = weakref.ref(getattr(env, "unwrapped", env))
 
     def device_values(self, tensors: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor | None:
         """What the next host read needs, as one device vector: [all tensors finite, env summary...]; None when the
@@ -369,7 +375,8 @@ class NumericsGuard:
             self.masked_env_rows = self._masked_before + masked
             if rows and self.nan_policy == "raise":
                 raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats,
-                                        wide_rewards=bool(getattr(self._source, "rewards_overflowed", False)))
+                                        wide_rewards=bool(getattr(self._source and self._source(),
+                                                                  "rewards_overflowed", False)))
             finite = finite and not caused  # non-finite actions went to the env: the policy diverged
             if not self.scale_hinted and len(values) >= 8:
                 self._hint_scale(values[6], values[7])
