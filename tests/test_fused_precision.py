@@ -337,3 +337,22 @@ def test_dqn_updates_on_prepared_batches_are_checked_again_too(monkeypatch):
     # (after 3 updates, then after twice as many more each time: at the update due, though batches come in threes)
     assert checked_at == [3, 9, 21]
     assert len(wrapper_calls) < model._n_updates / 2  # (the other updates ran on prepared batches)
+
+
+def test_summary_names_the_rollouts_most_called_kind_of_call_not_the_latest(monkeypatch):
+    """summary.json's `rollout_policy` described the kind of call decided last: a run's one batch-1 value call (an
+    env truncated alone) hid the choice that every batch-of-num_envs rollout call ran."""
+    import torch
+
+    from rlspeed import PPO
+
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    model = PPO("CartPole-v1", device="cpu", seed=0, accelerate="auto", num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False)
+    with torch.no_grad():
+        model.policy(torch.zeros(1, 4))  # (a rare kind of call, decided after the rollout's)
+    summary = model.acceleration_summary()["rollout_policy"]
+    assert summary["reason"].startswith("[batch<=2, no_grad]"), summary
+    kinds = summary["kinds"].split("; ")
+    assert kinds[0].startswith("[batch<=2, no_grad] ") and kinds[0].endswith(", 16 calls")  # (num_steps of them)
+    assert [kind for kind in kinds if kind.startswith("[batch<=1, no_grad] ")][0].endswith(", 1 call")

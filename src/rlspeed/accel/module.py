@@ -263,7 +263,9 @@ class ModuleAccelerator:
                                   notes=list(request.notes))
         self.strategies: dict[tuple, Strategy] = {}
         self.runners: dict[Strategy, Callable] = {}
-        self._plain_keys: set[tuple] = set()  # signatures decided as eager fp32 (the fast path of __call__)
+        # signatures decided as eager fp32 (the fast path of __call__), each with its decision, which counts its calls
+        self._plain: dict[tuple, Decision] = {}
+        self._decisions: dict[tuple, Decision] = {}  # every decided signature's decision (its calls counted)
         self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
         self.searches = 0  # searches run (each times every candidate)
         self._local = threading.local()  # (per thread: a nested call in one thread is no nested call in another)
@@ -276,14 +278,16 @@ class ModuleAccelerator:
         # With one candidate there is nothing to measure: one strategy for every call.
         fixed = self._candidates[0] if len(self._candidates) == 1 else None
         self._single = fixed
-        if fixed is not None and fixed.is_plain:
-            self._plain_keys.update((bucket, grad, training) for bucket in _ALL_BUCKETS for grad in (False, True)
-                                    for training in (False, True))
+        self._single_decision: Decision | None = None
         if fixed is not None:
             forced = request.forced_by_env
-            self.report.decisions.append(Decision(
+            self._single_decision = Decision(
                 "all calls", fixed, "forced" if forced else "only candidate",
-                f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
+                f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings")
+            self.report.decisions.append(self._single_decision)
+        if fixed is not None and fixed.is_plain:
+            self._plain.update(((bucket, grad, training), self._single_decision) for bucket in _ALL_BUCKETS
+                               for grad in (False, True) for training in (False, True))
 
     @property
     def _depth(self) -> int:
@@ -333,7 +337,9 @@ class ModuleAccelerator:
                     return self.base_forward(module, *args)
                 key = (1 << (size - 1).bit_length() if size is not None else None, torch.is_grad_enabled(),
                        module.training)
-                if key in self._plain_keys:
+                decision = self._plain.get(key)
+                if decision is not None:
+                    decision.calls += 1
                     return self.base_forward(module, *args)
                 waiting = self._waiting.get(key)
                 if waiting is not None and waiting.spent_s < waiting.threshold_s:
@@ -342,7 +348,9 @@ class ModuleAccelerator:
             return self.base_forward(module, *args, **kwargs)
         args, kwargs = self.converter(args, kwargs)
         strategy = self._single
-        if strategy is None:
+        if strategy is not None:
+            self._single_decision.calls += 1
+        else:
             signature = self._signature(module, args, kwargs)
             strategy = self.strategies.get(signature)
             if strategy is None:
@@ -366,6 +374,9 @@ class ModuleAccelerator:
                                                                                             signature)
                     finally:
                         self._search_lock.release()
+            decision = self._decisions.get(signature)
+            if decision is not None:
+                decision.calls += 1
         if strategy.is_plain:
             return self.base_forward(module, *args, **kwargs)
         runner = self._runner(module, strategy)
@@ -383,6 +394,7 @@ class ModuleAccelerator:
         outputs = self.base_forward(module, *args, **kwargs)
         waiting.spent_s += time.perf_counter() - started
         waiting.calls += 1
+        waiting.decision.calls += 1
         return outputs
 
     def _search_due(self, waiting: _Waiting) -> bool:
@@ -462,14 +474,16 @@ class ModuleAccelerator:
                 decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, "
                                     f"so that the search costs at most {SEARCH_COST_SHARE:.0%} of their time)")
             self.report.decisions.remove(waiting.decision)
+            decision.calls = waiting.decision.calls  # (the kind's calls so far, which ran eager fp32)
         self._decide(signature, decision)
         store_choice(self._cache_key(module, args, kwargs, signature), decision, self.report, label, signature=label)
         return strategy
 
     def _decide(self, signature: tuple, decision: Decision) -> None:
         self.strategies[signature] = decision.chosen
+        self._decisions[signature] = decision
         if decision.chosen.is_plain:
-            self._plain_keys.add(signature)
+            self._plain[signature] = decision
         self.report.decisions.append(decision)
 
     def _structure_key(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> dict:

@@ -57,7 +57,8 @@ class Decision:
     signature: that kind of call ("all calls" for an update step). chosen: the strategy it runs. source: how it was
     chosen: ``search``, ``cache``, ``forced`` (``RLSPEED_ACCELERATE`` or fixed arguments), ``only candidate``,
     ``fallback``, or ``waiting`` (eager fp32 until its search runs). reason: why, in words. trials: the candidates
-    the search ran (empty without a search). search_s: the search's time in seconds (None without one).
+    the search ran (empty without a search). search_s: the search's time in seconds (None without one). calls: the
+    calls of this kind so far, where the accelerator counts them (a module's: each forward; 0 for a step's).
     """
 
     signature: str
@@ -66,11 +67,13 @@ class Decision:
     reason: str
     trials: list[Trial] = field(default_factory=list)
     search_s: float | None = None
+    calls: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: signature, chosen strategy (and its `label`), source, reason, search time, trials."""
+        """A JSON-ready dict: signature, chosen strategy (and its `label`), source, reason, search time, calls,
+        trials."""
         return {"signature": self.signature, "chosen": self.chosen.to_dict(), "label": self.chosen.label,
-                "source": self.source, "reason": self.reason, "search_s": self.search_s,
+                "source": self.source, "reason": self.reason, "search_s": self.search_s, "calls": self.calls,
                 "trials": [trial.to_dict() for trial in self.trials]}
 
 
@@ -104,15 +107,30 @@ class AccelReport:
         return {"target": self.target, "device": self.device, "requested": self.requested,
                 "decisions": [decision.to_dict() for decision in self.decisions], "notes": list(self.notes)}
 
+    @property
+    def main(self) -> Decision | None:
+        """The decision of the most-called kind of call (of equals, the latest): what ran for most of the work; None
+        before the first decision."""
+        if not self.decisions:
+            return None
+        return max(reversed(self.decisions), key=lambda decision: decision.calls)
+
     def summary(self) -> dict[str, str]:
         """The short form for summary.json: ``{"precision": ..., "compile": ..., "graphs": ..., "chosen_by": ...,
-        "reason": ...}`` of the latest decision (`chosen_by`: search, cache, forced, only candidate, waiting, fallback;
-        "not yet" before one; `reason`: why, in words, as `str(report)` gives it, with its kind of call where it is not
-        "all calls")."""
-        chosen = self.chosen or Strategy()
-        return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower(),
-                "chosen_by": self.decisions[-1].source if self.decisions else "not yet",
-                "reason": decision_reason(self.decisions[-1]) if self.decisions else ""}
+        "reason": ...}`` of the most-called kind of call (`main`; `chosen_by`: search, cache, forced, only candidate,
+        waiting, fallback; "not yet" before one; `reason`: why, in words, as `str(report)` gives it, with its kind of
+        call where it is not "all calls"); with several kinds, `kinds` names each with its choice and its calls,
+        most-called first."""
+        main = self.main
+        chosen = main.chosen if main is not None else Strategy()
+        summary = {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower(),
+                   "chosen_by": main.source if main is not None else "not yet",
+                   "reason": decision_reason(main) if main is not None else ""}
+        if len(self.decisions) > 1:
+            ranked = sorted(self.decisions, key=lambda decision: -decision.calls)
+            summary["kinds"] = "; ".join(f"[{d.signature}] {d.chosen.label} by {d.source}, {d.calls} call"
+                                         + ("" if d.calls == 1 else "s") for d in ranked)
+        return summary
 
     def __str__(self) -> str:
         requested = " ".join(f"{key}={value}" for key, value in self.requested.items() if value is not None)
