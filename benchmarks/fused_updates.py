@@ -8,7 +8,9 @@ step of each is reported with its ratio to autograd:
   fused        `fused_update=True`: the hand-derived update (`rlspeed/fused/*.py`), fp32;
   accelerate   `fused_update=True, accelerate="auto"`, as `rlspeed train ... --accelerate auto` runs it: the
                hand-derived update in the matmul precision the acceleration layer measures fastest within its
-               tolerances (chosen on the first, untimed call).
+               tolerances (chosen in the untimed warm-up block, at its second step:
+               `common.acceleration_decided_at_once`; a block of this length would not reach the search, which
+               waits for the updates to pay for it).
 Shapes are those of the RL-Zoo settings the other benchmarks use: PPO CartPole (64x64 tanh actor and critic,
 minibatch 256), DQN CartPole ([256, 256] ReLU Q-network, batch 64), SAC Pendulum ([256, 256] ReLU actor and twin
 critics, batch 256).
@@ -81,6 +83,14 @@ def time_block(step, model, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
+def warm_up(models: dict, step, steps: int) -> None:
+    """One untimed block of `steps` of each model; the accelerate="auto" one searches its precision in it, at its
+    second step, and keeps that choice for the timed blocks."""
+    with common.acceleration_decided_at_once():
+        for model in models.values():
+            time_block(step, model, steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -99,8 +109,7 @@ def main() -> None:
     for key, (label, make) in CASES.items():
         build, step = make()
         models = {"autograd": build(False, "off"), "fused": build(True, "off"), "accelerate": build(True, "auto")}
-        for model in models.values():  # warm-up, not timed (the accelerated model's precision search included)
-            time_block(step, model, steps)
+        warm_up(models, step, steps)
         choice = models["accelerate"].acceleration_summary() or {}
         times = common.alternate({name: (lambda model=model, step=step: time_block(step, model, steps))
                                   for name, model in models.items()}, blocks)

@@ -8,7 +8,10 @@ background:
   updates), rlspeed fp32 eager, rlspeed `accelerate="auto"` and SB3, each pair of runs in fresh processes one after
   another (the order alternates pair by pair), so that a busy patch of a shared machine hits every side; reports the
   ratio per pair and the median. Both libraries: 1 env (Gymnasium), batch 256, [256, 256], lr 3e-4, one gradient
-  step per env step, automatic entropy, learning_starts 10,000 (RL-Zoo's MuJoCo defaults; rlspeed's preset).
+  step per env step, automatic entropy, learning_starts 10,000 (RL-Zoo's MuJoCo defaults; rlspeed's preset). The
+  `accelerate="auto"` side searches at its second update, in the untimed warm-up of updates
+  (`common.acceleration_decided_at_once`; the window would not reach the search otherwise, which waits for the
+  updates to pay for it), so the window times its choice; it needs `--warmup` >= 2.
 - `sb3-learn`: one SB3 learning run at a fixed budget with RL-Zoo's settings, then the evaluation rlspeed's
   `summary.json` holds (deterministic, 10 episodes, a separate env); writes a JSON file. rlspeed's learning runs
   are `rlspeed train ... --out DIR` (summary.json's `final_eval`).
@@ -20,6 +23,7 @@ torch.set_num_threads(--threads, default 1) for every run of both libraries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -70,7 +74,8 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int, device: 
         model = rlspeed.SAC(ENV_ID, seed=seed, device=device, env_backend="gymnasium", accelerate=accelerate,
                             num_threads=threads, **hyperparameters)
         common.set_threads(threads)
-        model.learn(total, callback=mark, progress_bar=False)
+        with common.acceleration_decided_at_once() if accelerate == "auto" else contextlib.nullcontext():
+            model.learn(total, callback=mark, progress_bar=False)
         record = {"library": "rlspeed", "accelerate_arg": accelerate,
                   "accelerate": _json_safe(model.acceleration_summary()), "update": _json_safe(model.update_summary()),
                   "report": model.report()}

@@ -71,3 +71,51 @@ def test_a_benchmarks_auto_side_decides_in_its_warm_up_and_its_timed_runs_take_t
         assert chosen_by() == "search"
     assert chosen_by() == "cache"
     assert not (tmp_path / "machine-cache").exists()  # (the machine's cache is left as it was)
+
+
+def _benchmark_script(name: str, monkeypatch):
+    """benchmarks/<name>.py, imported as a module (its `import common` finds benchmarks/common.py)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # (its dataclasses look their module up there)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_offpolicys_auto_side_decides_in_its_warm_up_and_its_timed_runs_take_the_choice(monkeypatch, tmp_path):
+    """offpolicy.py's docstring said `accelerate="auto"` searched in its untimed warm-up run; it waited for the
+    updates to pay for a search, which the warm-up never reached, so the auto row timed fp32 (or a choice an earlier
+    run had left in the machine's cache). Its warm-up decides now, into the script's cache, which its timed runs
+    take the choice from."""
+    from rlspeed import DQN
+    from rlspeed.fused import precision as fused_precision
+
+    monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")  # (any CPU)
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "machine-cache"))
+    chosen_by = []
+
+    def run(seed: int, steps: int) -> None:
+        model = DQN("CartPole-v1", device="cpu", seed=seed, accelerate="auto", learning_starts=32, train_freq=8,
+                    batch_size=16)
+        model.learn(steps, progress_bar=False)
+        chosen_by.append(model.acceleration_summary()["chosen_by"])
+
+    _benchmark_script("offpolicy", monkeypatch).warm_up({"rlspeed-accelerate": run}, 64)
+    run(1, 64)  # (a timed run)
+    assert chosen_by == ["search", "cache"]
+    assert not (tmp_path / "machine-cache").exists()  # (the machine's cache is left as it was)
+
+
+def test_fused_updates_auto_side_decides_in_its_warm_up(monkeypatch):
+    """fused_updates.py said its accelerate="auto" model chose its precision at the first, untimed call; it waited
+    for the updates to pay for a search, which the warm-up block never reached, so the timed blocks ran fp32."""
+    from rlspeed.fused import precision as fused_precision
+
+    monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")  # (any CPU)
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", "off")
+    fused_updates = _benchmark_script("fused_updates", monkeypatch)
+    build, step = fused_updates.dqn_case()
+    models = {"fused": build(True, "off"), "accelerate": build(True, "auto")}
+    fused_updates.warm_up(models, step, 3)
+    assert models["accelerate"].acceleration_summary()["chosen_by"] == "search"
