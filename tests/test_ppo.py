@@ -507,3 +507,49 @@ def test_anneal_clip_decays_the_clip_range_to_zero_at_anneal_lrs_progress():
         model._update_epochs = record
         model.learn(64, progress_bar=False)
         assert clip_ranges == pytest.approx(expected)
+
+
+class _ChannelsFirstFrames(gym.Env):
+    """Random 4x12x12 uint8 frames, channels first (an Atari frame stack's layout, small), four actions."""
+
+    observation_space = gym.spaces.Box(0, 255, (4, 12, 12), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.integers(0, 256, (4, 12, 12), dtype=np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        frame = self.np_random.integers(0, 256, (4, 12, 12), dtype=np.uint8)
+        return frame, float(action == frame[0, 0, 0] % 4), False, self.t >= 10, {}
+
+
+def test_channels_first_images_are_stored_channels_last_for_a_cpu_cnn_and_train_bit_for_bit_as_before(monkeypatch):
+    """On a CPU the CNN's convolutions run channels-last: channels-first images (Atari's frame stacks) were copied into
+    that layout for every minibatch of every epoch (about 7% of an Atari PPO update). The rollout stores them so
+    now, in the same bytes per step: its minibatches reach the encoder in that layout, and training is unchanged."""
+    from rlspeed.algos import on_policy
+
+    env_id = "RlspeedTest/ChannelsFirstFrames-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_ChannelsFirstFrames)
+
+    def trained(storage_format):
+        monkeypatch.setattr(on_policy, "image_storage_format", storage_format)
+        model = PPO(env_id, device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=8, n_epochs=2,
+                    cnn_features_dim=16, net_arch=(), env_backend="gymnasium")
+        minibatches = []
+        model.policy.encoder.register_forward_pre_hook(
+            lambda _, args: minibatches.append(args[0]) if torch.is_grad_enabled() else None)
+        model.learn(32, progress_bar=False)
+        return model, minibatches
+
+    model, minibatches = trained(on_policy.image_storage_format)
+    before, _ = trained(lambda encoder: torch.contiguous_format)
+    assert len(minibatches) == 8 and all(
+        obs.dtype == torch.uint8 and obs.is_contiguous(memory_format=torch.channels_last) for obs in minibatches)
+    assert model.buffer.bytes_per_step() == before.buffer.bytes_per_step()
+    for new, old in zip(model.policy.parameters(), before.policy.parameters(), strict=True):
+        assert torch.equal(new, old)

@@ -71,6 +71,17 @@ def to_device(module: _M, device: torch.device) -> _M:
     return module
 
 
+def image_storage_format(encoder: nn.Module | None) -> torch.memory_format:
+    """The memory layout in which storage should keep the observations `encoder` takes: `torch.channels_last` where it
+    is a CNN encoder of channels-first images whose convolutions run channels-last (`use_channels_last`), so that
+    the minibatches gathered from the storage reach them without a layout copy each (the copy is made once, as each
+    step is stored); `torch.contiguous_format` otherwise."""
+    if (isinstance(encoder, CNNEncoder) and not encoder.channels_last
+            and encoder.input_format == torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def default_init_(module: nn.Module) -> nn.Module:
     """Re-initialise every linear and convolution layer of `module` as PyTorch initialises a new one (uniform
     Kaiming weights with a = sqrt(5), uniform biases within 1/sqrt(fan_in)): Stable-Baselines3's `ortho_init=False`.

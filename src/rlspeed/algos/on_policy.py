@@ -34,6 +34,7 @@ from rlspeed.nn import (
     action_kind,
     default_init_,
     env_actions,
+    image_storage_format,
     make_adam,
     to_device,
 )
@@ -295,7 +296,8 @@ class OnPolicyAlgorithm(Algorithm):
         # images and other encoded observations are stored once: the bootstrap values are taken during the rollout
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
                                     action_dtype, self.device, mask_size=self._start_masking(),
-                                    store_next_obs=self.spec.float_vector_obs)
+                                    store_next_obs=self.spec.float_vector_obs,
+                                    image_format=image_storage_format(getattr(self.policy, "encoder", None)))
 
     def _train_iteration(self):
         cfg, env, buf = self.config, self._env, self.buffer

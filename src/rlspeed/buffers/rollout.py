@@ -16,15 +16,20 @@ from rlspeed.errors import UserError
 
 
 def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int, ...],
-                          device: torch.device | str) -> Observation:
+                          device: torch.device | str,
+                          image_format: torch.memory_format = torch.contiguous_format) -> Observation:
     """Zeroed storage for observations of `space` (an `EnvSpec.observation_space`; a shape tuple means float32
     vectors) with leading dimensions `leading`, on `device`: one tensor in the observation's dtype, or one per key of
-    a Dict."""
+    a Dict. `image_format=torch.channels_last`: a `[C, H, W]` observation is stored with its channels innermost (the
+    same shape and bytes; rows gathered from it keep that layout), as `rlspeed.nn.image_storage_format` asks for."""
     layout = observation_layout(space) if isinstance(space, gym.Space) else (tuple(space), torch.float32)
     if isinstance(layout, dict):
         return {key: torch.zeros(*leading, *shape, dtype=dtype, device=device)
                 for key, (shape, dtype) in layout.items()}
     shape, dtype = layout
+    if image_format == torch.channels_last and len(shape) == 3:
+        channels, height, width = shape
+        return torch.zeros(*leading, height, width, channels, dtype=dtype, device=device).movedim(-1, -3)
     return torch.zeros(*leading, *shape, dtype=dtype, device=device)
 
 
@@ -147,6 +152,8 @@ class RolloutBuffer:
     vectors of that shape. With `mask_size`, `action_masks` `[T, N, mask_size]` (bool) holds the action mask that was
     valid for each step's observation (the one its action was sampled under, and the one the loss applies again).
 
+    `image_format`: the memory layout of channels-first image observations (`allocate_observations`).
+
     GAE bootstraps every step from V of the observation its action led to. `store_next_obs` keeps those observations
     (`next_obs`, `info["final_obs"]`; V of all of them in one pass after the rollout: the fewest kernels, for small
     vectors); without it, the algorithm writes V of the rows its env restarted (their last observations) into
@@ -157,16 +164,18 @@ class RolloutBuffer:
 
     def __init__(self, num_steps: int, num_envs: int, observation: gym.Space | tuple[int, ...],
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
-                 mask_size: int | None = None, store_next_obs: bool = True, extra_nbytes: int = 0):
+                 mask_size: int | None = None, store_next_obs: bool = True, extra_nbytes: int = 0,
+                 image_format: torch.memory_format = torch.contiguous_format):
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
         _check_rollout_fits(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
                             store_next_obs, extra_nbytes)
         self.num_steps, self.num_envs = num_steps, num_envs
-        self.obs = allocate_observations(observation, (num_steps, num_envs), device)
+        self.obs = allocate_observations(observation, (num_steps, num_envs), device, image_format)
         # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
-        self.next_obs = allocate_observations(observation, (num_steps, num_envs), device) if store_next_obs else None
+        self.next_obs = (allocate_observations(observation, (num_steps, num_envs), device, image_format)
+                         if store_next_obs else None)
         self.final_values = None if store_next_obs else zeros()
         self.valued = None if store_next_obs else np.zeros((num_steps, num_envs), dtype=bool)
         self.actions = zeros(*action_shape, dtype=action_dtype)
