@@ -285,7 +285,7 @@ def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch, i
     monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 1e6)  # (the second call searches)
     monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
     monkeypatch.setattr(fused_precision, "precision_context", region)
-    monkeypatch.setattr(fused_precision, "RECHECK_FIRST", 3)
+    monkeypatch.setattr("rlspeed.accel.recheck.RECHECK_FIRST", 3)
     monkeypatch.setattr(fused_precision, "run_search", lambda *args, **kwargs: (
         Strategy("bf16-matmul"), [], "bf16-matmul 1.5x faster than fp32"))
     step = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
@@ -309,31 +309,32 @@ def test_dqn_updates_on_prepared_batches_are_checked_again_too(monkeypatch):
     """DQN's updates on prepared batches (the target network's part computed for an iteration's batches at once)
     count towards the next check of the reduced precision chosen, and the iteration at which a check is due runs
     through the wrapper, which checks: the checks go on for the whole run, not just at the first iterations."""
+    from rlspeed.accel import recheck
     from rlspeed.accel.strategy import Strategy
     from rlspeed.fused import precision as fused_precision
 
     checked_at = []
-    check_again = fused_precision.check_again
+    check_again = recheck.check_again
 
     def counting_check(*args, **kwargs):
-        checked_at.append(step._reduced_calls)
+        checked_at.append(step.rechecks.updates)
         return check_again(*args, **kwargs)
 
     monkeypatch.setattr(fused_precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
     monkeypatch.setattr(fused_precision, "precision_context", lambda device, precision: contextlib.nullcontext())
-    monkeypatch.setattr(fused_precision, "RECHECK_FIRST", 3)
+    monkeypatch.setattr("rlspeed.accel.recheck.RECHECK_FIRST", 3)
     monkeypatch.setattr(fused_precision, "run_search", lambda *args, **kwargs: (
         Strategy("bf16-matmul"), [], "bf16-matmul 1.5x faster than fp32"))
-    monkeypatch.setattr(fused_precision, "check_again", counting_check)
+    monkeypatch.setattr(recheck, "check_again", counting_check)
     wrapper_calls = []
     call = AutoMatmulPrecision.__call__
     monkeypatch.setattr(AutoMatmulPrecision, "__call__",
-                        lambda self, *a, **k: (wrapper_calls.append(self._reduced_calls), call(self, *a, **k))[1])
+                        lambda self, *a, **k: (wrapper_calls.append(self.rechecks.updates), call(self, *a, **k))[1])
     model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=4,
                 gradient_steps=3, batch_size=16)
     step = model._update_step.fn
     model.learn(64, progress_bar=False)
-    assert step.precision == "bf16-matmul" and step._reduced_calls == model._n_updates > 21
+    assert step.precision == "bf16-matmul" and step.rechecks.updates == model._n_updates > 21
     # (after 3 updates, then after twice as many more each time: at the update due, though batches come in threes)
     assert checked_at == [3, 9, 21]
     assert len(wrapper_calls) < model._n_updates / 2  # (the other updates ran on prepared batches)

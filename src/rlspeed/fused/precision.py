@@ -26,8 +26,9 @@ import torch
 
 from rlspeed.accel import cache
 from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule and waiting state, shared)
+from rlspeed.accel.recheck import Rechecks
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import check_again, run_search, store_choice
+from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     ENV_VAR,
@@ -41,9 +42,6 @@ from rlspeed.errors import UserError
 
 MATMUL_PRECISIONS = ("fp32", "bf16-matmul", "tf32")
 TIMING_BUDGET_S = 0.1  # the timed rounds' budget: one gradient takes milliseconds, and this runs once per training
-#: a reduced precision chosen is checked against fp32 again after this many of its updates, then after twice as many
-#: more each time (two gradients per check: a negligible share of the updates between checks)
-RECHECK_FIRST = 500
 
 
 class AutoMatmulPrecision:
@@ -62,8 +60,8 @@ class AutoMatmulPrecision:
                                            if reduced_matmul_supported(device, p)]
         self._waiting: module_policy._Waiting | None = None  # (fp32 updates, timed, until a search pays for itself)
         self._first_key: str | None = None  # (the cache key of the first call's batch)
-        # (updates in a reduced precision chosen by a search or the cache, and the count at which it is checked again)
-        self._reduced_calls, self._next_check, self._rechecked = 0, RECHECK_FIRST, False
+        #: a reduced precision chosen by a search or the cache, checked against fp32 again as training goes on
+        self.rechecks = Rechecks()
         if request.forced_by_env is not None:
             precision = request.precision
             if precision != "fp32" and not reduced_matmul_supported(device, precision):
@@ -99,10 +97,8 @@ class AutoMatmulPrecision:
                 if not self.search_due():
                     return self.timed(self.update, *batch, **options)
                 self._search(batch, options)
-        if self._rechecked:
-            self._reduced_calls += 1
-            if self._reduced_calls >= self._next_check:
-                self._check_again(batch, options)
+        if self.rechecks.count():
+            self._check_again(batch, options)
         with self._context(self.precision):
             return self.update(*batch, **options)
 
@@ -119,25 +115,15 @@ class AutoMatmulPrecision:
         return build
 
     def _check_again(self, batch, options) -> None:
-        """The reduced precision checked against fp32 on this batch: kept while it passes (next check after twice as
-        many updates), else fp32 from here on, said in the report and summary.json and cached for later runs."""
-        self._next_check = 2 * self._reduced_calls + RECHECK_FIRST
-        chosen = Strategy(self.precision)
+        """The reduced precision checked against fp32 on this batch (`Rechecks.check`): kept while it passes, else
+        fp32 from here on, said in the report and summary.json and cached, under the key of this batch and of the
+        first call's, which a later run looks up first (as `_search` stores)."""
         self.adam.check()
         per_parameter = [SimpleNamespace(grad=view) for view in self.adam.grad_views]
-        trial = check_again(chosen, self._gradient_runner(batch, options), per_parameter, self.device)
-        if trial.passed:
-            return
-        reason = (f"{chosen.label} failed its check again after {self._reduced_calls:,} updates ({trial.error}): fp32 "
-                  "from there on")
-        decision = Decision("all calls", EAGER_FP32, "search", reason, [trial])
-        self._decided(decision)
-        # cached under the key of this batch and of the first call's, which a later run looks up first (as `_search`
-        # stores); not through `store_choice`, which keeps a choice without timings (this check's) out of the cache
-        record = {"chosen": EAGER_FP32.to_dict(), "reason": reason, "trials": [trial.to_dict()]}
-        for key in dict.fromkeys((self._cache_key(batch, options), self._first_key)):
-            if key is not None:
-                cache.store(key, record)
+        decision = self.rechecks.check(Strategy(self.precision), self._gradient_runner(batch, options),
+                                       per_parameter, self.device, (self._cache_key(batch, options), self._first_key))
+        if decision is not None:
+            self._decided(decision)
 
     def timed(self, fn, *args, **kwargs):
         """`fn(*args, **kwargs)`: an fp32 run of the update while the search waits (`__call__`'s, or one the algorithm
@@ -145,8 +131,7 @@ class AutoMatmulPrecision:
         the call otherwise, counted towards the next check of a reduced precision chosen (`check_due`)."""
         waiting = self._waiting
         if waiting is None:
-            if self._rechecked:
-                self._reduced_calls += 1
+            self.rechecks.count()
             return fn(*args, **kwargs)
         started = time.perf_counter()
         result = fn(*args, **kwargs)
@@ -158,7 +143,7 @@ class AutoMatmulPrecision:
         """Whether one of the next `updates` updates checks the reduced precision chosen against fp32 again
         (`__call__` checks: an algorithm that runs the update itself, DQN on prepared batches, calls the wrapper for
         those updates instead)."""
-        return self._rechecked and self._reduced_calls + updates >= self._next_check
+        return self.rechecks.due(updates)
 
     def search_due(self) -> bool:
         """Whether the search waits no longer: the fp32 updates have taken long enough for it to cost at most
@@ -172,8 +157,7 @@ class AutoMatmulPrecision:
     def _decided(self, decision: Decision) -> None:
         self.precision, self.reason, self.trials = decision.chosen.precision, decision.reason, decision.trials
         self._report.decisions.append(decision)
-        # (a reduced precision measured here or cached is checked again as training goes on; a forced one is not)
-        self._rechecked = self.precision != "fp32" and decision.source != "forced"
+        self.rechecks.follow(decision)  # (a reduced precision measured here or cached; a forced one is not checked)
 
     def _start(self, batch, options) -> module_policy._Waiting | None:
         """At the first call: decide from the device (one candidate) or the cache, else start waiting in fp32 until
