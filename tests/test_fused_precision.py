@@ -107,8 +107,9 @@ def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch)
 
 def test_a_graphs_device_takes_the_captured_autograd_step_unless_graphs_are_forced_off(monkeypatch):
     """`select_update` rule 4 (no GPU here: a device whose rules say it has whole-step graphs, and a stub for
-    accelerate_step that records how it was asked): PPO, SAC and DQN take the captured autograd step in fp32 without
-    a search when --accelerate is off; RLSPEED_ACCELERATE=off turns graphs off and the hand-derived update returns."""
+    accelerate_step's `AcceleratedStep` that records how it was asked): PPO, SAC and DQN take the captured autograd
+    step in fp32 without a search when --accelerate is off; RLSPEED_ACCELERATE=off turns graphs off and the
+    hand-derived update returns."""
     import dataclasses
 
     from rlspeed.algos import update
@@ -126,7 +127,7 @@ def test_a_graphs_device_takes_the_captured_autograd_step_unless_graphs_are_forc
         def __call__(self, *batch):
             raise AssertionError("not called in this test")
 
-    monkeypatch.setattr(update, "accelerate_step", Captured)
+    monkeypatch.setattr(update, "AcceleratedStep", Captured)
     monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
     for algo, env_id in ((rlspeed.PPO, "CartPole-v1"), (rlspeed.SAC, "Pendulum-v1"), (rlspeed.DQN, "CartPole-v1")):
         choice = algo(env_id, device="cpu").update_summary()

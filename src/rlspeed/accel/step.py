@@ -51,9 +51,11 @@ from rlspeed.accel.introspect import (
     own_generators,
     reachable_submodules,
 )
+from rlspeed.accel.recheck import Rechecks
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
+    EAGER_FP32,
     Request,
     Strategy,
     backward_precision,
@@ -123,7 +125,10 @@ class AcceleratedStep:
     """A callable update step; made by `accelerate_step`. Call it with `loss_fn`'s arguments.
 
     Its arguments are `accelerate_step`'s, with the same meanings and defaults: `loss_fn`, `optimizer`, `params`,
-    `max_grad_norm`, `device`, `precision`, `compile`, `graphs`, `example_inputs`, `fused_optimizer` and `name`.
+    `max_grad_norm`, `device`, `precision`, `compile`, `graphs`, `example_inputs`, `fused_optimizer` and `name`; and
+    `recheck` (the update steps of rlspeed's algorithms, `rlspeed.algos.update.select_update`): a reduced precision
+    chosen by a search or the cache is checked against fp32 again as training goes on (`rlspeed.accel.recheck`),
+    where a step of `accelerate_step`'s is checked once, by its search.
     """
 
     def __init__(self, loss_fn: Callable[..., Any],
@@ -131,7 +136,7 @@ class AcceleratedStep:
                  params: Iterable[torch.Tensor] | None = None, max_grad_norm: float | None = None,
                  device: str | torch.device | None = "auto", precision: str = "auto",
                  compile: bool | str = "auto", graphs: bool | str = "auto", example_inputs: Any = None,
-                 fused_optimizer: bool | str = "auto", name: str | None = None):
+                 fused_optimizer: bool | str = "auto", name: str | None = None, recheck: bool = False):
         if not callable(loss_fn):
             raise UserError("accelerate_step needs a loss function as its first argument.")
         self.loss_fn = loss_fn
@@ -185,7 +190,9 @@ class AcceleratedStep:
         self.fell_back = False
         self._graphs: StepGraphs | None = None
         self._waiting = None  # (a `module_policy._Waiting` while the step runs its simplest candidate, unsearched)
-        self._first_key: str | None = None  # (the cache key of the call that started the wait)
+        self._first_key: str | None = None  # (the cache key of the call that decided or started the wait)
+        #: `recheck`: the schedule of the checks of a reduced precision chosen (None: checked once, by the search)
+        self.rechecks: Rechecks | None = Rechecks() if recheck else None
         self._grad_norm: torch.Tensor | None = None  # (`grad_norm`: the last update's, on the device)
         if example_inputs is not None:
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -209,6 +216,8 @@ class AcceleratedStep:
                 waiting.calls += 1
                 return outputs
             self._search_after_waiting(args, kwargs)
+        if self.rechecks is not None and self.rechecks.count():
+            self._check_again(args, kwargs)
         if self._graphs is not None:
             return self._graphs(args, kwargs)
         return self._update(args, kwargs)
@@ -348,14 +357,14 @@ class AcceleratedStep:
                 "all calls", strategy, "forced" if forced else "only candidate",
                 f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
         else:
-            strategy = self._cached(args, kwargs)
+            self._first_key = self._cache_key(args, kwargs)  # (a later process looks it up first)
+            strategy = self._cached(self._first_key)
             if strategy is None and not search_now:
                 # the simplest allowed candidate while waiting (fp32 unless a precision was asked for: then that
                 # precision, with its GradScaler for fp16), uncompiled, with the whole-step CUDA graph where one can
                 # be captured: what accelerate="off" runs on CUDA, which is several times faster than eager there
                 simplest = replace(self._candidates[0], compile="off", graphs=self._step_graphs_possible())
                 self._waiting = module_policy._Waiting(Decision("all calls", simplest, "waiting", ""))
-                self._first_key = self._cache_key(args, kwargs)  # (the search may run on other shapes)
                 self.report.decisions.append(self._waiting.decision)
                 self._search_due(self._waiting)  # (sets the reason)
                 self._use(simplest)
@@ -418,9 +427,9 @@ class AcceleratedStep:
         return cache.make_key({"kind": "step", **self._structure_key(args, kwargs), "request": self.request.to_dict(),
                                **cache.environment_key(self.device)})
 
-    def _cached(self, args: tuple, kwargs: dict) -> Strategy | None:
-        """The choice a search made for this step before (on disk), or None."""
-        record = cache.load(self._cache_key(args, kwargs))
+    def _cached(self, key: str) -> Strategy | None:
+        """The choice a search made for this step before (on disk, under `key`), or None."""
+        record = cache.load(key)
         if record is not None:
             try:
                 strategy = Strategy.from_dict(record["chosen"])
@@ -436,28 +445,58 @@ class AcceleratedStep:
         """Search the candidates on these inputs (the optimizer is not stepped), cache the choice and return it."""
         key = self._cache_key(args, kwargs)
         started = time.perf_counter()
-        named = [t for read in named_tensors_and_modules(self.loss_fn) if isinstance(t := read(), torch.Tensor)]
-        named += [b for m in reachable_submodules(self.loss_fn) for b in m.buffers(recurse=False)]
-        buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))], named)
-        # (on copies of the inputs: a loss function that changes an input in place, `obs -= obs.mean(0)`, changes the
-        # caller's tensor once, in the real call, as in the plain loop, not once per dry run)
-        args, kwargs = map_tensors((args, kwargs), torch.Tensor.clone)
+        args, kwargs, buffers = self._dry_run_inputs(args, kwargs)
         try:
             strategy, trials, reason = run_search(self._candidates,
                                                   lambda s: self._probe_runner(s, args, kwargs, buffers),
                                                   self.params, self.device)
         finally:
-            lost = buffers.restore()
-        if lost:
-            message = (f"{self.name} changed tensors it reads by name in place (shapes {', '.join(lost)}) while the "
-                       "search ran it many times; too large to put back, they now differ from the plain loop's: keep "
-                       "such updates outside the step.")
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
-            self.report.note(message)
+            self._put_back(buffers, stacklevel=5)
         decision = Decision("all calls", strategy, "search", reason, trials, time.perf_counter() - started)
         self.report.decisions.append(decision)
         store_choice(key, decision, self.report, self.name)
         return strategy
+
+    def _check_again(self, args: tuple, kwargs: dict) -> None:
+        """The reduced precision chosen, checked against fp32 on this call's inputs as the search checks it
+        (`Rechecks.check`; the chosen strategy's own forward, not compiled again): kept while it passes, else fp32
+        eager (with its whole-step CUDA graph where one is possible) from this call on, said in the report and
+        summary.json and cached, under the key of this call and of the call that decided, which a later run looks up
+        first."""
+        checked, forward = self.strategy, self._forward
+        keys = (self._cache_key(args, kwargs), self._first_key)
+        args, kwargs, buffers = self._dry_run_inputs(args, kwargs)
+        try:
+            decision = self.rechecks.check(
+                checked, lambda s: self._probe_runner(s, args, kwargs, buffers, forward if s == checked else None),
+                self.params, self.device, keys)
+        finally:
+            self._put_back(buffers, stacklevel=4)
+        if decision is not None:
+            self.report.decisions.append(decision)
+            self._use(self._with_step_graphs(EAGER_FP32))
+
+    def _dry_run_inputs(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, _BufferSnapshot]:
+        """For the runs of `loss_fn` that a search or a check makes beside the real calls: copies of the inputs (a
+        loss function that changes an input in place, `obs -= obs.mean(0)`, changes the caller's tensor once, in the
+        real call, as in the plain loop, not once per dry run) and a snapshot of what those runs may change, which
+        `_put_back` restores."""
+        named = [t for read in named_tensors_and_modules(self.loss_fn) if isinstance(t := read(), torch.Tensor)]
+        named += [b for m in reachable_submodules(self.loss_fn) for b in m.buffers(recurse=False)]
+        buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))], named)
+        args, kwargs = map_tensors((args, kwargs), torch.Tensor.clone)
+        return args, kwargs, buffers
+
+    def _put_back(self, buffers: _BufferSnapshot, stacklevel: int) -> None:
+        """Restore what the dry runs changed; a named tensor too large to copy that they changed is warned of (at the
+        caller's line, `stacklevel` frames up) and noted in the report."""
+        lost = buffers.restore()
+        if lost:
+            message = (f"{self.name} changed tensors it reads by name in place (shapes {', '.join(lost)}) while the "
+                       "search ran it many times; too large to put back, they now differ from the plain loop's: keep "
+                       "such updates outside the step.")
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+            self.report.note(message)
 
     def _structure_key(self, args: tuple, kwargs: dict) -> dict:
         code = getattr(self.loss_fn, "__code__", None)
@@ -473,9 +512,11 @@ class AcceleratedStep:
                 "inputs": [[list(t.shape), str(t.dtype)] for t in tensors_in((args, kwargs))],
                 "clip": self.max_grad_norm}
 
-    def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict,
-                      buffers: _BufferSnapshot) -> Callable[[], tuple[object, float]]:
-        forward = self._build_forward(strategy)
+    def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict, buffers: _BufferSnapshot,
+                      forward: Callable | None = None) -> Callable[[], tuple[object, float]]:
+        """A run of `strategy` for the search or a check: zero grads, `loss_fn`, backward (`forward`: the strategy's
+        forward already built, else built now)."""
+        forward = forward or self._build_forward(strategy)
         scale = FP16_PROBE_SCALE if strategy.precision == "fp16" else 1.0
         params, device = self.params, self.device
 
@@ -504,6 +545,8 @@ class AcceleratedStep:
 
     def _use(self, strategy: Strategy) -> None:
         self.strategy = strategy
+        if self.rechecks is not None and self.report.decisions:  # (checked again where it is a measured reduction)
+            self.rechecks.follow(self.report.decisions[-1])
         self._forward = self._build_forward(strategy)
         self._graphs = None
         if strategy.graphs and strategy.compile == "off":

@@ -10,7 +10,9 @@ by the same rules; SAC's hand-derived update does both). Alternatives must match
   (`rlspeed.fused`), the fast form on CPUs where per-kernel overhead dominates (benchmarks/fused_updates.py);
 * ``autograd+graphs``: the autograd step captured and replayed as one whole-step graph (`accelerate_step`) on
   devices with graphs (CUDA), where launching kernels one by one is the cost (benchmarks/cuda_check.sh);
-* ``autograd``: the reference itself, fp32 eager, or as `accelerate_step` measured it with `--accelerate auto`.
+* ``autograd``: the reference itself, fp32 eager, or as `accelerate_step` measured it with `--accelerate auto` (a
+  reduced precision it chose checked against fp32 again as training goes on, `rlspeed.accel.recheck`, as the
+  hand-derived updates' is).
 
 `select_update` applies these rules in order and records the first that decided in `UpdateChoice`, which
 `summary.json` (`update`) and `model.report()` show:
@@ -37,8 +39,8 @@ from typing import Any
 
 import torch
 
-from rlspeed.accel import accelerate_step
 from rlspeed.accel.graphs import optimizer_capture_blocker
+from rlspeed.accel.step import AcceleratedStep
 from rlspeed.accel.strategy import ENV_VAR, normalise_request
 from rlspeed.device import rules
 from rlspeed.fused import precision as fused_precision
@@ -225,10 +227,12 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
                           optimizer=optimizer)
     reason += not_graphed
     if graphs or accelerate == "auto":
-        # On a graphs device without --accelerate auto: the fp32 eager step, captured (no precision or compile search)
+        # On a graphs device without --accelerate auto: the fp32 eager step, captured (no precision or compile search).
+        # `accelerate_step`'s step, whose reduced precision chosen is checked against fp32 again as training goes on
+        # (`recheck`), as the hand-derived updates' is
         options = {} if accelerate == "auto" else {"precision": "fp32", "compile": False}
-        step = accelerate_step(loss_fn, optimizer, params=list(params), max_grad_norm=max_grad_norm, device=device,
-                               name=name, **options)
+        step = AcceleratedStep(loss_fn, optimizer, params=list(params), max_grad_norm=max_grad_norm, device=device,
+                               name=name, recheck=True, **options)
         return UpdateStep(step, UpdateChoice(GRAPHS if graphs else AUTOGRAD, reason, bool(by_frozen)),
                           report=step.report, optimizer=optimizer)
     return UpdateStep(autograd_step(loss_fn, optimizer, params, max_grad_norm, strategy),
