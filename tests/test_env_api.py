@@ -2064,6 +2064,23 @@ def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_
     assert not [w for w in caught if said in str(w.message)]
 
 
+def test_each_vector_env_normalising_its_own_observations_is_warned_of_once():
+    """Every vector env a user passes in shares one placeholder id: once one with NormalizeObservation had been
+    warned of, no other vector env in the process was (a notebook's second env, or the next test's). Each env is
+    warned of once."""
+    said = "this vector env's observations pass through Gymnasium's NormalizeObservation"
+    first, second = (_same_step_vector_env([gym.wrappers.NormalizeObservation]) for _ in range(2))
+    for env in (first, second):
+        with pytest.warns(UserWarning, match=said):
+            rlspeed.PPO(env, device="cpu", num_steps=16, batch_size=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rlspeed.PPO(second, device="cpu", num_steps=16, batch_size=32)
+    assert not [w for w in caught if said in str(w.message)]
+    first.close()
+    second.close()
+
+
 def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_envs(monkeypatch):
     """An id registered as Gymnasium's docs teach, with NormalizeReward in its additional_wrappers: the episode
     returns in the metrics, evaluate's and a target's were sums of normalised rewards (an evaluation's from

@@ -691,20 +691,33 @@ def normalising_wrappers(env) -> tuple[bool, bool]:
     return "NormalizeObservation" in names, "NormalizeReward" in names
 
 
-_WARNED_STATISTICS: set[str] = set()
+_WARNED_STATISTICS: set[str] = set()  # (registered ids)
+_WARNED_USER_STATISTICS: weakref.WeakSet = weakref.WeakSet()  # (user vector envs: USER_VECTOR_ENV names them all)
+
+
+def _statistics_warned(vector_env, env_id: str, add: bool = False) -> bool:
+    """Whether `warn_env_statistics` warned of these envs (`add`: mark them so): of a registered id once a process, of
+    a user's vector env once an env, as every user's vector env shares one placeholder id."""
+    warned = _WARNED_USER_STATISTICS if env_id == USER_VECTOR_ENV else _WARNED_STATISTICS
+    key = vector_env if env_id == USER_VECTOR_ENV else env_id
+    if add:
+        with contextlib.suppress(TypeError):  # (an env that takes no weak reference is warned of each time)
+            warned.add(key)
+    return key in warned
 
 
 def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
-    """A warning (once per env id in a process) where `env_id`'s envs normalise their observations with Gymnasium's
-    NormalizeObservation: its statistics belong to each env, so a model neither saves them nor shows a new env
-    (evaluation, a video, a loaded model's env) those it trained with. `made` (envs made from the id, whose
-    registration is the task): one too where they normalise their rewards with NormalizeReward, whose sums every
-    return reported would be (a vector env passed in is warned of any reward wrapper by the model)."""
-    if env_id in _WARNED_STATISTICS:
+    """A warning (once per env id in a process; once per env for a user's vector env) where `env_id`'s envs normalise
+    their observations with Gymnasium's NormalizeObservation: its statistics belong to each env, so a model neither
+    saves them nor shows a new env (evaluation, a video, a loaded model's env) those it trained with. `made` (envs
+    made from the id, whose registration is the task): one too where they normalise their rewards with
+    NormalizeReward, whose sums every return reported would be (a vector env passed in is warned of any reward
+    wrapper by the model)."""
+    if _statistics_warned(vector_env, env_id):
         return
     observations, rewards = normalising_wrappers(vector_env)
     if made and rewards and "NormalizeReward" in reward_wrappers(vector_env, records_episodes(vector_env)):
-        _WARNED_STATISTICS.add(env_id)
+        _statistics_warned(vector_env, env_id, add=True)
         warn_at_caller(f"{env_id}'s rewards pass through Gymnasium's NormalizeReward, so every episode return "
                        "reported (the metrics, evaluate, a target_return) sums normalised rewards, not the env's own, "
                        "on a scale that changes as training goes on and starts from nothing in each env made anew "
@@ -712,7 +725,7 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
                        "from while the returns stay the env's own.", UserWarning)
     if not observations:
         return
-    _WARNED_STATISTICS.add(env_id)
+    _statistics_warned(vector_env, env_id, add=True)
     whose = "this vector env's" if env_id == USER_VECTOR_ENV else f"{env_id}'s"
     warn_at_caller(f"{whose} observations pass through Gymnasium's NormalizeObservation, whose running statistics "
                    "belong to each env: the model does not save them, and an env made anew (to evaluate, film, or "
