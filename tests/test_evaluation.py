@@ -280,13 +280,17 @@ def test_recorded_returns_of_a_populations_member_envs_join():
     env.close()
 
 
+def _doubled_async_cartpoles():  # (subprocess envs, forked, whose wrappers keep a lambda; a time limit of 30)
+    return gym.make_vec("CartPole-v1", 2, vectorization_mode="async", max_episode_steps=30,
+                        wrappers=[lambda env: gym.wrappers.TransformReward(env, lambda reward: 2 * reward)],
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "context": "fork"})
+
+
 def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_keep_their_time_limit():
     """Subprocess envs wrapped as Gymnasium's docs write it, `TransformReward(env, lambda r: ...)`: rlspeed asked them
     for their specs (the time limit), the lambda in those failed to pickle, Gymnasium shut every worker down, and the
     model stopped with "workers 0, 1 stopped: an interrupt inside a step". The time limit is their TimeLimit's."""
-    env = gym.make_vec("CartPole-v1", 2, vectorization_mode="async", max_episode_steps=30,
-                       wrappers=[lambda env: gym.wrappers.TransformReward(env, lambda reward: 2 * reward)],
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    env = _doubled_async_cartpoles()
     with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
         model = PPO(env, seed=0, num_steps=16, batch_size=32)
     assert model.spec.max_episode_steps == 30
@@ -313,6 +317,28 @@ def test_sb3_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_are_said_t
     with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
         result = rlspeed.evaluate(model, env, episodes=2, seed=0)
     assert result["returns"] == [2.0 * length for length in result["lengths"]]
+    model.close()
+    env.close()
+
+
+class _PatchedTimeLimit(gym.wrappers.TimeLimit):  # (rl_zoo3.gym_patches' subclass, put in TimeLimit's place)
+    pass
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "sb3"])
+def test_subprocess_envs_keep_their_time_limit_after_rl_zoo3_replaced_gymnasiums(monkeypatch, kind):
+    """Importing rl_zoo3 (its wrappers, its tools) puts its PatchedTimeLimit in the place of Gymnasium's TimeLimit, for
+    the rest of the process: subprocess envs whose wrappers keep a lambda then had the registered time limit (500)
+    or none in place of their own (30)."""
+    monkeypatch.setattr(gym.wrappers, "TimeLimit", _PatchedTimeLimit)  # (what gymnasium.make wraps with)
+    if kind == "sb3":
+        env = pytest.importorskip("stable_baselines3.common.vec_env").SubprocVecEnv([_doubled_cartpole] * 2,
+                                                                                   start_method="fork")
+    else:
+        env = _doubled_async_cartpoles()
+    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
+        model = PPO(env, seed=0, num_steps=16, batch_size=32)
+    assert model.spec.max_episode_steps == 30
     model.close()
     env.close()
 

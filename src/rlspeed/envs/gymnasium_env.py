@@ -734,14 +734,28 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
                    "and frozen for evaluation).", UserWarning)
 
 
+def _time_limit_names() -> set[str]:
+    """The class names of Gymnasium's TimeLimit and of its subclasses in this process: rl_zoo3, once imported, puts
+    its PatchedTimeLimit in TimeLimit's place, so `gym.make` wraps envs in that."""
+    base = next(cls for cls in reversed(gym.wrappers.TimeLimit.__mro__) if cls.__name__ == "TimeLimit")
+    names, classes = set(), [base]
+    while classes:
+        cls = classes.pop()
+        names.add(cls.__name__)
+        classes.extend(cls.__subclasses__())
+    return names
+
+
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
     """The time limit of the envs inside a user's vector env (their specs': a TimeLimit wrapper or gym.make_vec's
     max_episode_steps sets it there, while make_vec's own spec keeps the registered one; None in a spec of envs made
     without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec). Subprocess envs whose
-    specs are not asked for (`_env_specs`) give their TimeLimit's, where each has one."""
+    specs are not asked for (`_env_specs`) give their TimeLimit's (or a subclass's: `_time_limit_names`), where each
+    has one."""
     specs = _env_specs(vector_env)
     chains = _subprocess_chains(vector_env)
-    if specs is None and chains and all("<TimeLimit<" in chain for chain in chains):
+    limited = _time_limit_names()
+    if specs is None and chains and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains):
         limits = vector_env.get_attr("_max_episode_steps")  # (TimeLimit's: an int, which pickles)
         return int(limits[0]) if limits[0] is not None and limits[0] > 0 else None
     if specs is None:
