@@ -425,9 +425,10 @@ def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
     contrib = pytest.importorskip("sb3_contrib.common.envs")
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    vec_env = DummyVecEnv([lambda: contrib.InvalidActionEnvMultiBinary(dims=3, n_invalid_actions=1)] * 2)
-    with pytest.warns(UserWarning, match="gives action masks for its MultiBinary actions"):
-        rlspeed.PPO(vec_env, seed=0, device="cpu", num_steps=8, batch_size=16)
+    for _ in range(2):  # (each vector env a user passes: they share one placeholder id)
+        vec_env = DummyVecEnv([lambda: contrib.InvalidActionEnvMultiBinary(dims=3, n_invalid_actions=1)] * 2)
+        with pytest.warns(UserWarning, match="gives action masks for its MultiBinary actions"):
+            rlspeed.PPO(vec_env, seed=0, device="cpu", num_steps=8, batch_size=16)
 
 
 @pytest.mark.parametrize("algo, options", [(rlspeed.PPO, {"num_steps": 16, "batch_size": 32}),
@@ -525,19 +526,18 @@ class _LacksMasks(gym.Env):
 
 
 @pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, "DummyVecEnv"])
-def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypatch, vector):
+def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(vector):
     """An env whose steps' infos hold "action_mask" but whose reset's does not trained with every action allowed,
-    without a word: the masks are learnt of at reset. It warns now (in Stable-Baselines3's VecEnvs too)."""
-    from rlspeed.envs import gymnasium_env
-
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STEP_MASKS", set())
+    without a word: the masks are learnt of at reset. It warns now (in Stable-Baselines3's VecEnvs too), for each
+    vector env a user passes (they share one placeholder id, which once warned of silenced every later one)."""
     step_only = partial(_LacksMasks, "reset")
-    if vector == "DummyVecEnv":
-        venv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv([step_only, step_only])
-    else:
-        venv = vector([step_only, step_only], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
-        rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
+    for _ in range(2):  # (a second env of the same kind in the same process is warned of too)
+        if vector == "DummyVecEnv":
+            venv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv([step_only, step_only])
+        else:
+            venv = vector([step_only, step_only], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
+            rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)
 
 
 @pytest.mark.parametrize(("first", "second", "call", "rows"), [("", "reset", "reset", r"env \[1\]"),

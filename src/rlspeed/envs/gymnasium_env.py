@@ -401,25 +401,44 @@ def add_success(adapter, out_info: dict, successes: dict) -> None:
 
 _WARNED_MASKS: set[str] = set()
 _WARNED_STEP_MASKS: set[str] = set()  # (`warn_step_only_masks`)
+_WARNED_USER_MASKS: weakref.WeakSet = weakref.WeakSet()  # (user envs: their placeholder ids name them all)
+_WARNED_USER_STEP_MASKS: weakref.WeakSet = weakref.WeakSet()
 
 
-def warn_unapplied_masks(spec: EnvSpec) -> None:
-    """Warn once per env id that its action masks are not applied: rlspeed masks Discrete and MultiDiscrete actions
-    only (sb3-contrib's MaskablePPO also MultiBinary ones), so training and evaluation choose among all actions."""
-    if spec.env_id in _WARNED_MASKS:
+def _first_mask_warning(ids: set[str], envs: weakref.WeakSet, spec: EnvSpec, adapter) -> bool:
+    """Whether a mask warning about `adapter`'s envs is said now: once per registered id in a process, once per
+    adapter for a user's vector env (USER_VECTOR_ENV, USER_SB3_VEC_ENV: every one shares its placeholder id)."""
+    if spec.env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV) and adapter is not None:
+        try:
+            if adapter in envs:
+                return False
+            envs.add(adapter)
+        except TypeError:  # (an adapter that takes no weak reference is warned of each time)
+            pass
+        return True
+    if spec.env_id in ids:
+        return False
+    ids.add(spec.env_id)
+    return True
+
+
+def warn_unapplied_masks(spec: EnvSpec, adapter=None) -> None:
+    """Warn once per env id (once per `adapter` of a user's vector env) that its action masks are not applied:
+    rlspeed masks Discrete and MultiDiscrete actions only (sb3-contrib's MaskablePPO also MultiBinary ones), so
+    training and evaluation choose among all actions."""
+    if not _first_mask_warning(_WARNED_MASKS, _WARNED_USER_MASKS, spec, adapter):
         return
-    _WARNED_MASKS.add(spec.env_id)
     warnings.warn(f"{spec.env_id} gives action masks for its {type(spec.action_space).__name__} actions, which rlspeed "
                   "does not apply (it masks Discrete and MultiDiscrete actions): every action stays allowed.",
                   stacklevel=3)
 
 
-def warn_step_only_masks(spec: EnvSpec) -> None:
-    """Warn once per env id that the action masks its steps' infos give are not applied, its reset's info having none:
-    rlspeed learns at reset that an env gives masks (the first observation's mask is needed too)."""
-    if spec.env_id in _WARNED_STEP_MASKS:
+def warn_step_only_masks(spec: EnvSpec, adapter=None) -> None:
+    """Warn once per env id (once per `adapter` of a user's vector env) that the action masks its steps' infos give
+    are not applied, its reset's info having none: rlspeed learns at reset that an env gives masks (the first
+    observation's mask is needed too)."""
+    if not _first_mask_warning(_WARNED_STEP_MASKS, _WARNED_USER_STEP_MASKS, spec, adapter):
         return
-    _WARNED_STEP_MASKS.add(spec.env_id)
     warnings.warn(f"{spec.env_id} gives info['action_mask'] on its steps but not at reset, which is where rlspeed "
                   "learns that an env gives masks: they are not applied (every action stays allowed); give the mask "
                   "in reset's info too.", stacklevel=2)
@@ -1393,7 +1412,7 @@ class GymnasiumEnv(BatchedEnv):
         self._mask_method = False
         if self._mask_width is None and isinstance(vector_env, gym.vector.SyncVectorEnv) \
                 and _has_mask_method(vector_env.envs[0]):
-            warn_unapplied_masks(self.spec)
+            warn_unapplied_masks(self.spec, self)
         if self._mask_width is not None:
             if self._sync_envs is not None or isinstance(vector_env, gym.vector.SyncVectorEnv):
                 self._mask_method = _has_mask_method(vector_env.envs[0])
@@ -1468,7 +1487,7 @@ class GymnasiumEnv(BatchedEnv):
             self._check_keys(observation, "reset")
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
-            warn_unapplied_masks(self.spec)
+            warn_unapplied_masks(self.spec, self)
         if self._mask_width is not None and ("action_mask" in reset_info or self._mask_method):
             self.has_action_masks = True
             if not self._mask_method:
@@ -1494,7 +1513,7 @@ class GymnasiumEnv(BatchedEnv):
         """Warn (once per env id) where a step's info has "action_mask" but the reset's had none: rlspeed learns at
         reset that an env gives masks, so these are not applied."""
         if self._mask_width is not None and not self.has_action_masks and "action_mask" in info:
-            warn_step_only_masks(self.spec)
+            warn_step_only_masks(self.spec, self)
 
     def _check_flags(self, stepped: tuple) -> None:
         """UserError where one env's first step returned a `terminated` or `truncated` that is no bool (`flags_problem`:

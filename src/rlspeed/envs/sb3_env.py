@@ -156,7 +156,7 @@ class SB3VecEnv(BatchedEnv):
         self._maskable = mask_size(self.spec.action_space) is not None
         self.has_action_masks = self._maskable and self._mask_method
         if self._mask_method and not self.has_action_masks:
-            warn_unapplied_masks(self.spec)
+            warn_unapplied_masks(self.spec, self)
         self._step_masks_checked = False  # (whether the first step's infos were looked at for masks, see `_masks`)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
@@ -172,7 +172,7 @@ class SB3VecEnv(BatchedEnv):
             if infos is not None and not self._step_masks_checked:  # (the first step's: masks not learnt of at reset)
                 self._step_masks_checked = True
                 if self._maskable and any("action_mask" in row for row in infos):
-                    warn_step_only_masks(self.spec)
+                    warn_step_only_masks(self.spec, self)
             return {}
         if self._mask_method:
             masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
@@ -202,7 +202,7 @@ class SB3VecEnv(BatchedEnv):
             return
         self.has_action_masks = self._maskable
         if not self._maskable:
-            warn_unapplied_masks(self.spec)
+            warn_unapplied_masks(self.spec, self)
 
     def reset(self, seed: int | None = None) -> ResetResult:
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, info); info holds
