@@ -280,37 +280,29 @@ def test_recorded_returns_of_a_populations_member_envs_join():
     env.close()
 
 
-def _doubled_async_cartpoles():  # (subprocess envs, forked, whose wrappers keep a lambda; a time limit of 30)
+def _doubled_cartpole():  # (a lambda in its wrapper's spec, which the subprocess cannot send back)
+    return gym.wrappers.TransformReward(gym.make("CartPole-v1", max_episode_steps=30), lambda reward: 2 * reward)
+
+
+def _doubled_subprocess_cartpoles(kind: str):
+    """Two forked subprocess CartPoles whose wrappers keep a lambda, with a time limit of 30: Gymnasium's
+    AsyncVectorEnv (`kind` "gymnasium") or Stable-Baselines3's SubprocVecEnv ("sb3")."""
+    if kind == "sb3":
+        vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+        return vec_env.SubprocVecEnv([_doubled_cartpole] * 2, start_method="fork")
     return gym.make_vec("CartPole-v1", 2, vectorization_mode="async", max_episode_steps=30,
                         wrappers=[lambda env: gym.wrappers.TransformReward(env, lambda reward: 2 * reward)],
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "context": "fork"})
 
 
-def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_keep_their_time_limit():
+@pytest.mark.parametrize("kind", ["gymnasium", "sb3"])
+def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_keep_their_time_limit_and_are_said_to_change_rewards(
+        kind):
     """Subprocess envs wrapped as Gymnasium's docs write it, `TransformReward(env, lambda r: ...)`: rlspeed asked them
-    for their specs (the time limit), the lambda in those failed to pickle, Gymnasium shut every worker down, and the
-    model stopped with "workers 0, 1 stopped: an interrupt inside a step". The time limit is their TimeLimit's."""
-    env = _doubled_async_cartpoles()
-    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
-        model = PPO(env, seed=0, num_steps=16, batch_size=32)
-    assert model.spec.max_episode_steps == 30
-    with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
-        result = rlspeed.evaluate(model, env, episodes=2, seed=0)
-    assert result["returns"] == [2.0 * length for length in result["lengths"]]
-    model.close()
-    env.close()
-
-
-def _doubled_cartpole():  # (a lambda in its wrapper's spec, which the subprocess cannot send back)
-    return gym.wrappers.TransformReward(gym.make("CartPole-v1", max_episode_steps=30), lambda reward: 2 * reward)
-
-
-def test_sb3_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_and_are_said_to_change_rewards():
-    """The same with Stable-Baselines3's SubprocVecEnv: asking for the envs' specs crashed its workers (the model
-    stopped with a BrokenPipeError); and evaluate read no wrapper inside its subprocesses, so the doubled rewards'
-    sums went unsaid."""
-    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
-    env = vec_env.SubprocVecEnv([_doubled_cartpole] * 2, start_method="fork")
+    for their specs (the time limit), the lambda in those failed to pickle, and the workers went down (Gymnasium's:
+    "workers 0, 1 stopped: an interrupt inside a step"; SB3's SubprocVecEnv: a BrokenPipeError). The time limit is
+    their TimeLimit's; and evaluate, which read no wrapper inside SB3's subprocesses, says the doubled rewards' sums."""
+    env = _doubled_subprocess_cartpoles(kind)
     with pytest.warns(UserWarning, match="rewards pass through TransformReward, so the episode returns in the metrics"):
         model = PPO(env, seed=0, num_steps=16, batch_size=32)
     assert model.spec.max_episode_steps == 30
@@ -331,11 +323,7 @@ def test_subprocess_envs_keep_their_time_limit_after_rl_zoo3_replaced_gymnasiums
     the rest of the process: subprocess envs whose wrappers keep a lambda then had the registered time limit (500)
     or none in place of their own (30)."""
     monkeypatch.setattr(gym.wrappers, "TimeLimit", _PatchedTimeLimit)  # (what gymnasium.make wraps with)
-    if kind == "sb3":
-        env = pytest.importorskip("stable_baselines3.common.vec_env").SubprocVecEnv([_doubled_cartpole] * 2,
-                                                                                   start_method="fork")
-    else:
-        env = _doubled_async_cartpoles()
+    env = _doubled_subprocess_cartpoles(kind)
     with pytest.warns(UserWarning, match="rewards pass through TransformReward"):
         model = PPO(env, seed=0, num_steps=16, batch_size=32)
     assert model.spec.max_episode_steps == 30
