@@ -94,7 +94,7 @@ def test_an_atari_id_registered_with_normalize_reward_says_the_returns_are_not_t
     passed in, whose reward wrappers the model warns of; an id's the model does not see)."""
     import rlspeed.envs.gymnasium_env as gymnasium_env
 
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", gymnasium_env._WarnedOnce())
     gym.register("NormalisedBreakout-v0", entry_point="ale_py.env:AtariEnv",
                  kwargs={"game": "breakout", "frameskip": 1},
                  additional_wrappers=(gym.wrappers.NormalizeReward.wrapper_spec(),))

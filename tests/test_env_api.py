@@ -2048,7 +2048,7 @@ def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_
     scaled unlike in training, and the checkpoint holds none. The model says so, naming normalize_obs=True."""
     import rlspeed.envs.gymnasium_env as gymnasium_env
 
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", gymnasium_env._WarnedOnce())
     said = "observations pass through Gymnasium's NormalizeObservation, whose running statistics belong to each env"
     with pytest.warns(UserWarning, match=f"SelfNormalisingCartPole-v0's {said}.*normalize_obs=True in place"):
         model = rlspeed.PPO("SelfNormalisingCartPole-v0", device="cpu", env_backend="gymnasium", num_envs=2,
@@ -2057,7 +2057,7 @@ def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_
     with pytest.warns(UserWarning, match=f"this vector env's {said}"):
         rlspeed.PPO(_same_step_vector_env([gym.wrappers.NormalizeObservation]), device="cpu", num_steps=16,
                     batch_size=32)
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", gymnasium_env._WarnedOnce())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rlspeed.PPO(_same_step_vector_env([gym.wrappers.NormalizeReward]), device="cpu", num_steps=16, batch_size=32)
@@ -2087,7 +2087,7 @@ def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_e
     statistics started anew), without the warning a vector env passed in with the wrapper gets."""
     import rlspeed.envs.gymnasium_env as gymnasium_env
 
-    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", gymnasium_env._WarnedOnce())
     gym.register("RewardNormalisingCartPole-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv",
                  max_episode_steps=50, additional_wrappers=(gym.wrappers.NormalizeReward.wrapper_spec(),))
     said = ("RewardNormalisingCartPole-v0's rewards pass through Gymnasium's NormalizeReward, so every episode "

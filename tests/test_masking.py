@@ -415,7 +415,7 @@ def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
     from rlspeed.envs import gymnasium_env
 
     gym.register("rlspeed-test/MultiBinaryMasks-v0", entry_point=_MultiBinaryWithMasks, max_episode_steps=10)
-    gymnasium_env._WARNED_MASKS.clear()
+    gymnasium_env._WARNED_MASKS = gymnasium_env._WarnedOnce()
     try:
         with pytest.warns(UserWarning, match="MultiBinaryMasks-v0 gives action masks for its MultiBinary actions"):
             rlspeed.PPO("rlspeed-test/MultiBinaryMasks-v0", seed=0, device="cpu", num_envs=2, num_steps=8,

@@ -399,34 +399,50 @@ def add_success(adapter, out_info: dict, successes: dict) -> None:
         out_info["is_success"] = success_flags(successes, adapter.num_envs, adapter.device)
 
 
-_WARNED_MASKS: set[str] = set()
-_WARNED_STEP_MASKS: set[str] = set()  # (`warn_step_only_masks`)
-_WARNED_USER_MASKS: weakref.WeakSet = weakref.WeakSet()  # (user envs: their placeholder ids name them all)
-_WARNED_USER_STEP_MASKS: weakref.WeakSet = weakref.WeakSet()
+class _WarnedOnce:
+    """Which envs a warning has been said of: once per registered id in a process, once per env for a user's own
+    vector env (`USER_VECTOR_ENV`, `USER_SB3_VEC_ENV`: every one shares its placeholder id, so keyed by the env
+    object, held weakly; one that takes no weak reference is warned of each time)."""
 
+    def __init__(self):
+        self.ids: set[str] = set()
+        self.envs: weakref.WeakSet = weakref.WeakSet()
 
-def _first_mask_warning(ids: set[str], envs: weakref.WeakSet, spec: EnvSpec, adapter) -> bool:
-    """Whether a mask warning about `adapter`'s envs is said now: once per registered id in a process, once per
-    adapter for a user's vector env (USER_VECTOR_ENV, USER_SB3_VEC_ENV: every one shares its placeholder id)."""
-    if spec.env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV) and adapter is not None:
-        try:
-            if adapter in envs:
-                return False
-            envs.add(adapter)
-        except TypeError:  # (an adapter that takes no weak reference is warned of each time)
-            pass
-        return True
-    if spec.env_id in ids:
+    def _entry(self, env_id: str, env) -> tuple:
+        if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV) and env is not None:
+            return self.envs, env
+        return self.ids, env_id
+
+    def said(self, env_id: str, env) -> bool:
+        """Whether the warning was said of `env_id`'s `env`."""
+        store, key = self._entry(env_id, env)
+        with contextlib.suppress(TypeError):
+            return key in store
         return False
-    ids.add(spec.env_id)
-    return True
+
+    def mark(self, env_id: str, env) -> None:
+        """Mark the warning said of `env_id`'s `env`."""
+        store, key = self._entry(env_id, env)
+        with contextlib.suppress(TypeError):
+            store.add(key)
+
+    def first(self, env_id: str, env) -> bool:
+        """Whether the warning is to be said now (then marked said)."""
+        if self.said(env_id, env):
+            return False
+        self.mark(env_id, env)
+        return True
+
+
+_WARNED_MASKS = _WarnedOnce()
+_WARNED_STEP_MASKS = _WarnedOnce()  # (`warn_step_only_masks`)
 
 
 def warn_unapplied_masks(spec: EnvSpec, adapter=None) -> None:
     """Warn once per env id (once per `adapter` of a user's vector env) that its action masks are not applied:
     rlspeed masks Discrete and MultiDiscrete actions only (sb3-contrib's MaskablePPO also MultiBinary ones), so
     training and evaluation choose among all actions."""
-    if not _first_mask_warning(_WARNED_MASKS, _WARNED_USER_MASKS, spec, adapter):
+    if not _WARNED_MASKS.first(spec.env_id, adapter):
         return
     warnings.warn(f"{spec.env_id} gives action masks for its {type(spec.action_space).__name__} actions, which rlspeed "
                   "does not apply (it masks Discrete and MultiDiscrete actions): every action stays allowed.",
@@ -437,7 +453,7 @@ def warn_step_only_masks(spec: EnvSpec, adapter=None) -> None:
     """Warn once per env id (once per `adapter` of a user's vector env) that the action masks its steps' infos give
     are not applied, its reset's info having none: rlspeed learns at reset that an env gives masks (the first
     observation's mask is needed too)."""
-    if not _first_mask_warning(_WARNED_STEP_MASKS, _WARNED_USER_STEP_MASKS, spec, adapter):
+    if not _WARNED_STEP_MASKS.first(spec.env_id, adapter):
         return
     warnings.warn(f"{spec.env_id} gives info['action_mask'] on its steps but not at reset, which is where rlspeed "
                   "learns that an env gives masks: they are not applied (every action stays allowed); give the mask "
@@ -570,11 +586,16 @@ def _subprocess_chains(vector_env) -> list[str] | None:
         return []
 
 
-def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
+_NOT_ASKED = object()  # (`_env_specs`' chains, not yet asked for)
+
+
+def _env_specs(vector_env, chains=_NOT_ASKED) -> list[gym.envs.registration.EnvSpec] | None:
     """The specs of the envs inside a vector env, None where they have none or cannot send them: subprocess envs
     whose wrappers keep a function (`_FUNCTION_ARGUMENTS`), or made with options that do not pickle, are not asked,
-    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down."""
-    chains = _subprocess_chains(vector_env)
+    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down. `chains`: the vector env's
+    `_subprocess_chains`, where the caller has asked for them already (each ask is a round trip to every worker)."""
+    if chains is _NOT_ASKED:
+        chains = _subprocess_chains(vector_env)
     options = {key: value for key, value in (getattr(getattr(vector_env, "spec", None), "kwargs", None) or {}).items()
                if key not in _VECTOR_KEYS}  # (gym.make_vec's own: its wrappers stay in this process)
     if chains is not None and (not chains or _unpicklable_options(options)
@@ -710,19 +731,7 @@ def normalising_wrappers(env) -> tuple[bool, bool]:
     return "NormalizeObservation" in names, "NormalizeReward" in names
 
 
-_WARNED_STATISTICS: set[str] = set()  # (registered ids)
-_WARNED_USER_STATISTICS: weakref.WeakSet = weakref.WeakSet()  # (user vector envs: USER_VECTOR_ENV names them all)
-
-
-def _statistics_warned(vector_env, env_id: str, add: bool = False) -> bool:
-    """Whether `warn_env_statistics` warned of these envs (`add`: mark them so): of a registered id once a process, of
-    a user's vector env once an env, as every user's vector env shares one placeholder id."""
-    warned = _WARNED_USER_STATISTICS if env_id == USER_VECTOR_ENV else _WARNED_STATISTICS
-    key = vector_env if env_id == USER_VECTOR_ENV else env_id
-    if add:
-        with contextlib.suppress(TypeError):  # (an env that takes no weak reference is warned of each time)
-            warned.add(key)
-    return key in warned
+_WARNED_STATISTICS = _WarnedOnce()
 
 
 def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
@@ -732,11 +741,11 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
     made from the id, whose registration is the task): one too where they normalise their rewards with
     NormalizeReward, whose sums every return reported would be (a vector env passed in is warned of any reward
     wrapper by the model)."""
-    if _statistics_warned(vector_env, env_id):
+    if _WARNED_STATISTICS.said(env_id, vector_env):
         return
     observations, rewards = normalising_wrappers(vector_env)
     if made and rewards and "NormalizeReward" in reward_wrappers(vector_env, records_episodes(vector_env)):
-        _statistics_warned(vector_env, env_id, add=True)
+        _WARNED_STATISTICS.mark(env_id, vector_env)
         warn_at_caller(f"{env_id}'s rewards pass through Gymnasium's NormalizeReward, so every episode return "
                        "reported (the metrics, evaluate, a target_return) sums normalised rewards, not the env's own, "
                        "on a scale that changes as training goes on and starts from nothing in each env made anew "
@@ -744,7 +753,7 @@ def warn_env_statistics(vector_env, env_id: str, made: bool = False) -> None:
                        "from while the returns stay the env's own.", UserWarning)
     if not observations:
         return
-    _statistics_warned(vector_env, env_id, add=True)
+    _WARNED_STATISTICS.mark(env_id, vector_env)
     whose = "this vector env's" if env_id == USER_VECTOR_ENV else f"{env_id}'s"
     warn_at_caller(f"{whose} observations pass through Gymnasium's NormalizeObservation, whose running statistics "
                    "belong to each env: the model does not save them, and an env made anew (to evaluate, film, or "
@@ -771,8 +780,8 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec). Subprocess envs whose
     specs are not asked for (`_env_specs`) give their TimeLimit's (or a subclass's: `_time_limit_names`), where each
     has one."""
-    specs = _env_specs(vector_env)
     chains = _subprocess_chains(vector_env)
+    specs = _env_specs(vector_env, chains)
     limited = _time_limit_names()
     if specs is None and chains and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains):
         limits = vector_env.get_attr("_max_episode_steps")  # (TimeLimit's: an int, which pickles)
