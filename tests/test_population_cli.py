@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 from conftest import cli_error, endless_pendulum_id
@@ -124,12 +126,28 @@ def test_a_population_records_its_thread_count_and_a_resume_keeps_it(tmp_path, m
         torch.set_num_threads(1)
 
 
+def documented_summary() -> dict:
+    """docs/population.md's summary.json sample of `rlspeed train --seeds`, parsed as strict JSON."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "population.md").read_text(encoding="utf-8")
+    sample = re.search(r"`summary.json` of `rlspeed train ppo CartPole-v1 --seeds.*?```json\n(.*?)```", page,
+                       re.DOTALL)[1]
+    return json.loads(sample, parse_constant=lambda constant: pytest.fail(constant))
+
+
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",
             "--set", "gamma=[0.99, 0.98, 0.97, 0.96]", *SMALL, "--out", str(out)]  # (a list, as the Python API's)
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
+    # the fields docs/population.md's sample shows, no more and no fewer (it named neither `population`, `seeds`,
+    # `stop` nor `checkpoint_freq`), at every level a script comparing runs reads
+    documented = documented_summary()
+    assert set(summary) == set(documented)
+    assert set(summary["members"][0]) == set(documented["members"][0])
+    assert set(summary["members"][0]["final_eval"]) == set(documented["members"][0]["final_eval"])
+    assert set(summary["aggregate"]) == set(documented["aggregate"])
+    assert set(summary["aggregate"]["final_eval"]) == set(documented["aggregate"]["final_eval"])
     assert summary["population"] == 4 and summary["interrupted"] is False  # (a finished run, as a solo summary says)
     assert [member["seed"] for member in summary["members"]] == [0, 3, 5, 6]
     rates = [member["hyperparameters"]["learning_rate"] for member in summary["members"]]
