@@ -895,7 +895,14 @@ def test_preset_zoo_for_a_pair_rlspeed_lacks(tmp_path, monkeypatch, capsys):
                      "--no-progress", "--out", "zoo"])
     assert code == 0
     assert "using RL-Zoo's preset for a2c Acrobot-v1" in capsys.readouterr().out
-    assert json.loads((tmp_path / "zoo" / "summary.json").read_text())["preset"]["source"] == "zoo"
+    preset = json.loads((tmp_path / "zoo" / "summary.json").read_text())["preset"]
+    assert preset["source"] == "zoo"
+    # each of its fields is one docs/cli.md's `preset` entry names (it named none of them: a script grouping runs by
+    # preset source had only the sample to go by)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    entry = re.search(r"^- `preset` holds .*?(?=^- )", page, re.DOTALL | re.MULTILINE)[0]
+    assert [key for key in preset if f"`{key}`" not in entry] == []
+    assert {"translation_notes", "differs_from_sb3"} <= set(preset)
 
 
 def test_summary_has_the_numerics_report_and_nan_policy_reaches_the_model(tmp_path, monkeypatch):
