@@ -1527,6 +1527,11 @@ def test_a_resumed_runs_summary_describes_the_whole_run(tmp_path, monkeypatch):
     assert whole["train_wall_s"] > first["train_wall_s"]
     assert whole["sps"] == pytest.approx(whole["total_timesteps"] / whole["train_wall_s"], rel=1e-3)
     assert whole["distributed"]["resumed_from_timesteps"] == 512
+    # (docs/checkpoints.md names each of the entry's fields: it named neither world_size, backend nor
+    # resumed_from_timesteps)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "checkpoints.md").read_text(encoding="utf-8")
+    entry = re.search(r"`summary.json`'s `distributed` entry .*?\n\n", page, re.DOTALL)[0]
+    assert [key for key in whole["distributed"] if f"`{key}`" not in entry] == []
 
 
 def test_ctrl_c_before_a_resumed_run_trains_keeps_its_checkpoint(tmp_path, monkeypatch):
