@@ -717,6 +717,20 @@ def test_td3_reports_actor_loss_only_from_actor_updates(tmp_path):
     assert [step for step, row in rows.items() if row["actor_loss"]] == [7]
 
 
+def test_dqn_metrics_epsilon_is_the_schedules_value(tmp_path):
+    """metrics.csv's epsilon is the schedule's value, and past the decay exploration_final_eps itself, as SB3's
+    exploration_rate is (it read 0.009999999776482582 for 0.01, a float32's, and the schedule's end was
+    0.010000000000000009: `metrics.epsilon == 0.01` found no row)."""
+    import csv
+
+    model = DQN("CartPole-v1", num_envs=1, learning_starts=4, batch_size=4, exploration_fraction=0.25, seed=0,
+                device="cpu").learn(8, run_dir=tmp_path, log_interval_s=0, progress_bar=False)
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        epsilons = {int(row["timesteps"]): float(row["epsilon"]) for row in csv.DictReader(handle)}
+    assert epsilons == {4: 0.05, 8: 0.05}  # (a row per iteration of train_freq 4 steps; the decay ends at step 2)
+    assert model.epsilon(1) == pytest.approx(0.525)
+
+
 def test_a_loaded_model_of_a_normalising_env_trains_on_normalised_observations(tmp_path):
     """An off-policy model trained on `make_env(..., normalize_obs=True)` keeps the statistics (predict uses them):
     loaded and trained further from its env id, it trained on raw observations while predict normalised them."""

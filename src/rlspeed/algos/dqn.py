@@ -36,7 +36,7 @@ from rlspeed.algos.off_policy import (
     statistics_pairs,
 )
 from rlspeed.algos.update import select_update
-from rlspeed.device import rules
+from rlspeed.device import rules, statistics_dtype
 from rlspeed.diagnostics.phases import phase
 from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
@@ -168,7 +168,9 @@ class DQN(OffPolicyAlgorithm):
         if self._schedule_end is None:  # (before learn: no schedule yet, the value it starts from)
             return cfg.exploration_initial_eps
         span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
-        progress = min((timesteps - self._learn_start) / span, 1.0)
+        progress = (timesteps - self._learn_start) / span
+        if progress >= 1.0:  # (the final value itself, as SB3's schedule gives it: initial + (final - initial) is not)
+            return cfg.exploration_final_eps
         return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
     def _epsilon_greedy(self, greedy: torch.Tensor, epsilon: float,
@@ -256,7 +258,10 @@ class DQN(OffPolicyAlgorithm):
             with phase("update"):
                 polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
                 copy_statistics(self._target_statistics)
-        metrics["epsilon"] = torch.full((), self.epsilon(before + global_steps), device=self.device)
+        # (in the statistics dtype, float64 where the device has it: the schedule's value as metrics.csv's epsilon,
+        # 0.01 and not float32's 0.009999999776482582)
+        metrics["epsilon"] = torch.full((), self.epsilon(before + global_steps), device=self.device,
+                                        dtype=statistics_dtype(self.device))
         return steps, metrics
 
     # --- one gradient step ------------------------------------------------------------------------------------
