@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -237,6 +238,10 @@ def test_a_trial_whose_member_diverged_fails_and_its_reports_are_forgotten(tmp_p
     assert [trial.state.name for trial in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert trials[1].user_attrs["diverged_at"] == 256 and pruner.forgotten == {1}
     assert result["finished"] == 2 and result["best"]["number"] != 1
+    # docs/tune.md's Outputs name each attribute a trial holds (`diverged_at` was named nowhere)
+    page = (Path(__file__).resolve().parent.parent / "docs" / "tune.md").read_text(encoding="utf-8")
+    outputs = page[page.index("## Outputs"):]
+    assert [name for trial in trials for name in trial.user_attrs if f"`{name}`" not in outputs] == []
 
 
 def test_a_search_space_whose_trials_keep_diverging_stops_the_search(tmp_path, monkeypatch):
