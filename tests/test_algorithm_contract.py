@@ -4,8 +4,10 @@ model is, same actions), refuses an unknown hyperparameter with one sentence, an
 
 from __future__ import annotations
 
+import csv
 import re
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -35,9 +37,37 @@ def _env_and_config(algo):
 def trained(request, tmp_path_factory):
     algo = ALGORITHMS[request.param]
     env_id, config = _env_and_config(algo)
-    model = algo(env_id, device="cpu", seed=0, **config).learn(512, progress_bar=False)
-    path = model.save(tmp_path_factory.mktemp(request.param) / "model.safetensors")
+    folder = tmp_path_factory.mktemp(request.param)
+    model = algo(env_id, device="cpu", seed=0, **config).learn(512, progress_bar=False, run_dir=folder / "run")
+    path = model.save(folder / "model.safetensors")
     return algo, env_id, config, model, path
+
+
+def documented_metrics() -> dict[str, list[str]]:
+    """docs/cli.md's table of metrics.csv's columns: each column name -> the "algorithms" cells of its rows."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    table = page[page.index("`metrics.csv`'s columns"):].split("\n\n")[1]
+    columns: dict[str, list[str]] = {}
+    for line in table.splitlines()[2:]:
+        names, algorithms = line.split(" | ")[:2]
+        for name in re.findall(r"`([^`]+)`", names):
+            columns.setdefault(name, []).append(algorithms)
+    return columns
+
+
+def test_every_metrics_column_is_documented_for_its_algorithm(trained):
+    """Each column an algorithm's metrics.csv has is a row of docs/cli.md's table whose algorithms are all, or name
+    this one (a script comparing algorithms reads the table to know which columns mean the same)."""
+    algo, _, _, model, path = trained
+    with open(path.parent / "run" / "metrics.csv", newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle))
+    documented = documented_metrics()
+    undocumented = [column for column in header if column not in documented]
+    assert undocumented == [], f"{algo.__name__} writes columns docs/cli.md's table lacks"
+    elsewhere = [column for column in header
+                 if not any(cell.startswith("all") or re.search(rf"\b{algo.__name__}\b", cell)
+                            for cell in documented[column])]
+    assert elsewhere == [], f"docs/cli.md gives these {algo.__name__} columns to other algorithms only"
 
 
 def test_trains_to_finite_weights(trained):
