@@ -331,18 +331,18 @@ def _dict_cartpole(**kwargs):
                                              lambda o: {"position": o[:2], "velocity": o[2:]}, space)
 
 
-def test_a_population_on_float_dict_observations_trains_under_the_default_preset_without_normalize_obs(
-        tmp_path, capsys):
-    """The shipped default PPO preset sets normalize_obs, which a solo run applies to a Dict's float keys and a
-    population refuses for any encoder: `--seeds` on such an env failed with "drop normalize_obs", a setting the user
-    never gave. The preset's value is left out for the population, and the run says so."""
+def test_a_population_on_float_dict_observations_normalises_them_under_the_default_preset(tmp_path, capsys):
+    """The shipped default PPO preset sets normalize_obs, which a solo run applies to a Dict's float keys: a
+    population refused it for any encoder (so `--seeds` on such an env left it out with a note); it normalises each
+    member's float keys as the solo run does now, and keeps the preset's value."""
     import gymnasium as gym
 
     if "DictCartPole-v0" not in gym.registry:
         gym.register("DictCartPole-v0", entry_point=_dict_cartpole, max_episode_steps=500)
     assert cli.main(["train", "ppo", "DictCartPole-v0", "--seeds", "0-1", *SMALL, "--no-progress", "--out",
                      str(tmp_path / "run")]) == 0
-    assert "the preset's normalize_obs is left out: a population normalises float vector" in capsys.readouterr().err
+    assert "normalize_obs is left out" not in capsys.readouterr().err
+    assert "normalize_obs: true" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 def test_a_population_on_an_env_variant_has_no_stock_target_as_a_solo_run(tmp_path, capsys):

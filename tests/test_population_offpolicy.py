@@ -281,28 +281,68 @@ def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize(("env_id", "words"), [("FrozenLake-v1", "Discrete observations"),
-                                               ("rlspeed_test/DictFloats-v0", "go through a multi-input encoder")])
-def test_normalize_obs_on_observations_that_go_through_an_encoder_is_one_sentence(env_id, words):
-    """A population normalises float vector observations only (as PPO's): one-hot Discrete observations refuse
-    normalize_obs in one sentence rather than normalising indices, and so do a Dict's float vectors, which a solo
-    run normalises key by key; normalize_reward alone is taken."""
+def test_normalize_obs_on_indices_is_one_sentence():
+    """A population normalises float observations only (as solo runs): one-hot Discrete observations refuse
+    normalize_obs in one sentence rather than normalising indices; normalize_reward alone is taken."""
+    with pytest.raises(UserError, match="^normalize_obs applies to float vector observations.*Discrete "
+                                        "observations.*drop normalize_obs") as error:
+        Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_obs=True)
+    assert "\n" not in str(error.value)
+    assert Population(DQN, "FrozenLake-v1", seeds=[0, 1], normalize_reward=True).member_statistics(0).keys() == {
+        "return_rms.mean", "return_rms.var", "return_rms.count"}
+
+
+def _dict_cartpole():
+    """CartPole with Dict observations: two float keys (velocities scaled by 100) around an index key."""
     import gymnasium as gym
     import numpy as np
 
-    space = gym.spaces.Dict({"x": gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)})
-    gym.register("rlspeed_test/DictFloats-v0", max_episode_steps=500, entry_point=lambda: gym.wrappers.
-                 TransformObservation(gym.make("CartPole-v1"), lambda observation: {"x": observation}, space))
-    try:
-        with pytest.raises(UserError, match=f"^normalize_obs applies to float vector observations.*{words}.*drop "
-                                            "normalize_obs") as error:
-            Population(DQN, env_id, seeds=[0, 1], normalize_obs=True)
-        assert "\n" not in str(error.value)
-        assert Population(DQN, env_id, seeds=[0, 1], normalize_reward=True).member_statistics(0).keys() == {
-            "return_rms.mean", "return_rms.var", "return_rms.count"}
-    finally:
-        gym.registry.pop("rlspeed_test/DictFloats-v0", None)
+    space = gym.spaces.Dict({"position": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+                             "side": gym.spaces.Discrete(2),
+                             "velocity": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)})
+    return gym.wrappers.TransformObservation(
+        gym.make("CartPole-v1"), lambda o: {"position": o[:2], "side": int(o[0] > 0), "velocity": o[2:] * 100}, space)
 
+
+@pytest.mark.parametrize(("algo", "hyper"), [
+    (PPO, {"num_envs": 2, "num_steps": 16, "batch_size": 32, "n_epochs": 2}),
+    (DQN, {"num_envs": 2, "train_freq": 2, "gradient_steps": 2, "batch_size": 32, "learning_starts": 20,
+           "net_arch": [32, 32], "target_update_interval": 16})])
+def test_members_normalise_the_float_keys_of_dict_observations_as_their_solo_runs(algo, hyper):
+    """A solo run normalises each float key of a Dict observation (its index keys pass through): a population refused
+    normalize_obs there ("go through a multi-input encoder"). Member k now keeps the solo run's statistics, key by
+    key under the solo's names (`obs_rms.<key>.mean`, ...), and trains to the solo run's parameters."""
+    import gymnasium as gym
+
+    gym.register("rlspeed_test/DictCartPole-v0", max_episode_steps=500, entry_point=_dict_cartpole)
+    normalise = {"normalize_obs": True, "normalize_reward": True}
+    seeds, steps = [3, 7], 64
+
+    def state(model):  # (PPO members are named as the solo's policy names its tensors)
+        return ({name: value.detach().clone() for name, value in model.policy.state_dict().items()} if algo is PPO
+                else _state(model))
+
+    try:
+        population = Population(algo, "rlspeed_test/DictCartPole-v0", seeds=seeds, env_backend="gymnasium", **hyper,
+                                **normalise)
+        initial = [population.member_state(k) for k in range(2)]
+        if algo is PPO:
+            population._total_timesteps = steps
+        else:
+            population._start(steps)
+        while population.num_timesteps < steps:
+            population.train_iteration()
+        for k, seed in enumerate(seeds):
+            solo = algo("rlspeed_test/DictCartPole-v0", seed=seed, env_backend="gymnasium", **hyper, **normalise)
+            solo_initial = state(solo)
+            solo.learn(steps, progress_bar=False)
+            solo_trained = {**state(solo), **{f"{name}.{key}": value for name in ("obs_rms", "return_rms")
+                                              for key, value in getattr(solo, name).state_dict().items()}}
+            assert "obs_rms.velocity.mean" in solo_trained and not any("side" in name for name in solo_trained)
+            trained = {**population.member_state(k), **population.member_statistics(k)}
+            assert_member_is_its_solo_run(initial[k], trained, solo_initial, solo_trained, rtol=1e-5)
+    finally:
+        gym.registry.pop("rlspeed_test/DictCartPole-v0", None)
 
 
 @pytest.mark.parametrize(("env_id", "backend"), [("Taxi-v4", "gymnasium"), ("CartPole-v1", "torch")])

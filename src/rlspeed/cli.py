@@ -1052,6 +1052,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
         # one-hot encoded instead (asked for with --set, the same is an error that says so)
+        import gymnasium as gym
+
         from rlspeed.envs import env_spec
         from rlspeed.envs.wrappers import normalizable
         from rlspeed.nn import make_encoder
@@ -1060,8 +1062,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         space = env_spec(args.env_id, _env_kwargs(args)).observation_space
         if not normalizable(space):
             hyper["normalize_obs"] = False
-        elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
-            # (a population normalises what reaches its networks without an encoder, float vectors, only)
+        elif (getattr(args, "seeds", None) is not None and not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))
+              and make_encoder(space, hyper.get("encoder", "auto")) is not None):
+            # (a population normalises float vectors that reach its networks without an encoder, and a Dict's float
+            # keys, only)
             hyper["normalize_obs"] = False
             dropped_notes["normalize_obs"] = (f"rlspeed: note: the preset's normalize_obs is left out: a population "
                                               f"normalises float vector observations only, and {args.env_id}'s are "

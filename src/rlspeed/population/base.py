@@ -495,6 +495,18 @@ def packed_width(layout: dict[str, tuple]) -> int:
     return sum(math.prod(shape) for shape, _dtype in layout.values())
 
 
+def packed_float_keys(layout: dict[str, tuple]) -> tuple[tuple[str, tuple[int, ...], int, int], ...]:
+    """The float keys of a `PackedObservations` row, as `(key, shape, first column, end column)` in the row's order:
+    what observation normalisation normalises (`MemberStatistics.float_keys`), as a solo run's `DictRunningMeanStd`."""
+    keys, start = [], 0
+    for key, (shape, dtype) in layout.items():
+        end = start + math.prod(shape)
+        if dtype == torch.float32:
+            keys.append((key, tuple(shape), start, end))
+        start = end
+    return tuple(keys)
+
+
 def unpack_observations(rows: torch.Tensor, layout: dict[str, tuple]) -> dict[str, torch.Tensor]:
     """Packed rows `[..., packed_width]` (`PackedObservations`) as `{key: [..., *shape]}` in each key's dtype."""
     sizes = [math.prod(shape) for shape, _dtype in layout.values()]
@@ -720,8 +732,10 @@ class PopulationBase:
         cfg = self.config
         observations, rewards = bool(cfg.normalize_obs), bool(cfg.normalize_reward)
         if observations or rewards:
+            # (Dict observations: their float keys, as a solo run normalises them)
+            float_keys = None if self._packed is None else packed_float_keys(self._packed)
             self._normalization = MemberStatistics.fresh(self.size, tuple(self.spec.observation_shape), observations,
-                                                         rewards, self.device)
+                                                         rewards, self.device, float_keys)
             self._final_normalization = self._normalization.rows(torch.arange(self.size, device=self.device))
 
     def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):

@@ -9,6 +9,9 @@ data are its solo run's.
 
 The statistics are `MemberStatistics`: `[K, ...]` tensors the population owns (cut down when members leave, saved in
 its checkpoints); the wrapper updates them in place while `training`, and only reads them when frozen (evaluation).
+Dict observations reach the wrapper packed into flat rows (`rlspeed.population.base.PackedObservations`): as a solo
+run's `DictRunningMeanStd`, only their float keys are normalised (`MemberStatistics.float_keys`: their columns, side
+by side in the statistics), and the other keys (images, indices) pass through as they are.
 The running discounted returns are per env row, the wrapper's own state (`state_dict`: exact resume of native envs).
 """
 
@@ -28,7 +31,12 @@ _INITIAL_COUNT = 1e-4  # as `RunningMeanStd`
 @dataclasses.dataclass
 class MemberStatistics:
     """Running means, variances and counts per member: observations `[K, *observation_shape]`, discounted returns
-    `[K]` (`None` where that normalisation is off), as a solo run's `obs_rms` and `return_rms` hold them."""
+    `[K]` (`None` where that normalisation is off), as a solo run's `obs_rms` and `return_rms` hold them.
+
+    `float_keys`: for Dict observations packed into flat rows, the float keys the observation statistics cover, as
+    `(key, shape, first column, end column)` of the packed row, in the row's order; the statistics are `[K, F]`, the
+    keys' flattened columns side by side (one count per member: every key folds the same rows). None: the
+    observations are one float tensor, all of it normalised."""
 
     obs_mean: torch.Tensor | None
     obs_var: torch.Tensor | None
@@ -36,13 +44,16 @@ class MemberStatistics:
     ret_mean: torch.Tensor | None
     ret_var: torch.Tensor | None
     ret_count: torch.Tensor | None
+    float_keys: tuple[tuple[str, tuple[int, ...], int, int], ...] | None = None
 
     @classmethod
     def fresh(cls, size: int, observation_shape: tuple[int, ...], observations: bool, rewards: bool,
-              device: torch.device) -> MemberStatistics:
+              device: torch.device, float_keys: tuple | None = None) -> MemberStatistics:
         """Statistics before any data (mean 0, variance 1, count 1e-4, in `statistics_dtype`, as `RunningMeanStd`
-        starts)."""
+        starts); with `float_keys` (packed Dict rows), statistics of those keys' columns only."""
         dtype = statistics_dtype(device)
+        if float_keys is not None:
+            observation_shape = (sum(end - start for _key, _shape, start, end in float_keys),)
 
         def moments(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return (torch.zeros(shape, device=device, dtype=dtype), torch.ones(shape, device=device, dtype=dtype),
@@ -50,18 +61,23 @@ class MemberStatistics:
 
         obs = moments((size, *observation_shape)) if observations else (None, None, None)
         ret = moments((size,)) if rewards else (None, None, None)
-        return cls(*obs, *ret)
+        return cls(*obs, *ret, float_keys=float_keys if observations else None)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The statistics that exist, by field name."""
-        return {field.name: value for field in dataclasses.fields(self)
-                if (value := getattr(self, field.name)) is not None}
+        return {name: value for name in _TENSORS if (value := getattr(self, name)) is not None}
 
     def rows(self, index: torch.Tensor) -> MemberStatistics:
         """New tensors holding the members at `index` (positions along K)."""
-        return MemberStatistics(**{field.name: None if getattr(self, field.name) is None
-                                   else getattr(self, field.name)[index].clone()
-                                   for field in dataclasses.fields(self)})
+        return MemberStatistics(**{name: None if getattr(self, name) is None else getattr(self, name)[index].clone()
+                                   for name in _TENSORS}, float_keys=self.float_keys)
+
+    def observed(self, obs: torch.Tensor) -> torch.Tensor:
+        """The part of observations `[..., row]` the statistics cover: all of it, or the float keys' columns of
+        packed Dict rows (`float_keys`)."""
+        if self.float_keys is None:
+            return obs
+        return torch.cat([obs[..., start:end] for _key, _shape, start, end in self.float_keys], dim=-1)
 
     def store(self, index: torch.Tensor, rows: MemberStatistics) -> None:
         """Write `rows` (one per entry of `index`) into these statistics at `index`."""
@@ -72,8 +88,15 @@ class MemberStatistics:
         """Observations `[K, B, ...]` (member k's in row k), each member's normalised by its statistics (`normalized`,
         clipped to [-`clip`, `clip`]), in `obs`'s dtype; the statistics are not updated."""
         shape = (-1,) + (1,) * (obs.dim() - self.obs_mean.dim())
-        return normalized(obs, self.obs_mean.view(shape + self.obs_mean.shape[1:]),
-                          self.obs_var.view(shape + self.obs_var.shape[1:]), clip)
+        scaled = normalized(self.observed(obs), self.obs_mean.view(shape + self.obs_mean.shape[1:]),
+                            self.obs_var.view(shape + self.obs_var.shape[1:]), clip)
+        if self.float_keys is None:
+            return scaled
+        out, offset = obs.clone(), 0
+        for _key, _shape, start, end in self.float_keys:
+            out[..., start:end] = scaled[..., offset:offset + end - start]
+            offset += end - start
+        return out
 
     def scale_rewards(self, reward: torch.Tensor, clip: float = CLIP) -> torch.Tensor:
         """Rewards `[K, ...]` (member k's in row k), each member's scaled by the running variance of its discounted
@@ -82,13 +105,28 @@ class MemberStatistics:
         return scaled_rewards(reward, self.ret_var.view((-1,) + (1,) * (reward.dim() - 1)), clip)
 
     def solo_state(self, row: int) -> dict[str, torch.Tensor]:
-        """Member `row`'s statistics named as a solo model's checkpoint names them (`obs_rms.mean`, ...)."""
+        """Member `row`'s statistics named as a solo model's checkpoint names them (`obs_rms.mean`, ...; with
+        `float_keys`, `obs_rms.<key>.mean`, ... per key in the key's shape, as `DictRunningMeanStd` names them)."""
         state = {}
         for prefix, short in (("obs_rms", "obs"), ("return_rms", "ret")):
             if getattr(self, f"{short}_mean") is not None:
                 for field in ("mean", "var", "count"):
                     state[f"{prefix}.{field}"] = getattr(self, f"{short}_{field}")[row].clone()
+        if self.float_keys is not None and self.obs_mean is not None:
+            offset = 0
+            for key, shape, start, end in self.float_keys:
+                for field in ("mean", "var"):
+                    state[f"obs_rms.{key}.{field}"] = state[f"obs_rms.{field}"][offset:offset + end - start].reshape(
+                        shape)
+                state[f"obs_rms.{key}.count"] = state["obs_rms.count"].clone()
+                offset += end - start
+            for field in ("mean", "var", "count"):
+                del state[f"obs_rms.{field}"]
         return state
+
+
+#: the statistics' tensor fields, `MemberStatistics.tensors`'s names
+_TENSORS = ("obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count")
 
 
 def _fold(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch: torch.Tensor) -> None:
@@ -133,7 +171,8 @@ class MemberNormalize(EnvWrapper):
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
             stats = self.statistics
-            _fold(stats.obs_mean, stats.obs_var, stats.obs_count, self._blocks(obs.to(stats.obs_mean.dtype)))
+            _fold(stats.obs_mean, stats.obs_var, stats.obs_count,
+                  self._blocks(stats.observed(obs).to(stats.obs_mean.dtype)))
 
     def reset(self, seed=None):
         """Zero the running returns, reset the inner env, fold the first observations in (while `training`) and

@@ -634,7 +634,8 @@ class OffPolicyPopulation(PopulationBase):
         with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
             encoder = getattr(solos[0].policy, "encoder", None)
-            if encoder is not None and self.config.normalize_obs:  # (as PPO populations: float vectors only)
+            # (as PPO populations: float vectors only, and the float keys of Dict observations)
+            if encoder is not None and self.config.normalize_obs and self._packed is None:
                 raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
                                 f"{encoder.kind}: drop normalize_obs.")
             if has_parameters(encoder) and not self.member_encoders:

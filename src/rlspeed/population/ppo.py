@@ -129,7 +129,7 @@ class PPOPopulation(PopulationBase):
                 raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} has "
                                 f"{type(solos[0].spec.action_space).__name__} actions: train them with solo runs, "
                                 "one seed each.")
-            if encoder is not None and cfg.normalize_obs:
+            if encoder is not None and cfg.normalize_obs and self._packed is None:  # (Dict: float keys, as solo runs)
                 raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
                                 f"{encoder.kind}: drop normalize_obs.")
             #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
