@@ -510,3 +510,40 @@ def test_a_members_noise_restarts_where_its_solo_runs_does_when_a_wrapper_ends_l
     _, solo_trained = _solo(TD3, 3, STEPS, action_noise="ornstein-uhlenbeck")
     for name, value in population.member_state(0).items():
         torch.testing.assert_close(value, solo_trained[name], atol=1e-5, rtol=0)
+
+
+def _scaled_cartpole(reward_scale: float):
+    import gymnasium as gym
+
+    return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda reward: reward * reward_scale)
+
+
+@pytest.mark.parametrize(("algo", "hyper"), [
+    (PPO, {"num_envs": 2, "num_steps": 16, "batch_size": 32, "n_epochs": 1}),
+    (DQN, {"num_envs": 2, "learning_starts": 16, "batch_size": 16})])
+def test_rewards_far_from_1_get_one_hint_for_the_whole_population(algo, hyper):
+    """The solo runs' scale hint (rewards of 1e4 or more, or all below 1e-4, left unnormalised): a population trained
+    on such rewards said nothing. It says so once for the population (every member shares the env and the
+    normalisation settings), over two learns, and not where it normalises the rewards."""
+    import warnings
+
+    import gymnasium as gym
+
+    gym.register("rlspeed_test/ScaledCartPole-v0", max_episode_steps=500, entry_point=_scaled_cartpole,
+                 kwargs={"reward_scale": 1e5})
+    try:
+        for normalize_reward in (False, True):
+            population = Population(algo, "rlspeed_test/ScaledCartPole-v0", seeds=[0, 1], env_backend="gymnasium",
+                                    normalize_obs=False, normalize_reward=normalize_reward, **hyper)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                population.learn(64, eval_freq=32, eval_episodes=1)
+                population.learn(96, eval_freq=32, eval_episodes=1)
+            hints = [str(w.message) for w in caught if "first steps" in str(w.message)]
+            if normalize_reward:
+                assert hints == []
+            else:
+                assert len(hints) == 1 and "population's envs (all 2 members') have rewards up to 1e+05" in hints[0]
+                assert "normalize_reward=True" in hints[0] and "observation" not in hints[0]
+    finally:
+        gym.registry.pop("rlspeed_test/ScaledCartPole-v0", None)

@@ -254,6 +254,30 @@ class EnvValueGuard:
         self.bad.zero_()
 
 
+def scale_hint(reward: float, observed: float, normalize_obs: bool, normalize_reward: bool,
+               steps: str = "the env's first steps", keeper: str = "the model") -> str | None:
+    """The scale hint's warning where `reward` and `observed` (the largest |reward| and |observation value| of
+    `steps`, NaN where not measured) are far from 1 and the run does not normalise them (with statistics `keeper`
+    saves); None otherwise."""
+    found, advice = [], []
+    if not normalize_reward and reward >= LARGE_SCALE:
+        found.append(f"rewards up to {reward:.3g} in magnitude")
+        advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
+                      "std of the discounted return")
+    elif not normalize_reward and 0 < reward < TINY_REWARD:
+        found.append(f"rewards of at most {reward:.3g} in magnitude")
+        advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
+                      "std of the discounted return (scaling them up in the env does more)")
+    if not normalize_obs and not math.isnan(observed) and observed >= LARGE_SCALE:
+        found.append(f"observation values up to {observed:.3g} in magnitude")
+        advice.append("normalize_obs=True (--set normalize_obs=true) scales each observation feature by its "
+                      "running mean and std")
+    if not found:
+        return None
+    return (f"rlspeed: {steps} have {' and '.join(found)}: values this far from 1 train slowly or not at all; "
+            f"{', and '.join(advice)}, statistics {keeper} saves.")
+
+
 class NumericsGuard:
     """The algorithm's side of the guard: reads the env counters and checks every trained tensor once per log
     interval, keeps the last finite tensors, rolls back to them, and reports (`report`)."""
@@ -330,24 +354,9 @@ class NumericsGuard:
         if math.isnan(reward):
             return
         self.scale_hinted = True
-        normalize_obs, normalize_reward = self.normalising
-        found, advice = [], []
-        if not normalize_reward and reward >= LARGE_SCALE:
-            found.append(f"rewards up to {reward:.3g} in magnitude")
-            advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
-                          "std of the discounted return")
-        elif not normalize_reward and 0 < reward < TINY_REWARD:
-            found.append(f"rewards of at most {reward:.3g} in magnitude")
-            advice.append("normalize_reward=True (--set normalize_reward=true) divides the rewards by the running "
-                          "std of the discounted return (scaling them up in the env does more)")
-        if not normalize_obs and not math.isnan(observed) and observed >= LARGE_SCALE:
-            found.append(f"observation values up to {observed:.3g} in magnitude")
-            advice.append("normalize_obs=True (--set normalize_obs=true) scales each observation feature by its "
-                          "running mean and std")
-        if found:
-            warnings.warn(f"rlspeed: the env's first steps have {' and '.join(found)}: values this far from 1 train "
-                          f"slowly or not at all; {', and '.join(advice)}, statistics the model saves.",
-                          UserWarning, stacklevel=3)
+        hint = scale_hint(reward, observed, *self.normalising)
+        if hint is not None:
+            warnings.warn(hint, UserWarning, stacklevel=3)
 
     def snapshot(self, tensors: dict[str, torch.Tensor], timesteps: int) -> None:
         """Keep device copies of `tensors` as the last good state (copied into the previous copies when the set of

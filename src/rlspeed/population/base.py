@@ -1324,9 +1324,37 @@ class PopulationBase:
         last check (the training env's guard); None without one."""
         return None if self._env_guard is None else self._env_guard.summary()[:2]
 
+    #: whether the scale hint was decided (`_hint_scale`: once per population, for all its members)
+    _scale_hinted = False
+
+    def _env_scale(self) -> torch.Tensor | None:
+        """[the largest |reward|, the largest |observation value|] of the training env's first steps, on the device
+        (NaN where not measured yet: `rlspeed.numerics.EnvValueGuard.scale`); None without a guard."""
+        return None if self._env_guard is None else self._env_guard.scale
+
+    def _hint_scale(self) -> None:
+        """The solo runs' scale hint (`rlspeed.numerics.scale_hint`), once per population: every member shares the
+        env and its normalisation settings, so one warning speaks for all of them."""
+        from rlspeed.numerics import scale_hint
+
+        scale = self._env_scale()
+        if self._scale_hinted or scale is None:
+            return
+        reward, observed = scale.tolist()  # ok-sync: until the first steps are measured, once per population
+        if math.isnan(reward):
+            return
+        self._scale_hinted = True
+        hint = scale_hint(reward, observed, bool(getattr(self.config, "normalize_obs", False)),
+                          bool(getattr(self.config, "normalize_reward", False)),
+                          f"the first steps of the population's envs (all {len(self.alive)} members')",
+                          "each member")
+        if hint is not None:
+            warnings.warn(hint, UserWarning, stacklevel=4)
+
     def _drop_diverged(self, left: dict[int, dict]) -> None:
         finite = self._finite_members()
         env = self._env_value_flags()
+        self._hint_scale()  # (after `_env_value_flags`, whose read of the guard measures the first steps)
         # (one host read: the members' finite flags, then [env rows with their own non-finite values, the first])
         read = torch.cat([finite.long(), env.long()] if env is not None else [finite.long()])
         values = read.tolist()  # ok-sync: once per divergence check

@@ -617,6 +617,25 @@ class PPOPopulation(PopulationBase):
             self._rollout_bad, self._rollout_sent = torch.zeros_like(bad), torch.zeros_like(bad)
         self._rollout_sent |= sent
         self._rollout_bad |= bad
+        if self._rollout_scale is None and not self._scale_hinted:
+            self._rollout_scale = self._measured_scale(obs, rewards)
+
+    #: the first rollout's [largest |reward|, largest |observation value|] (`_env_scale`), None before it
+    _rollout_scale: torch.Tensor | None = None
+
+    def _measured_scale(self, obs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """[the largest |reward|, the largest |observation value|] of a rollout as stored (a normalisation the run
+        has is applied already, which the scale hint then leaves alone), non-finite values read as 0; observations
+        NaN unless they are float vectors the networks take as they are (as the solo runs' guard measures)."""
+        def largest(values: torch.Tensor) -> torch.Tensor:
+            return torch.nan_to_num(values.float(), nan=0.0, posinf=0.0, neginf=0.0).abs().amax()
+
+        plain = (obs.is_floating_point() and self._packed is None and self._encoder is None
+                 and self._member_encoder is None)
+        return torch.stack((largest(rewards), largest(obs) if plain else rewards.new_tensor(math.nan)))
+
+    def _env_scale(self) -> torch.Tensor | None:
+        return self._rollout_scale
 
     def _env_value_flags(self) -> torch.Tensor | None:
         if self._rollout_bad is None:
