@@ -274,6 +274,9 @@ def test_sb3_forms_a_solo_run_takes_are_taken_by_a_population():
     (TD3, [0, 1], {"policy_delay": [1, 2]}, "'policy_delay' cannot differ"),
     (TD3, [0, 1], {"member_overrides": [{}, {"n_step": 3}]}, "member_overrides sets 'n_step'"),
     (TD3, [0, 1], {"member_overrides": [{}]}, "1 entries"),
+    # (a list for a key that is no hyperparameter: the solo run's sentence, not "cannot differ across members")
+    (SAC, [0, 1], {"norm_obs_keys": ["a", "b"]}, "'norm_obs_keys' is Stable-Baselines3's keyword; .*every float key"),
+    (TD3, [0, 1], {"net_arc": [64, 64]}, "Unknown hyperparameter 'net_arc' for TD3. Did you mean net_arch"),
 ])
 def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
     with pytest.raises(UserError, match=words) as error:

@@ -171,6 +171,9 @@ SB3_KEYWORDS = {
     "target_update_interval": "only DQN takes it; rlspeed's SAC and DDPG move their target networks after every "
                               "gradient step, TD3 after every policy_delay critic updates (tau sets how far), as "
                               "SB3's do",
+    "norm_obs_keys": "VecNormalize's choice of Dict keys has no counterpart: normalize_obs=True normalises every "
+                     "float key of a Dict observation and passes the others (images, indices) as they are, in solo "
+                     "runs and populations alike",
 }
 
 #: CleanRL's script arguments (ppo.py, dqn.py, sac_continuous_action.py, td3_continuous_action.py) that are no

@@ -8,12 +8,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 import json
 import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,11 @@ def _seconds(value: float | None) -> float | None:
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
 
 
-def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str]) -> list[dict]:
+def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str],
+                        known: Collection[str] | None = None) -> list[dict]:
     """The K members' hyperparameter dicts: a value given as a list (or tensor) of K values is per member, allowed
-    for `per_member` keys only (every other key changes shapes or the loop, so is one value for all); `net_arch` is
+    for `per_member` keys only (every other key changes shapes or the loop, so is one value for all; a key outside
+    `known`, what the solo model takes, is passed on as one value, for the solo model to refuse); `net_arch` is
     one value (a list of lists would be per member: refused). `member_overrides` (K dicts) sets single members'
     values (same rule). UserError for a solo run's option populations do not have (`accelerate`, `strategy`,
     `nan_policy`, `save_replay_buffer` other than their defaults): the solo models would take it, the population
@@ -112,7 +115,7 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
             if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
                 raise UserError("net_arch changes the networks' shapes, so every member of a population must share "
                                 "it: pass one net_arch.")
-        elif isinstance(value, (list, tuple)):
+        elif isinstance(value, (list, tuple)) and (known is None or key in known):
             if key not in per_member:
                 raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the "
                                 f"training loop): pass one value; per-member values are allowed for "
@@ -883,7 +886,10 @@ class PopulationBase:
         from rlspeed.device import resolve_device
 
         self.env_id, self.size, self.device = env_id, len(seeds), resolve_device(device)
-        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member)
+        # (what the solo model takes: its hyperparameters and its constructor's own arguments)
+        known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+        known |= set(inspect.signature(algo_cls.__init__).parameters)
+        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              env_backend=self.env_backend, env_kwargs=self.env_kwargs or None)
