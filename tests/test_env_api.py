@@ -906,6 +906,25 @@ def test_setting_training_on_the_outer_wrapper_freezes_every_statistic():
     assert rlspeed.make_env("CartPole-v1", device="cpu").training  # no normalisation: nothing to freeze
 
 
+def test_make_env_takes_the_clips_of_its_normalisation_as_the_algorithms_name_them():
+    """`make_env(..., normalize_obs=True, normalize_obs_clip=0.5)` was read as an option of the Gymnasium env
+    ("CartPoleEnv.__init__() got an unexpected keyword argument"): the clips were reachable only by building the
+    wrappers by hand. They bound the normalised values (the wrappers' clips, which a model given the env takes as its
+    own); a bad clip is one sentence, and a clip without its normalisation is said to do nothing."""
+    env = rlspeed.make_env("CartPole-v1", num_envs=4, device="cpu", seed=0, backend="torch", normalize_obs=True,
+                           normalize_obs_clip=0.5, normalize_reward=True, normalize_reward_clip=0.1)
+    obs, _ = env.reset()
+    for _ in range(8):
+        obs, reward, *_ = env.step(torch.zeros(4, dtype=torch.long))
+    assert float(obs.abs().max()) == pytest.approx(0.5) and float(reward.abs().max()) == pytest.approx(0.1)
+    assert (env.env.clip, env.clip) == (0.5, 0.1)  # (the wrappers' clips, which a model given the env takes)
+    for bad in (0, math.inf, True):
+        with pytest.raises(rlspeed.UserError, match="make_env's normalize_obs_clip must be a positive finite number"):
+            rlspeed.make_env("CartPole-v1", normalize_obs=True, normalize_obs_clip=bad)
+    with pytest.warns(rlspeed.errors.UnusedSettingWarning, match="normalize_reward_clip=3 has no effect"):
+        rlspeed.make_env("CartPole-v1", normalize_reward_clip=3)
+
+
 @pytest.mark.parametrize("variant", ["time limit", "reward wrapper"])
 def test_a_vector_env_of_modified_envs_does_not_pass_for_the_registered_one(variant):
     """Evaluation and targets rebuild the env from its id: a variant of a registered env keeps no id, so they fail

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import re
 import typing
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -48,8 +49,8 @@ from rlspeed.envs.packages import (
 from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
-from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
-from rlspeed.errors import EnvStepError, UserError, first_line, true_or_false
+from rlspeed.envs.wrappers import CLIP, NormalizeObservation, NormalizeReward, RunningMeanStd
+from rlspeed.errors import EnvStepError, UnusedSettingWarning, UserError, first_line, true_or_false
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
@@ -274,7 +275,7 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
              device: str | torch.device = "auto", seed: int | None = None, backend: str = "auto",
              normalize_obs: bool = False, normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False,
              env_kwargs: dict[str, typing.Any] | None = None, episodic_life: bool = True, clip_rewards: bool = True,
-             **kwargs: typing.Any) -> BatchedEnv:
+             normalize_obs_clip: float = CLIP, normalize_reward_clip: float = CLIP, **kwargs: typing.Any) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (docs/envs.md, "The batched env contract").
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
@@ -284,7 +285,9 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
     per env) or `envpool` (`EnvPoolEnv`). The returned env reports raw episode returns in `info["episode_return"]`
     where `info["done"]`, and is seeded by `seed` on its first `reset()`. `normalize_obs` / `normalize_reward` wrap
     it in rlspeed's running normalisation of observations / rewards (the latter by the running std of returns
-    discounted by `gamma`, as SB3's VecNormalize).
+    discounted by `gamma`, as SB3's VecNormalize); `normalize_obs_clip` / `normalize_reward_clip` bound the normalised
+    values to [-clip, clip] (10 by default, SB3's `clip_obs` / `clip_reward`; a model given the env takes them as
+    its own clips where it leaves its at 10).
 
     Atari ids get the standard preprocessing (`rlspeed.envs.atari`: uint8 `[N, 4, 84, 84]` frame stacks) and, for
     training, a lost life ends the learner's episode (`episodic_life`) and rewards are clipped to their sign
@@ -313,6 +316,17 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
     evaluation = true_or_false("make_env(evaluation=...)", evaluation)
     episodic_life = true_or_false("make_env(episodic_life=...)", episodic_life)
     clip_rewards = true_or_false("make_env(clip_rewards=...)", clip_rewards)
+    clips = {}
+    for name, value, flag in (("normalize_obs_clip", normalize_obs_clip, normalize_obs),
+                              ("normalize_reward_clip", normalize_reward_clip, normalize_reward)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < float("inf"):
+            raise UserError(f"make_env's {name} must be a positive finite number (normalised values are clipped to "
+                            f"[-{name}, {name}]), got {value!r}.")
+        if value != CLIP and not flag:
+            flag_name = name.removesuffix("_clip")
+            warnings.warn(f"make_env's {name}={value:g} has no effect: it clips the values {flag_name} normalises, and "
+                          f"{flag_name} is off.", UnusedSettingWarning, stacklevel=2)
+        clips[name] = float(value)
     if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real) or not 0 <= gamma <= 1:
         raise UserError(f"make_env's gamma (the discount of the returns normalize_reward scales by) must be a number "
                         f"in [0, 1], got {gamma!r}.")
@@ -375,16 +389,19 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
     if atari_game and not evaluation:
         # outside EpisodeStatistics: reported episodes stay whole games, raw scores
         env = atari.AtariTraining(env, episodic_life, clip_rewards)
-    return normalised(SeedOnFirstReset(env, seed), normalize_obs, normalize_reward, gamma)
+    return normalised(SeedOnFirstReset(env, seed), normalize_obs, normalize_reward, gamma,
+                      clips["normalize_obs_clip"], clips["normalize_reward_clip"])
 
 
-def normalised(env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float = 0.99) -> BatchedEnv:
+def normalised(env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float = 0.99,
+               obs_clip: float = CLIP, reward_clip: float = CLIP) -> BatchedEnv:
     """`env` with the running-statistics normalisation asked for that it lacks (`NormalizeObservation`, then
-    `NormalizeReward` outermost, as `make_env` builds them); a normalisation it has already is kept, not doubled."""
+    `NormalizeReward` outermost, as `make_env` builds them, clipping at `obs_clip` and `reward_clip`); a
+    normalisation it has already is kept, not doubled."""
     if normalize_obs and getattr(env, "obs_rms", None) is None:
-        env = NormalizeObservation(env)
+        env = NormalizeObservation(env, clip=obs_clip)
     if normalize_reward and getattr(env, "return_rms", None) is None:
-        env = NormalizeReward(env, gamma=gamma)
+        env = NormalizeReward(env, gamma=gamma, clip=reward_clip)
     return env
 
 
