@@ -1677,7 +1677,6 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
                                 f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
                                 "(terminated, truncated), not an array.")
-        source = f"{self.spec.env_id}'s info['action_mask']"
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
         obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         finished = self._finished_rows(info, terminated | truncated)
@@ -1691,6 +1690,7 @@ class GymnasiumEnv(BatchedEnv):
             self._check_step_masks(info)
             self._step_masks_checked = True
         if self.has_action_masks:
+            source = f"{self.spec.env_id}'s info['action_mask']"
             if not self._mask_method and "action_mask" not in info:
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
                                 "on every step and reset, or pass use_masking=false.")
@@ -1703,20 +1703,30 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["final_action_mask"] = final_action_masks(
                     out_info["action_mask"], {int(row): final_info["action_mask"][row] for row in finished},
                     self.spec.action_space, source)
-        reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
-        add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
-                                     if "is_success" in final_info and (not reported.size or reported[row])})
-        # (each env's RecordEpisodeStatistics: in its last info; the vector one's: in the step's own)
-        recording = next((where for where in (final_info, info)
-                          if isinstance(where.get("episode"), dict) and "r" in where["episode"]), None)
-        if recording is not None:
-            returns = recording["episode"]["r"]
-            recorded = np.asarray(recording.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
-            self._add_recorded(out_info, {int(row): float(returns[row]) for row in finished if recorded[row]})
-        else:
-            self._add_recorded(out_info, {})
+        # (what finished envs report: looked up only on a step where one finished)
+        successes = {}
+        if len(finished) and "is_success" in final_info:
+            reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
+            successes = {int(row): final_info["is_success"][row] for row in finished
+                         if not reported.size or reported[row]}
+        add_success(self, out_info, successes)
+        if self._records_returns:
+            self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
+
+    def _recorded_returns(self, info: dict, final_info: dict, finished: np.ndarray) -> dict[int, float]:
+        """The finished rows whose episode's return a RecordEpisodeStatistics recorded -> that return: each env's in its
+        last info (`final_info`), the vector one's in the step's own `info`."""
+        if not len(finished):
+            return {}
+        recording = next((where for where in (final_info, info)
+                          if isinstance(where.get("episode"), dict) and "r" in where["episode"]), None)
+        if recording is None:
+            return {}
+        returns = recording["episode"]["r"]
+        recorded = np.asarray(recording.get("_episode", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+        return {int(row): float(returns[row]) for row in finished if recorded[row]}
 
     def _add_recorded(self, out_info: dict, recorded: dict[int, float]) -> None:
         """Where the envs record their returns (`_records_returns`), on every step (a population's envs join their
