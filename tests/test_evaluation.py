@@ -313,6 +313,37 @@ def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_keep_their_time_li
     env.close()
 
 
+@pytest.mark.parametrize("kind", ["gymnasium", "gymnasium-lambda", "sb3-lambda"])
+def test_subprocess_envs_are_asked_about_their_wrappers_once(kind):
+    """A model made on subprocess envs, and evaluated on them, asked every worker for its wrappers (`str()`) five to
+    twelve times over, a round trip to each worker every time: once for each question about them (reward wrappers,
+    recording, normalisation, filming, the time limit). Each question (their wrappers, their specs, their TimeLimit's
+    limit) goes to the workers once per vector env made."""
+    env = (_doubled_subprocess_cartpoles(kind.removesuffix("-lambda")) if kind.endswith("-lambda") else
+           gym.make_vec("CartPole-v1", 2, vectorization_mode="async",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "context": "fork"}))
+    asked = {}
+
+    def counting(method: str):
+        ask = getattr(env, method)
+
+        def counted(name, *args, **kwargs):
+            asked[method, name] = asked.get((method, name), 0) + 1
+            return ask(name, *args, **kwargs)
+        return counted
+
+    for method in ("call", "env_method", "get_attr"):
+        if hasattr(env, method):
+            setattr(env, method, counting(method))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the lambda's doubled rewards: said, as another test checks)
+        model = PPO(env, seed=0, num_steps=16, batch_size=32)
+        rlspeed.evaluate(model, env, episodes=1, seed=0)
+    assert asked and set(asked.values()) == {1}, asked
+    model.close()
+    env.close()
+
+
 class _PatchedTimeLimit(gym.wrappers.TimeLimit):  # (rl_zoo3.gym_patches' subclass, put in TimeLimit's place)
     pass
 

@@ -569,40 +569,62 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
 _FUNCTION_ARGUMENTS = ("TransformObservation", "TransformReward", "TransformAction", "RecordVideo")
 
 
+#: what the envs inside a subprocess vector env answered (`_worker_answer`), by that vector env: each question is
+#: asked of its workers once per vector env made (each ask is a round trip to every worker), as a worker's env and
+#: its wrappers stay as they were made
+_WORKER_ANSWERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _subprocess_env(vector_env):
+    """The Gymnasium `AsyncVectorEnv` or Stable-Baselines3 `SubprocVecEnv` that `vector_env` is or wraps, else None."""
+    inner = getattr(vector_env, "unwrapped", vector_env)
+    if isinstance(inner, gym.vector.AsyncVectorEnv):
+        return inner
+    if hasattr(inner, "remotes") and callable(getattr(inner, "env_method", None)):  # (SB3's SubprocVecEnv)
+        return inner
+    return None
+
+
+def _worker_answer(inner, name: str) -> list:
+    """Each env's `str()` (`name` "__str__") or attribute `name`, inside subprocess vector env `inner`
+    (`_subprocess_env`): asked of its workers once per vector env (`_WORKER_ANSWERS`). What the ask raises is
+    raised (and asked again next time)."""
+    answers = _WORKER_ANSWERS.setdefault(inner, {})
+    if name not in answers:
+        if name == "__str__":
+            answer = (inner.call if isinstance(inner, gym.vector.AsyncVectorEnv) else inner.env_method)(name)
+        else:
+            answer = inner.get_attr(name)
+        answers[name] = list(answer)
+    return list(answers[name])
+
+
 def _subprocess_chains(vector_env) -> list[str] | None:
     """Each subprocess env's `str()` (`"<ClipReward<TimeLimit<...<CartPoleEnv<CartPole-v1>>>>"`: its wrappers'
     names) where `vector_env` is (or wraps) a Gymnasium `AsyncVectorEnv` or a Stable-Baselines3 `SubprocVecEnv`,
     else None; an empty list where they cannot answer."""
-    inner = getattr(vector_env, "unwrapped", vector_env)
-    if isinstance(inner, gym.vector.AsyncVectorEnv):
-        ask = functools.partial(inner.call, "__str__")
-    elif hasattr(inner, "remotes") and callable(getattr(inner, "env_method", None)):  # (SB3's SubprocVecEnv)
-        ask = functools.partial(inner.env_method, "__str__")
-    else:
+    inner = _subprocess_env(vector_env)
+    if inner is None:
         return None
     try:
-        return [str(text) for text in ask()]
+        return [str(text) for text in _worker_answer(inner, "__str__")]
     except Exception:  # (envs that cannot answer)
         return []
 
 
-_NOT_ASKED = object()  # (`_env_specs`' chains, not yet asked for)
-
-
-def _env_specs(vector_env, chains=_NOT_ASKED) -> list[gym.envs.registration.EnvSpec] | None:
+def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
     """The specs of the envs inside a vector env, None where they have none or cannot send them: subprocess envs
     whose wrappers keep a function (`_FUNCTION_ARGUMENTS`), or made with options that do not pickle, are not asked,
-    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down. `chains`: the vector env's
-    `_subprocess_chains`, where the caller has asked for them already (each ask is a round trip to every worker)."""
-    if chains is _NOT_ASKED:
-        chains = _subprocess_chains(vector_env)
+    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down."""
+    chains = _subprocess_chains(vector_env)
     options = {key: value for key, value in (getattr(getattr(vector_env, "spec", None), "kwargs", None) or {}).items()
                if key not in _VECTOR_KEYS}  # (gym.make_vec's own: its wrappers stay in this process)
     if chains is not None and (not chains or _unpicklable_options(options)
                                or any(f"<{name}<" in chain for chain in chains for name in _FUNCTION_ARGUMENTS)):
         return None
     try:
-        specs = vector_env.get_attr("spec")
+        specs = (_worker_answer(_subprocess_env(vector_env), "spec") if chains is not None
+                 else vector_env.get_attr("spec"))
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return None
     return list(specs) if specs and isinstance(specs[0], gym.envs.registration.EnvSpec) else None
@@ -781,10 +803,10 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     specs are not asked for (`_env_specs`) give their TimeLimit's (or a subclass's: `_time_limit_names`), where each
     has one."""
     chains = _subprocess_chains(vector_env)
-    specs = _env_specs(vector_env, chains)
+    specs = _env_specs(vector_env)
     limited = _time_limit_names()
     if specs is None and chains and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains):
-        limits = vector_env.get_attr("_max_episode_steps")  # (TimeLimit's: an int, which pickles)
+        limits = _worker_answer(_subprocess_env(vector_env), "_max_episode_steps")  # (TimeLimit's: an int)
         return int(limits[0]) if limits[0] is not None and limits[0] > 0 else None
     if specs is None:
         return default
