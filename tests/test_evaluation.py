@@ -174,6 +174,20 @@ def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
     assert rlspeed.evaluation.episode_step_limit(unlimited, None) == rlspeed.evaluation.UNLIMITED_EPISODE_STEPS
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_wrapped_vector_envs_time_limit_is_its_envs(mode):
+    """Gymnasium's vector wrappers (RecordEpisodeStatistics here) have no `get_attr`: around envs made with
+    max_episode_steps=40 the model took the registered limit (500) for one process, and subprocess envs failed with
+    AttributeError ('RecordEpisodeStatistics' object has no attribute 'get_attr')."""
+    from rlspeed import make_env
+
+    env = make_env(gym.wrappers.vector.RecordEpisodeStatistics(gym.make_vec(
+        "CartPole-v1", 2, vectorization_mode=mode, max_episode_steps=40,
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})))
+    assert env.spec.max_episode_steps == 40
+    env.close()
+
+
 def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
     """SAC trained on RescaleAction(-1, 1) scales its actions to [-1, 1]: evaluated on the stock Pendulum they are half
     the torques (evaluate warns); a reward wrapper around the training env changes the logged returns (the model

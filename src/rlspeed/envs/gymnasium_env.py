@@ -613,9 +613,10 @@ def _subprocess_chains(vector_env) -> list[str] | None:
 
 
 def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
-    """The specs of the envs inside a vector env, None where they have none or cannot send them: subprocess envs
-    whose wrappers keep a function (`_FUNCTION_ARGUMENTS`), or made with options that do not pickle, are not asked,
-    as a lambda in a spec fails to pickle and Gymnasium then shuts every worker down."""
+    """The specs of the envs inside a vector env (asked of the innermost one: Gymnasium's vector wrappers have no
+    `get_attr`), None where they have none or cannot send them: subprocess envs whose wrappers keep a function
+    (`_FUNCTION_ARGUMENTS`), or made with options that do not pickle, are not asked, as a lambda in a spec fails to
+    pickle and Gymnasium then shuts every worker down."""
     chains = _subprocess_chains(vector_env)
     options = {key: value for key, value in (getattr(getattr(vector_env, "spec", None), "kwargs", None) or {}).items()
                if key not in _VECTOR_KEYS}  # (gym.make_vec's own: its wrappers stay in this process)
@@ -624,7 +625,7 @@ def _env_specs(vector_env) -> list[gym.envs.registration.EnvSpec] | None:
         return None
     try:
         specs = (_worker_answer(_subprocess_env(vector_env), "spec") if chains is not None
-                 else vector_env.get_attr("spec"))
+                 else getattr(vector_env, "unwrapped", vector_env).get_attr("spec"))
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return None
     return list(specs) if specs and isinstance(specs[0], gym.envs.registration.EnvSpec) else None
