@@ -836,6 +836,8 @@ def check_shape(observation, shape: tuple[int, ...], where: str = "", source: st
     """UserError unless one env's `observation` has the `shape` its observation space declares: numpy would
     broadcast a scalar or a shorter array into the batch row, and training would go on with wrong observations.
     `source`: who returned it (`"'X'.reset()"`)."""
+    if type(observation) is np.ndarray and observation.shape == shape:
+        return  # (the common case, checked on every env's every step: without np.shape's dispatch)
     if np.shape(observation) != tuple(shape):
         raise UserError(f"{source} returned an observation{where} of shape {np.shape(observation)} where its "
                         f"observation_space declares {tuple(shape)}: make its reset() and step() return that shape, or "
@@ -1635,7 +1637,6 @@ class GymnasiumEnv(BatchedEnv):
         Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here
         (`_step_sync`), skipping its per-step info merging.
         """
-        source = f"{self.spec.env_id}'s info['action_mask']"
         if self._sync_envs is not None:
             obs_np, reward, terminated, truncated, final_np, masks = self._step_sync(
                 _to_numpy_actions(actions, self.spec.action_space))
@@ -1644,6 +1645,7 @@ class GymnasiumEnv(BatchedEnv):
             rows = _NO_ROWS if final_np is None else np.flatnonzero(terminated | truncated)
             out_info = {"final_obs": final_t, "final_rows": rows}
             if self.has_action_masks:
+                source = f"{self.spec.env_id}'s info['action_mask']"
                 if masks is not None and any(mask is None for mask in masks):
                     raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on every step: "
                                     "give it on every step and reset, or pass use_masking=false.")
