@@ -28,6 +28,7 @@ from rlspeed.envs.gymnasium_env import (
     check_action_masks,
     float32_rewards,
     host_tensor,
+    host_to,
     mask_size,
     obs_and_final,
     probe_contract,
@@ -254,7 +255,8 @@ class SB3VecEnv(BatchedEnv):
                             "SB3's VecEnvs (DummyVecEnv, SubprocVecEnv) put the episode's last observation there, and "
                             "a VecEnv of your own must too (rlspeed bootstraps truncated episodes from it).")
         truncated = np.zeros_like(dones)
-        truncated[finished] = [bool(infos[row].get("TimeLimit.truncated", False)) for row in finished]
+        if len(finished):
+            truncated[finished] = [bool(infos[row].get("TimeLimit.truncated", False)) for row in finished]
         if self._float_vector:
             shape = self.spec.observation_shape
             obs_t, final_t = obs_and_final(obs, finished, self.device,
@@ -271,11 +273,10 @@ class SB3VecEnv(BatchedEnv):
             ended = np.array([isinstance(row.get("episode"), dict) for row in infos], dtype=bool)
             returns = np.array([float(row["episode"]["r"]) if end else 0.0 for row, end in zip(infos, ended)],
                                dtype=np.float32)
-            info["episode_ends"] = (torch.as_tensor(ended, device=self.device),
-                                    torch.as_tensor(returns, device=self.device))
+            info["episode_ends"] = (host_to(ended, self.device), host_to(returns, self.device))
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
-        return (obs_t, torch.as_tensor(float32_rewards(rewards, self), device=self.device).reshape(-1),
-                torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
+        return (obs_t, host_to(float32_rewards(rewards, self), self.device).reshape(-1),
+                host_to(dones & ~truncated, self.device), host_to(truncated, self.device),
                 info)
 
     def _name_contract_breach(self, call: str, error: Exception, actions=None) -> None:
