@@ -4,6 +4,7 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -177,15 +178,21 @@ def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_wrapped_vector_envs_time_limit_is_its_envs(mode):
     """Gymnasium's vector wrappers (RecordEpisodeStatistics here) have no `get_attr`: around envs made with
-    max_episode_steps=40 the model took the registered limit (500) for one process, and subprocess envs failed with
-    AttributeError ('RecordEpisodeStatistics' object has no attribute 'get_attr')."""
+    max_episode_steps=40 the model took the registered limit (500) for one process, or none for a vector env built
+    without gym.make_vec (evaluation episodes of 10,000 steps), and subprocess envs failed with AttributeError
+    ('RecordEpisodeStatistics' object has no attribute 'get_attr')."""
     from rlspeed import make_env
 
-    env = make_env(gym.wrappers.vector.RecordEpisodeStatistics(gym.make_vec(
-        "CartPole-v1", 2, vectorization_mode=mode, max_episode_steps=40,
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})))
-    assert env.spec.max_episode_steps == 40
-    env.close()
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    built = (gym.vector.SyncVectorEnv if mode == "sync" else
+             functools.partial(gym.vector.AsyncVectorEnv, context="fork"))(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=40)] * 2, autoreset_mode=same_step)
+    made = gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, max_episode_steps=40,
+                        vector_kwargs={"autoreset_mode": same_step})
+    for vector_env in (made, built):
+        env = make_env(gym.wrappers.vector.RecordEpisodeStatistics(vector_env))
+        assert env.spec.max_episode_steps == 40
+        env.close()
 
 
 def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
