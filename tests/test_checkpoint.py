@@ -232,13 +232,86 @@ def test_rlspeed_load_gives_the_model_of_whichever_class_saved_it(tmp_path, cart
     assert type(rlspeed.load(tmp_path / "run", device="cpu")) is SubclassedDQN  # (a run directory: its model)
     tensors, meta = rlspeed.checkpoint.load_checkpoint(files[PPO])
     rlspeed.checkpoint.save_checkpoint(tmp_path / "other", tensors, {**meta, "algo": "trpo",
-                                                                      "class": "sb3_contrib.TRPO"})
-    with pytest.raises(UserError, match=r"holds a model of sb3_contrib.TRPO, which is not one of rlspeed's "
-                                        r"algorithms: load it with TRPO.load"):
+                                                                      "class": "their_trpo_module.TRPO"})
+    with pytest.raises(UserError, match=r"holds a model of their_trpo_module.TRPO, which is not one of rlspeed's "
+                                        r"algorithms and whose module is not imported: import their_trpo_module "
+                                        r"first, then load it again\.$"):
         rlspeed.load(tmp_path / "other")
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises(UserError, match=r"notes.txt' is not an rlspeed checkpoint"):
         rlspeed.load(tmp_path / "notes.txt")
+
+
+class OwnAlgorithm(PPO):
+    """A user's algorithm of its own name, derived from PPO, its module imported where its file is loaded."""
+
+    name = "own_algorithm"
+
+
+def test_an_algorithm_of_a_users_own_loads_as_its_class_or_the_one_it_derives_from(tmp_path):
+    """A file saved by a user's algorithm of its own name (not one of rlspeed's): `rlspeed.load` gives its class where
+    its module is imported, else the rlspeed algorithm it derives from (the file records it), with a warning naming
+    the class; `PPO.load` makes a PPO, as of a subclass's file; another algorithm's load names it. A file without a
+    base (saved before it was recorded, or of a class of no rlspeed algorithm) is one sentence naming the class and
+    what to do: its module not imported, the class renamed since, a script's own class."""
+    path = OwnAlgorithm("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "own")
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(path)
+    assert meta["derives_from"] == "ppo" and meta["class"] == f"{__name__}.OwnAlgorithm"
+    assert type(rlspeed.load(path, device="cpu")) is OwnAlgorithm
+    with pytest.warns(UserWarning, match=r"saved by .*OwnAlgorithm, a subclass of rlspeed's ppo; PPO.load makes it"):
+        assert type(PPO.load(path, device="cpu")) is PPO
+    with pytest.raises(UserError, match=r"holds a model of .*OwnAlgorithm, not of DQN; load it with "
+                                        r"OwnAlgorithm.load, or rlspeed.load\(path\)"):
+        rlspeed.DQN.load(path, device="cpu")
+
+    def saved_by(cls: str):
+        other = tmp_path / f"{len(list(tmp_path.iterdir()))}.safetensors"
+        rlspeed.checkpoint.save_checkpoint(other, tensors, {**meta, "class": cls})
+        return other
+
+    renamed = f"{__name__}.OwnAlgorithmRenamed"  # (its module imported, without the class)
+    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's ppo; PPO.load makes it a PPO.*: use its class's "
+                                         r"load under its name now \(.* no longer defines OwnAlgorithmRenamed"):
+        assert type(rlspeed.load(saved_by(renamed), device="cpu")) is PPO
+    with pytest.warns(UserWarning, match=r"saved by not_imported_module.OwnAlgorithm, a subclass of rlspeed's ppo"):
+        assert type(rlspeed.load(saved_by("not_imported_module.OwnAlgorithm"), device="cpu")) is PPO
+    meta.pop("derives_from")
+    sentences = {"not_imported_module.OwnAlgorithm": r"holds a model of not_imported_module.OwnAlgorithm, which is "
+                 r"not one of rlspeed's algorithms and whose module is not imported: import not_imported_module "
+                 r"first, then load it again\.$",
+                 renamed: rf"holds a model of {renamed} \(algorithm 'own_algorithm'\), which {__name__} no longer "
+                 r"defines \(renamed or moved since the file was saved\?\): load it with that class's load under its "
+                 r"name now\.$",
+                 f"{__name__}.SubclassedDQN": r"which as imported now is no rlspeed algorithm named 'own_algorithm'",
+                 "__main__.OwnAlgorithm": r"holds a model of OwnAlgorithm, an algorithm of the script that saved it: "
+                 r"load it with OwnAlgorithm.load, with OwnAlgorithm defined in this script as in the one that saved "
+                 r"it\.$"}
+    for cls, sentence in sentences.items():
+        for load in (rlspeed.load, PPO.load):
+            with pytest.raises(UserError, match=sentence):
+                load(saved_by(cls), device="cpu")
+
+
+def test_rlspeed_eval_of_an_algorithm_of_a_users_own(tmp_path, capsys):
+    """`rlspeed eval` of a file saved by a user's algorithm of its own name: its class with its module imported
+    (--gym-packages), else the rlspeed algorithm it derives from (a warning); a file that records none, its module not
+    imported, is one sentence saying to add --gym-packages (before: "holds an unknown algorithm")."""
+    from rlspeed import cli
+
+    path = OwnAlgorithm("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "own")
+    assert cli.main(["eval", str(path), "--episodes", "1"]) == 0
+    assert "rlspeed: OwnAlgorithm on CartPole-v1" in capsys.readouterr().out  # (its module is this one, imported)
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(path)
+    rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.OwnAlgorithm"})
+    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's ppo; PPO.load makes it a PPO"):
+        assert cli.main(["eval", str(path), "--episodes", "1"]) == 0
+    assert "rlspeed: PPO on CartPole-v1" in capsys.readouterr().out
+    meta.pop("derives_from")
+    rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.OwnAlgorithm"})
+    assert cli.main(["eval", str(path), "--episodes", "1"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "which is not one of rlspeed's algorithms and whose module is not imported: add --gym-packages "
+        "not_imported_module (importable from here: PYTHONPATH).")
 
 
 def test_a_stable_baselines3_zip_is_named(tmp_path):

@@ -2788,7 +2788,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with the options its run recorded (on its own id) and `--env-kwargs` over them; the result line names them.
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
-    from rlspeed.algos import ALGORITHMS
+    from rlspeed.algos import Algorithm
     from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
 
     if args.video is None and "video_episodes" in _given_options(getattr(args, "argv", []), "eval"):
@@ -2823,9 +2823,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
-    algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
-    if algo_cls is None:
-        raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
+    from rlspeed.algos.base import saved_algorithm
+
+    # (an algorithm of a user's own: its class where --gym-packages imported its module, else the rlspeed algorithm
+    # it derives from)
+    algo_cls = saved_algorithm(meta, Algorithm, path, import_advice="add --gym-packages {module} (importable from "
+                               "here: PYTHONPATH)")
     from rlspeed.device import configure_threads, resolve_device
 
     # (as the run's final evaluation did: its threads, as config.yaml records them, else one or RLSPEED_NUM_THREADS;
@@ -2834,9 +2837,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     configure_threads(threads if isinstance(threads, int) and threads >= 1
                       and not os.environ.get("RLSPEED_NUM_THREADS", "").strip() else None)
     device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
-    from rlspeed.algos.base import _other_class, imported_saved_class
+    from rlspeed.algos.base import _other_class
 
-    algo_cls = imported_saved_class(meta, algo_cls)  # (a subclass with networks of its own: --gym-packages MODULE)
     other = _other_class(meta, algo_cls)  # (a subclass not imported: load builds rlspeed's class, with a warning)
     try:
         with warnings.catch_warnings(record=other is not None) as said:

@@ -29,8 +29,10 @@ def load(path: str | os.PathLike[str] | Path, device: str | torch.device = "auto
     instance of the class that saved it, whichever algorithm that is: `Algorithm.load`, which `PPO.load` and the
     others are when the file holds their algorithm (a subclass of the user's when its module is imported, else the
     rlspeed algorithm it derives from, with a warning). `device` and `env` are `Algorithm.load`'s, and so are
-    `options` (`verify`, `allow_nonfinite`, hyperparameter overrides). A file that is not an rlspeed model (another
-    library's, a population's checkpoint, a replay buffer) or of an algorithm not imported is a UserError."""
+    `options` (`verify`, `allow_nonfinite`, hyperparameter overrides). A user's algorithm of its own name is its class
+    where its module is imported, else the rlspeed algorithm it derives from (the file records it), with a warning. A
+    file that is not an rlspeed model (another library's, a population's checkpoint, a replay buffer) or of a class of
+    no rlspeed algorithm's that is not imported is a UserError."""
     return Algorithm.load(path, device=device, env=env, **options)
 
 

@@ -1143,7 +1143,8 @@ def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     saved = _other_class(meta, cls)
     if saved is None:
         return
-    warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {meta.get('algo')}; {cls.__name__}.{call} "
+    base = meta.get("derives_from", meta.get("algo"))
+    warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {base}; {cls.__name__}.{call} "
                   f"makes it a {cls.__name__}, whose networks, losses or actions may differ from it: use "
                   f"{_saved_class_call(saved, call)}.", stacklevel=3)
 
@@ -1157,15 +1158,74 @@ def _other_class(meta: dict, cls: type) -> str | None:
     return saved
 
 
+def _derived_algorithm(cls: type) -> str | None:
+    """The name of the rlspeed algorithm `cls` derives from, where `cls` is an algorithm of a user's own under another
+    name (`class Mine(PPO): name = "mine"`), else None: what its checkpoints record as `derives_from`, so that a
+    loader without its module builds that algorithm."""
+    base = next((klass.name for klass in cls.__mro__ if klass.__module__.startswith("rlspeed.")
+                 and getattr(klass, "name", "")), None)
+    return base if base != getattr(cls, "name", "") else None
+
+
+def _imported_class(saved: str | None) -> type | None:
+    """The class `saved` (`module.QualName`) where its module is imported already (not `__main__`: another script's
+    class of the same name is not the one that saved the file), else None."""
+    module_name, _, qualname = (saved or "").rpartition(".")
+    module = sys.modules.get(module_name) if module_name not in ("", "__main__") else None
+    found = getattr(module, qualname, None) if module is not None else None
+    return found if isinstance(found, type) else None
+
+
+def saved_algorithm(meta: dict, cls: type, path, import_advice: str = "import {module} first, then load it again"
+                    ) -> type:
+    """The class `cls.load` builds the checkpoint of `meta` (at `path`) as: `cls` for a file of its algorithm or of
+    an algorithm derived from it; for `Algorithm.load`, whichever algorithm the file holds (`imported_saved_class`), an
+    algorithm of a user's own (another name) as its class where its module is imported, else as the rlspeed algorithm
+    it derives from (a warning follows at load). A UserError otherwise, one sentence naming the class and what to do
+    (`import_advice`: how to import its module, `{module}` filled in)."""
+    name = meta.get("algo")
+    if name == cls.name:
+        return cls
+    algo = _algorithm_classes().get(name)
+    if algo is None:  # (an algorithm of a user's own, or of a module not imported yet)
+        saved = meta.get("class") or str(name)
+        own = _imported_class(meta.get("class"))
+        if own is not None and issubclass(own, Algorithm) and own.name == name:
+            if cls.name and not issubclass(own, cls):
+                raise UserError(f"'{path}' holds a model of {saved}, not of {cls.__name__}; load it with "
+                                f"{own.__name__}.load, or rlspeed.load(path), which loads any model.")
+            return cls if cls.name else own  # (`PPO.load` makes a PPO, as of a file of PPO's subclass; a warning)
+        algo = _algorithm_classes().get(meta.get("derives_from"))  # (its module not imported: the rlspeed
+        # algorithm it derives from, as for a subclass of PPO)
+        module, _, short = saved.rpartition(".")
+        if algo is None and module == "__main__":
+            raise UserError(f"'{path}' holds a model of {short}, an algorithm of the script that saved it: load it "
+                            f"with {_saved_class_call(saved, 'load')}.")
+        if algo is None and own is not None:
+            raise UserError(f"'{path}' holds a model of {saved} (algorithm {name!r}), which as imported now is no "
+                            f"rlspeed algorithm named {name!r}: load it with the class that saves {name!r} models.")
+        if algo is None and module in sys.modules:
+            raise UserError(f"'{path}' holds a model of {saved} (algorithm {name!r}), which {module} no longer "
+                            "defines (renamed or moved since the file was saved?): load it with that class's load "
+                            "under its name now.")
+        if algo is None and module:
+            raise UserError(f"'{path}' holds a model of {saved}, which is not one of rlspeed's algorithms and whose "
+                            f"module is not imported: {import_advice.format(module=module)}.")
+        if algo is None:
+            raise UserError(f"'{path}' holds a model of {saved!r}, which is not one of rlspeed's algorithms: load it "
+                            "with the class that saved it, its module imported.")
+    if cls.name and algo is not cls:  # (`Algorithm.load` builds whichever algorithm the file holds)
+        raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
+                        f"rlspeed.{algo.__name__}.load, or rlspeed.load(path), which loads any model.")
+    return imported_saved_class(meta, algo)  # (a subclass of the user's that saved it, its module imported)
+
+
 def imported_saved_class(meta: dict, algo_cls: type) -> type:
     """The user's subclass of `algo_cls` that saved the checkpoint of `meta` where its module is imported already
     (`rlspeed eval --gym-packages MODULE`), else `algo_cls`. Nothing is imported here: a file does not choose code to
     run."""
-    saved = _other_class(meta, algo_cls)
-    module_name, _, qualname = (saved or "").rpartition(".")
-    module = sys.modules.get(module_name) if module_name not in ("", "__main__") else None
-    found = getattr(module, qualname, None) if module is not None else None
-    return found if isinstance(found, type) and issubclass(found, algo_cls) else algo_cls
+    found = _imported_class(_other_class(meta, algo_cls))
+    return found if found is not None and issubclass(found, algo_cls) else algo_cls
 
 
 def _saved_class_call(saved: str, call: str) -> str:
@@ -1174,6 +1234,8 @@ def _saved_class_call(saved: str, call: str) -> str:
     module, _, name = saved.rpartition(".")
     if module == "__main__":
         return f"{name}.{call}, with {name} defined in this script as in the one that saved it"
+    if module in sys.modules and _imported_class(saved) is None:
+        return f"its class's {call} under its name now ({module} no longer defines {name}: renamed or moved?)"
     return f"{name}.{call}, with {name} imported from {module}"
 
 
@@ -3145,7 +3207,9 @@ class Algorithm:
             optim_meta[name] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                                 for group in state["param_groups"]]
         options = recorded_env_kwargs(self.spec)
-        metadata = {"algo": self.name, "class": _class_name(type(self)), "env_id": self.env_id,
+        metadata = {"algo": self.name, "class": _class_name(type(self)),
+                    **({"derives_from": base} if (base := _derived_algorithm(type(self))) else {}),
+                    "env_id": self.env_id,
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
@@ -3231,7 +3295,8 @@ class Algorithm:
         """Rebuild the model saved at `path` (as given, or with `.safetensors` appended where that does not exist; a
         run directory: its model.safetensors) on `device` (no unpickling). `env` is optional: without it, `learn`
         builds one. `Algorithm.load` (`rlspeed.load`) rebuilds whichever algorithm the file holds, as the user's
-        subclass that saved it where its module is imported; `PPO.load` and the others refuse another's.
+        subclass that saved it where its module is imported; `PPO.load` and the others refuse another's (but for an
+        algorithm of a user's own derived from theirs, `saved_algorithm`).
 
         The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters. `env_kwargs=` (a dict)
@@ -3246,17 +3311,7 @@ class Algorithm:
         path = run_model(path) if isinstance(path, (str, os.PathLike)) else path  # (a run directory: its model)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
-        algo = cls
-        if meta.get("algo") != cls.name:
-            algo = _algorithm_classes().get(meta.get("algo"))
-            if algo is None:  # (an algorithm of a user's own, or of a module not imported yet)
-                saved = meta.get("class") or str(meta.get("algo"))
-                raise UserError(f"'{path}' holds a model of {saved}, which is not one of rlspeed's algorithms: load "
-                                f"it with {saved.rpartition('.')[2]}.load (its module imported).")
-            if cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
-                raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
-                                f"rlspeed.{algo.__name__}.load, or rlspeed.load(path), which loads any model.")
-            algo = imported_saved_class(meta, algo)  # (a subclass of the user's that saved it, its module imported)
+        algo = saved_algorithm(meta, cls, path)
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own)
             raise UserError(f"'{path}' was saved by {other}, whose settings {algo.__name__}.load does not have "
