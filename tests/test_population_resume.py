@@ -188,35 +188,60 @@ def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(
     assert [tuple(row[f"eval_unfinished/seed_{seed}"] for seed in (3, 5, 8)) for row in rows] == [("2", "0", "0")], rows
 
 
+def _confirmations_fall_short():
+    """A small PPO population whose confirming evaluations score below any target (its members train on)."""
+    from rlspeed.algos.base import CONFIRM_SEED
+
+    population = _population(PPO, "CartPole-v1")
+    evaluate = population.evaluate
+
+    def confirmations_fall_short(seeds, episodes, members):
+        means = evaluate(seeds, episodes, members)
+        return means - 1e6 if seeds[0] >= CONFIRM_SEED else means
+
+    population.evaluate = confirmations_fall_short
+    return population
+
+
 def test_a_resume_keeps_each_confirmations_episodes_cut_short(tmp_path, monkeypatch):
     """The confirmations made before a checkpoint keep their counts of episodes cut short through a resume (a
     confirmation that did not reach the target: its fresh episodes scored below it, so the members train on)."""
     import warnings
 
-    from rlspeed.algos.base import CONFIRM_SEED
 
     _member_0_cut_short(monkeypatch)
-
-    def make():
-        population = _population(PPO, "CartPole-v1")
-        evaluate = population.evaluate
-
-        def confirmations_fall_short(seeds, episodes, members):
-            means = evaluate(seeds, episodes, members)
-            return means - 1e6 if seeds[0] >= CONFIRM_SEED else means
-
-        population.evaluate = confirmations_fall_short
-        return population
-
     learn = dict(target_return=-1000, eval_freq=128, eval_episodes=2, progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
-        make().learn(256, run_dir=tmp_path, checkpoint_freq=128, **learn)
-        resumed = make()
+        _confirmations_fall_short().learn(256, run_dir=tmp_path, checkpoint_freq=128, **learn)
+        resumed = _confirmations_fall_short()
         resumed.resume(tmp_path / "checkpoint.safetensors")
         summary = resumed.learn(128, run_dir=tmp_path, **learn)
     assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2, 2], [0, 0], [0, 0]]
     assert summary["reached"] == 0
+
+
+def test_confirmations_an_older_checkpoint_did_not_count_are_not_counted(tmp_path, monkeypatch, capsys):
+    """A checkpoint of an earlier rlspeed records no count of its confirmations' episodes cut short: summary.json's
+    `confirmations_unfinished` holds null for them (not -1), and the reached line counts only the known ones (it
+    counted the unknown ones' episodes in its total)."""
+    import warnings
+
+    _member_0_cut_short(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
+        _confirmations_fall_short().learn(256, target_return=-1000, eval_freq=128, eval_episodes=2, run_dir=tmp_path,
+                                          checkpoint_freq=128, progress_bar=False)
+        resumed = _confirmations_fall_short()
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+        resumed.progress.pop("confirmations_unfinished")  # (as an earlier rlspeed's checkpoint holds it)
+        summary = resumed.finish_resumed(target_return=-1000, eval_episodes=2)
+    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[None], [None], [None]]
+    from rlspeed.cli import _confirmations_cut_short
+
+    members = [{"confirmations_unfinished": [None, 2]}, {"confirmations_unfinished": [None, 0]}]
+    assert _confirmations_cut_short(members, 2) == ", 2 of 4 cut short at the step limit"
+    assert _confirmations_cut_short([{"confirmations_unfinished": [None, -1]}], 2) == ""
 
 
 @pytest.mark.parametrize(("algo", "env_id", "extra"), [

@@ -421,6 +421,15 @@ def _signals_stop_cleanly(command):
     return run
 
 
+def _confirmations_cut_short(members: list[dict], episodes: int) -> str:
+    """How many of a population's confirming evaluations' episodes (`episodes` each) were cut short at the step limit,
+    as `cut_short` says it ("" where none), of the confirmations whose count is known: an older checkpoint's are not
+    (None in `confirmations_unfinished`), and count in neither total."""
+    cuts = [cut for member in members for cut in member.get("confirmations_unfinished", [])
+            if isinstance(cut, int) and cut >= 0]
+    return _cut_short(sum(cuts), len(cuts) * episodes)
+
+
 @_signals_stop_cleanly
 def cmd_train(args: argparse.Namespace) -> int:
     """`rlspeed train`: train ALGO on ENV_ID from its preset, `--set` overrides and flags; returns the exit code.
@@ -883,8 +892,7 @@ def _train_population(args: argparse.Namespace) -> int:
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
     if target is not None:
-        cuts = [cut for member in summary["members"] for cut in member.get("confirmations_unfinished", [])]
-        cut = _cut_short(sum(c for c in cuts if c > 0), len(cuts) * _eval_episodes(args))
+        cut = _confirmations_cut_short(summary["members"], _eval_episodes(args))
         line = f"{summary['reached']} of {len(seeds)} members reached {target:g}" + (
             f" (confirmations on fresh episodes{cut})" if cut else "")
         if steps is not None:

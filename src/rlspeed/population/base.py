@@ -579,7 +579,7 @@ class _LoopProgress:
     #: each member's `[[steps, confirming evaluation's mean], ...]`: every evaluation that reached the target
     confirmations: list[list[list[float]]] = dataclasses.field(default_factory=list)
     #: beside each member's `confirmations`, each one's episodes cut short at the step limit
-    confirmations_unfinished: list[list[int]] = dataclasses.field(default_factory=list)
+    confirmations_unfinished: list[list[int | None]] = dataclasses.field(default_factory=list)
     train_wall_s: float = 0.0
     #: this process's CPU time in training (on a shared machine the wall clock also counts others)
     train_cpu_s: float = 0.0
@@ -612,9 +612,11 @@ class _LoopProgress:
             progress.member_steps = int(saved["member_steps"])
             if "confirmations" in saved:  # (checkpoints written before they were recorded have none)
                 progress.confirmations = [list(c) for c in saved["confirmations"]]
-                # (older checkpoints' confirmations: -1 episodes cut short, not known)
-                progress.confirmations_unfinished = [list(c) for c in saved.get(
-                    "confirmations_unfinished", [[-1] * len(c) for c in progress.confirmations])]
+                # (older checkpoints' confirmations: None episodes cut short, not known; -1 where an rlspeed that
+                # wrote their unknown count so saved them again)
+                progress.confirmations_unfinished = [[None if cut is None or cut < 0 else int(cut) for cut in c]
+                                                     for c in saved.get("confirmations_unfinished", [
+                                                         [None] * len(c) for c in progress.confirmations])]
             if saved["eval_freq"] == eval_freq:
                 progress.next_eval = int(saved["next_eval"])
             if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
