@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 import rlspeed
+from rlspeed.env_options import as_keywords
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.files import given_path, local_path, unwritable, write_atomic
 from rlspeed.logging import cut_short, format_return, print_beside_bars, tensorboard_tag
@@ -651,7 +652,7 @@ class EvalCallback(BaseCallback):
             env_id = getattr(spec, "id", None)
             options = _options_given(spec) if isinstance(env_id, str) else {}
             if options:  # (an id alone makes the env without them: the evaluations would run on another env)
-                given = ", ".join(f"{key}={value!r}" for key, value in options.items())
+                given = as_keywords(options)
                 instead = (f": it was made with options ({given}), which its id does not carry, so pass "
                            f"rlspeed.make_env({env_id!r}, num_envs=N, {given}), N envs for N episodes")
             else:

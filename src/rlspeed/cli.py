@@ -36,6 +36,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed._version import __version__
+from rlspeed.env_options import as_keywords
 from rlspeed.errors import (
     Busy,
     EnvStepError,
@@ -1122,7 +1123,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if getattr(args, "variant_note", None) and not resumed:
         args.setting_notes.append(args.variant_note)
     if args.env_variant and not resumed:
-        options = ", ".join(f"{key}={value!r}" for key, value in _env_kwargs(args).items())
+        options = as_keywords(_env_kwargs(args))
         args.setting_notes.append(f"rlspeed: note: {args.env_id} with {options} is {preset_id} as Gymnasium "
                                   f"registers it: the preset and reward threshold are {preset_id}'s")
     given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {}),
@@ -1273,7 +1274,7 @@ def _variant_preset(args: argparse.Namespace, algo: str, source: str):
         near = None if "max_episode_steps" in env_kwargs else registered_variant(env_id, env_kwargs, False)
         limits = [gym.spec(name).max_episode_steps for name in (env_id, near)] if near else [None]
         if None not in limits:  # (said when training starts, after the preset's line)
-            options = ", ".join(f"{key}={value!r}" for key, value in env_kwargs.items())
+            options = as_keywords(env_kwargs)
             args.variant_note = (f"rlspeed: note: {args.env_id} with {options} is {near} but for its time limit "
                                  f"({limits[0]:,} steps here, {limits[1]:,} there): {near}'s preset and reward "
                                  f"threshold do not apply; --env-kwargs max_episode_steps={limits[1]} (or {near}) "

@@ -5,7 +5,7 @@ CLI and the presets use it before they import torch (which `rlspeed.envs` does).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -43,3 +43,9 @@ def with_tuples(value: Any, paths: list[list] | None) -> Any:
 def has_list(value: Any) -> bool:
     """Whether env options hold a list, at any depth."""
     return any(not was_tuple for _, was_tuple in _sequences(value))
+
+
+def as_keywords(options: Mapping[str, Any]) -> str:
+    """`options` as the keyword arguments of a call that gives them (`key='value', size=3`): how messages show the
+    options an env was made with."""
+    return ", ".join(f"{key}={value!r}" for key, value in options.items())
