@@ -6,6 +6,7 @@ arguments before a model is built (argparse, range checks, presets, `--set` valu
 
 from __future__ import annotations
 
+import math
 from unittest import mock
 
 import pytest
@@ -27,7 +28,8 @@ NUMBER_TEXT = st.one_of(
 YAML_TEXT = st.one_of(
     NUMBER_TEXT,
     st.sampled_from(["[64, 64]", "[]", "[[1]]", "{a: 1}", "null", "~", ".inf", ".nan", "-.inf", "yes", "2001-12-14",
-                     "!!python/object:os.system", "&a [*a]", "[1, .nan]", "'1e5'", "[0.5]", "0"]),
+                     "!!python/object:os.system", "&a [*a]", "[1, .nan]", "'1e5'", "[0.5]", "0", "{pi: [64, .nan]}",
+                     "[[1, -.inf]]", "{a: {b: [.inf]}}", "&a [1, *a, .nan]"]),
 )
 KEYS = st.one_of(
     st.sampled_from(["learning_rate", "gamma", "batch_size", "num_steps", "num_envs", "net_arch", "buffer_size",
@@ -86,8 +88,19 @@ def test_set_pairs_parse_to_finite_values_or_raise_user_error(pairs):
         return
     for key, value in values.items():
         assert key and key == key.strip()
-        for item in value if isinstance(value, list) else [value]:
-            assert not (isinstance(item, float) and item != item) and item not in (float("inf"), float("-inf"))
+        assert all(math.isfinite(number) for number in _floats_in(value, []))
+
+
+def _floats_in(value, within: list) -> list[float]:
+    """The floats in `value` and every list and dict in it (each list or dict once: a YAML alias can make a list hold
+    itself)."""
+    if any(value is seen for seen in within):
+        return []
+    if isinstance(value, (list, dict)):
+        within.append(value)
+        return [number for item in (value.values() if isinstance(value, dict) else value)
+                for number in _floats_in(item, within)]
+    return [value] if isinstance(value, float) else []
 
 
 @settings(max_examples=300, deadline=None)

@@ -262,6 +262,23 @@ def test_exploration_fraction_zero_says_how_to_hold_epsilon_constant():
     assert model.epsilon(0) == model.epsilon(63) == 0.05
 
 
+def test_a_nan_or_infinity_inside_a_set_value_is_one_sentence_naming_where(capsys):
+    """`--set` and `--env-kwargs` refuse NaN and infinity at any depth of a value's lists and dicts (they refused
+    them one level deep, and a value inside a dict at none), naming the key path."""
+    from rlspeed import cli
+
+    for flag, pair, where in [("--set", 'net_arch={"pi": [64, .nan], "vf": [64]}', "net_arch.pi[1] is nan"),
+                              ("--set", "policy_kwargs={arch: {pi: [.inf]}}", "policy_kwargs.arch.pi[0] is inf"),
+                              ("--env-kwargs", "layout=[[1, -.inf]]", "layout[0][1] is -inf"),
+                              ("--env-kwargs", "goal={x: 1e999}", "goal.x is inf"),
+                              ("--set", "net_arch=[64, .nan]", "net_arch[1] is nan")]:
+        assert cli.main(["train", "ppo", "CartPole-v1", flag, pair, "--dry-run"]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith(f"rlspeed: error: {flag} ") and error.endswith(
+            f": values must be finite numbers ({where})."), error
+    assert cli._parse_set(["net_arch={pi: [64, 64]}", "cycle=&a [1, *a]"])["net_arch"] == {"pi": [64, 64]}
+
+
 def test_an_infinite_max_grad_norm_says_how_to_not_clip(tmp_path, capsys):
     """max_grad_norm=inf (Stable-Baselines3's way to not clip gradients) was refused as not finite, with no way on:
     the sentence names a large value, in Python and from --set; a large value trains."""

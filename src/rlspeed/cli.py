@@ -229,17 +229,35 @@ def _target_text(text: str) -> str:
 
 
 def _finite_values(key: str, value, flag: str = "--set") -> None:
-    """UserError for NaN or infinity in a `--set` value (YAML's .nan/.inf, or text such as 'inf' or '1e999')."""
-    items = value if isinstance(value, list) else [value]
-    for item in items:
-        number = item
-        if isinstance(item, str):
-            try:
-                number = float(item)
-            except ValueError:
-                continue
-        if isinstance(number, float) and not math.isfinite(number):
-            raise UserError(f"{flag} {key}={value}: values must be finite numbers{infinite_advice(key)}.")
+    """UserError for NaN or infinity anywhere in a `--set` value (YAML's .nan/.inf, or text such as 'inf' or '1e999'),
+    also inside its lists and dicts, naming where (`net_arch.pi[1]`)."""
+    found = _nonfinite_at(value, key)
+    if found is not None:
+        where = f" ({found[0]} is {found[1]})" if found[0] != key else ""
+        raise UserError(f"{flag} {key}={value}: values must be finite numbers{where}{infinite_advice(key)}.")
+
+
+def _nonfinite_at(value, path: str, within: tuple = ()) -> tuple[str, float] | None:
+    """(path, value) of the first NaN or infinity in `value` and the lists and dicts in it (`path`: how to name
+    `value`, `name.key[index]` below it), else None. `within`: the lists and dicts that hold `value` (a YAML alias can
+    make a list hold itself)."""
+    if isinstance(value, (list, dict)):
+        if any(value is outer for outer in within):
+            return None
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for index, item in items:
+            found = _nonfinite_at(item, f"{path}.{index}" if isinstance(value, dict) else f"{path}[{index}]",
+                                  (*within, value))
+            if found is not None:
+                return found
+        return None
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    return (path, number) if isinstance(number, float) and not math.isfinite(number) else None
 
 
 def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
