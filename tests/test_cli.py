@@ -435,6 +435,15 @@ def test_a_set_value_yaml_would_read_as_another_value_is_refused(value, match):
         cli._parse_set([f"num_steps={value}"])
 
 
+def test_a_number_with_an_exponent_inside_a_set_value_is_a_number():
+    """YAML 1.1 reads `1e-3` (an exponent, no dot) as text: `--set` and `--env-kwargs` read it as the number at any
+    depth of a value's lists and dicts (an env option {lr: 1e-3} reached the env as the text '1e-3')."""
+    assert cli._parse_set(["opts={lr: 1e-3, sizes: [[1e5]]}", "lr=1e-3", "names=[a1e5, '1e5x']"], "--env-kwargs") == {
+        "opts": {"lr": 0.001, "sizes": [[100000.0]]}, "lr": 0.001, "names": ["a1e5", "1e5x"]}
+    cycle = cli._parse_set(["cycle=&a [1e2, *a]"])["cycle"]  # (a YAML alias's list that holds itself is kept)
+    assert cycle[0] == 100.0 and cycle[1][1] is cycle[1]
+
+
 @pytest.mark.parametrize("value", ["four", "2.5"])
 def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -295,14 +295,19 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
 _EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 
 
-def _exponent_floats(value):
-    """`value` with strings such as `1e-3` as floats (YAML 1.1, which PyYAML reads, takes a number with an exponent
-    but no dot as text: written back to config.yaml unquoted, it would be read back as text again)."""
+def _exponent_floats(value, within: tuple = ()):
+    """`value` with strings such as `1e-3` as floats, also inside its lists and dicts (YAML 1.1, which PyYAML reads,
+    takes a number with an exponent but no dot as text: written back to config.yaml unquoted, it would be read back as
+    text again). `within`: the lists and dicts that hold `value`; one that holds itself (a YAML alias) is kept as it
+    is."""
     if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
         return float(value)
-    if isinstance(value, list):  # (one level: per-member lists; a YAML alias can make a list contain itself)
-        return [float(item) if isinstance(item, str) and _EXPONENT_NUMBER.fullmatch(item.strip()) else item
-                for item in value]
+    if isinstance(value, (list, dict)) and any(value is outer for outer in within):
+        return value
+    if isinstance(value, list):
+        return [_exponent_floats(item, (*within, value)) for item in value]
+    if isinstance(value, dict):
+        return {key: _exponent_floats(item, (*within, value)) for key, item in value.items()}
     return value
 
 
