@@ -148,7 +148,7 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
     sidecar = json.loads((tmp_path / "sac.onnx.json").read_text())
     assert sidecar["algo"] == "sac" and sidecar["env_id"] == "Pendulum-v1" and sidecar["format"] == "onnx"
     assert sidecar["rlspeed_version"] == rlspeed.__version__
-    assert sidecar["inputs"] == [{"name": "obs", "dtype": "float32", "shape": ["batch", 3],
+    assert sidecar["inputs"] == [{"name": "obs", "dtype": "float32", "shape": ["batch", 3], "observation_path": [],
                                   "description": "raw observations as the env returns them (not normalised)"}]
     assert [(o["name"], o["dtype"], o["shape"]) for o in sidecar["outputs"]] == [("actions", "float32", ["batch", 1])]
     assert sidecar["action_space"] == {"type": "box", "shape": [1], "low": [-2.0], "high": [2.0], "dtype": "float32"}
@@ -451,6 +451,32 @@ def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
             chosen = expected.reshape(batch, -1) + np.concatenate(([0], np.cumsum(space.nvec)[:-1])) \
                 if isinstance(space, gym.spaces.MultiDiscrete) else expected.reshape(batch, 1)
             assert np.take_along_axis(flags, chosen, axis=1).all()
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict"])
+def test_the_sidecar_says_where_each_input_is_in_the_envs_observation(kind, tmp_path):
+    """A Tuple observation's inputs are named "0", "1", ... in text order ("10" before "2"): each input's
+    `observation_path` says which element of the env's tuple it takes (a Dict's: which key), so a program that reads
+    only the sidecar feeds the graph from the env's observation and gets `predict`'s actions."""
+    parts = [gym.spaces.Box(-1, 1, (2,)) if index % 2 else gym.spaces.Discrete(3) for index in range(11)]
+    space = (gym.spaces.Tuple(parts) if kind == "tuple" else
+             gym.spaces.Dict({f"part{index}": part for index, part in enumerate(parts)}))
+    model = rlspeed.PPO(EnvSpec.from_spaces("custom", space, gym.spaces.Discrete(3), 20, None), seed=0,
+                        net_arch=(8,))
+    _randomise_any(model, seed=3)
+    path = export(model, tmp_path / "policy.pt", format="torchscript")
+    inputs = json.loads((tmp_path / "policy.pt.json").read_text())["inputs"]
+    paths = [item["observation_path"] for item in inputs]
+    if kind == "tuple":
+        assert sorted(paths) == [[index] for index in range(11)] and paths[2] == [10]  # (text order: "10" after "1")
+        assert all(f"(element {where} of the env's Tuple observation)" in item["description"]
+                   for (where,), item in zip(paths, inputs))
+    else:
+        assert sorted(paths) == sorted([f"part{index}"] for index in range(11))
+    obs = gym.vector.utils.batch_space(space, 5).sample()  # (a vector env's batch of the env's observations)
+    graph = torch.jit.load(str(path))
+    got = graph(*(torch.as_tensor(np.asarray(obs[where])) for (where,) in paths))
+    np.testing.assert_array_equal(got.numpy(), model.predict(obs, deterministic=True)[0])
 
 
 def test_action_mask_input_changes_the_actions_as_predict_does(tmp_path):

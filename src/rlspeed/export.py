@@ -51,7 +51,14 @@ from rlspeed._version import __version__
 from rlspeed.accel.introspect import made_as
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import float32_default, major_minor
-from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
+from rlspeed.envs.base import (
+    mask_size,
+    obs_batch_size,
+    observation_layout,
+    recorded_env_kwargs,
+    space_to_json,
+    tuple_positions,
+)
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError, true_or_false, warn_at_caller
 from rlspeed.files import given_path, local_path, write_atomic
@@ -230,14 +237,18 @@ class PolicyExport(nn.Module):
         if self.vec_normalized:
             normalised = f"{normalised} again" if self.obs_rms is not None else "not normalised again"
         items = []
+        positions = tuple_positions(self.observation_space)
         for name, shape, dtype in self.observation_inputs:
-            what = (f"observations{f' (key {name!r})' if self.keyed else ''} as the Stable-Baselines3 VecNormalize the "
-                    "model trained on returns them (VecNormalize.normalize_obs of the env's, with its saved "
-                    "statistics), not raw ones" if self.vec_normalized else
-                    f"raw observations{f' (key {name!r})' if self.keyed else ''} as the env returns them")
+            # (where in the env's observation the input is: obs[path[0]]; nothing for an observation of one part)
+            path = ([int(name)] if positions else [name]) if self.keyed else []
+            part = ("" if not self.keyed else f" (element {name} of the env's Tuple observation)" if positions
+                    else f" (key {name!r})")
+            what = (f"observations{part} as the Stable-Baselines3 VecNormalize the model trained on returns them "
+                    "(VecNormalize.normalize_obs of the env's, with its saved statistics), not raw ones"
+                    if self.vec_normalized else f"raw observations{part} as the env returns them")
             how = normalised if dtype == torch.float32 else "converted, scaled and encoded inside the graph"
             items.append({"name": name, "dtype": _dtype_name(dtype), "shape": ["batch", *shape],
-                          "description": f"{what} ({how})"})
+                          "observation_path": path, "description": f"{what} ({how})"})
         for name, shape, dtype, batch_dims in self.extra_inputs():
             items.append({"name": name, "dtype": _dtype_name(dtype), "shape": _with_batch(shape, batch_dims, "batch"),
                           "description": _EXTRA_INPUTS[name]})

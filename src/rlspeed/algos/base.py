@@ -90,6 +90,7 @@ from rlspeed.envs.base import (
     space_from_json,
     space_text,
     space_to_json,
+    tuple_positions,
 )
 from rlspeed.envs.gymnasium_env import (
     check_action_masks,
@@ -829,7 +830,7 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device, la
     layout = observation_layout(space) if layout is None else layout
     if isinstance(space, gym.spaces.Dict):
         keys = list(space.spaces)
-        if all(key.isdigit() for key in keys):  # a Tuple env's: its space became keys "0", "1", ...
+        if tuple_positions(space):
             # (an element no encoder takes, such as a Text, dropped: the keys need not be every position)
             width = max(int(key) for key in keys) + 1
             shape_of = (f"This model takes Tuple observations of {width} elements: pass one as the env returns it "

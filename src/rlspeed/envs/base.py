@@ -76,6 +76,12 @@ def _leaf_shape(space: gym.Space) -> tuple[int, ...]:
     return tuple(int(d) for d in space.shape)
 
 
+def tuple_positions(space: gym.Space) -> bool:
+    """Whether `space` (as `check_observation_space` gives it) is a Tuple env's: a Dict whose keys are positions "0",
+    "1", ... of the env's tuple observation (what `predict` takes a tuple for, and an export's sidecar names)."""
+    return isinstance(space, gym.spaces.Dict) and all(key.isdigit() for key in space.spaces)
+
+
 def observation_layout(space: gym.Space) -> tuple | dict[str, tuple]:
     """(shape, torch dtype) of one observation of `space` as the env adapters give it; for a Dict space, a dict of
     those per key (the space must have passed `check_observation_space`)."""
