@@ -479,6 +479,21 @@ def test_the_sidecar_says_where_each_input_is_in_the_envs_observation(kind, tmp_
     np.testing.assert_array_equal(got.numpy(), model.predict(obs, deterministic=True)[0])
 
 
+def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):
+    """JSON writes the tuples among the env's options as lists (an env may take one only as a tuple, as highway-env's
+    observation_shape): the sidecar lists their paths (`env_kwargs_tuples`), as checkpoints do, so a program that
+    makes the env from the sidecar can give it the options it trained with."""
+    from rlspeed.env_options import with_tuples
+
+    options = {"observation_shape": (84, 84), "levels": [1, (2, 3)], "name": "a"}
+    spec = EnvSpec("custom", (3,), gym.spaces.Discrete(2), 20, None, gym.spaces.Box(-1, 1, (3,)), options)
+    export(rlspeed.PPO(spec, seed=0, net_arch=(8,)), tmp_path / "policy.pt", format="torchscript")
+    sidecar = json.loads((tmp_path / "policy.pt.json").read_text())
+    assert sidecar["env_kwargs"] == {"observation_shape": [84, 84], "levels": [1, [2, 3]], "name": "a"}
+    assert sidecar["env_kwargs_tuples"] == [["observation_shape"], ["levels", 1]]
+    assert with_tuples(sidecar["env_kwargs"], sidecar["env_kwargs_tuples"]) == options
+
+
 def test_action_mask_input_changes_the_actions_as_predict_does(tmp_path):
     model = _space_model("ppo-image-discrete")
     with torch.no_grad():  # a large last layer: the unmasked favourite dominates

@@ -51,6 +51,7 @@ from rlspeed._version import __version__
 from rlspeed.accel.introspect import made_as
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import float32_default, major_minor
+from rlspeed.env_options import tuple_paths
 from rlspeed.envs.base import (
     mask_size,
     obs_batch_size,
@@ -561,8 +562,9 @@ def _observation_normalization(module: PolicyExport) -> dict | None:
 
 def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
+    options = recorded_env_kwargs(model.spec)  # (the env's options: the same env needs them)
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
-            "env_kwargs": recorded_env_kwargs(model.spec),  # (the env's options: the same env needs them)
+            "env_kwargs": options, "env_kwargs_tuples": tuple_paths(options),  # (as a checkpoint records them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,
             "inputs": module.inputs(), "outputs": module.outputs(),
