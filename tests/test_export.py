@@ -479,6 +479,27 @@ def test_the_sidecar_says_where_each_input_is_in_the_envs_observation(kind, tmp_
     np.testing.assert_array_equal(got.numpy(), model.predict(obs, deterministic=True)[0])
 
 
+def test_rlspeed_export_of_an_algorithm_of_a_users_own(tmp_path):
+    """`rlspeed export` of a file saved by a user's algorithm of its own name exports the rlspeed algorithm it derives
+    from (the file records it), with the load's warning naming the class (it was "holds an unknown algorithm"); a file
+    that records none is one sentence saying to export it in Python with its class imported."""
+    from rlspeed import checkpoint
+
+    model = rlspeed.PPO("CartPole-v1", seed=0, net_arch=(8,), normalize_obs=True)
+    _randomise(model, seed=3)
+    tensors, meta = checkpoint.load_checkpoint(model.save(tmp_path / "model"))
+    mine = {**meta, "algo": "mine", "class": "their_module.Mine", "derives_from": "ppo"}
+    checkpoint.save_checkpoint(tmp_path / "mine.safetensors", tensors, mine)
+    with pytest.warns(UserWarning, match=r"saved by their_module.Mine, a subclass of rlspeed's ppo; PPO.load makes"):
+        path = export_checkpoint(tmp_path / "mine.safetensors", "torchscript", algorithms=ALGORITHMS)
+    _assert_same_actions(model, _runner("torchscript", path), seed=4)
+    mine.pop("derives_from")
+    checkpoint.save_checkpoint(tmp_path / "mine.safetensors", tensors, mine)
+    with pytest.raises(UserError, match=r"holds a model of their_module.Mine, which is not one of rlspeed's "
+                                        r"algorithms: export it in Python with its class imported \(rlspeed.load"):
+        export_checkpoint(tmp_path / "mine.safetensors", "onnx", out=tmp_path / "other.onnx", algorithms=ALGORITHMS)
+
+
 def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):
     """JSON writes the tuples among the env's options as lists (an env may take one only as a tuple, as highway-env's
     observation_shape): the sidecar lists their paths (`env_kwargs_tuples`), as checkpoints do, so a program that

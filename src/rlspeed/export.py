@@ -801,9 +801,12 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     path = run_model(checkpoint)
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
-    algo_cls = algorithms.get(meta.get("algo"))
+    # (an algorithm of a user's own name: the rlspeed algorithm it derives from, whose load warns that it makes one)
+    algo_cls = algorithms.get(meta.get("algo")) or algorithms.get(meta.get("derives_from"))
     if algo_cls is None:
-        raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
+        raise UserError(f"'{path}' holds a model of {meta.get('class') or meta.get('algo')}, which is not one of "
+                        "rlspeed's algorithms: export it in Python with its class imported "
+                        "(rlspeed.load(path).export(out)).")
     target = local_path(out) if out is not None else path.with_suffix(FORMATS[format])
     if target.is_dir() or not target.name:  # (".", "/" or "" name no file: said before the sidecar's name is made)
         raise UserError(f"'{out}' is a directory; give the file to write, e.g. "
