@@ -137,6 +137,29 @@ def test_resuming_gymnasium_envs_says_what_cannot_be_restored(tmp_path):
         resumed.learn(32, progress_bar=False)
 
 
+@pytest.mark.parametrize("algo", [PPO, DQN])
+def test_a_resume_from_a_model_saved_before_training_is_the_uninterrupted_run_without_a_warning(algo, tmp_path):
+    """A model saved before any step (its file holds no optimiser state: `"optimizers": {}`) resumes into the run a
+    new model trains: bitwise on Gymnasium envs too, with no episode in progress or transition to lose, so no warning
+    says the run differs (it said the episodes and the replay buffer start afresh, "not identical")."""
+    import warnings
+
+    settings = dict(seed=0, device="cpu", env_backend="gymnasium", num_envs=2, net_arch=(8,),
+                    **({"num_steps": 16, "batch_size": 32, "n_epochs": 1} if algo is PPO else
+                       {"learning_starts": 16, "batch_size": 8}))
+    path = algo("CartPole-v1", **settings).save(tmp_path / "fresh")
+    meta = checkpoint_metadata(path)
+    assert meta["optimizers"] == {} and meta["num_timesteps"] == 0
+    uninterrupted, resumed = algo("CartPole-v1", **settings), algo("CartPole-v1", **settings)
+    resumed.resume(path)
+    uninterrupted.learn(64, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.learn(64, progress_bar=False)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted.policy.parameters(), resumed.policy.parameters()))
+    assert resumed.num_timesteps == uninterrupted.num_timesteps == 64
+
+
 def test_resuming_into_a_model_of_other_env_options_says_so(tmp_path):
     """`resume` continues a run after a restart: a model made without the run's env options (or with others) went on
     training on another env without a word; the same options resume in silence."""

@@ -3143,7 +3143,7 @@ class Algorithm:
             reason = "under torch.distributed each process's envs and random generators start afresh"
         obs, info = env.reset()
         self._action_mask = info.get("action_mask")  # bool [N, n] where the env gives action masks, else None
-        if resume is not None:
+        if resume is not None and not (resume.get("untrained") and resume["meta"] and not self.strategy.enabled):
             warnings.warn(f"Resuming from '{resume['path']}': {reason}, so training continues from fresh episodes "
                           "and is not identical to the uninterrupted run.", stacklevel=4)
         return obs
@@ -3538,7 +3538,10 @@ class Algorithm:
                              and any(key.startswith(f"{name}.") for key in tensors)]
         self._resume = {"meta": state or {}, "path": file,
                         "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")},
-                        "normalised_replay": normalised_replay}
+                        "normalised_replay": normalised_replay,
+                        # (saved before any step: no episode in progress and no transition to lose, so a resume
+                        # that starts fresh episodes and an empty replay buffer is the uninterrupted run)
+                        "untrained": not int(meta.get("num_timesteps", 0))}
 
     def _restore_counts(self, meta: dict) -> None:
         """The env steps and gradient steps a saved file holds (`load`, `resume`); a file an older rlspeed wrote after

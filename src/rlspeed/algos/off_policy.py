@@ -641,6 +641,8 @@ class OffPolicyAlgorithm(Algorithm):
         if self.strategy.enabled:
             return False
         if not isinstance(resume["meta"].get("replay_buffer"), dict):  # (as a population's resume says it)
+            if resume.get("untrained"):
+                return False
             warnings.warn(f"Resuming from '{resume['path']}': it holds no replay buffer (save_replay_buffer=True, or "
                           "--save-replay-buffer, saves one with each checkpoint), so the replay buffer refills from "
                           "empty and updates wait for learning_starts new transitions: training is not identical to "
