@@ -365,6 +365,26 @@ def test_subprocess_envs_are_asked_about_their_wrappers_once(kind):
     env.close()
 
 
+class _ComparedAsyncVectorEnv(gym.vector.AsyncVectorEnv):  # (__eq__ without __hash__: no dict key)
+    def __eq__(self, other):
+        return self is other
+
+
+def test_subprocess_envs_that_cannot_key_a_dict_keep_their_time_limit():
+    """The workers' answers are kept per vector env in a WeakKeyDictionary: a vector env class defining `__eq__` (so
+    unhashable) failed to key it, was taken for envs that cannot answer, and lost its time limit (evaluation
+    episodes of 10,000 steps where its envs' are 40)."""
+    from rlspeed import make_env
+
+    vector_env = _ComparedAsyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=40)] * 2, context="fork",
+                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = make_env(vector_env)
+    try:
+        assert env.spec.max_episode_steps == 40
+    finally:
+        env.close()
+
+
 class _PatchedTimeLimit(gym.wrappers.TimeLimit):  # (rl_zoo3.gym_patches' subclass, put in TimeLimit's place)
     pass
 

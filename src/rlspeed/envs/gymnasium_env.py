@@ -588,8 +588,12 @@ def _subprocess_env(vector_env):
 def _worker_answer(inner, name: str) -> list:
     """Each env's `str()` (`name` "__str__") or attribute `name`, inside subprocess vector env `inner`
     (`_subprocess_env`): asked of its workers once per vector env (`_WORKER_ANSWERS`). What the ask raises is
-    raised (and asked again next time)."""
-    answers = _WORKER_ANSWERS.setdefault(inner, {})
+    raised (and asked again next time). A vector env that cannot key a `WeakKeyDictionary` (one whose class
+    defines `__eq__` without `__hash__`, or has no `__weakref__` slot) is asked every time."""
+    try:
+        answers = _WORKER_ANSWERS.setdefault(inner, {})
+    except TypeError:  # (unhashable, or not weakly referenceable)
+        answers = {}
     if name not in answers:
         if name == "__str__":
             answer = (inner.call if isinstance(inner, gym.vector.AsyncVectorEnv) else inner.env_method)(name)
