@@ -59,6 +59,7 @@ VECTOR = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 BOX_ACTIONS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 UINT8_IMAGE = gym.spaces.Box(0, 255, (3, 40, 40), np.uint8)
 BOOL_IMAGE = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
+FLOAT_IMAGE = gym.spaces.Box(0.0, 1.0, (3, 40, 40), np.float32)  # (a CNN's only with encoder=cnn)
 
 
 @pytest.mark.parametrize(("algo", "options", "observations", "actions", "message"), [
@@ -67,6 +68,9 @@ BOOL_IMAGE = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
      "encoder=mlp flattens the images"),
     (rlspeed.SAC, {"normalize_images": False}, VECTOR, BOX_ACTIONS, "normalize_images=False has no effect"),
     (rlspeed.PPO, {"normalize_images": False}, BOOL_IMAGE, gym.spaces.Discrete(2), "has bool images"),
+    (rlspeed.PPO, {"normalize_images": False, "encoder": "cnn"}, FLOAT_IMAGE, gym.spaces.Discrete(2),
+     "has no uint8 images in \\[0, 255\\]"),
+    (rlspeed.PPO, {"cnn_features_dim": 64}, FLOAT_IMAGE, gym.spaces.Discrete(2), "no image observations, so no CNN"),
     (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, gym.spaces.Discrete(3), "has Discrete actions"),
     (rlspeed.A2C, {"log_std_init": -1.0}, VECTOR, gym.spaces.MultiDiscrete([2, 3]), "has MultiDiscrete actions"),
     (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, gym.spaces.MultiBinary(3), "has MultiBinary actions"),
@@ -98,6 +102,7 @@ def test_a_setting_that_changes_nothing_on_the_env_is_named(algo, options, obser
     (rlspeed.DQN, {"cnn_features_dim": 64}, gym.spaces.Dict({"image": BOOL_IMAGE, "vector": VECTOR}),
      gym.spaces.Discrete(2)),
     (rlspeed.PPO, {"normalize_images": False, "encoder": "mlp"}, UINT8_IMAGE, gym.spaces.Discrete(2)),
+    (rlspeed.SAC, {"cnn_features_dim": 64, "encoder": "cnn"}, FLOAT_IMAGE, BOX_ACTIONS),
     (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, BOX_ACTIONS),
     (rlspeed.PPO, {"use_sde": True, "sde_sample_freq": 4, "full_std": False, "use_expln": True, "log_std_init": -2.0},
      VECTOR, BOX_ACTIONS),

@@ -139,6 +139,40 @@ def test_encoder_overrides_that_do_not_fit_the_space_are_one_sentence():
         rlspeed.PPO("CartPole-v1", encoder="resnet")
 
 
+@pytest.mark.parametrize("space, channels_last", [
+    (_box((3, 40, 40), dtype=np.float32, low=0.0, high=1.0), False),  # float images in [0, 1], channels first
+    (_box((40, 40, 3), low=0, high=10), True),  # uint8 of other bounds: no image to auto (nor to SB3)
+])
+def test_encoder_cnn_takes_any_3d_box_as_an_image_as_it_is(space, channels_last):
+    """Float images in [0, 1] and uint8 Boxes of other bounds: `auto` flattens them with a warning naming
+    encoder='cnn', which gives the CNN that SB3's CnnPolicy with normalize_images=False gives (they were refused as
+    "no image observations", leaving an MLP over every pixel the only choice); the CNN takes them unscaled."""
+    with pytest.warns(UserWarning, match=rf"shape {re.escape(str(space.shape))} .*pass encoder='cnn'"):
+        assert not isinstance(make_encoder(space), CNNEncoder)
+    cnn = make_encoder(space, encoder="cnn", cnn_features_dim=8)
+    assert isinstance(cnn, CNNEncoder) and cnn.channels_last == channels_last and cnn.kind == "Nature CNN encoder"
+    raw = CNNEncoder(space, 8, normalize_images=False)
+    raw.load_state_dict(cnn.state_dict())
+    obs = torch.as_tensor(np.stack([space.sample() for _ in range(2)]))
+    with torch.no_grad():
+        assert torch.equal(cnn(obs), raw(obs))  # unscaled: normalize_images scales only uint8 in [0, 255]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (an unbounded 3-D Box is no image)
+        assert make_encoder(gym.spaces.Box(-np.inf, np.inf, (3, 40, 40))) is None
+    dict_cnn = make_encoder(gym.spaces.Dict({"image": space, "state": gym.spaces.Discrete(2)}), encoder="cnn")
+    assert isinstance(dict_cnn.encoders["image"], CNNEncoder)
+
+
+@pytest.mark.parametrize("shape, fix", [((21, 37), r"ReshapeObservation\(env, \(1, 21, 37\)\)"),
+                                        ((2, 64, 64, 3), "fold the stacked frames into the channel axis")])
+def test_encoder_cnn_on_an_image_of_another_rank_names_the_wrapper_that_makes_it_3d(shape, fix):
+    """A grey frame without its channel axis (GrayscaleObservation without keep_dim) or stacked colour frames: the
+    refusal said only "use encoder=auto", which flattens them."""
+    with pytest.raises(UserError, match=rf"{re.escape(str(shape))}.*{fix}") as error:
+        make_encoder(_box(shape), encoder="cnn")
+    assert "\n" not in str(error.value)
+
+
 # --- spaces no encoder handles ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("space, named", [
     (gym.spaces.Text(10), "Text"),
@@ -370,6 +404,26 @@ def test_box_action_policies_on_dict_and_image_observations_save_and_load(algo, 
     model.learn(48, progress_bar=False)
     assert model.update_summary()["implementation"] != "hand-derived"  # encoders train with the autograd reference
     obs, _ = make_env(_pendulum(kind, num_envs=3)).reset(seed=3)
+    _same_actions_after_load(model, tmp_path, obs)
+
+
+def test_a_float_image_env_trains_with_encoder_cnn_keeps_float_storage_and_saves(tmp_path):
+    """Pendulum seen as a float image in [0, 1] (channels first): SAC with encoder=cnn trains a CNN on it (it was
+    refused as no image), stores the observations as float32, and a loaded model acts the same."""
+    space = _box((1, 6, 6), dtype=np.float32, low=0.0, high=1.0)
+
+    def wrap(env):
+        return gym.wrappers.TransformObservation(env, lambda o: np.full((1, 6, 6), (o[0] + 1) / 2, np.float32), space)
+
+    def env(num_envs):
+        return gym.make_vec("Pendulum-v1", num_envs=num_envs, vectorization_mode="sync", wrappers=[wrap],
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+    model = rlspeed.SAC(env(2), seed=0, encoder="cnn", learning_starts=16, batch_size=8, **SMALL)
+    model.learn(32, progress_bar=False)
+    assert isinstance(model.actor.encoder, CNNEncoder) and not model.actor.encoder.channels_last
+    assert model.buffer.obs.dtype == torch.float32
+    obs, _ = make_env(env(3)).reset(seed=3)
     _same_actions_after_load(model, tmp_path, obs)
 
 

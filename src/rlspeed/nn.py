@@ -213,10 +213,7 @@ NATURE_CNN_MIN_SIDE = 36
 def image_channels_first(space: gym.Space) -> bool | None:
     """Whether a Box is an image with channels first (CxHxW: True) or last (HxWxC: False); None when it is not an
     image. Images are 3-D uint8 Boxes with bounds [0, 255] (as Stable-Baselines3's `is_image_space`) or 3-D bool
-    Boxes (binary grids, MinAtar's); the channel axis is the smallest dimension, as SB3's
-    `is_image_space_channels_first` decides (a smallest middle dimension counts as channels last), except that a
-    tie between the first and last dimensions counts as channels last, the layout envs produce (MinAtar Seaquest's
-    10x10x10; SB3 would read its height as channels)."""
+    Boxes (binary grids, MinAtar's), their layout `box_channels_first`'s."""
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
         return None
     dtype = np.dtype(space.dtype)
@@ -224,6 +221,18 @@ def image_channels_first(space: gym.Space) -> bool | None:
         if np.any(space.low != 0) or np.any(space.high != 255):
             return None
     elif dtype != np.bool_:
+        return None
+    return box_channels_first(space)
+
+
+def box_channels_first(space: gym.Space) -> bool | None:
+    """The channel layout of a 3-D Box of any dtype and bounds read as an image (what `encoder="cnn"` takes: SB3's
+    `is_image_space` with `normalized_image=True`), None for any other space: channels first (CxHxW: True) or last
+    (HxWxC: False). The channel axis is the smallest dimension, as SB3's `is_image_space_channels_first` decides (a
+    smallest middle dimension counts as channels last), except that a tie between the first and last dimensions
+    counts as channels last, the layout envs produce (MinAtar Seaquest's 10x10x10; SB3 would read its height as
+    channels)."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
         return None
     if space.shape[0] == space.shape[-1]:
         return False
@@ -351,8 +360,9 @@ def _init_conv_net(module: nn.Module) -> None:
 
 
 class CNNEncoder(Encoder):
-    """An image encoder: the image to float on the device (scaled to [0, 1] for uint8 when `normalize_images`),
-    channels-last images permuted to channels first, then convolutions and one ReLU linear layer of `features_dim`.
+    """An image encoder: the image to float on the device (uint8 images in [0, 255] scaled to [0, 1] when
+    `normalize_images`; any other 3-D Box, float images in [0, 1] for one, as it is), channels-last images permuted
+    to channels first (`box_channels_first`), then convolutions and one ReLU linear layer of `features_dim`.
 
     `nature=True`: Nature-DQN's CNN (Mnih et al., 2015; SB3's `NatureCNN`): 32 8x8/4, 64 4x4/2, 64 3x3/1. It needs
     both sides >= 36 pixels; smaller images (MinAtar's 10x10, MiniGrid's 7x7) get the small CNN: 16 and 32 3x3/1
@@ -362,10 +372,10 @@ class CNNEncoder(Encoder):
     def __init__(self, space: gym.spaces.Box, features_dim: int = 512, normalize_images: bool = True,
                  nature: bool | None = None):
         super().__init__()
-        channels_first = image_channels_first(space)
+        channels_first = box_channels_first(space)
         if channels_first is None:
-            raise UserError(f"A CNN encoder needs image observations (a 3-D uint8 Box in [0, 255] or a 3-D bool Box, "
-                            f"channels first or last), not {space}; use encoder=auto.")
+            raise UserError(f"A CNN encoder needs image observations (a 3-D Box, channels first or last), not {space}; "
+                            f"{_cnn_fix(space)}.")
         self.channels_last = not channels_first
         shape = tuple(space.shape)
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
@@ -373,7 +383,7 @@ class CNNEncoder(Encoder):
             nature = min(height, width) >= NATURE_CNN_MIN_SIDE
         self.nature = nature
         self.kind = "Nature CNN encoder" if nature else "small CNN encoder"
-        scale = normalize_images and np.dtype(space.dtype) == np.uint8
+        scale = normalize_images and image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8
         self.scale = 1.0 / 255.0 if scale else 1.0
         if nature:
             convs = [nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
@@ -473,7 +483,7 @@ class MultiInputEncoder(Encoder):
         self.encoders = nn.ModuleDict()
         dims = 0
         for key, sub in space.spaces.items():
-            if image_channels_first(sub) is None and encoder == "cnn":
+            if box_channels_first(sub) is None and encoder == "cnn":
                 sub_choice = "auto"  # encoder=cnn for a Dict: its image keys get CNNs, the others their own encoder
             else:
                 sub_choice = encoder
@@ -501,9 +511,11 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     `auto`: images (`image_channels_first`) get a CNN (`CNNEncoder`: Nature-DQN's when both sides are >= 36 pixels,
     else a small 3x3 one), Discrete and MultiDiscrete observations a one-hot encoding, MultiBinary, bool and integer
     vectors a float flattening, Dict observations one encoder per key (`MultiInputEncoder`). `mlp`: images flattened
-    too (scaled to [0, 1]). `cnn`: a CNN, which needs images (or a Dict with image keys). UserError for spaces no
-    encoder handles. `cnn_features_dim`: the output width of each CNN (SB3's `features_dim`); `normalize_images`:
-    uint8 images scaled to [0, 1] on the device (False: their raw values, as floats).
+    too (scaled to [0, 1]). `cnn`: a CNN, which takes any 3-D Box as an image (`box_channels_first`; SB3's CnnPolicy
+    with `normalize_images=False`): float images in [0, 1] and uint8 Boxes of other bounds unscaled (or a Dict with
+    such keys). UserError for spaces no encoder handles. `cnn_features_dim`: the output width of each CNN (SB3's
+    `features_dim`); `normalize_images`: uint8 images in [0, 255] scaled to [0, 1] on the device (False: their raw
+    values, as floats).
     """
     if encoder not in ENCODERS:
         raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")
@@ -513,8 +525,8 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
                               gym.spaces.MultiBinary)):
         space = check_observation_space(space, "this env")  # a Tuple becomes a Dict; others get the one sentence
     if isinstance(space, gym.spaces.Dict):
-        if encoder == "cnn" and not any(image_channels_first(sub) is not None for sub in space.spaces.values()):
-            raise UserError(f"encoder=cnn needs image observations, and this Dict observation has no image key "
+        if encoder == "cnn" and not any(box_channels_first(sub) is not None for sub in space.spaces.values()):
+            raise UserError(f"encoder=cnn needs image observations, and this Dict observation has no 3-D Box key "
                             f"(keys: {', '.join(space.spaces)}); use encoder=auto.")
         return MultiInputEncoder(space, encoder, cnn_features_dim, normalize_images)
     image = image_channels_first(space) is not None
@@ -531,21 +543,39 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
 
 
 def _warn_image_like(space: gym.Space) -> None:
-    """A warning where `auto` flattens a Box that holds images in another layout than the CNN takes (one 3-D image):
-    a uint8 Box in [0, 255] of 2 dimensions (a frame without its channel axis) or of 4 or more (stacked colour
-    frames), which an MLP then takes pixel by pixel (as Stable-Baselines3 would)."""
-    if not isinstance(space, gym.spaces.Box) or np.dtype(space.dtype) != np.uint8 or len(space.shape) == 3:
-        return
-    if np.any(space.low != 0) or np.any(space.high != 255) or len(space.shape) < 2 or sorted(space.shape)[-2] < 8:
+    """A warning where `auto` flattens a Box that holds images the CNN does not take by itself: a uint8 Box in
+    [0, 255] of 2 dimensions (a frame without its channel axis) or of 4 or more (stacked colour frames), or a bounded
+    3-D Box of another dtype or bounds (float images in [0, 1]: SB3's env checker warns of those), which an MLP then
+    takes pixel by pixel (as Stable-Baselines3's MlpPolicy would)."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) < 2 or sorted(space.shape)[-2] < 8:
         return
     shape, size = tuple(space.shape), int(np.prod(space.shape))
-    fix = ("give the frame a channel axis (gymnasium.wrappers.ReshapeObservation to (1, *shape), or "
-           "AtariPreprocessing(grayscale_newaxis=True))" if len(shape) == 2 else
-           "fold the stacked frames into the channel axis (grey frames: AtariPreprocessing then "
-           "FrameStackObservation give (4, 84, 84)), or reshape them to one 3-D image")
+    if len(shape) == 3:
+        if image_channels_first(space) is not None or not space.is_bounded("both"):  # (images have bounds)
+            return
+        low, high = np.min(space.low), np.max(space.high)
+        warn_at_caller(f"Observations of shape {shape} ({np.dtype(space.dtype)} in [{low:g}, {high:g}]) look like "
+                       f"images, but only uint8 Boxes in [0, 255] and bool Boxes get a CNN by themselves: they are "
+                       f"flattened into an MLP input of {size:,} values; pass encoder='cnn' for a CNN over them as "
+                       f"they are (unscaled), or encoder='mlp' to keep the MLP without this warning.", UserWarning)
+        return
+    if np.dtype(space.dtype) != np.uint8 or np.any(space.low != 0) or np.any(space.high != 255):
+        return
     warn_at_caller(f"Observations of shape {shape} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
                    f"3-D image (channels first or last): they are flattened into an MLP input of {size:,} values; "
-                   f"{fix}, or pass encoder='mlp' to keep the MLP without this warning.", UserWarning)
+                   f"{_cnn_fix(space)}, or pass encoder='mlp' to keep the MLP without this warning.", UserWarning)
+
+
+def _cnn_fix(space: gym.Space) -> str:
+    """What makes `space` a 3-D image for a CNN (the fix a refusal or a warning names)."""
+    shape = tuple(getattr(space, "shape", None) or ())
+    if len(shape) == 2:
+        return (f"give the frame a channel axis (gymnasium.wrappers.ReshapeObservation(env, {(1, *shape)}), "
+                "GrayscaleObservation(env, keep_dim=True) or AtariPreprocessing(grayscale_newaxis=True))")
+    if len(shape) > 3:
+        return ("fold the stacked frames into the channel axis (grey frames: AtariPreprocessing then "
+                "FrameStackObservation give (4, 84, 84)), or reshape them to one 3-D image")
+    return "use encoder=auto"
 
 
 def encoder_from_config(space: gym.Space, config) -> Encoder | None:

@@ -115,7 +115,7 @@ from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics
-from rlspeed.nn import acting, acting_mode, encoder_from_config, image_channels_first
+from rlspeed.nn import acting, acting_mode, box_channels_first, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
 
 # (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
@@ -654,11 +654,15 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
 
     found = []
     images = [space for space in _leaf_spaces(spec.observation_space) if image_channels_first(space) is not None]
+    if config.encoder == "cnn":  # (which takes any 3-D Box as an image)
+        images = [space for space in _leaf_spaces(spec.observation_space) if box_channels_first(space) is not None]
     if given("cnn_features_dim") and (not images or config.encoder == "mlp"):
         why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
         found.append(f"cnn_features_dim={config.cnn_features_dim} has no effect: {why}, so no CNN is built.")
-    if given("normalize_images") and not any(np.dtype(space.dtype) == np.uint8 for space in images):
-        what = "bool images" if images else "no image observations"
+    if given("normalize_images") and not any(image_channels_first(space) is not None
+                                             and np.dtype(space.dtype) == np.uint8 for space in images):
+        bools = all(np.dtype(space.dtype) == np.bool_ for space in images)
+        what = ("bool images" if bools else "no uint8 images in [0, 255]") if images else "no image observations"
         found.append(f"normalize_images={config.normalize_images} has no effect: it scales uint8 images to [0, 1], "
                      f"and {spec.env_id} has {what}.")
     needs_sde = getattr(config, "needs_sde", ())
