@@ -116,11 +116,15 @@ def test_dict_observations_get_one_encoder_per_key_concatenated():
 
 
 @pytest.mark.parametrize("shape, fix", [((2, 64, 64, 3), "fold the stacked frames into the channel axis"),
-                                        ((50, 40), "give the frame a channel axis")])
+                                        ((50, 40), "give the frame a channel axis"),
+                                        ((4, 84, 84, 1), r"ReshapeObservation\(env, \(4, 84, 84\)\)"),
+                                        ((4, 3, 64, 64), r"ReshapeObservation\(env, \(12, 64, 64\)\)")])
 def test_images_in_a_layout_the_cnn_does_not_take_are_flattened_with_a_warning(shape, fix):
     """Stacked colour frames (FrameStackObservation over RGB frames: 4-D) and a grey frame without its channel axis
     (2-D) went into an MLP, pixel by pixel, without a word (24,576 inputs for two 64x64 RGB frames); encoder='mlp'
-    keeps that silently, and small integer tables are no images."""
+    keeps that silently, and small integer tables are no images. Grey frames stacked with their channel axis
+    (GrayscaleObservation(keep_dim=True) then FrameStackObservation) or channels-first frames are folded by a reshape,
+    which the warning names with its shape."""
     with pytest.warns(UserWarning, match=rf"shape {re.escape(str(shape))} .* look like images.*{fix}"):
         assert isinstance(make_encoder(_box(shape)), FlattenEncoder)
     with warnings.catch_warnings():

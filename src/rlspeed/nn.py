@@ -572,9 +572,16 @@ def _cnn_fix(space: gym.Space) -> str:
     if len(shape) == 2:
         return (f"give the frame a channel axis (gymnasium.wrappers.ReshapeObservation(env, {(1, *shape)}), "
                 "GrayscaleObservation(env, keep_dim=True) or AtariPreprocessing(grayscale_newaxis=True))")
+    if len(shape) == 4 and (shape[-1] == 1 or int(np.argmin(shape[1:])) == 0):
+        # stacked frames of one channel (GrayscaleObservation(keep_dim=True) then FrameStackObservation: (4, H, W, 1))
+        # or channels first (4, C, H, W): a reshape folds the stack into the channel axis, channels first
+        folded = (shape[0], *shape[1:3]) if shape[-1] == 1 else (shape[0] * shape[1], *shape[2:])
+        return (f"fold the stacked frames into the channel axis (gymnasium.wrappers.ReshapeObservation(env, "
+                f"{folded}); grey frames made without keep_dim stack to that shape)")
     if len(shape) > 3:
-        return ("fold the stacked frames into the channel axis (grey frames: AtariPreprocessing then "
-                "FrameStackObservation give (4, 84, 84)), or reshape them to one 3-D image")
+        return ("fold the stacked frames into the channel axis (grey frames: GrayscaleObservation(env) without "
+                "keep_dim, or AtariPreprocessing, then FrameStackObservation give (4, 84, 84)), or reshape them to "
+                "one 3-D image")
     return "use encoder=auto"
 
 
