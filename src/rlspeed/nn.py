@@ -208,6 +208,9 @@ class acting:
 ENCODERS = ("auto", "mlp", "cnn")
 #: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).
 NATURE_CNN_MIN_SIDE = 36
+#: A CNN whose linear layer has more weights than this warns (`_warn_large_cnn`): images far larger than Atari's 84x84
+#: for the Nature CNN (a 400x600 render: 107 million), or near 36x36 for the small one, which keeps their full size
+LARGE_CNN_WEIGHTS = 8_000_000
 
 
 def image_channels_first(space: gym.Space) -> bool | None:
@@ -531,7 +534,9 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
         return MultiInputEncoder(space, encoder, cnn_features_dim, normalize_images)
     image = image_channels_first(space) is not None
     if encoder == "cnn" or (encoder == "auto" and image):
-        return CNNEncoder(space, cnn_features_dim, normalize_images)
+        cnn = CNNEncoder(space, cnn_features_dim, normalize_images)
+        _warn_large_cnn(cnn, space)
+        return cnn
     if encoder == "auto":
         _warn_image_like(space)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
@@ -564,6 +569,26 @@ def _warn_image_like(space: gym.Space) -> None:
     warn_at_caller(f"Observations of shape {shape} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
                    f"3-D image (channels first or last): they are flattened into an MLP input of {size:,} values; "
                    f"{_cnn_fix(space)}, or pass encoder='mlp' to keep the MLP without this warning.", UserWarning)
+
+
+def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
+    """A warning where a CNN's linear layer has more than `LARGE_CNN_WEIGHTS` weights, which makes every update slow
+    (SB3's NatureCNN builds the same layer for large images and fails for small ones)."""
+    layer = cnn.linear[0]
+    weights = layer.in_features * layer.out_features
+    if weights <= LARGE_CNN_WEIGHTS:
+        return
+    shape = tuple(space.shape)
+    height, width = shape[:2] if cnn.channels_last else shape[1:]
+    if cnn.nature:
+        fix = "resize the images with gymnasium.wrappers.ResizeObservation(env, (84, 84)) (Atari's size)"
+    else:
+        fix = (f"resize the images to at least {NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} with "
+               f"gymnasium.wrappers.ResizeObservation (the Nature CNN strides over them: at "
+               f"{NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} its linear layer takes 64 convolution outputs)")
+    warn_at_caller(f"The {cnn.kind} of {height}x{width} images has {weights / 1e6:.1f} million weights in its linear "
+                   f"layer ({layer.in_features:,} convolution outputs x cnn_features_dim {layer.out_features}), which "
+                   f"makes every update slow: {fix}, or lower cnn_features_dim.", UserWarning)
 
 
 def _cnn_fix(space: gym.Space) -> str:
