@@ -428,23 +428,25 @@ def test_box_action_policies_on_dict_and_image_observations_save_and_load(algo, 
     _same_actions_after_load(model, tmp_path, obs)
 
 
-def test_a_float_image_env_trains_with_encoder_cnn_keeps_float_storage_and_saves(tmp_path):
-    """Pendulum seen as a float image in [0, 1] (channels first): SAC with encoder=cnn trains a CNN on it (it was
-    refused as no image), stores the observations as float32, and a loaded model acts the same."""
+def _float_image_pendulum(num_envs: int) -> gym.vector.VectorEnv:
+    """Pendulum seen as a float image in [0, 1], channels first (1, 6, 6)."""
     space = _box((1, 6, 6), dtype=np.float32, low=0.0, high=1.0)
 
     def wrap(env):
         return gym.wrappers.TransformObservation(env, lambda o: np.full((1, 6, 6), (o[0] + 1) / 2, np.float32), space)
 
-    def env(num_envs):
-        return gym.make_vec("Pendulum-v1", num_envs=num_envs, vectorization_mode="sync", wrappers=[wrap],
-                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    return gym.make_vec("Pendulum-v1", num_envs=num_envs, vectorization_mode="sync", wrappers=[wrap],
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
 
-    model = rlspeed.SAC(env(2), seed=0, encoder="cnn", learning_starts=16, batch_size=8, **SMALL)
+
+def test_a_float_image_env_trains_with_encoder_cnn_keeps_float_storage_and_saves(tmp_path):
+    """SAC with encoder=cnn trains a CNN on float images (they were refused as no image), stores the observations as
+    float32, and a loaded model acts the same."""
+    model = rlspeed.SAC(_float_image_pendulum(2), seed=0, encoder="cnn", learning_starts=16, batch_size=8, **SMALL)
     model.learn(32, progress_bar=False)
     assert isinstance(model.actor.encoder, CNNEncoder) and not model.actor.encoder.channels_last
     assert model.buffer.obs.dtype == torch.float32
-    obs, _ = make_env(env(3)).reset(seed=3)
+    obs, _ = make_env(_float_image_pendulum(3)).reset(seed=3)
     _same_actions_after_load(model, tmp_path, obs)
 
 
