@@ -450,6 +450,15 @@ def test_a_float_image_env_trains_with_encoder_cnn_keeps_float_storage_and_saves
     _same_actions_after_load(model, tmp_path, obs)
 
 
+def test_ppo_stores_the_float_images_it_encodes_once():
+    """encoder=cnn on float images: PPO's rollout kept every next observation beside each observation (the storage of
+    small float vectors), twice what uint8 images take, where encoded observations are stored once."""
+    model = rlspeed.PPO(_float_image_pendulum(2), seed=0, encoder="cnn", **{**ON_POLICY, "num_envs": 2})
+    model.learn(16, progress_bar=False)
+    assert isinstance(model.policy.encoder, CNNEncoder)
+    assert model.buffer.obs.dtype == torch.float32 and model.buffer.next_obs is None
+
+
 _CNN_ALGOS = {"ppo": rlspeed.PPO, "dqn": rlspeed.DQN, "sac": rlspeed.SAC, "td3": rlspeed.TD3}
 
 

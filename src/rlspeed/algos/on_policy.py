@@ -293,10 +293,11 @@ class OnPolicyAlgorithm(Algorithm):
             return
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         action_shape, action_dtype = self._action_storage()
-        # images and other encoded observations are stored once: the bootstrap values are taken during the rollout
+        # images (float ones too, with encoder=cnn) and other encoded observations are stored once: the bootstrap
+        # values are taken during the rollout
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
                                     action_dtype, self.device, mask_size=self._start_masking(),
-                                    store_next_obs=self.spec.float_vector_obs,
+                                    store_next_obs=self.spec.float_vector_obs and cfg.encoder != "cnn",
                                     image_format=image_storage_format(getattr(self.policy, "encoder", None)))
 
     def _train_iteration(self):
