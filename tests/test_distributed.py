@@ -488,57 +488,40 @@ def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why
     assert _quiet_code(ChildFailedError(Failure(103, 1), Failure(104, -15)), {}) is None
 
 
-def test_the_launcher_keeps_torchruns_log_where_loglevel_asks_for_it(tmp_path):
-    """`python -m rlspeed._torchrun` (`rlspeed train --nproc`) turns torchrun's own log off, which repeats what the
-    workers say; it also turned off the log LOGLEVEL=INFO asks torchrun for (its rendezvous, its restarts), which is
-    how torchrun is debugged."""
-    script = tmp_path / "worker.py"
-    script.write_text("print('worker ran')\n")
-    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
-                           str(script)], env={**clean_env(), "LOGLEVEL": "INFO"}, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "worker ran" in done.stdout
-    assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]
+def test_the_launcher_keeps_the_log_loglevel_asks_for_and_leaves_no_folder_and_its_workers_run_exit_handlers(tmp_path):
+    """One `python -m rlspeed._torchrun` (`rlspeed train --nproc`) of 2 workers that leave at once, for three promises
+    (one launch, not three):
 
-
-def test_the_launcher_removes_its_folder_and_those_of_killed_launchers(tmp_path):
-    """`python -m rlspeed._torchrun` (`rlspeed train --nproc`) gives torchrun a log directory of its own, removed as
-    it ends: torchrun made a torchelastic_* directory in the temp directory at each launch and never removed it
-    (hundreds of them after a CI day). A launcher killed with SIGKILL (an out-of-memory kill, a scheduler's hard stop)
-    could not remove its folder of workers' notes and torchrun's logs: the next launcher removes the folders of
-    launchers that no longer run, and leaves those of running ones."""
+    - it turns torchrun's own log off, which repeats what the workers say; it also turned off the log LOGLEVEL=INFO
+      asks torchrun for (its rendezvous, its restarts), which is how torchrun is debugged;
+    - it gives torchrun a log directory of its own, removed as it ends: torchrun made a torchelastic_* directory in
+      the temp directory at each launch and never removed it (hundreds of them after a CI day). A launcher killed
+      with SIGKILL (an out-of-memory kill, a scheduler's hard stop) could not remove its folder of workers' notes and
+      torchrun's logs: the next launcher removes the folders of launchers that no longer run, and leaves those of
+      running ones;
+    - a worker leaves with `os._exit` (`DistributedStrategy.leave`, after the work is written): the interpreter's
+      exit handlers, which remove the temporary directories libraries made (W&B makes two as it is imported), run
+      first; each `rlspeed train --nproc 2 --track` left W&B's tmp*wandb-media and tmp*wandb-artifacts behind."""
     script, temp = tmp_path / "worker.py", tmp_path / "temp"
-    script.write_text("print('worker ran')\n")
+    script.write_text("import tempfile\n"
+                      "from rlspeed.distributed import DistributedStrategy\n"
+                      "LIBRARY_TMP = tempfile.TemporaryDirectory('-library-media')  # (as wandb's at import)\n"
+                      "print('worker ran', flush=True)\n"
+                      "DistributedStrategy(device='cpu').leave(0)\n")
     temp.mkdir()
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                            check=True, timeout=60)
     killed, running = temp / f"rlspeed-workers-{ended.stdout.strip()}-abc", temp / f"rlspeed-workers-{os.getpid()}-d"
     (killed / "torchelastic").mkdir(parents=True)
     running.mkdir()
-    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
-                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "worker ran" in done.stdout
-    assert sorted(path.name for path in temp.iterdir()) == [running.name]
-
-
-def test_workers_leaving_at_once_still_run_the_exit_handlers(tmp_path):
-    """A worker leaves with `os._exit` (`DistributedStrategy.leave`, after the work is written): the interpreter's
-    exit handlers, which remove the temporary directories libraries made (W&B makes two as it is imported), run
-    first; each `rlspeed train --nproc 2 --track` left W&B's tmp*wandb-media and tmp*wandb-artifacts behind."""
-    script, temp = tmp_path / "worker.py", tmp_path / "temp"
-    script.write_text("import tempfile\n"
-                      "from rlspeed.distributed import DistributedStrategy\n"
-                      "LIBRARY_TMP = tempfile.TemporaryDirectory('-library-media')  # (as wandb's at import)\n"
-                      "DistributedStrategy(device='cpu').leave(0)\n")
-    temp.mkdir()
     done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=2",
-                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
-                          timeout=120)
+                           str(script)], env={**clean_env(), "TMPDIR": str(temp), "LOGLEVEL": "INFO"},
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [path.name for path in temp.iterdir() if path.name.endswith("-library-media")] == []
+    assert done.stdout.count("worker ran") == 2
+    assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]
+    # (neither the killed launcher's folder nor this one's, nor the library's directory the workers' handlers remove)
+    assert sorted(path.name for path in temp.iterdir()) == [running.name]
 
 
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
