@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import inspect
@@ -556,6 +557,16 @@ def test_rlspeeds_own_preset_files_are_read_by_the_rules_of_a_persons_file(tmp_p
     monkeypatch.setattr(presets.resources, "files", lambda package: tmp_path)
     with pytest.raises(UserError, match="rlspeed's ppo.yaml gives num_envs twice"):
         load_preset("ppo", "CartPole-v1", "rlspeed")
+
+
+def test_a_shipped_preset_changed_by_its_caller_leaves_the_next_load_as_shipped():
+    """The shipped files are parsed once per process (each command and run loads its algorithm's): a load hands out
+    its own copy, and a caller that changes it (a nested net_arch too) changes no later load."""
+    first = load_preset("ddpg", "Pendulum-v1", "rlspeed")
+    shipped = copy.deepcopy(dict(first))
+    first["net_arch"].append(8)
+    first["learning_rate"] = 0.5
+    assert dict(load_preset("ddpg", "Pendulum-v1", "rlspeed")) == shipped and shipped["net_arch"] == [64, 64]
 
 
 def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_would_change(tmp_path):

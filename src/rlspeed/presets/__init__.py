@@ -8,7 +8,9 @@ mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, p
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import re
 from importlib import resources
 from pathlib import Path
@@ -97,7 +99,7 @@ def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
     path = resources.files(__package__) / f"{algo}.yaml"
     if not path.is_file():
         return Preset({}, "rlspeed-default", f"{algo}'s defaults (rlspeed ships no {algo} presets)")
-    presets = yamlfile.read(path.read_text(encoding="utf-8"), f"rlspeed's {path.name}") or {}
+    presets = copy.deepcopy(_parsed_shipped(path.read_text(encoding="utf-8"), path.name))
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
     # (asked only where the answer matters: it imports torch, and presets load without it)
@@ -109,6 +111,13 @@ def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
         return Preset(presets.get("default", {}), "rlspeed-default",
                       f"rlspeed's default {algo} preset (the Atari preset is for images, not obs_type=ram)")
     return Preset(presets.get("default", {}), "rlspeed-default", f"rlspeed's default {algo} preset (none for {env_id})")
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_shipped(text: str, name: str) -> dict:
+    """The entries of a shipped preset file whose text is `text`, parsed once per text: every command and run reads
+    its algorithm's file, and parsing it costs more than the read (the caller copies what it hands out)."""
+    return yamlfile.read(text, f"rlspeed's {name}") or {}
 
 
 def _zoo(algo: str, env_id: str) -> Preset:
