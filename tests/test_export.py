@@ -31,6 +31,36 @@ BATCHES = (1, 17)
 pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"), needs_torch_export]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_onnx_function_table():
+    """The module's ONNX exports share torch's table of ONNX functions: `torch.onnx.export` builds it afresh at each
+    call (torchlib's ~500 functions, each parsed from its source: over a second of every ONNX test), the same table
+    for the same opset each time. Each export gets its own copy (rlspeed registers no functions of its own)."""
+    try:
+        from torch.onnx._internal.exporter._registration import ONNXRegistry
+    except ImportError:  # (a torch without the dynamo exporter: its tests skip)
+        ONNXRegistry = None
+    build, tables = getattr(ONNXRegistry, "__dict__", {}).get("from_torchlib"), {}
+    if not isinstance(build, classmethod):  # (another torch's exporter: each export builds its own table)
+        yield
+        return
+
+    def from_torchlib(cls, *args, **kwargs):
+        key = (cls, args, tuple(sorted(kwargs.items())))
+        if key not in tables:
+            tables[key] = build.__func__(cls, *args, **kwargs)
+        table = cls.__new__(cls)
+        table.__dict__.update(tables[key].__dict__)
+        table.functions = {name: list(functions) for name, functions in tables[key].functions.items()}
+        return table
+
+    ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = build
+
+
 def _randomise(model, seed: int) -> None:
     """Weights moved far from their small-output initialisation (so actions reach the Box bounds and tanh
     saturates) and random observation statistics (so normalisation matters)."""
