@@ -473,10 +473,14 @@ def test_compiled_stream_hash_draws_the_same_numbers():
 
     keys = torch.arange(64, dtype=torch.int32) * 7919
     counters = torch.arange(3 * 4, dtype=torch.int32).mul_(-2048144789).view(3, 1, 4)
-    compiled = torch.compile(_uniform_block, dynamic=False)
-    for dtype in (torch.float32, torch.float64):
-        torch.testing.assert_close(compiled(counters, keys, keys ^ 5, dtype), _uniform_block(counters, keys, keys ^ 5,
-                                                                                              dtype), rtol=0, atol=0)
+    dtypes = (torch.float32, torch.float64)
+
+    def both(counters, keys, keys_low):  # (both dtypes' draws in one graph: one compilation, not two)
+        return [_uniform_block(counters, keys, keys_low, dtype) for dtype in dtypes]
+
+    for dtype, draws in zip(dtypes, torch.compile(both, dynamic=False)(counters, keys, keys ^ 5), strict=True):
+        assert draws.dtype == dtype
+        torch.testing.assert_close(draws, _uniform_block(counters, keys, keys ^ 5, dtype), rtol=0, atol=0)
 
 
 def test_an_unseeded_env_leaves_torchs_global_generator_alone():
