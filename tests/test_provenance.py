@@ -49,6 +49,7 @@ def test_a_git_state_is_the_commit_of_a_tracked_file_and_none_for_an_untracked_o
     (tmp_path / "tracked.py").write_text("x = 1\n")
     (tmp_path / "untracked.py").write_text("y = 1\n")
     _git(tmp_path, "add", "tracked.py")
+    assert git_state(tmp_path) is None  # (no commit yet)
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
     head = _git(tmp_path, "rev-parse", "HEAD")
     assert git_state(tmp_path, tracked=tmp_path / "tracked.py") == {"commit": head, "dirty": False}

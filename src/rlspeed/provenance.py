@@ -5,6 +5,7 @@ software that ran it, the machine, and the git commits of rlspeed's source and o
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import os
 import platform
@@ -17,8 +18,10 @@ from pathlib import Path
 PACKAGES = ("rlspeed", "torch", "gymnasium", "numpy")
 
 
+@functools.cache
 def package_version(package: str) -> str | None:
-    """The installed version of `package`, or None where it is not installed."""
+    """The installed version of `package`, or None where it is not installed (read once per process: each run's
+    provenance asks, and the metadata is parsed at each read; the code a process runs is what it imported)."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -49,11 +52,15 @@ def git_state(path: str | os.PathLike, tracked: str | os.PathLike | None = None)
     try:
         if tracked is not None:
             git("ls-files", "--error-unmatch", str(tracked))
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        # (the commit and the changed files in one git process: "# branch.oid COMMIT" or "(initial)", then a line per
+        # changed tracked file)
+        lines = git("status", "--porcelain=v2", "--branch", "--untracked-files=no").splitlines()
     except (OSError, subprocess.SubprocessError):
         return None
-    return {"commit": commit, "dirty": dirty}
+    commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), "(initial)")
+    if commit == "(initial)":  # (a repository without a commit yet)
+        return None
+    return {"commit": commit, "dirty": any(not line.startswith("#") for line in lines)}
 
 
 def accelerator_name(device) -> str | None:
