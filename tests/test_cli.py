@@ -444,6 +444,20 @@ def test_a_number_with_an_exponent_inside_a_set_value_is_a_number():
     assert cycle[0] == 100.0 and cycle[1][1] is cycle[1]
 
 
+def test_a_quoted_number_or_infinity_in_a_set_value_stays_text():
+    """A quoted `"1e3"`, `'inf'` or `"nan"` is text the user meant, at any depth of a `--set` or `--env-kwargs` value
+    (an env's name option `--env-kwargs 'name="1e3"'` reached the env as the number 1000.0, and a quoted "nan" was
+    refused as not finite); unquoted, they are numbers (and infinity and NaN refused)."""
+    assert cli._parse_set(['name="1e3"', "names=['2e5', 3e5]", 'opts={label: "nan", mode: "inf", lr: 1e-3}',
+                           "plain=!!str 1e3"], "--env-kwargs") == {
+        "name": "1e3", "names": ["2e5", 300000.0], "opts": {"label": "nan", "mode": "inf", "lr": 0.001},
+        "plain": "1e3"}
+    for pair, where in [("x=inf", ""), ("x=[1, -Infinity]", " (x[1] is -inf)"), ("x={a: NaN}", " (x.a is nan)"),
+                        ("x=!!python/tuple [1, 1e999]", " (x[1] is inf)")]:
+        with pytest.raises(UserError, match=rf": values must be finite numbers{re.escape(where)}\.$"):
+            cli._parse_set([pair], "--env-kwargs")
+
+
 @pytest.mark.parametrize("value", ["four", "2.5"])
 def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -229,8 +229,8 @@ def _target_text(text: str) -> str:
 
 
 def _finite_values(key: str, value, flag: str = "--set") -> None:
-    """UserError for NaN or infinity anywhere in a `--set` value (YAML's .nan/.inf, or text such as 'inf' or '1e999'),
-    also inside its lists and dicts, naming where (`net_arch.pi[1]`)."""
+    """UserError for NaN or infinity anywhere in a `--set` value (YAML's .nan/.inf, or unquoted inf, nan or 1e999,
+    which `yamlfile.read_value` reads as floats), also inside its lists and dicts, naming where (`net_arch.pi[1]`)."""
     found = _nonfinite_at(value, key)
     if found is not None:
         where = f" ({found[0]} is {found[1]})" if found[0] != key else ""
@@ -238,10 +238,10 @@ def _finite_values(key: str, value, flag: str = "--set") -> None:
 
 
 def _nonfinite_at(value, path: str, within: tuple = ()) -> tuple[str, float] | None:
-    """(path, value) of the first NaN or infinity in `value` and the lists and dicts in it (`path`: how to name
+    """(path, value) of the first NaN or infinity in `value` and the lists, tuples and dicts in it (`path`: how to name
     `value`, `name.key[index]` below it), else None. `within`: the lists and dicts that hold `value` (a YAML alias can
     make a list hold itself)."""
-    if isinstance(value, (list, dict)):
+    if isinstance(value, (list, tuple, dict)):
         if any(value is outer for outer in within):
             return None
         items = value.items() if isinstance(value, dict) else enumerate(value)
@@ -251,13 +251,7 @@ def _nonfinite_at(value, path: str, within: tuple = ()) -> tuple[str, float] | N
             if found is not None:
                 return found
         return None
-    number = value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-    return (path, number) if isinstance(number, float) and not math.isfinite(number) else None
+    return (path, value) if isinstance(value, float) and not math.isfinite(value) else None
 
 
 def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
@@ -277,7 +271,7 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
             raise UserError(f"{flag} gives {key} twice ({written[key]} and {value.strip()}): give it once.")
         written[key] = value.strip()
         try:
-            out[key] = _exponent_floats(yamlfile.read(value, f"{flag} {key}={value.strip()}"))
+            out[key] = yamlfile.read_value(value, f"{flag} {key}={value.strip()}")
         except (yamlfile.InvalidYAML, ValueError, OverflowError):
             encoding, unread = sys.getfilesystemencoding(), ""
             if re.search("[\udc80-\udcff]", value):  # (os.fsdecode's surrogates: bytes the encoding cannot read)
@@ -290,25 +284,6 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
                             f"would be dropped; quote a text ({key}='\"{value.strip()}\"') or leave the comment out.")
         _finite_values(key, out[key], flag)
     return out
-
-
-_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
-
-
-def _exponent_floats(value, within: tuple = ()):
-    """`value` with strings such as `1e-3` as floats, also inside its lists and dicts (YAML 1.1, which PyYAML reads,
-    takes a number with an exponent but no dot as text: written back to config.yaml unquoted, it would be read back as
-    text again). `within`: the lists and dicts that hold `value`; one that holds itself (a YAML alias) is kept as it
-    is."""
-    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
-        return float(value)
-    if isinstance(value, (list, dict)) and any(value is outer for outer in within):
-        return value
-    if isinstance(value, list):
-        return [_exponent_floats(item, (*within, value)) for item in value]
-    if isinstance(value, dict):
-        return {key: _exponent_floats(item, (*within, value)) for key, item in value.items()}
-    return value
 
 
 #: What `--env-backend` takes, in train, eval and the commands that make a model (`rlspeed.envs.BACKENDS`, which this

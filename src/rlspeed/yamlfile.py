@@ -84,6 +84,19 @@ def _int(loader: _StrictLoader, node):
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
+class _ValueLoader(_StrictLoader):
+    """`_StrictLoader` that reads an unquoted number with an exponent and no dot (`1e-3`, `1e999`) and an unquoted
+    `inf`, `infinity` or `nan` (any case, signed) as a float, as YAML 1.2 and Python do, where YAML 1.1 reads them as
+    text: the reader of a `--set` or `--env-kwargs` value (`read_value`). A quoted scalar stays text."""
+
+
+_ValueLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+"
+               r"|[-+]?(?:[iI][nN][fF](?:[iI][nN][iI][tT][yY])?|[nN][aA][nN]))$"),
+    list("-+0123456789.iInN"))
+
+
 def dump_run_file(config: dict, tuples_under: tuple[str, ...] = ("env_kwargs",)) -> str:
     """A run's config.yaml: `yaml.safe_dump` in the order of the keys, non-ASCII text as it is, with the tuples under
     the keys `tuples_under` tagged as tuples (an env may take only a tuple: highway-env's `observation_shape`), so
@@ -103,8 +116,19 @@ def load_run_file(text: str):
 def read(text: str, where: str):
     """The data of the YAML `text`; UserError naming `where` (a file, a flag) for invalid YAML, a key given twice in
     one mapping, or an integer YAML would read in another base."""
+    return _read(text, where, _StrictLoader)
+
+
+def read_value(text: str, where: str):
+    """`read`, with an unquoted `1e-3`, `inf` or `nan` a float at any depth (`_ValueLoader`): a `--set` or
+    `--env-kwargs` value, which a person writes as on Python's command line; `'1e3'` quoted stays text."""
+    return _read(text, where, _ValueLoader)
+
+
+def _read(text: str, where: str, loader: type):
+    """`read` with `loader`."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
     except _Surprise as error:
         raise UserError(f"{where} {error}.") from None
     except yaml.YAMLError as error:
