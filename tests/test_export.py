@@ -545,6 +545,31 @@ def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):
     assert with_tuples(sidecar["env_kwargs"], sidecar["env_kwargs_tuples"]) == options
 
 
+def test_an_envs_dict_of_digit_keys_is_no_tuple(tmp_path):
+    """An env's Dict whose keys are digits ("0", "1") is a Dict, not a Tuple's positions (which a Tuple's Dict has
+    for keys): the sidecar's `observation_path` holds the key as text, as the env's observation is keyed, and its
+    description says key, also for the model saved and loaded again (its file says "tuple": false); the sidecar and
+    predict of a Tuple env's are as they were."""
+    parts = {"0": gym.spaces.Box(-1, 1, (2,)), "1": gym.spaces.Discrete(3)}
+    model = rlspeed.PPO(EnvSpec.from_spaces("custom", gym.spaces.Dict(parts), gym.spaces.Discrete(3), 20, None),
+                        seed=0, net_arch=(8,))
+    loaded = rlspeed.load(model.save(tmp_path / "model"), device="cpu")
+    for index, which in enumerate((model, loaded)):
+        export(which, tmp_path / f"{index}.pt", format="torchscript")
+        sidecar = json.loads((tmp_path / f"{index}.pt.json").read_text())
+        assert [item["observation_path"] for item in sidecar["inputs"]] == [["0"], ["1"]]
+        assert "(key '0')" in sidecar["inputs"][0]["description"] and sidecar["observation_space"]["tuple"] is False
+        with pytest.raises(UserError, match=r"This model takes Dict observations \(keys 0, 1\)"):
+            which.predict((np.zeros(2, np.float32), 1))
+    tuple_model = rlspeed.PPO(EnvSpec.from_spaces("custom", gym.spaces.Tuple(list(parts.values())),
+                                                  gym.spaces.Discrete(3), 20, None), seed=0, net_arch=(8,))
+    export(tuple_model, tmp_path / "tuple.pt", format="torchscript")
+    sidecar = json.loads((tmp_path / "tuple.pt.json").read_text())
+    assert [item["observation_path"] for item in sidecar["inputs"]] == [[0], [1]]
+    assert "tuple" not in sidecar["observation_space"]
+    tuple_model.predict((np.zeros(2, np.float32), 1))
+
+
 def test_action_mask_input_changes_the_actions_as_predict_does(tmp_path):
     model = _space_model("ppo-image-discrete")
     with torch.no_grad():  # a large last layer: the unmasked favourite dominates

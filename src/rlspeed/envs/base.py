@@ -76,10 +76,24 @@ def _leaf_shape(space: gym.Space) -> tuple[int, ...]:
     return tuple(int(d) for d in space.shape)
 
 
+#: The attribute `check_observation_space` and `space_from_json` set on a Dict of an env's Dict whose keys are all
+#: digits ("0", "1"), False: that Dict is not a Tuple's positions
+_TUPLE_MARK = "rlspeed_tuple"
+
+
 def tuple_positions(space: gym.Space) -> bool:
     """Whether `space` (as `check_observation_space` gives it) is a Tuple env's: a Dict whose keys are positions "0",
-    "1", ... of the env's tuple observation (what `predict` takes a tuple for, and an export's sidecar names)."""
-    return isinstance(space, gym.spaces.Dict) and all(key.isdigit() for key in space.spaces)
+    "1", ... of the env's tuple observation (what `predict` takes a tuple for, and an export's sidecar names), and not
+    an env's Dict of such keys (`_TUPLE_MARK` False; a file saved before it was recorded takes them for positions)."""
+    return (isinstance(space, gym.spaces.Dict) and getattr(space, _TUPLE_MARK, True) is not False
+            and all(key.isascii() and key.isdigit() for key in space.spaces))
+
+
+def _dict_of_digits(space: gym.spaces.Dict) -> gym.spaces.Dict:
+    """`space`, an env's Dict (not a Tuple's), marked as such where its keys are all digits (`tuple_positions`)."""
+    if all(key.isascii() and key.isdigit() for key in space.spaces):
+        setattr(space, _TUPLE_MARK, False)
+    return space
 
 
 def observation_layout(space: gym.Space) -> tuple | dict[str, tuple]:
@@ -182,7 +196,8 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
             warnings.warn(f"'{env_id}': the observation key{'s' if len(dropped) > 1 else ''} {', '.join(dropped)} "
                           "cannot be encoded as numbers and is left out of what the policy sees (encode it with a "
                           "gymnasium.ObservationWrapper to use it).", stacklevel=3)
-        return gym.spaces.Dict(kept)
+        checked = gym.spaces.Dict(kept)
+        return _dict_of_digits(checked) if isinstance(space, gym.spaces.Dict) else checked
     raise UserError(f"'{env_id}' has a {_describe(space)} observation space, which no rlspeed encoder handles; "
                     "convert it to Box, Discrete, MultiDiscrete, MultiBinary or a Dict of those with a "
                     "gymnasium.ObservationWrapper (for text: a tokenizer into a Box or MultiDiscrete).")
@@ -225,7 +240,9 @@ def space_to_json(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "multi_binary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, gym.spaces.Dict):
-        return {"type": "dict", "spaces": {str(key): space_to_json(sub) for key, sub in space.spaces.items()}}
+        data = {"type": "dict", "spaces": {str(key): space_to_json(sub) for key, sub in space.spaces.items()}}
+        # (an env's Dict of keys "0", "1", ...: not a Tuple's positions, which such keys are taken for without it)
+        return {**data, "tuple": False} if getattr(space, _TUPLE_MARK, None) is False else data
     if isinstance(space, gym.spaces.Tuple):
         return {"type": "tuple", "spaces": [space_to_json(sub) for sub in space.spaces]}
     raise UserError(f"Unsupported space {space}: rlspeed records Discrete, Box, MultiDiscrete, MultiBinary, Dict and "
@@ -243,7 +260,8 @@ def space_from_json(data: dict) -> gym.Space:
     if kind == "multi_binary":
         return gym.spaces.MultiBinary(data["n"])
     if kind == "dict":
-        return gym.spaces.Dict({key: space_from_json(sub) for key, sub in data["spaces"].items()})
+        space = gym.spaces.Dict({key: space_from_json(sub) for key, sub in data["spaces"].items()})
+        return _dict_of_digits(space) if data.get("tuple") is False else space
     if kind == "tuple":
         return gym.spaces.Tuple([space_from_json(sub) for sub in data["spaces"]])
     dtype = np.dtype(data.get("dtype", "float32"))
