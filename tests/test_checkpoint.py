@@ -292,6 +292,34 @@ def test_an_algorithm_of_a_users_own_loads_as_its_class_or_the_one_it_derives_fr
                 load(saved_by(cls), device="cpu")
 
 
+class ClashingName(rlspeed.DQN):
+    """A user's DQN named as another rlspeed algorithm is."""
+
+    name = "ppo"
+
+
+def test_an_algorithm_of_a_users_own_named_as_another_rlspeed_algorithm_is_the_one_it_derives_from(tmp_path):
+    """A file of `class ClashingName(DQN): name = "ppo"` (its own name is PPO's) is a DQN's, as its `derives_from`
+    says: `rlspeed.load` gives its class (a PPO's load of it said it held settings PPO does not have), `DQN.load` a DQN
+    with the warning of a subclass, `PPO.load` names DQN, and without its module `rlspeed.load` and `rlspeed export`
+    build a DQN (export made a PPO of it, which failed)."""
+    from rlspeed.export import export_checkpoint
+
+    path = ClashingName("CartPole-v1", seed=0, device="cpu", buffer_size=64).save(tmp_path / "clash")
+    assert type(rlspeed.load(path, device="cpu")) is ClashingName
+    with pytest.warns(UserWarning, match=r"saved by .*ClashingName, a subclass of rlspeed's dqn; DQN.load makes it"):
+        assert type(rlspeed.DQN.load(path, device="cpu")) is rlspeed.DQN
+    with pytest.raises(UserError, match=r"holds a model of DQN, not of PPO; load it with rlspeed.DQN.load"):
+        PPO.load(path, device="cpu")
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(path)
+    rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.ClashingName"})
+    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's dqn; DQN.load makes it a DQN"):
+        assert type(rlspeed.load(path, device="cpu")) is rlspeed.DQN
+    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's dqn"):
+        export_checkpoint(path, "torchscript", tmp_path / "policy.pt", algorithms=ALGORITHMS)
+    assert json.loads((tmp_path / "policy.pt.json").read_text())["algo"] == "dqn"
+
+
 def test_rlspeed_eval_of_an_algorithm_of_a_users_own(tmp_path, capsys):
     """`rlspeed eval` of a file saved by a user's algorithm of its own name: its class with its module imported
     (--gym-packages), else the rlspeed algorithm it derives from (a warning); a file that records none, its module not

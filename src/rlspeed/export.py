@@ -801,8 +801,9 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     path = run_model(checkpoint)
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
-    # (an algorithm of a user's own name: the rlspeed algorithm it derives from, whose load warns that it makes one)
-    algo_cls = algorithms.get(meta.get("algo")) or algorithms.get(meta.get("derives_from"))
+    # (an algorithm of a user's own name, also one named as another rlspeed algorithm: the rlspeed algorithm it
+    # derives from, whose load warns that it makes one)
+    algo_cls = algorithms.get(meta.get("derives_from")) or algorithms.get(meta.get("algo"))
     if algo_cls is None:
         raise UserError(f"'{path}' holds a model of {meta.get('class') or meta.get('algo')}, which is not one of "
                         "rlspeed's algorithms: export it in Python with its class imported "

@@ -1188,10 +1188,12 @@ def saved_algorithm(meta: dict, cls: type, path, import_advice: str = "import {m
     algorithm of a user's own (another name) as its class where its module is imported, else as the rlspeed algorithm
     it derives from (a warning follows at load). A UserError otherwise, one sentence naming the class and what to do
     (`import_advice`: how to import its module, `{module}` filled in)."""
-    name = meta.get("algo")
+    name, classes = meta.get("algo"), _algorithm_classes()
+    if name in classes and meta.get("derives_from") in classes:  # (a user's class under another rlspeed
+        name = meta["derives_from"]  # algorithm's name, `class Mine(DQN): name = "ppo"`: a model of the one it is)
     if name == cls.name:
         return cls
-    algo = _algorithm_classes().get(name)
+    algo = classes.get(name)
     if algo is None:  # (an algorithm of a user's own, or of a module not imported yet)
         saved = meta.get("class") or str(name)
         own = _imported_class(meta.get("class"))
@@ -1200,7 +1202,7 @@ def saved_algorithm(meta: dict, cls: type, path, import_advice: str = "import {m
                 raise UserError(f"'{path}' holds a model of {saved}, not of {cls.__name__}; load it with "
                                 f"{own.__name__}.load, or rlspeed.load(path), which loads any model.")
             return cls if cls.name else own  # (`PPO.load` makes a PPO, as of a file of PPO's subclass; a warning)
-        algo = _algorithm_classes().get(meta.get("derives_from"))  # (its module not imported: the rlspeed
+        algo = classes.get(meta.get("derives_from"))  # (its module not imported: the rlspeed
         # algorithm it derives from, as for a subclass of PPO)
         module, _, short = saved.rpartition(".")
         if algo is None and module == "__main__":
