@@ -275,6 +275,12 @@ def test_an_algorithm_of_a_users_own_loads_as_its_class_or_the_one_it_derives_fr
         assert type(rlspeed.load(saved_by(renamed), device="cpu")) is PPO
     with pytest.warns(UserWarning, match=r"saved by not_imported_module.OwnAlgorithm, a subclass of rlspeed's ppo"):
         assert type(rlspeed.load(saved_by("not_imported_module.OwnAlgorithm"), device="cpu")) is PPO
+    # (another algorithm's load names the class, not only the rlspeed algorithm it derives from)
+    with pytest.raises(UserError, match=r"holds a model of not_imported_module.OwnAlgorithm, an algorithm derived "
+                                        r"from rlspeed's PPO, not of DQN; load it with its class \(its module "
+                                        r"imported\), or with rlspeed.PPO.load or rlspeed.load\(path\), which make "
+                                        r"a PPO of it\.$"):
+        rlspeed.DQN.load(saved_by("not_imported_module.OwnAlgorithm"), device="cpu")
     meta.pop("derives_from")
     sentences = {"not_imported_module.OwnAlgorithm": r"holds a model of not_imported_module.OwnAlgorithm, which is "
                  r"not one of rlspeed's algorithms and whose module is not imported: import not_imported_module "

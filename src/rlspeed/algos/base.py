@@ -1221,6 +1221,10 @@ def saved_algorithm(meta: dict, cls: type, path, import_advice: str = "import {m
         if algo is None:
             raise UserError(f"'{path}' holds a model of {saved!r}, which is not one of rlspeed's algorithms: load it "
                             "with the class that saved it, its module imported.")
+    if cls.name and algo is not cls and name not in classes:  # (a user's own algorithm, its module not imported)
+        raise UserError(f"'{path}' holds a model of {meta.get('class') or name}, an algorithm derived from rlspeed's "
+                        f"{algo.__name__}, not of {cls.__name__}; load it with its class (its module imported), or "
+                        f"with rlspeed.{algo.__name__}.load or rlspeed.load(path), which make a {algo.__name__} of it.")
     if cls.name and algo is not cls:  # (`Algorithm.load` builds whichever algorithm the file holds)
         raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
                         f"rlspeed.{algo.__name__}.load, or rlspeed.load(path), which loads any model.")
