@@ -50,6 +50,7 @@ BAD_FLAGS = {
     "total-timesteps-negative": (["--total-timesteps", "-5"], "--total-timesteps must be positive"),
     "total-timesteps-fraction": (["--total-timesteps", "1.5"], "--total-timesteps must be a whole number"),
     "total-timesteps-text": (["--total-timesteps", "lots"], "--total-timesteps must be a whole number"),
+    "total-timesteps-huge": (["--total-timesteps", "1e99"], "--total-timesteps must be at most 9,223,372,036,854,775"),
     "eval-freq-negative": (["--eval-freq", "-1"], "--eval-freq must be positive"),
     "eval-freq-0": (["--eval-freq", "0"], "--eval-freq must be positive"),
     "checkpoint-freq-negative": (["--checkpoint-freq", "-5"], "--checkpoint-freq must be positive"),
@@ -82,6 +83,7 @@ def test_a_bad_train_flag_is_one_sentence_and_exit_2(case, capsys):
     (["--episodes", "0"], "--episodes must be positive"),
     (["--episodes", "-3"], "--episodes must be positive"),
     (["--seed", "x"], "--seed must be a whole number"),
+    (["--episodes", "1e99"], "--episodes must be at most 9,223,372,036,854,775,807, got '1e99'"),  # (no overflow)
 ])
 def test_a_bad_eval_flag_is_one_sentence_and_exit_2(args, expected, capsys):
     assert_one_line_error(cli.main(["eval", "model.safetensors", *args]), capsys.readouterr(), expected)

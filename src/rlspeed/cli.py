@@ -172,8 +172,12 @@ def _eval_command(path, seed: int, episodes: int) -> str:
     return f"rlspeed eval {path} --seed {seed}" + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else "")
 
 
-def _whole(minimum: int):
-    """An argparse type: a whole number >= `minimum`, also written 1e5 or 100_000."""
+#: the largest count an option takes: int64's largest, what an index or a step counter holds
+MAX_COUNT = 2**63 - 1
+
+
+def _whole(minimum: int, maximum: int | None = MAX_COUNT):
+    """An argparse type: a whole number from `minimum` to `maximum` (None: no bound), also written 1e5 or 100_000."""
 
     def parse(text: str) -> int:
         try:
@@ -186,6 +190,8 @@ def _whole(minimum: int):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be {'positive' if minimum == 1 else f'>= {minimum}'}, "
                                              f"got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got '{text}'")
         return value
 
     parse.__name__ = "whole number"
@@ -194,7 +200,7 @@ def _whole(minimum: int):
 
 def _seed(text: str, limit: int = MAX_SEED) -> int:
     """An argparse type: a seed from 0 to `limit` (MAX_SEED)."""
-    value = _whole(0)(text)
+    value = _whole(0, None)(text)
     if value > limit:
         raise argparse.ArgumentTypeError(f"must be at most {limit}, got {value}")
     return value
