@@ -549,6 +549,25 @@ def test_an_existing_video_file_is_replaced_only_when_asked(tmp_path, capsys):
     assert callback.videos == [folder / "step-000000512.mp4"] and _read(callback.videos[0])[1] == (400, 600)
 
 
+def test_a_directory_given_as_the_video_file_is_refused_before_filming(tmp_path, capsys):
+    """`rlspeed eval --video DIR` said "exists: pass --overwrite to replace it"; with --overwrite it evaluated the
+    episodes and then failed to write ("Is a directory"). Now a directory is refused first, --overwrite or not."""
+    model = _cartpole()
+    model.save(tmp_path / "model.safetensors")
+    folder = tmp_path / "films.mp4"
+    folder.mkdir()
+    command = ["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--no-progress", "--video", str(folder)]
+    for overwrite in ([], ["--overwrite"]):
+        assert cli.main(command + overwrite) == 2
+        captured = capsys.readouterr()
+        assert captured.err == (f"rlspeed: error: --video '{folder}' is a directory: give the video file to write, "
+                                f"ending in .mp4 or .gif (e.g. '{folder / 'episode.mp4'}').\n")
+        assert captured.out == ""  # (no episode evaluated)
+    with pytest.raises(UserError, match=r"record_video's path '.*films.mp4' is a directory"):
+        video.record_video(model, folder, seed=0, max_steps=5, overwrite=True)
+    assert list(folder.iterdir()) == []
+
+
 @pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="symlinks")
 def test_a_video_overwritten_in_a_run_folder_replaces_a_symlink_there_rather_than_writing_through_it(tmp_path):
     """`rlspeed train --resume` films again into the run's videos/ with overwrite (and keeps the run's --video-every

@@ -177,6 +177,14 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
         raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
 
 
+def refuse_directory(path: str | Path, name: str) -> None:
+    """UserError in one sentence where the video file `path` (`name`: the argument that gave it) is a directory,
+    before any episode is filmed: the writer could not replace it, with or without overwrite."""
+    if Path(path).is_dir():
+        raise UserError(f"{name} '{path}' is a directory: give the video file to write, ending in "
+                        f"{' or '.join(FORMATS)} (e.g. '{Path(path) / 'episode.mp4'}').")
+
+
 def require_writable_directory(path: str | Path) -> None:
     """UserError in one sentence where the directory of `path` (which exists) cannot be written (a read-only file
     system, a directory of another user): said before filming, where it was said after the episodes, by the encoder
@@ -379,6 +387,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     if not path.parent.is_dir():
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
     require_writable_directory(path)
+    refuse_directory(path, "record_video's path")
     if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
     import imageio.v2 as imageio
