@@ -29,6 +29,7 @@ from rlspeed.envs import (
     NormalizeObservation,
     NormalizeReward,
     RunningMeanStd,
+    env_spec,
 )
 from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
 
@@ -570,14 +571,34 @@ def test_a_step_of_actions_that_are_no_tensor_of_one_row_per_env_is_one_sentence
         env.close()
 
 
+@pytest.mark.parametrize(("env_id", "options", "expected"), [
+    ("CartPole-v1", {"sutton_barto_reward": "maybe"},
+     "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 'maybe' (str)."),
+    ("Pendulum-v1", {"g": "ten"}, "Env 'Pendulum-v1' takes the option g as a number (float), got 'ten' (str)."),
+    ("Pendulum-v1", {"g": [9.8, 10.0]}, "Env 'Pendulum-v1' takes the option g as a number (float), got [9.8, 10.0]"),
+])
+def test_an_option_given_as_text_or_a_list_where_the_env_takes_a_bool_or_a_number_is_refused(env_id, options,
+                                                                                              expected):
+    """CartPole's sutton_barto_reward (annotated bool) given 'maybe' (YAML text of --env-kwargs) trained on Sutton and
+    Barto's reward without a word ('maybe' is true); Pendulum's g (default 10.0, no annotation) given 'ten' failed in
+    its first step, once training had begun (exit 1). Both are refused where the env is made, in one sentence."""
+    for make in (lambda: rlspeed.make_env(env_id, num_envs=1, device="cpu", backend="gymnasium", env_kwargs=options),
+                 lambda: env_spec(env_id, options)):
+        with pytest.raises(rlspeed.UserError) as raised:
+            make()
+        assert str(raised.value).startswith(expected)
+    rlspeed.make_env("CartPole-v1", num_envs=1, device="cpu", backend="gymnasium",
+                     env_kwargs={"sutton_barto_reward": True}).close()  # (a bool where a bool goes)
+
+
 def test_an_option_value_the_env_cannot_use_is_named():
     """FrozenLake's map_name="9x9" raises KeyError in its constructor (an internal error, exit 1, before); a value
-    the env takes but fails on later (Pendulum's g="abc", in its first step) names the options it was made with."""
+    the env takes but fails on later (Pendulum's g=None, in its first step) names the options it was made with."""
     from rlspeed.errors import EnvStepError
 
     with pytest.raises(rlspeed.UserError, match=r"Env 'FrozenLake-v1' rejected the options map_name: '9x9'"):
         rlspeed.make_env("FrozenLake-v1", num_envs=2, device="cpu", map_name="9x9")
-    env = rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend="gymnasium", g="abc")
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend="gymnasium", g=None)
     env.reset(seed=0)
     with pytest.raises(EnvStepError, match=r"raised TypeError in step\(\).*made with the options g: check"):
         env.step(torch.zeros(2, 1))

@@ -5,8 +5,11 @@ CLI and the presets use it before they import torch (which `rlspeed.envs` does).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from rlspeed.errors import UserError
 
 
 def rebuild(value: Any, sequence: Callable[[list, tuple, bool], Any], path: tuple = ()) -> Any:
@@ -49,3 +52,29 @@ def as_keywords(options: Mapping[str, Any]) -> str:
     """`options` as the keyword arguments of a call that gives them (`key='value', size=3`): how messages show the
     options an env was made with."""
     return ", ".join(f"{key}={value!r}" for key, value in options.items())
+
+
+#: the kinds of value an env's constructor parameter declares (its annotation, else its default's type) that an
+#: option given as text, a list or a mapping cannot be: `sutton_barto_reward=maybe` trained CartPole on Sutton and
+#: Barto's reward ('maybe' is true), `g=ten` failed in Pendulum's first step
+_SCALARS = {bool: "true or false", int: "a whole number", float: "a number"}
+
+
+def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
+    """UserError in one sentence for an option of `env_kwargs` given as text, a list or a mapping where `creator`
+    (the env's entry point) declares a bool, int or float (by its annotation, else by its default's type)."""
+    try:
+        parameters = inspect.signature(creator).parameters
+    except (TypeError, ValueError):  # (a creator without a signature Python can read: nothing to check)
+        return
+    for name, value in env_kwargs.items():
+        parameter = parameters.get(name)
+        if parameter is None or not isinstance(value, (str, list, tuple, dict)):
+            continue
+        annotation = parameter.annotation
+        wanted = next((kind for kind in _SCALARS if annotation in (kind, kind.__name__)), None)
+        if wanted is None and annotation is inspect.Parameter.empty and parameter.default is not None:
+            wanted = next((kind for kind in _SCALARS if type(parameter.default) is kind), None)
+        if wanted is not None:
+            raise UserError(f"Env '{env_id}' takes the option {name} as {_SCALARS[wanted]} ({wanted.__name__}), got "
+                            f"{value!r:.60} ({type(value).__name__}).")
