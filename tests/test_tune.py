@@ -448,6 +448,9 @@ def test_tune_does_not_replace_a_file_it_did_not_write(tmp_path, capsys):
     notes.write_text("my notes\n")
     assert "is not a preset rlspeed tune wrote" in cli_error(capsys, _command(tmp_path, "--out", str(notes)))
     assert notes.read_text() == "my notes\n"
+    # a file where a folder of --out's path should be: named as --out's, not as "Cannot read the preset"
+    assert cli_error(capsys, _command(tmp_path, "--out", str(notes / "best.yaml"))) == (
+        f"rlspeed: error: --out {notes / 'best.yaml'}: '{notes}' is a file, not a directory; give another --out.")
 
 
 def test_a_second_process_on_a_running_study_and_another_studys_preset_are_refused(tmp_path, capsys):

@@ -1050,6 +1050,9 @@ def refuse_others_file(out: str | Path, study_name: str, storage: str, searched:
         text = out.read_text(encoding="utf-8", errors="surrogateescape")
     except (FileNotFoundError, IsADirectoryError):
         return
+    except NotADirectoryError:  # (a file where a folder of the path should be: no preset can be written there)
+        blocking = next(folder for folder in out.parents if folder.exists())
+        raise UserError(f"--out {out}: '{blocking}' is a file, not a directory; give another --out{kept}.") from None
     except OSError as error:
         raise UserError(f"Cannot read the preset '{out}': {error.strerror or error}.") from None
     if not text.startswith(PRESET_HEADER):
