@@ -1011,6 +1011,19 @@ def test_an_unimportable_env_module_is_one_sentence(capsys):
                           capsys.readouterr(), "Cannot import the module 'no_such_module'")
 
 
+def test_an_env_module_that_raises_on_import_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """A module of the user's that raises as it is imported (a bug, a missing file it reads) printed its traceback and
+    exit code 1, through the env id (`module:EnvId`) and --gym-packages alike."""
+    (tmp_path / "broken_envs_module.py").write_text("raise RuntimeError('no config.json beside me')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    expected = ("The module 'broken_envs_module' {} raised RuntimeError on import: no config.json beside me (--debug "
+                "shows its traceback).")
+    for args, why in ((["broken_envs_module:CartPole-v1"], "(named in 'broken_envs_module:CartPole-v1')"),
+                      (["CartPole-v1", "--gym-packages", "broken_envs_module"], "(--gym-packages)")):
+        monkeypatch.delitem(sys.modules, "broken_envs_module", raising=False)
+        assert_one_line_error(cli.main(["train", "ppo", *args]), capsys.readouterr(), expected.format(why))
+
+
 # --- memory ---------------------------------------------------------------------------------------------------------
 
 def test_a_replay_buffer_too_big_for_memory_is_refused_with_what_fits(monkeypatch):

@@ -35,6 +35,10 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> No
                      if isinstance(error, ModuleNotFoundError) and error.name == module.split(".")[0] else "")
             raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
                             f"{error}{where}.") from None
+        except Exception as error:  # (the module's own code failed: named, its traceback under --debug)
+            detail = str(error).strip().splitlines()
+            raise UserError(f"The module '{module}' {why} raised {type(error).__name__} on import"
+                            f"{': ' + detail[0] if detail else ''} (--debug shows its traceback).") from error
         register = getattr(imported, "register_envs", None)
         if callable(register) and module not in _REGISTERED_BY_CALL:
             _REGISTERED_BY_CALL.add(module)
