@@ -11,6 +11,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -1022,6 +1023,26 @@ def test_an_env_module_that_raises_on_import_is_one_sentence(tmp_path, monkeypat
                       (["CartPole-v1", "--gym-packages", "broken_envs_module"], "(--gym-packages)")):
         monkeypatch.delitem(sys.modules, "broken_envs_module", raising=False)
         assert_one_line_error(cli.main(["train", "ppo", *args]), capsys.readouterr(), expected.format(why))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_device_or_a_pipe_is_never_replaced_by_a_written_file(tmp_path, capsys):
+    """Files are written beside their path and renamed over it: `rlspeed profile --trace /dev/null` (torch's profiler
+    renames too) run as root replaced the /dev/null device with a regular file, for every process of the machine."""
+    from rlspeed.files import move_into_place
+
+    pipe = tmp_path / "trace.json"
+    os.mkfifo(pipe)
+    for command in (["export", str(tmp_path / "model.safetensors"), "--out", str(pipe), "--overwrite"],
+                    ["profile", "ppo", "CartPole-v1", "--trace", str(pipe)]):
+        flag = command[-2] if command[0] == "profile" else "--out"
+        assert_one_line_error(cli.main(command), capsys.readouterr(),
+                              f"{flag} '{pipe}' is a device or a pipe, which a file written there would replace")
+    temporary = tmp_path / "written"
+    temporary.write_text("a video")
+    with pytest.raises(UserError, match=r"trace.json' is a device or a pipe"):
+        move_into_place(temporary, pipe)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and temporary.read_text() == "a video"
 
 
 # --- memory ---------------------------------------------------------------------------------------------------------

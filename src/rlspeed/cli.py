@@ -51,6 +51,7 @@ from rlspeed.files import (
     free_disk_bytes,
     local_path,
     process_folder_prefix,
+    refuse_special_file,
     refuse_symlinks,
     remove_stale_temporaries,
     unwritable,
@@ -2642,6 +2643,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     trace = Path(args.trace) if args.trace else None
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
+    if trace is not None:  # (torch's profiler writes the trace by a rename, which would replace /dev/null)
+        refuse_special_file(trace, "--trace")
     if trace is not None and trace.is_file() and not _profiler_trace(trace):  # (a trace it wrote is its to rewrite)
         raise UserError(f"--trace {args.trace} exists and is not a trace the profiler wrote; give another --trace, or "
                         "move it away first.")
@@ -2887,6 +2890,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _check_parent_directory("--video", args.video)
         require_writable_directory(args.video)
         refuse_directory(args.video, "--video")
+        refuse_special_file(args.video, "--video")
         if not args.overwrite and (Path(args.video).exists() or Path(args.video).is_symlink()):
             raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
                             "FILE.")
@@ -2961,6 +2965,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.out is not None:
         _check_parent_directory("--out", args.out)
+        refuse_special_file(args.out, "--out")
     if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
         raise UserError(f"--out '{args.out}' ends in .safetensors, the suffix of rlspeed's model files, which an "
                         "export is not: name the export .onnx, .pt or .pt2.")

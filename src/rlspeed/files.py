@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -151,10 +152,24 @@ def write_atomic(path: Path, text: str | bytes, replace: bool = True) -> None:
             temporary.unlink(missing_ok=True)
 
 
+def refuse_special_file(path: str | Path, name: str | None = None) -> None:
+    """UserError in one sentence where `path` is a device, a pipe or a socket (`name`: the option that gave it, else
+    the path alone): a file written there by a rename replaces it (`/dev/null` made a regular file, where the user may
+    write to /dev)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # (nothing there, or nothing this process may look at: the write says so)
+        return
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        raise UserError(f"{name + ' ' if name else ''}'{path}' is a device or a pipe, which a file written there "
+                        "would replace: give a path to a regular file.")
+
+
 def move_into_place(temporary: Path, path: Path, replace: bool = True) -> None:
     """Give the whole file `temporary` (beside `path`, already synced) the name `path` in one step, with a plain
     write's mode: renamed over `path` (a symlink there is replaced, never written through), or with `replace=False`
     only where `path` does not exist (FileExistsError, `temporary` kept: made by another process meanwhile)."""
+    refuse_special_file(path)
     if os.name != "nt":  # (mkstemp's files are 0600; Windows' have no such mode bits)
         os.chmod(temporary, 0o666 & ~_UMASK)
     if replace:
