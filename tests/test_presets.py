@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -621,6 +622,9 @@ def test_a_users_train_freq_in_episodes_is_refused_saying_what_to_write_not_what
 def test_a_missing_preset_file_names_the_choices(tmp_path):
     with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))
+    if os.path.exists(os.devnull) and not os.path.isfile(os.devnull):  # (a device: it said "no such file")
+        with pytest.raises(UserError, match=r"is not a regular file \(a device or a pipe\); give a YAML file"):
+            load_preset("ppo", "CartPole-v1", os.devnull)
 
 
 @requires_zoo

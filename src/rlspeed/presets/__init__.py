@@ -175,6 +175,9 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     path = local_path(path)
     if path.is_dir():
         raise UserError(f"--preset {path} is a directory; give a YAML file, or one of {', '.join(SOURCES)}.")
+    if path.exists() and not path.is_file():
+        raise UserError(f"--preset {path} is not a regular file (a device or a pipe); give a YAML file, or one of "
+                        f"{', '.join(SOURCES)}.")
     if not path.is_file():
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     text, data = yamlfile.read_file(path)
