@@ -40,6 +40,34 @@ def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, 
         assert evaluated["std"] == pytest.approx(final["std"], rel=1e-6, abs=1e-6)
 
 
+def test_a_members_fractional_returns_are_what_rlspeed_eval_gives_for_it_digit_for_digit(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """On an env of fractional returns (Pendulum), a member's final_eval mean and std, and its last curve point and
+    metrics.csv cell (the same parameters: the run ends there), equal `rlspeed eval MEMBER --seed S --json`'s
+    exactly: formed from the same float64 returns, not rounded to float32 (-1036.2916 for -1036.291655663401)."""
+    from rlspeed.population import plot
+
+    monkeypatch.setattr(plot, "plot_learning_curves", lambda summary, path: None)  # (matplotlib's import: seconds)
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--seeds", "0,1", "--preset", "none", "--set", "num_envs=8",
+                     "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=1", "--total-timesteps",
+                     "128", "--eval-freq", "128", "--eval-episodes", "2", "--env-backend", "torch", "--out",
+                     str(out)]) == 0
+    with open(out / "metrics.csv", newline="") as f:
+        cells = list(csv.DictReader(f))[-1]
+    for member in json.loads((out / "summary.json").read_text())["members"]:
+        final, (steps, last) = member["final_eval"], member["curve"][-1]
+        path = str(out / "members" / f"seed_{member['seed']}.safetensors")
+        for seed, mean, std in ((final["seed"], final["mean"], final["std"]),
+                                (member["seed"] + 100_000 + steps, last, None)):
+            capsys.readouterr()
+            assert cli.main(["eval", path, "--episodes", "2", "--seed", str(seed), "--json"]) == 0
+            evaluated = json.loads(capsys.readouterr().out)
+            assert evaluated["mean"] == mean and evaluated["mean"] != round(evaluated["mean"])
+            assert std is None or evaluated["std"] == std
+        assert float(cells[f"eval_mean/seed_{member['seed']}"]) == last
+
+
 def test_a_population_plays_eval_episodes_in_every_evaluation_and_resume_keeps_it(tmp_path, capsys, monkeypatch):
     """`--eval-episodes N` with --seeds: the members' evaluations during training and their final ones play N
     episodes (summary.json's final_eval says N), config.yaml records it and a --resume without the flag keeps it."""

@@ -286,8 +286,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
         warn_unfinished(unfinished, episodes, limit,
                         f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
     values = returns.cpu().tolist()
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    mean, std = return_statistics(values)
     result = {"mean": mean, "std": std, "episodes": episodes, "returns": values,
               "lengths": [int(n) for n in lengths.cpu().tolist()], "unfinished": unfinished, "seed": seed}
     if succeeded is not None:
@@ -295,6 +294,14 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
     return result
+
+
+def return_statistics(values: typing.Sequence[float]) -> tuple[float, float]:
+    """(mean, standard deviation) of episode returns `values` (Python floats), as `evaluate` reports them: summed in
+    float64 in episode order, the population's deviation (`std` of numpy's default). A population's evaluations
+    (`rlspeed.population`) use it too, so a member's numbers equal `evaluate`'s of its saved model, digit for digit."""
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 class _Acting:
@@ -369,8 +376,7 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
         warn_unfinished(unfinished, episodes, limit, RUN_LONGER, unstarted=episodes - len(values))
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    mean, std = return_statistics(values)
     result = {"mean": mean, "std": std, "episodes": len(values), "returns": values, "lengths": spread["lengths"],
               "unfinished": unfinished, "seed": seed}
     if spread["successes"] is not None:

@@ -33,6 +33,7 @@ from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
     episode_step_limit,
+    return_statistics,
     warn_target_without_time_limit,
     warn_unfinished,
 )
@@ -553,12 +554,6 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     return torch.where(finished, returns, info["episode_return"]), finished, succeeded
 
 
-def _shortest(means: list[float]) -> list[float]:
-    """float32 evaluation means as their shortest decimals (403.3, as `rlspeed eval` prints a member's, not
-    403.29998779296875): summary.json's curves and final evaluations, and what `on_eval` receives."""
-    return [float(str(np.float32(mean))) for mean in means]
-
-
 @dataclasses.dataclass
 class _LoopProgress:
     """What a `learn` loop has measured so far (members by original index), and when its next evaluation and
@@ -828,7 +823,8 @@ class PopulationBase:
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None,
                  max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
-        in the computation), as a host tensor `[len(members)]`: member `members[j]` on an env seeded `seeds[j]`, as
+        in the computation), as a float64 host tensor `[len(members)]` (each formed as `rlspeed.evaluate`'s `mean`,
+        `return_statistics`): member `members[j]` on an env seeded `seeds[j]`, as
         `rlspeed.evaluate` seeds one (default: each member's seed + 1,000,000). Members out of the computation are
         evaluated with the parameters they left with. An episode runs at most `max_steps` steps (default: the env's
         time limit, or `rlspeed.evaluation.UNLIMITED_EPISODE_STEPS` where it has none, as `rlspeed.evaluate`); one
@@ -946,11 +942,14 @@ class PopulationBase:
             done = finished.view(len(seeds), episodes).sum(1).cpu()  # ok-sync: evaluation
             wins = succeeded.view(len(seeds), episodes).sum(1).cpu()
             self.last_success_rates = [float(w) / float(d) if d > 0 else None for w, d in zip(wins, done)]
+        # (each member's mean and std as `rlspeed.evaluate` forms them, from the same float64 episode returns: a
+        # member's numbers equal `rlspeed eval`'s of its saved model)
+        statistics = [return_statistics(row)
+                      for row in returns.view(len(seeds), episodes).cpu().double().tolist()]  # ok-sync: evaluation
         #: each evaluated member's standard deviation of its episodes' returns (population, as `rlspeed.evaluate`'s
         #: `std`), the last `evaluate`'s, by position
-        # (in float64 on the host: MPS has no float64)
-        self.last_return_stds = returns.view(len(seeds), episodes).cpu().double().std(1, unbiased=False).tolist()
-        return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
+        self.last_return_stds = [std for _, std in statistics]
+        return torch.tensor([mean for mean, _ in statistics], dtype=torch.float64)
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in
@@ -1625,8 +1624,8 @@ class PopulationBase:
         from rlspeed.algos.base import CONFIRM_SEED
 
         members = list(self.alive)
-        means = _shortest(self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
-                                        eval_episodes, members).tolist())
+        means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
+                              members).tolist()
         unfinished = self.last_unfinished  # (this evaluation's, which `on_eval` reads: not a confirmation's)
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
@@ -1635,9 +1634,9 @@ class PopulationBase:
         if target_return is not None:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
-                confirming = _shortest(self.evaluate(
+                confirming = self.evaluate(
                     [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
-                    hits).tolist())
+                    hits).tolist()
                 for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
                     loop.confirmations_unfinished[k].append(cut)
@@ -1676,11 +1675,11 @@ class PopulationBase:
         scored = ([k for k in range(self.size) if unscored.isdisjoint(loop.left.get(k, {}))]
                   if final and evaluate else [])
         final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
-        final_means = (_shortest(self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist())
+        final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
                        if scored else [])
         finals_by_member = dict(zip(scored, final_means))
         rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}
-        stds = dict(zip(scored, _shortest(self.last_return_stds))) if scored and self.last_return_stds else {}
+        stds = dict(zip(scored, self.last_return_stds)) if scored and self.last_return_stds else {}
         cut = dict(zip(scored, self.last_unfinished)) if scored and self.last_unfinished else {}
         members = []
         for k, seed in enumerate(self.seeds):
