@@ -550,3 +550,30 @@ def test_rewards_far_from_1_get_one_hint_for_the_whole_population(algo, hyper):
                 assert "normalize_reward=True" in hints[0] and "observation" not in hints[0]
     finally:
         gym.registry.pop("rlspeed_test/ScaledCartPole-v0", None)
+
+
+def test_an_off_policy_populations_scale_hint_comes_while_it_trains_not_at_its_first_evaluation(monkeypatch):
+    """As a solo run's (its guard read once per log interval, 1 s): a DQN population gave the hint only at its first
+    divergence check, an evaluation or the end, however long training ran before. Here the interval is 0 s: the hint
+    comes within the first iterations, long before the evaluation at 256 steps."""
+    import warnings
+
+    import gymnasium as gym
+
+    from rlspeed.population import base
+
+    monkeypatch.setattr(base, "HINT_EVERY_S", 0.0, raising=False)
+    gym.register("rlspeed_test/ScaledCartPole-v0", max_episode_steps=500, entry_point=_scaled_cartpole,
+                 kwargs={"reward_scale": 1e5})
+    try:
+        population = Population(DQN, "rlspeed_test/ScaledCartPole-v0", seeds=[0, 1], env_backend="gymnasium",
+                                normalize_obs=False, num_envs=2, learning_starts=16, batch_size=16)
+        hinted_at = []  # (the population's step count at each hint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kwargs: hinted_at.append(
+                population.num_timesteps) if "first steps" in str(message) else None)
+            population.learn(256, eval_freq=256, eval_episodes=1)
+        assert len(hinted_at) == 1 and hinted_at[0] < 32
+    finally:
+        gym.registry.pop("rlspeed_test/ScaledCartPole-v0", None)

@@ -76,6 +76,11 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+#: seconds of training between a population's tries at the scale hint until it is decided (`_hint_scale`), as a
+#: solo run reads its guard once per `log_interval_s` (1 s by default): the hint comes in the first seconds, not at
+#: the first evaluation
+HINT_EVERY_S = 1.0
+
 #: options of a solo run that a population does not have, with the value that means "not used"
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
 
@@ -1336,16 +1341,20 @@ class PopulationBase:
 
     def _env_scale(self) -> torch.Tensor | None:
         """[the largest |reward|, the largest |observation value|] of the training env's first steps, on the device
-        (NaN where not measured yet: `rlspeed.numerics.EnvValueGuard.scale`); None without a guard."""
-        return None if self._env_guard is None else self._env_guard.scale
+        (NaN where not measured yet: `rlspeed.numerics.EnvValueGuard.scale`, the steps it keeps measured here);
+        None without a guard."""
+        if self._env_guard is None:
+            return None
+        self._env_guard.flush()
+        return self._env_guard.scale
 
-    def _hint_scale(self) -> None:
+    def _hint_scale(self, stacklevel: int = 4) -> None:
         """The solo runs' scale hint (`rlspeed.numerics.scale_hint`), once per population: every member shares the
         env and its normalisation settings, so one warning speaks for all of them."""
         from rlspeed.numerics import scale_hint
 
-        scale = self._env_scale()
-        if self._scale_hinted or scale is None:
+        scale = None if self._scale_hinted else self._env_scale()
+        if scale is None:
             return
         reward, observed = scale.tolist()  # ok-sync: until the first steps are measured, once per population
         if math.isnan(reward):
@@ -1356,12 +1365,12 @@ class PopulationBase:
                           f"the first steps of the population's envs (all {len(self.alive)} members')",
                           "each member")
         if hint is not None:
-            warnings.warn(hint, UserWarning, stacklevel=4)
+            warnings.warn(hint, UserWarning, stacklevel=stacklevel)
 
     def _drop_diverged(self, left: dict[int, dict]) -> None:
         finite = self._finite_members()
         env = self._env_value_flags()
-        self._hint_scale()  # (after `_env_value_flags`, whose read of the guard measures the first steps)
+        self._hint_scale()
         # (one host read: the members' finite flags, then [env rows with their own non-finite values, the first])
         read = torch.cat([finite.long(), env.long()] if env is not None else [finite.long()])
         values = read.tolist()  # ok-sync: once per divergence check
@@ -1579,11 +1588,15 @@ class PopulationBase:
         # decided, `waiting_advice`; None: not asked)
         noting = ((loop.train_wall_s, waiting.busy_seconds(), loop.member_steps)
                   if self.env_backend == "gymnasium" and not waiting.noted else None)
+        hint_tried = clock_start  # (`HINT_EVERY_S`)
         while self.num_timesteps < end and self.alive:
             training = len(self.alive)
             before = self.num_timesteps
             loop.member_steps += self.train_iteration() * training
             bar.update(self.num_timesteps - before, members=len(self.alive))
+            if not self._scale_hinted and time.perf_counter() - hint_tried >= HINT_EVERY_S:
+                self._hint_scale(stacklevel=3)  # (the line in `learn`, as from `_drop_diverged`)
+                hint_tried = time.perf_counter()
             due = self.num_timesteps >= loop.next_eval or self.num_timesteps >= end
             if due or self.check_divergence_every_iteration:
                 self._drop_diverged(loop.left)
