@@ -140,6 +140,18 @@ def test_members_normalise_observations_and_rewards_as_their_solo_runs(algo, env
         assert population.evaluate([100 + k], episodes=1, members=[k]).item() == pytest.approx(solo_eval, abs=1e-3)
 
 
+def test_a_members_evaluation_is_its_solo_models_digit_for_digit():
+    """Each member's mean return (Pendulum's fractional returns) is `rlspeed.evaluate`'s of its solo model with the
+    same episode seeds, exactly, for a member in the computation and one that left: the batched actor rounded its
+    actions differently from the solo's `nn.Linear` (a 64 x 2 layer on 3 rows), and means differed in the 8th digit,
+    so `rlspeed eval MEMBER --seed S` did not repeat a member's final_eval."""
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], env_backend="torch", net_arch=[64, 64])
+    population.remove([1])
+    means = population.evaluate([5, 6], episodes=3, members=[0, 1]).tolist()
+    assert means == [population.member_model(k).evaluate(episodes=3, seed=seed)["mean"]
+                     for k, seed in ((0, 5), (1, 6))]
+
+
 def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     """on_eval prunes member 0 at the first evaluation: it leaves the computation (its stacks shrink), member 1
     trains on exactly as the solo run, member 0 keeps the parameters it left with, and the summary says when it

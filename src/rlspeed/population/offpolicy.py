@@ -739,11 +739,18 @@ class OffPolicyPopulation(PopulationBase):
         return kept
 
     # --- batched MLPs ------------------------------------------------------------------------------------------
+    #: evaluating (`evaluate`): `_mlp` multiplies as each member's solo `nn.Linear` does (`_in_solo_layout`
+    #: weights), so a member's evaluation is `rlspeed eval`'s of its saved model, digit for digit
+    _as_solo = False
+
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
         """One MLP per leading index: `x` `[M, B, in]`, weights `[M, in, out]`, biases `[M, 1, out]`."""
         last = len(weights) - 1
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
-            x = ensemble_linear(x, weight, bias)
+            if self._as_solo:  # (member by member: a batched product of small matrices rounds otherwise)
+                x = torch.stack([torch.addmm(b[0], member, w) for member, w, b in zip(x, weight, bias)])
+            else:
+                x = ensemble_linear(x, weight, bias)
             if layer < last:
                 x = self.activation(x)
         return x
@@ -1142,6 +1149,15 @@ class OffPolicyPopulation(PopulationBase):
         return {name: [torch.stack([p[name][i] for p in parts]) for i in range(len(parts[0][name]))]
                 for name in self._actor_lists}
 
+    @staticmethod
+    def _in_solo_layout(actor: dict[str, list[torch.Tensor]]) -> dict[str, list[torch.Tensor]]:
+        """`actor` (`_actor_of`'s) with its MLP weights `[M, in, out]` laid out as the solo's `nn.Linear` weights
+        (each member's `[out, in]` contiguous, seen transposed): `_mlp`'s products over them (`_as_solo`) are the
+        solo's `F.linear` calls, where the row-major stack rounds differently in float32's last bit (returns then
+        differ from `rlspeed eval`'s in the 8th digit)."""
+        return {name: [w.transpose(-1, -2).contiguous().transpose(-1, -2) if name.endswith("_weights") else w
+                       for w in tensors] for name, tensors in actor.items()}
+
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None,
                  max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
@@ -1152,13 +1168,17 @@ class OffPolicyPopulation(PopulationBase):
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)
-        actor = self._actor_of(members)
+        actor = self._in_solo_layout(self._actor_of(members))
         count = len(members)
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             # (masks: given where the members apply the env's action masks, `_mean_returns`)
             member_masks = () if masks is None else (masks.view(count, episodes, -1),)
-            actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
+            self._as_solo = True  # (the members' actions as their solo models compute them: `rlspeed eval`'s)
+            try:
+                actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
+            finally:
+                self._as_solo = False
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
         return self._mean_returns(seeds, episodes, policy, members, max_steps)
