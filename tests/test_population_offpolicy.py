@@ -142,14 +142,18 @@ def test_members_normalise_observations_and_rewards_as_their_solo_runs(algo, env
 
 def test_a_members_evaluation_is_its_solo_models_digit_for_digit():
     """Each member's mean return (Pendulum's fractional returns) is `rlspeed.evaluate`'s of its solo model with the
-    same episode seeds, exactly, for a member in the computation and one that left: the batched actor rounded its
-    actions differently from the solo's `nn.Linear` (a 64 x 2 layer on 3 rows), and means differed in the 8th digit,
-    so `rlspeed eval MEMBER --seed S` did not repeat a member's final_eval."""
-    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], env_backend="torch", net_arch=[64, 64])
+    same episode seeds, exactly, for a member in the computation and one that left, and in learn's final evaluation:
+    the batched actor rounded its actions differently from the solo's `nn.Linear` (a 64 x 2 layer on 3 rows), and
+    means differed in the 8th digit, so `rlspeed eval MEMBER --seed S` did not repeat a member's final_eval."""
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], env_backend="torch", net_arch=[64, 64],
+                            learning_starts=0, batch_size=2)
     population.remove([1])
     means = population.evaluate([5, 6], episodes=3, members=[0, 1]).tolist()
     assert means == [population.member_model(k).evaluate(episodes=3, seed=seed)["mean"]
                      for k, seed in ((0, 5), (1, 6))]
+    # (learn's final evaluation too, which `rlspeed eval MEMBER --seed S` repeats; its curves' take the batched path)
+    final = population.learn(2, eval_freq=100, eval_episodes=2)["members"][0]["final_eval"]
+    assert final["mean"] == population.member_model(0).evaluate(episodes=2, seed=final["seed"])["mean"]
 
 
 def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):

@@ -1627,6 +1627,22 @@ class PopulationBase:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
 
+    #: `evaluate` may act through the members' batched networks, whose float32 rounding can differ from their solo
+    #: models' in the last bit (off-policy members, `OffPolicyPopulation._as_solo`, several times faster there):
+    #: `learn`'s evaluations during training (curves, confirmations, `on_eval`); elsewhere (the final evaluation,
+    #: which `rlspeed eval MEMBER --seed S` repeats digit for digit, and a caller's) the members act as their solo
+    #: models do
+    _batched = False
+
+    @contextlib.contextmanager
+    def _batched_evaluation(self):
+        """`evaluate` calls inside act through the batched networks (`_batched`)."""
+        self._batched = True
+        try:
+            yield
+        finally:
+            self._batched = False
+
     def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
                           confirm_target: bool, on_eval: Callable | None, logger: RunLogger | None = None) -> bool:
         """One evaluation of the members in the computation (`learn`'s, at `num_timesteps`): each one's mean goes on
@@ -1637,8 +1653,9 @@ class PopulationBase:
         from rlspeed.algos.base import CONFIRM_SEED
 
         members = list(self.alive)
-        means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
-                              members).tolist()
+        with self._batched_evaluation():
+            means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
+                                  members).tolist()
         unfinished = self.last_unfinished  # (this evaluation's, which `on_eval` reads: not a confirmation's)
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
@@ -1647,9 +1664,10 @@ class PopulationBase:
         if target_return is not None:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
-                confirming = self.evaluate(
-                    [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
-                    hits).tolist()
+                with self._batched_evaluation():
+                    confirming = self.evaluate(
+                        [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
+                        hits).tolist()
                 for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
                     loop.confirmations_unfinished[k].append(cut)

@@ -1168,13 +1168,14 @@ class OffPolicyPopulation(PopulationBase):
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)
-        actor = self._in_solo_layout(self._actor_of(members))
+        as_solo = not self._batched
+        actor = self._in_solo_layout(self._actor_of(members)) if as_solo else self._actor_of(members)
         count = len(members)
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             # (masks: given where the members apply the env's action masks, `_mean_returns`)
             member_masks = () if masks is None else (masks.view(count, episodes, -1),)
-            self._as_solo = True  # (the members' actions as their solo models compute them: `rlspeed eval`'s)
+            self._as_solo = as_solo  # (the members' actions as their solo models compute them: `rlspeed eval`'s)
             try:
                 actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
             finally:
