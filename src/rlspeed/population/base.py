@@ -954,7 +954,7 @@ class PopulationBase:
         #: each evaluated member's standard deviation of its episodes' returns (population, as `rlspeed.evaluate`'s
         #: `std`), the last `evaluate`'s, by position
         self.last_return_stds = [std for _, std in statistics]
-        return torch.tensor([mean for mean, _ in statistics], dtype=torch.float64)
+        return torch.tensor([mean for mean, _ in statistics], dtype=torch.float64, device="cpu")
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in

@@ -670,7 +670,7 @@ class PPOPopulation(PopulationBase):
         seeds = self._evaluation_seeds(seeds, members)
         size = len(members)
         if size == 0:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device="cpu")
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             out, _ = self.forward(obs.view(size, episodes, -1), params)
