@@ -361,7 +361,8 @@ DICT = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), "d
 VECTOR = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
 SPACE_CASES = {
     "ppo-image-discrete": ("ppo", IMAGE, gym.spaces.Discrete(4)),
-    "dqn-image": ("dqn", IMAGE, gym.spaces.Discrete(3)),
+    # (the strided CNN, channels first: MiniGrid's RGBImgPartialObsWrapper(tile_size=4) made channels first)
+    "dqn-image": ("dqn", gym.spaces.Box(0, 255, (3, 28, 28), np.uint8), gym.spaces.Discrete(3)),
     "sac-image": ("sac", IMAGE, gym.spaces.Box(-2.0, 2.0, (2,), np.float32)),
     "ppo-dict-multidiscrete": ("ppo", DICT, gym.spaces.MultiDiscrete([3, 4])),
     "td3-dict": ("td3", DICT, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),

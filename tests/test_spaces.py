@@ -177,19 +177,23 @@ def test_encoder_cnn_on_an_image_of_another_rank_names_the_wrapper_that_makes_it
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("shape, named", [
-    ((35, 35, 3), r"small CNN encoder of 35x35 images has 15\.7 million weights .*at least 36x36"),
-    ((3, 210, 160), r"Nature CNN encoder of 210x160 images has 11\.5 million .*ResizeObservation\(env, \(84, 84\)\)"),
+@pytest.mark.parametrize("shape, cnn, named", [
+    ((35, 35, 3), "small", r"small CNN encoder of 35x35 images has 15\.7 million weights .*pass cnn=strided"),
+    ((3, 210, 160), "auto",
+     r"Nature CNN encoder of 210x160 images has 11\.5 million .*ResizeObservation\(env, \(84, 84\)\)"),
 ])
-def test_a_cnn_of_millions_of_linear_weights_warns_naming_the_resize(shape, named, monkeypatch):
-    """A 35x35 image got 480 times the linear weights of a 36x36 one (the small CNN keeps the full size; the Nature
-    CNN strides), and a raw frame ten times Atari's 84x84, without a word: every update was that much slower."""
+def test_a_cnn_of_millions_of_linear_weights_warns_naming_the_resize(shape, cnn, named, monkeypatch):
+    """A 35x35 image's small CNN has 480 times the linear weights of a 36x36 image's Nature CNN (the small CNN keeps
+    the full size; the others stride), and a raw frame ten times Atari's 84x84, without a word: every update was that
+    much slower."""
     monkeypatch.setattr(rlspeed.nn, "_init_conv_net", lambda module: None)  # (the orthogonal init takes seconds)
     with pytest.warns(UserWarning, match=named):
-        make_encoder(_box(shape))
+        make_encoder(_box(shape), cnn=cnn)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        make_encoder(_box(shape), cnn_features_dim=64)  # (the fix it names)
+        make_encoder(_box(shape), cnn_features_dim=64, cnn=cnn)  # (the fix it names)
+        if cnn == "small":
+            make_encoder(_box(shape))  # (auto: the strided CNN)
         make_encoder(_box((36, 36, 3)))
         make_encoder(_box((4, 84, 84)))
 

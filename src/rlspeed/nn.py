@@ -208,8 +208,18 @@ class acting:
 ENCODERS = ("auto", "mlp", "cnn")
 #: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).
 NATURE_CNN_MIN_SIDE = 36
+#: The smallest image side `cnn=auto` gives the strided 3x3 CNN (below it the small CNN, whose linear layer takes
+#: 32 x (side - 4)^2 outputs: about 1 million weights at 12x12 with cnn_features_dim 512, 2.4 million at 16x16).
+STRIDED_CNN_MIN_SIDE = 16
+#: The smallest image side the strided CNN takes (its two halvings then its unpadded 3x3 leave one pixel).
+STRIDED_CNN_LEAST_SIDE = 9
+#: The CNN architectures (`cnn`): `auto` picks by the smaller image side: `nature` from 36 pixels, `strided` from 16,
+#: `small` below; `nature_or_small` is the rule before the strided CNN existed (nature from 36, else small), which a
+#: file saved without `cnn` in its config is loaded with.
+CNN_KINDS = ("auto", "nature", "strided", "small", "nature_or_small")
 #: A CNN whose linear layer has more weights than this warns (`_warn_large_cnn`): images far larger than Atari's 84x84
-#: for the Nature CNN (a 400x600 render: 107 million), or near 36x36 for the small one, which keeps their full size
+#: for the Nature CNN (a 400x600 render: 107 million), or from about 20x20 for the small one (cnn=small), which keeps
+#: their full size
 LARGE_CNN_WEIGHTS = 8_000_000
 
 
@@ -367,13 +377,16 @@ class CNNEncoder(Encoder):
     `normalize_images`; any other 3-D Box, float images in [0, 1] for one, as it is), channels-last images permuted
     to channels first (`box_channels_first`), then convolutions and one ReLU linear layer of `features_dim`.
 
-    `nature=True`: Nature-DQN's CNN (Mnih et al., 2015; SB3's `NatureCNN`): 32 8x8/4, 64 4x4/2, 64 3x3/1. It needs
-    both sides >= 36 pixels; smaller images (MinAtar's 10x10, MiniGrid's 7x7) get the small CNN: 16 and 32 3x3/1
-    convolutions (padded when a side is below 5).
+    `arch` (`CNN_KINDS`): `nature`, Nature-DQN's CNN (Mnih et al., 2015; SB3's `NatureCNN`): 32 8x8/4, 64 4x4/2, 64
+    3x3/1, for both sides >= 36 pixels; `strided`, Nature's channels in 3x3 kernels: 32 3x3/2 and 64 3x3/2 (padded
+    by one: each halves the image), 64 3x3/1, for both sides >= 9 (auto: 16 to 35 pixels, where the small CNN's
+    linear layer grows with the image's area: 15.7 million weights at 35x35); `small`, 16 and 32 3x3/1 convolutions
+    that keep the image's size (padded when a side is below 5; auto: MinAtar's 10x10, MiniGrid's 7x7). `auto` picks
+    by the smaller side; `nature_or_small`, the rule before `strided`, takes `nature` from 36 pixels, else `small`.
     """
 
     def __init__(self, space: gym.spaces.Box, features_dim: int = 512, normalize_images: bool = True,
-                 nature: bool | None = None):
+                 arch: str = "auto"):
         super().__init__()
         channels_first = box_channels_first(space)
         if channels_first is None:
@@ -382,15 +395,19 @@ class CNNEncoder(Encoder):
         self.channels_last = not channels_first
         shape = tuple(space.shape)
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
-        if nature is None:
-            nature = min(height, width) >= NATURE_CNN_MIN_SIDE
-        self.nature = nature
-        self.kind = "Nature CNN encoder" if nature else "small CNN encoder"
+        #: the architecture built: nature, strided or small
+        self.arch = cnn_arch(arch, height, width)
+        self.nature = self.arch == "nature"
+        self.kind = {"nature": "Nature CNN encoder", "strided": "strided CNN encoder",
+                     "small": "small CNN encoder"}[self.arch]
         scale = normalize_images and image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8
         self.scale = 1.0 / 255.0 if scale else 1.0
-        if nature:
+        if self.arch == "nature":
             convs = [nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                      nn.Conv2d(64, 64, 3, stride=1), nn.ReLU()]
+        elif self.arch == "strided":
+            convs = [nn.Conv2d(channels, 32, 3, stride=2, padding=1), nn.ReLU(),
+                     nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU()]
         else:
             padding = 0 if min(height, width) >= 5 else 1
             convs = [nn.Conv2d(channels, 16, 3, padding=padding), nn.ReLU(),
@@ -428,6 +445,32 @@ class CNNEncoder(Encoder):
         for layer in list(self.cnn)[1:]:  # (slicing the Sequential would build a new module on every call)
             x = layer(x)
         return x
+
+
+def image_side(space: gym.Space) -> int | None:
+    """The smaller side in pixels of a 3-D Box read as an image (`box_channels_first`), else None: what `cnn=auto`
+    picks the architecture by."""
+    channels_first = box_channels_first(space)
+    if channels_first is None:
+        return None
+    return int(min(space.shape[1:] if channels_first else space.shape[:2]))
+
+
+def cnn_arch(cnn: str, height: int, width: int) -> str:
+    """The CNN architecture (nature, strided or small) that `cnn` (`CNN_KINDS`) gives images of `height` x `width`
+    pixels; UserError for an unknown kind or an image too small for the kind asked for."""
+    if cnn not in CNN_KINDS:
+        raise UserError(f"Unknown cnn '{cnn}': use one of {', '.join(CNN_KINDS)}.")
+    side = min(height, width)
+    if cnn == "auto":
+        cnn = "nature" if side >= NATURE_CNN_MIN_SIDE else "strided" if side >= STRIDED_CNN_MIN_SIDE else "small"
+    elif cnn == "nature_or_small":
+        cnn = "nature" if side >= NATURE_CNN_MIN_SIDE else "small"
+    least = {"nature": NATURE_CNN_MIN_SIDE, "strided": STRIDED_CNN_LEAST_SIDE}.get(cnn, 1)
+    if side < least:
+        raise UserError(f"cnn={cnn} needs both image sides >= {least} pixels, and these images are {height}x{width}; "
+                        f"use cnn=small or cnn=auto.")
+    return cnn
 
 
 class OneHotEncoder(Encoder):
@@ -480,7 +523,7 @@ class MultiInputEncoder(Encoder):
     kind = "multi-input encoder"
 
     def __init__(self, space: gym.spaces.Dict, encoder: str = "auto", cnn_features_dim: int = 512,
-                 normalize_images: bool = True):
+                 normalize_images: bool = True, cnn: str = "auto"):
         super().__init__()
         self.keys = list(space.spaces)
         self.encoders = nn.ModuleDict()
@@ -490,7 +533,7 @@ class MultiInputEncoder(Encoder):
                 sub_choice = "auto"  # encoder=cnn for a Dict: its image keys get CNNs, the others their own encoder
             else:
                 sub_choice = encoder
-            module = make_encoder(sub, sub_choice, cnn_features_dim, normalize_images)
+            module = make_encoder(sub, sub_choice, cnn_features_dim, normalize_images, cnn)
             if module is None:  # a float vector: flattened as it is
                 dims += int(np.prod(sub.shape)) if sub.shape else 1
             else:
@@ -507,23 +550,26 @@ class MultiInputEncoder(Encoder):
 
 
 def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int = 512,
-                 normalize_images: bool = True) -> Encoder | None:
+                 normalize_images: bool = True, cnn: str = "auto") -> Encoder | None:
     """The encoder for an observation space (an `EnvSpec.observation_space`), or None for float vectors (the heads
     take the flattened observation).
 
-    `auto`: images (`image_channels_first`) get a CNN (`CNNEncoder`: Nature-DQN's when both sides are >= 36 pixels,
-    else a small 3x3 one), Discrete and MultiDiscrete observations a one-hot encoding, MultiBinary, bool and integer
-    vectors a float flattening, Dict observations one encoder per key (`MultiInputEncoder`). `mlp`: images flattened
-    too (scaled to [0, 1]). `cnn`: a CNN, which takes any 3-D Box as an image (`box_channels_first`; SB3's CnnPolicy
-    with `normalize_images=False`): float images in [0, 1] and uint8 Boxes of other bounds unscaled (or a Dict with
-    such keys). UserError for spaces no encoder handles. `cnn_features_dim`: the output width of each CNN (SB3's
-    `features_dim`); `normalize_images`: uint8 images in [0, 255] scaled to [0, 1] on the device (False: their raw
-    values, as floats).
+    `encoder="auto"`: images (`image_channels_first`) get a CNN (`CNNEncoder`), Discrete and MultiDiscrete
+    observations a one-hot encoding, MultiBinary, bool and integer vectors a float flattening, Dict observations one
+    encoder per key (`MultiInputEncoder`). `mlp`: images flattened too (scaled to [0, 1]). `cnn`: a CNN, which takes
+    any 3-D Box as an image (`box_channels_first`; SB3's CnnPolicy with `normalize_images=False`): float images in
+    [0, 1] and uint8 Boxes of other bounds unscaled (or a Dict with such keys). UserError for spaces no encoder
+    handles. `cnn_features_dim`: the output width of each CNN (SB3's `features_dim`); `normalize_images`: uint8 images
+    in [0, 255] scaled to [0, 1] on the device (False: their raw values, as floats); `cnn`: the CNNs' architecture
+    (`CNN_KINDS`; `auto`: Nature-DQN's when both sides are >= 36 pixels, a strided 3x3 one from 16, else a small 3x3
+    one).
     """
     if encoder not in ENCODERS:
         raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")
     if cnn_features_dim < 1:
         raise UserError(f"cnn_features_dim must be >= 1, got {cnn_features_dim}.")
+    if cnn not in CNN_KINDS:
+        raise UserError(f"Unknown cnn '{cnn}': use one of {', '.join(CNN_KINDS)}.")
     if not isinstance(space, (gym.spaces.Dict, gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                               gym.spaces.MultiBinary)):
         space = check_observation_space(space, "this env")  # a Tuple becomes a Dict; others get the one sentence
@@ -531,12 +577,12 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
         if encoder == "cnn" and not any(box_channels_first(sub) is not None for sub in space.spaces.values()):
             raise UserError(f"encoder=cnn needs image observations, and this Dict observation has no 3-D Box key "
                             f"(keys: {', '.join(space.spaces)}); use encoder=auto.")
-        return MultiInputEncoder(space, encoder, cnn_features_dim, normalize_images)
+        return MultiInputEncoder(space, encoder, cnn_features_dim, normalize_images, cnn)
     image = image_channels_first(space) is not None
     if encoder == "cnn" or (encoder == "auto" and image):
-        cnn = CNNEncoder(space, cnn_features_dim, normalize_images)
-        _warn_large_cnn(cnn, space)
-        return cnn
+        module = CNNEncoder(space, cnn_features_dim, normalize_images, cnn)
+        _warn_large_cnn(module, space)
+        return module
     if encoder == "auto":
         _warn_image_like(space)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
@@ -586,6 +632,8 @@ def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
         fix = (f"resize the images to at least {NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} with "
                f"gymnasium.wrappers.ResizeObservation (the Nature CNN strides over them: at "
                f"{NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} its linear layer takes 64 convolution outputs)")
+        if cnn.arch == "small" and min(height, width) >= STRIDED_CNN_LEAST_SIDE:
+            fix = f"pass cnn=strided (its two stride-2 convolutions quarter the image), or {fix}"
     warn_at_caller(f"The {cnn.kind} of {height}x{width} images has {weights / 1e6:.1f} million weights in its linear "
                    f"layer ({layer.in_features:,} convolution outputs x cnn_features_dim {layer.out_features}), which "
                    f"makes every update slow: {fix}, or lower cnn_features_dim.", UserWarning)
@@ -611,10 +659,10 @@ def _cnn_fix(space: gym.Space) -> str:
 
 
 def encoder_from_config(space: gym.Space, config) -> Encoder | None:
-    """`make_encoder` with a config's `encoder`, `cnn_features_dim` and `normalize_images` (defaults where the
-    config has none)."""
+    """`make_encoder` with a config's `encoder`, `cnn_features_dim`, `normalize_images` and `cnn` (defaults where
+    the config has none)."""
     return make_encoder(space, getattr(config, "encoder", "auto"), getattr(config, "cnn_features_dim", 512),
-                        getattr(config, "normalize_images", True))
+                        getattr(config, "normalize_images", True), getattr(config, "cnn", "auto"))
 
 
 def encoder_kind(*modules: nn.Module) -> str | None:

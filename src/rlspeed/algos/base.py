@@ -115,7 +115,16 @@ from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics
-from rlspeed.nn import acting, acting_mode, box_channels_first, encoder_from_config, image_channels_first
+from rlspeed.nn import (
+    NATURE_CNN_MIN_SIDE,
+    STRIDED_CNN_MIN_SIDE,
+    acting,
+    acting_mode,
+    box_channels_first,
+    encoder_from_config,
+    image_channels_first,
+    image_side,
+)
 from rlspeed.numerics import DivergedError, NumericsGuard
 
 # (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
@@ -264,7 +273,8 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 
 #: hyperparameters that shape the networks a checkpoint's weights belong to: `load` refuses another value for them
 _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
-                      "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
+                      "cnn_features_dim", "cnn", "lstm_hidden_size", "n_lstm_layers", "shared_lstm",
+                      "enable_critic_lstm")
 #: hyperparameters every algorithm takes only when the model is built, besides those (its optimiser and its update
 #: step are made then): `learn` refuses a value set on `model.config` since (`Algorithm._check_built_settings`)
 _BUILT_KEYS = ("max_grad_norm", "adam_eps", "rms_prop_eps", "use_rms_prop")
@@ -337,11 +347,24 @@ def _weights_keys(config, observation_space: gym.Space | None) -> list[str]:
     return [*_network_keys(config, observation_space), *(["normalize_obs"] if hasattr(config, "normalize_obs") else [])]
 
 
+def with_saved_cnn(config: dict, fields: Collection[str], meta: dict) -> dict:
+    """A checkpoint's saved config (`meta["config"]`) with the `cnn` its CNNs were built with where the file predates
+    the setting: the rule of then, `nature_or_small`, where an image of its observations is 16 to 35 pixels a side
+    (where `auto` builds the strided CNN instead), else `auto` (the same networks). `fields`: the config class's."""
+    if "cnn" not in fields or "cnn" in config:
+        return config
+    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+    sides = [image_side(leaf) for leaf in (_leaf_spaces(space) if space is not None else [])]
+    between = any(side is not None and STRIDED_CNN_MIN_SIDE <= side < NATURE_CNN_MIN_SIDE for side in sides)
+    return {**config, "cnn": "nature_or_small" if between else "auto"}
+
+
 def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
     """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
     checkpoint metadata), by name, as its config holds them: what `set_parameters` compares and `--init-from` takes."""
     fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-    saved = build_config(algo_cls.config_cls, {key: value for key, value in meta["config"].items() if key in fields})
+    config = with_saved_cnn(meta["config"], fields, meta)
+    saved = build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields})
     space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     return {key: getattr(saved, key) for key in _weights_keys(saved, space) if key in fields}
 
@@ -656,9 +679,10 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
     images = [space for space in _leaf_spaces(spec.observation_space) if image_channels_first(space) is not None]
     if config.encoder == "cnn":  # (which takes any 3-D Box as an image)
         images = [space for space in _leaf_spaces(spec.observation_space) if box_channels_first(space) is not None]
-    if given("cnn_features_dim") and (not images or config.encoder == "mlp"):
-        why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
-        found.append(f"cnn_features_dim={config.cnn_features_dim} has no effect: {why}, so no CNN is built.")
+    for name in ("cnn_features_dim", "cnn"):
+        if given(name) and (not images or config.encoder == "mlp"):
+            why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
+            found.append(f"{name}={getattr(config, name)} has no effect: {why}, so no CNN is built.")
     if given("normalize_images") and not any(image_channels_first(space) is not None
                                              and np.dtype(space.dtype) == np.uint8 for space in images):
         bools = all(np.dtype(space.dtype) == np.bool_ for space in images)
@@ -3337,6 +3361,7 @@ class Algorithm:
             # DDPG's normalize_obs: the statistics of the normalising env it trained on say the flag was on)
             if flag in fields and flag not in meta["config"] and any(key.startswith(f"{name}.") for key in tensors):
                 meta["config"][flag] = True
+        meta["config"] = with_saved_cnn(meta["config"], fields, meta)
         saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
@@ -3508,7 +3533,8 @@ class Algorithm:
                           "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
         fields = {field.name for field in dataclasses.fields(self.config_cls)}
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
-            saved = build_config(self.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
+            saved = build_config(self.config_cls, {k: v for k, v in with_saved_cnn(meta["config"], fields,
+                                                                                   meta).items() if k in fields})
         except UserError:
             saved = None
         for key in _network_keys(saved, self.spec.observation_space) if saved is not None else ():  # (same shapes,

@@ -56,7 +56,7 @@ from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, find_wrapper, integer_range, observation_layout
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
 from rlspeed.errors import UserError, true_or_false, warn_at_caller
-from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
+from rlspeed.nn import CNN_KINDS, ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -103,6 +103,9 @@ class OffPolicyConfig:
     ortho_init: bool = True
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
+    #: the CNN encoders' architecture (`rlspeed.nn.CNNEncoder`): auto (Nature-DQN's from 36 pixels a side, strided
+    #: 3x3 from 16, small 3x3 below), nature, strided, small, or nature_or_small (the rule of files saved without it)
+    cnn: str = "auto"
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
     #: running mean/std normalisation of float vector observations (SB3's VecNormalize norm_obs): the replay stores
     #: the env's own observations and normalises each batch with the statistics of sampling time, as SB3's does
@@ -148,6 +151,7 @@ class OffPolicyConfig:
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {list(self.net_arch)}.")
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+        require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")
         require(self.n_sampled_goal >= 0, f"n_sampled_goal must be >= 0, got {self.n_sampled_goal}.")
         require(self.goal_selection_strategy in GOAL_STRATEGIES, f"goal_selection_strategy must be one of "
                 f"{', '.join(GOAL_STRATEGIES)}, got '{self.goal_selection_strategy}'.")

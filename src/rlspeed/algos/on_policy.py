@@ -28,6 +28,7 @@ from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
 from rlspeed.nn import (
+    CNN_KINDS,
     ENCODERS,
     ActorCritic,
     acting_mode,
@@ -70,6 +71,9 @@ class OnPolicyConfig(SDEConfig):
     normalize_reward_clip: float = 10.0
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
+    #: the CNN encoders' architecture (`rlspeed.nn.CNNEncoder`): auto (Nature-DQN's from 36 pixels a side, strided
+    #: 3x3 from 16, small 3x3 below), nature, strided, small, or nature_or_small (the rule of files saved without it)
+    cnn: str = "auto"
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
     use_masking: bool = True  # apply the env's action masks (info["action_mask"] or action_masks()) where it has them
     #: Atari games' training envs (`rlspeed.envs.atari.AtariTraining`): a lost life ends the learner's episode, and
@@ -90,6 +94,7 @@ class OnPolicyConfig(SDEConfig):
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+        require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")
         validate_normalization_clips(self)
         self.validate_sde()
 

@@ -127,7 +127,7 @@ PER_MEMBER_DQN = ("learning_rate", "gamma", "tau", "max_grad_norm", "exploration
 #: Hyperparameters that change shapes or the loop's structure: one value for the whole population
 SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
                          "anneal_lr", "adam_eps", "ortho_init", "buffer_size", "n_step", "activation", "encoder",
-                         "cnn_features_dim", "normalize_images", "n_critics", "fused_update", "policy_delay",
+                         "cnn_features_dim", "cnn", "normalize_images", "n_critics", "fused_update", "policy_delay",
                          "action_noise", "target_update_interval", "double_q", "dueling", "use_masking",
                          "normalize_obs", "normalize_reward", "normalize_obs_clip", "normalize_reward_clip")
 _ADAM_BETAS = (0.9, 0.999)  # as `rlspeed.nn.make_adam` (epsilon: the config's adam_eps)

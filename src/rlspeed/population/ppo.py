@@ -75,7 +75,7 @@ from rlspeed.population.base import (
 PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
 #: Hyperparameters that change shapes or the loop's structure: one value for the whole population
 SHARED_ONLY = ("net_arch", "num_envs", "num_steps", "batch_size", "n_epochs", "activation", "encoder",
-               "cnn_features_dim", "normalize_obs", "normalize_reward", "anneal_lr", "anneal_clip",
+               "cnn_features_dim", "cnn", "normalize_obs", "normalize_reward", "anneal_lr", "anneal_clip",
                "normalize_advantage", "clip_range_vf", "log_std_init", "use_masking", "fused_update",
                "normalize_images", "normalize_obs_clip", "normalize_reward_clip")
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`

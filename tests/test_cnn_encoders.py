@@ -1,0 +1,94 @@
+"""CNN encoders by image size: `cnn=auto` gives the Nature CNN from 36 pixels a side, the strided 3x3 CNN from 16 and
+the small 3x3 CNN below (MinAtar, MiniGrid); `cnn` picks one, and files saved before it load with the rule of then."""
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import cli_error
+
+import rlspeed
+from rlspeed import PPO
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.envs.base import EnvSpec
+from rlspeed.errors import UserError
+from rlspeed.nn import make_encoder
+
+
+def _image(shape, dtype=np.uint8):
+    return gym.spaces.Box(0, 1 if dtype is bool else 255, shape, dtype)
+
+
+def _weights(encoder) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(param.shape) for name, param in encoder.named_parameters()}
+
+
+@pytest.mark.parametrize("shape, kind", [
+    ((15, 15, 3), "small CNN encoder"),
+    ((16, 16, 3), "strided CNN encoder"),
+    ((3, 28, 28), "strided CNN encoder"),  # (MiniGrid's RGBImgPartialObsWrapper(tile_size=4))
+    ((35, 35, 3), "strided CNN encoder"),
+    ((21, 37, 3), "strided CNN encoder"),  # (the smaller side decides)
+    ((36, 36, 3), "Nature CNN encoder"),
+])
+def test_auto_gives_images_of_16_to_35_pixels_a_strided_cnn_of_at_most_2_million_linear_weights(shape, kind,
+                                                                                                 monkeypatch):
+    """The small CNN keeps an image's full size: 35x35 had 15.7 million linear weights (25 times the update time of
+    the Nature CNN at 36x36), 21x37 9.2 million; the strided CNN quarters the image first."""
+    monkeypatch.setattr(rlspeed.nn, "_init_conv_net", lambda module: None)  # (the orthogonal init takes a while)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encoder = make_encoder(_image(shape))
+    assert encoder.kind == kind
+    assert encoder.linear[0].weight.numel() <= 2_000_000
+    features = encoder(torch.zeros((2, *shape), dtype=torch.uint8))
+    assert features.shape == (2, 512)
+
+
+def test_minatar_and_minigrid_images_keep_the_small_cnn_as_it_was():
+    """Benchmarks and presets rest on these networks: 16 and 32 3x3/1 convolutions, padded below 5 pixels."""
+    minatar = make_encoder(_image((10, 10, 4), bool))
+    assert _weights(minatar) == {"cnn.0.weight": (16, 4, 3, 3), "cnn.0.bias": (16,), "cnn.2.weight": (32, 16, 3, 3),
+                                 "cnn.2.bias": (32,), "linear.0.weight": (512, 1152), "linear.0.bias": (512,)}
+    minigrid = make_encoder(_image((7, 7, 3)))
+    assert minigrid.kind == "small CNN encoder" and minigrid.linear[0].in_features == 32 * 3 * 3
+    assert minigrid.cnn[0].padding == (0, 0)
+
+
+def _model(shape=(20, 20, 3), **hyper) -> PPO:
+    spec = EnvSpec.from_spaces("custom", _image(shape), gym.spaces.Discrete(3), 20, None)
+    return PPO(spec, seed=0, net_arch=(8,), cnn_features_dim=16, **hyper)
+
+
+def test_cnn_picks_the_architecture_and_refuses_one_the_images_are_too_small_for():
+    assert _model(cnn="small").policy.encoder.kind == "small CNN encoder"
+    assert _model((40, 40, 3), cnn="strided").policy.encoder.kind == "strided CNN encoder"
+    with pytest.raises(UserError, match=r"^cnn=nature needs both image sides >= 36 pixels, and these images are "
+                                        r"20x20; use cnn=small or cnn=auto\.$"):
+        _model(cnn="nature")
+    with pytest.raises(UserError, match=r"^cnn must be one of auto, nature, strided, small, nature_or_small, got "
+                                        r"'impala'\.$"):
+        _model(cnn="impala")
+
+
+def test_the_cli_refuses_an_unknown_cnn_in_one_sentence(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "cnn=impala", "--no-progress"])
+    assert "cnn must be one of auto, nature, strided, small, nature_or_small" in line
+
+
+def test_a_file_saved_before_cnn_loads_with_the_small_cnn_it_was_built_with(tmp_path):
+    """A 20x20 model saved before the strided CNN existed (its config without `cnn`) holds the small CNN's weights:
+    it loads with them (cnn=nature_or_small, the rule of then) and acts as it did, where auto would build another."""
+    old = _model(cnn="nature_or_small")
+    path = old.save(tmp_path / "old")
+    tensors, meta = load_checkpoint(path)
+    del meta["config"]["cnn"], meta["digest"]
+    save_checkpoint(path, tensors, meta)  # (as an rlspeed before `cnn` wrote it)
+    loaded = PPO.load(path)
+    assert loaded.config.cnn == "nature_or_small" and loaded.policy.encoder.kind == "small CNN encoder"
+    obs = torch.randint(0, 256, (6, 20, 20, 3), dtype=torch.uint8).numpy()
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], old.predict(obs, deterministic=True)[0])
+    assert _model().policy.encoder.kind == "strided CNN encoder"
