@@ -60,8 +60,9 @@ ATARI_SMALL = {"num_envs": 2, "batch_size": 32}
 
 
 def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped_calls_result():
-    """Nature CNNs (Atari-size images) run member by member in the solo's channels-last layout, small CNNs as one
-    grouped call (`MemberEncoder.mode`); both ways give the same features and parameter gradients."""
+    """Nature CNNs (Atari-size images) and strided ones (28x28) run member by member in the solo's channels-last
+    layout, small CNNs as one grouped call (`MemberEncoder.mode`); both ways give the same features and parameter
+    gradients."""
     import gymnasium as gym
     import numpy as np
 
@@ -69,12 +70,14 @@ def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped
     from rlspeed.population.base import MemberEncoder
 
     generator = torch.Generator().manual_seed(0)
-    for shape, dtype, mode in (((4, 84, 84), np.uint8, "per-member"), ((10, 10, 4), bool, "grouped")):
+    for shape, dtype, mode, kind in (((4, 84, 84), np.uint8, "per-member", "Nature CNN encoder"),
+                                     ((28, 28, 3), np.uint8, "per-member", "strided CNN encoder"),
+                                     ((10, 10, 4), bool, "grouped", "small CNN encoder")):
         space = gym.spaces.Box(0, 255 if dtype == np.uint8 else 1, shape, dtype=dtype)
         torch.manual_seed(0)
         encoders = [to_device(CNNEncoder(space, features_dim=32), torch.device("cpu")) for _ in range(3)]
         chosen = MemberEncoder(encoders)
-        assert chosen.mode == mode
+        assert (chosen.mode, chosen.kind) == (mode, kind)
         other = MemberEncoder(encoders, mode="grouped" if mode == "per-member" else "per-member")
         obs = torch.randint(0, 256 if dtype == np.uint8 else 2, (3, 5, *shape), generator=generator)
         obs = obs.to(torch.uint8 if dtype == np.uint8 else torch.bool)
