@@ -13,7 +13,7 @@ import rlspeed
 from rlspeed import PPO
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.envs.base import EnvSpec
-from rlspeed.errors import UserError
+from rlspeed.errors import UnusedSettingWarning, UserError
 from rlspeed.nn import make_encoder
 
 
@@ -84,11 +84,30 @@ def test_a_file_saved_before_cnn_loads_with_the_small_cnn_it_was_built_with(tmp_
     it loads with them (cnn=nature_or_small, the rule of then) and acts as it did, where auto would build another."""
     old = _model(cnn="nature_or_small")
     path = old.save(tmp_path / "old")
-    tensors, meta = load_checkpoint(path)
-    del meta["config"]["cnn"], meta["digest"]
-    save_checkpoint(path, tensors, meta)  # (as an rlspeed before `cnn` wrote it)
+    _without_cnn(path, lambda meta: meta["config"])
     loaded = PPO.load(path)
     assert loaded.config.cnn == "nature_or_small" and loaded.policy.encoder.kind == "small CNN encoder"
     obs = torch.randint(0, 256, (6, 20, 20, 3), dtype=torch.uint8).numpy()
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], old.predict(obs, deterministic=True)[0])
     assert _model().policy.encoder.kind == "strided CNN encoder"
+
+
+def _without_cnn(path, config_of) -> None:
+    """The checkpoint at `path` rewritten as an rlspeed before `cnn` wrote it (`config_of(meta)`: its config)."""
+    tensors, meta = load_checkpoint(path)
+    del config_of(meta)["cnn"], meta["digest"]
+    save_checkpoint(path, tensors, meta)
+
+
+def test_a_population_checkpoint_saved_before_cnn_resumes(tmp_path):
+    """Its config has no `cnn`, which resume compared as a changed hyperparameter (None against auto) and refused."""
+    from rlspeed.population import Population
+
+    options = {"seeds": [0, 1], "num_envs": 4, "num_steps": 16, "batch_size": 64, "net_arch": (8,)}
+    path = Population(PPO, "CartPole-v1", **options).save(tmp_path / "population")
+    _without_cnn(path, lambda meta: meta["population"]["config"])
+    Population(PPO, "CartPole-v1", **options).resume(path)
+    with pytest.warns(UnusedSettingWarning, match=r"^cnn=small has no effect: CartPole-v1 has no image observations"):
+        other = Population(PPO, "CartPole-v1", cnn="small", **options)
+    with pytest.raises(UserError, match=r"trained with cnn='auto', this population has 'small'"):
+        other.resume(path)

@@ -347,13 +347,13 @@ def _weights_keys(config, observation_space: gym.Space | None) -> list[str]:
     return [*_network_keys(config, observation_space), *(["normalize_obs"] if hasattr(config, "normalize_obs") else [])]
 
 
-def with_saved_cnn(config: dict, fields: Collection[str], meta: dict) -> dict:
-    """A checkpoint's saved config (`meta["config"]`) with the `cnn` its CNNs were built with where the file predates
-    the setting: the rule of then, `nature_or_small`, where an image of its observations is 16 to 35 pixels a side
-    (where `auto` builds the strided CNN instead), else `auto` (the same networks). `fields`: the config class's."""
+def with_saved_cnn(config: dict, fields: Collection[str], space: gym.Space | None) -> dict:
+    """A checkpoint's saved config with the `cnn` its CNNs were built with where the file predates the setting: the
+    rule of then, `nature_or_small`, where an image of its observations (`space`; None: float vectors) is 16 to 35
+    pixels a side (where `auto` builds the strided CNN instead), else `auto` (the same networks). `fields`: the config
+    class's."""
     if "cnn" not in fields or "cnn" in config:
         return config
-    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     sides = [image_side(leaf) for leaf in (_leaf_spaces(space) if space is not None else [])]
     between = any(side is not None and STRIDED_CNN_MIN_SIDE <= side < NATURE_CNN_MIN_SIDE for side in sides)
     return {**config, "cnn": "nature_or_small" if between else "auto"}
@@ -363,9 +363,9 @@ def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
     """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
     checkpoint metadata), by name, as its config holds them: what `set_parameters` compares and `--init-from` takes."""
     fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-    config = with_saved_cnn(meta["config"], fields, meta)
-    saved = build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields})
     space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+    config = with_saved_cnn(meta["config"], fields, space)
+    saved = build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields})
     return {key: getattr(saved, key) for key in _weights_keys(saved, space) if key in fields}
 
 
@@ -3361,10 +3361,10 @@ class Algorithm:
             # DDPG's normalize_obs: the statistics of the normalising env it trained on say the flag was on)
             if flag in fields and flag not in meta["config"] and any(key.startswith(f"{name}.") for key in tensors):
                 meta["config"][flag] = True
-        meta["config"] = with_saved_cnn(meta["config"], fields, meta)
-        saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+        meta["config"] = with_saved_cnn(meta["config"], fields, observation_space)
+        saved = build_config(algo.config_cls, meta["config"])
         for key in _network_keys(saved, observation_space):  # (the saved weights are of these networks: another
             # would run them wrongly)
             if key in overrides and hasattr(saved, key) and build_config(
@@ -3533,8 +3533,8 @@ class Algorithm:
                           "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
         fields = {field.name for field in dataclasses.fields(self.config_cls)}
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
-            saved = build_config(self.config_cls, {k: v for k, v in with_saved_cnn(meta["config"], fields,
-                                                                                   meta).items() if k in fields})
+            saved = build_config(self.config_cls, {k: v for k, v in with_saved_cnn(
+                meta["config"], fields, self.spec.observation_space).items() if k in fields})
         except UserError:
             saved = None
         for key in _network_keys(saved, self.spec.observation_space) if saved is not None else ():  # (same shapes,

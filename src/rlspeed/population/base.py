@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords
+from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords, with_saved_cnn
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.diagnostics import waiting
@@ -1279,8 +1279,9 @@ class PopulationBase:
                             f"(rlspeed train's --env-backend {saved.get('env_backend')}).")
         config = json.loads(json.dumps(dataclasses.asdict(self.config)))
         members = json.loads(json.dumps([self._member_hyperparameters(k) for k in range(self.size)]))
-        shared = sorted(key for key in set(config) | set(saved.get("config") or {})
-                        if key not in self.per_member and config.get(key) != (saved.get("config") or {}).get(key))
+        saved = {**saved, "config": with_saved_cnn(saved.get("config") or {}, config, self.spec.observation_space)}
+        shared = sorted(key for key in set(config) | set(saved["config"])
+                        if key not in self.per_member and config.get(key) != saved["config"].get(key))
         per_member = sorted({key for k, values in enumerate(saved.get("member_hyperparameters") or [])
                              for key, value in values.items() if members[k].get(key) != value})
         if shared or per_member:
