@@ -1,6 +1,7 @@
 """The members' CNN encoders: one grouped call over all members (`torch.func.vmap`, a grouped convolution of K groups
 per layer) against one call per member in the solo's memory layout, the two modes `MemberEncoder` chooses between
-(`rlspeed.population.base.MemberEncoder.mode`: per member for the Nature CNN on a CPU, grouped otherwise).
+(`rlspeed.population.base.MemberEncoder.mode`: per member for the Nature and strided CNNs on a CPU, grouped
+otherwise).
 
     python benchmarks/member_encoder.py [--rounds 3] [--no-write]
 
@@ -26,9 +27,11 @@ import common  # noqa: E402
 CASES = [
     ("atari", 4, 8, False), ("atari", 4, 32, True), ("atari", 4, 256, True), ("atari", 16, 32, True),
     ("minatar", 4, 8, False), ("minatar", 4, 32, True), ("minatar", 4, 256, True), ("minatar", 16, 256, True),
+    ("grid28", 4, 8, False), ("grid28", 4, 32, True), ("grid28", 4, 256, True),
 ]
 SPACES = {"atari": ((4, 84, 84), "uint8", "Nature CNN, Atari's 4 x 84 x 84 uint8 stacks"),
-          "minatar": ((10, 10, 4), "bool", "small CNN, MinAtar's 10 x 10 x 4 bool grids")}
+          "minatar": ((10, 10, 4), "bool", "small CNN, MinAtar's 10 x 10 x 4 bool grids"),
+          "grid28": ((28, 28, 3), "uint8", "strided CNN, 28 x 28 x 3 uint8 (MiniGrid's RGB images, tile_size=4)")}
 
 
 def measure(image: str, members: int, rows: int, grad: bool, rounds: int) -> dict:

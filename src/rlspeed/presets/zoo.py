@@ -686,7 +686,7 @@ class _Translator:
                 self.features_extractor_kwargs(key, item)
             elif name == "features_extractor_class":
                 self.refuse(key, f"{item}: rlspeed picks its encoder from the observation space (encoder auto, mlp "
-                                 "or cnn), not from a class")
+                                 "or cnn; the CNN's architecture: cnn nature, strided or small), not from a class")
             else:
                 self.refuse(key, f"{item!r}: rlspeed's {self.algo} has no such option")
 
