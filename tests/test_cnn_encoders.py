@@ -111,3 +111,39 @@ def test_a_population_checkpoint_saved_before_cnn_resumes(tmp_path):
         other = Population(PPO, "CartPole-v1", cnn="small", **options)
     with pytest.raises(UserError, match=r"trained with cnn='auto', this population has 'small'"):
         other.resume(path)
+
+
+class _Grid20(gym.Env):
+    """20x20 RGB images (a size the strided CNN took over from the small one), a random walk of 20 steps."""
+
+    observation_space = _image((20, 20, 3))
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), float(action == 1), False, False, {}
+
+
+def test_rlspeed_train_resume_of_a_run_saved_before_cnn_keeps_its_small_cnn(tmp_path, monkeypatch):
+    """A run's config.yaml of then holds no `cnn`: --resume took the default (auto: the strided CNN) and refused the
+    run's own checkpoint ('holds networks built with cnn=nature_or_small'); it goes on with the network it has."""
+    from rlspeed import cli
+
+    gym.register("Grid20-v0", entry_point=_Grid20, max_episode_steps=20)
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "Grid20-v0", "--target-return", "none", "--no-progress", "--checkpoint-freq", "32",
+            "--set", "num_envs=2", "--set", "num_steps=16", "--set", "n_epochs=1", "--set", "cnn_features_dim=8",
+            "--out", "run"]
+    try:
+        assert cli.main([*argv, "--total-timesteps", "64", "--set", "cnn=nature_or_small"]) == 0
+        config = tmp_path / "run" / "config.yaml"
+        config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                                  if not line.lstrip().startswith("cnn:")))
+        _without_cnn(tmp_path / "run" / "checkpoint.safetensors", lambda meta: meta["config"])
+        assert cli.main([*argv, "--total-timesteps", "128", "--resume"]) == 0
+    finally:
+        gym.registry.pop("Grid20-v0", None)
+    assert PPO.load(tmp_path / "run" / "model.safetensors").policy.encoder.kind == "small CNN encoder"

@@ -1094,6 +1094,11 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         # the run's recorded values, and no preset's: a setting its config.yaml lacks (one an older rlspeed did not
         # have yet) takes the algorithm's default, which is what that rlspeed did, not the value today's preset has
         hyper = {key: value for key, value in resumed.items() if key in fields}
+        if "cnn" in fields and "cnn" not in hyper:  # (except the CNN an older rlspeed built: `with_saved_cnn`)
+            from rlspeed.algos.base import with_saved_cnn
+            from rlspeed.envs import env_spec
+
+            hyper = with_saved_cnn(hyper, fields, env_spec(args.env_id, _env_kwargs(args)).observation_space)
         if hyper.get("use_masking") is True and getattr(algo_cls.config_cls, "use_masking", None) is True:
             del hyper["use_masking"]  # (the default, which the run did not ask for: no word about masks it lacks)
         run_settings.update(getattr(args, "resume_run_settings", {}))
