@@ -1127,3 +1127,24 @@ def test_a_loaded_models_optimizer_state_is_saved_unchanged_and_trains_as_one_bu
         assert torch.equal(lazy.policy.state_dict()[key], value), key
     for key, value in eager.optimizer.state_dict()["state"].items():
         assert all(torch.equal(lazy.optimizer.state_dict()["state"][key][field], value[field]) for field in value)
+
+
+def test_set_parameters_and_init_from_take_a_file_of_an_algorithm_derived_from_the_models(tmp_path, capsys):
+    """A file of `class OwnAlgorithm(PPO): name = "own_algorithm"` (it records `derives_from: ppo`) is a PPO's to
+    `set_parameters` and `--init-from`, as to `PPO.load` (they said it held "a model of own_algorithm, not of ppo");
+    a PPO's file goes into an OwnAlgorithm; a DQN is still refused."""
+    from rlspeed import cli
+
+    own = OwnAlgorithm("CartPole-v1", seed=0, device="cpu", **TINY)
+    path = own.save(tmp_path / "own")
+    model = PPO("CartPole-v1", seed=1, device="cpu", **TINY)
+    model.set_parameters(path)
+    assert all(torch.equal(a, b) for a, b in zip(model.policy.state_dict().values(),
+                                                 own.policy.state_dict().values()))
+    OwnAlgorithm("CartPole-v1", seed=1, device="cpu", **TINY).set_parameters(model.save(tmp_path / "ppo"))
+    with pytest.raises(UserError, match=r"holds a model of 'own_algorithm', not of 'dqn'"):
+        rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=64).set_parameters(path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--init-from", str(path), "--dry-run"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "dqn", "CartPole-v1", "--init-from", str(path), "--dry-run"]) == 2
+    assert "holds a model of own_algorithm, not of dqn" in capsys.readouterr().err

@@ -1196,6 +1196,14 @@ def _derived_algorithm(cls: type) -> str | None:
     return base if base != getattr(cls, "name", "") else None
 
 
+def holds_model_of(meta: dict, cls: type) -> bool:
+    """Whether the checkpoint of `meta` holds a model of `cls`'s rlspeed algorithm: each side is the rlspeed algorithm
+    it derives from (a file's `derives_from`, a class's `_derived_algorithm`), so that a file of
+    `class Mine(PPO): name = "mine"` is a PPO's to PPO, and a PPO's file is Mine's, as `saved_algorithm` reads it."""
+    saved = meta.get("derives_from") or meta.get("algo")
+    return saved == (_derived_algorithm(cls) or cls.name)
+
+
 def _imported_class(saved: str | None) -> type | None:
     """The class `saved` (`module.QualName`) where its module is imported already (not `__main__`: another script's
     class of the same name is not the one that saved the file), else None."""
@@ -3301,7 +3309,7 @@ class Algorithm:
                             "weights goes to model.policy.load_state_dict(weights).")
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify)
         refuse_non_model(path, meta, "load")
-        if meta.get("algo") != self.name:
+        if not holds_model_of(meta, type(self)):
             raise UserError(f"'{path}' holds a model of {meta.get('algo')!r}, not of {self.name!r}: set_parameters "
                             f"takes the networks of a {type(self).__name__} model.")
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
