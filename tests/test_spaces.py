@@ -932,3 +932,29 @@ def test_an_observation_outside_its_discrete_space_is_one_sentence(kind, vector)
             model.learn(64, progress_bar=False)
     finally:
         env.close()
+
+
+class _IntKeyedDict(gym.Env):
+    """A Gymnasium env whose Dict observation space has int keys."""
+
+    observation_space = gym.spaces.Dict({0: gym.spaces.Box(-1.0, 1.0, (3,)), 1: gym.spaces.Box(-1.0, 1.0, (2,))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, True, {}
+
+
+def test_a_dict_observation_space_with_keys_that_are_not_text_is_one_sentence_at_model_creation():
+    """`Dict({0: Box, 1: Box})`: saved models and exports name each part by a text key, which the env's own
+    observation (int keys) would not match; the model is refused when made, naming the keys and the wrapper that
+    fixes it (before: its keys became "0", "1", the first reset failed with "raised KeyError in reset(): '0'")."""
+    env_id = "RlspeedTest/IntKeyedDict-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_IntKeyedDict, max_episode_steps=4)
+    with pytest.raises(UserError, match=r"^'RlspeedTest/IntKeyedDict-v0' has a Dict observation space with keys that "
+                                        r"are not text \(0, 1\); .*gymnasium.ObservationWrapper"):
+        rlspeed.PPO(env_id, num_envs=2, num_steps=8, batch_size=16, device="cpu")

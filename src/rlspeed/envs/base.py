@@ -153,11 +153,11 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
     the fix.
 
     Box, Discrete, MultiDiscrete and MultiBinary spaces are taken as they are. A Dict is taken one level deep: its keys
-    must hold those spaces; a key holding anything else that cannot be encoded as numbers (MiniGrid's `mission`
-    text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys (once per env id and
-    process). A Tuple becomes a Dict with
-    keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph or Sequence spaces alone, are refused,
-    and so is a space that is no Gymnasium space (the old gym package's: `foreign_space_problem`).
+    must be text and hold those spaces; a key holding anything else that cannot be encoded as numbers (MiniGrid's
+    `mission` text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys (once per env id and
+    process). A Tuple becomes a Dict with keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph
+    or Sequence spaces alone, are refused, and so is a space that is no Gymnasium space (the old gym package's:
+    `foreign_space_problem`).
     """
     problem = foreign_space_problem(space, env_id, "an observation")
     if problem:
@@ -169,6 +169,14 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
             raise UserError(f"'{env_id}' has a scalar Box observation space (shape ()); give it one axis with "
                             "gymnasium.wrappers.ReshapeObservation(env, (1,)).")
         return space
+    if isinstance(space, gym.spaces.Dict) and not all(isinstance(key, str) for key in space.spaces):
+        # (saved models, config and exports name each part by its text key; the env's own observation would not
+        # match them)
+        keys = ", ".join(repr(key) for key in space.spaces if not isinstance(key, str))
+        raise UserError(f"'{env_id}' has a Dict observation space with keys that are not text ({keys}); rlspeed "
+                        "names each part of an observation by its key in saved models and exports: make them text "
+                        "with a gymnasium.ObservationWrapper (its observation_space and observation() keyed "
+                        "str(key)).")
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         items = (space.spaces.items() if isinstance(space, gym.spaces.Dict)
                  else ((str(i), sub) for i, sub in enumerate(space.spaces)))
