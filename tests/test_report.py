@@ -117,6 +117,24 @@ def test_runs_of_other_hyperparameters_are_other_rows_named_by_what_differs(tmp_
                      "(--eval-episodes differed)"]
 
 
+def test_settings_that_had_no_effect_do_not_tell_experiments_apart(tmp_path):
+    """Runs of use_sde=False whose sde_sample_freq differs (a gSDE option, warned as unused when the run was made:
+    the preset's 4 against a --set of -1) are one experiment, labelled without it (they were two rows, told apart by
+    sde_sample_freq); with use_sde on it counts."""
+    sde = {"use_sde": False, "sde_sample_freq": 4}
+    fake_run(tmp_path / "runs" / "a", algo="ppo", env_id="Pendulum-v1", seed=0, hyper=sde)
+    fake_run(tmp_path / "runs" / "b", algo="ppo", env_id="Pendulum-v1", seed=1, hyper={**sde, "sde_sample_freq": -1})
+    fake_run(tmp_path / "runs" / "c", algo="ppo", env_id="Pendulum-v1", seed=2, hyper={**sde, "learning_rate": 0.01})
+    table, _ = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
+    assert [(row["variant"], row["runs"]) for row in table] == [("learning_rate=0.001", 2), ("learning_rate=0.01", 1)]
+    fake_run(tmp_path / "sde" / "a", algo="ppo", env_id="Pendulum-v1", seed=0, hyper={"use_sde": True,
+                                                                                       "sde_sample_freq": -1})
+    fake_run(tmp_path / "sde" / "b", algo="ppo", env_id="Pendulum-v1", seed=1, hyper={"use_sde": True,
+                                                                                       "sde_sample_freq": 4})
+    table, _ = final_scores(collect_runs([tmp_path / "sde"]), reps=100)
+    assert [row["variant"] for row in table] == ["sde_sample_freq=-1", "sde_sample_freq=4"]
+
+
 def test_fine_tuned_runs_are_another_experiment_than_runs_from_scratch(tmp_path):
     """A run that started from a saved model's networks (`--init-from`, config.yaml's init_from) learnt something
     else than one of the same settings from scratch; a config.yaml of an rlspeed before the setting pools with a

@@ -39,11 +39,12 @@ EXPERIMENT_SETTINGS = ("hyperparameters", "env_kwargs", "total_timesteps", "targ
 class SeedResult:
     """One seed's results: a solo run, or one member of a population. `algo`, `env_id`, `seed` and `run_dir` (the
     run directory it came from); `settings`, its experiment (config.yaml's `EXPERIMENT_SETTINGS`, the hyperparameters
-    with the member's own values); `final`, the final evaluation's mean return over `episodes` episodes (None for a
-    member that diverged, left out of the final scores); `curve`, its evaluations during training as (env steps,
-    mean return); `diverged_at`, the env step a member diverged at (its curve counts up to there), else None;
-    `steps_to_target`, summary.json's; `unfinished`, the final evaluation's episodes cut short at the step limit
-    (counted with the return collected by then; 0 in summaries of an rlspeed that did not record them)."""
+    with the member's own values, less those that had no effect: `inert_settings`); `final`, the final evaluation's
+    mean return over `episodes` episodes (None for a member that diverged, left out of the final scores); `curve`, its
+    evaluations during training as (env steps, mean return); `diverged_at`, the env step a member diverged at (its
+    curve counts up to there), else None; `steps_to_target`, summary.json's; `unfinished`, the final evaluation's
+    episodes cut short at the step limit (counted with the return collected by then; 0 in summaries of an rlspeed
+    that did not record them)."""
 
     algo: str
     env_id: str
@@ -143,6 +144,7 @@ def _load(run_dir: Path) -> list[SeedResult]:
     hyperparameters = dict(settings.get("hyperparameters") or {})
     common = {"algo": str(summary["algo"]), "env_id": str(summary["env_id"]), "run_dir": run_dir}
     if "members" not in summary:
+        settings["hyperparameters"] = _effective(common["algo"], hyperparameters)
         final = summary["final_eval"]
         return [SeedResult(**common, seed=int(summary["seed"]), settings=settings, final=float(final["mean"]),
                            episodes=final.get("episodes"), curve=_eval_curve(run_dir / "metrics.csv"),
@@ -155,7 +157,8 @@ def _load(run_dir: Path) -> list[SeedResult]:
             raise UserError(f"The run '{run_dir}' has no final evaluation of seed {member.get('seed')} (a signal "
                             "during the final evaluation skips it): evaluate its members with rlspeed eval, or leave "
                             "it out of the report.")
-        own = {**settings, "hyperparameters": {**hyperparameters, **(member.get("hyperparameters") or {})}}
+        own = {**settings, "hyperparameters": _effective(common["algo"], {**hyperparameters,
+                                                                          **(member.get("hyperparameters") or {})})}
         results.append(SeedResult(
             **common, seed=int(member["seed"]), settings=own,
             final=None if final.get("mean") is None else float(final["mean"]), episodes=final.get("episodes"),
@@ -163,6 +166,27 @@ def _load(run_dir: Path) -> list[SeedResult]:
             diverged_at=member.get("diverged_at"), steps_to_target=member.get("steps_to_target"),
             unfinished=int(final.get("unfinished") or 0)))
     return results
+
+
+def _effective(algo: str, hyperparameters: dict) -> dict:
+    """`hyperparameters` (of an `algo` run) less those that changed nothing (`inert_settings`: sde_sample_freq
+    without use_sde), which do not tell its experiment from another's; as they are where the algorithm is not one of
+    rlspeed's or the values no longer make its config."""
+    import warnings
+
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.algos.base import build_config, inert_settings
+
+    if algo not in ALGORITHMS:
+        return hyperparameters
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = build_config(ALGORITHMS[algo].config_cls, hyperparameters)
+    except UserError:
+        return hyperparameters
+    inert = inert_settings(config)
+    return {key: value for key, value in hyperparameters.items() if key not in inert}
 
 
 def collect_runs(paths: Iterable[str | os.PathLike[str]]) -> list[SeedResult]:

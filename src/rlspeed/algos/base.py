@@ -662,6 +662,24 @@ def changed_settings(config) -> str:
     return ", ".join(changed)
 
 
+def inert_settings(config) -> set[str]:
+    """The hyperparameters of `config` that change nothing whatever their value and the env: options of a feature the
+    config has off (gSDE's without use_sde, Hindsight Experience Replay's without her, a normalisation's clip without
+    that normalisation) and SAC's ent_coef_init beside a fixed ent_coef. `unused_settings` names those set away from
+    their defaults; `rlspeed report` does not tell experiments apart by them."""
+    inert = set()
+    if not getattr(config, "use_sde", False):
+        inert.update(getattr(config, "needs_sde", ()))
+    if not getattr(config, "her", False):
+        inert.update(name for name in ("n_sampled_goal", "goal_selection_strategy") if hasattr(config, name))
+    for name, flag in (("normalize_obs_clip", "normalize_obs"), ("normalize_reward_clip", "normalize_reward")):
+        if hasattr(config, name) and not getattr(config, flag, False):
+            inert.add(name)
+    if hasattr(config, "ent_coef_init") and getattr(config, "ent_coef", None) is not None:
+        inert.add("ent_coef_init")
+    return inert
+
+
 def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ()) -> list[str]:
     """The hyperparameters set away from their defaults that change nothing on this env, one sentence each: the CNN
     encoders' options without images they apply to, log_std_init without Gaussian actions, gSDE's options without
@@ -689,9 +707,9 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
         what = ("bool images" if bools else "no uint8 images in [0, 255]") if images else "no image observations"
         found.append(f"normalize_images={config.normalize_images} has no effect: it scales uint8 images to [0, 1], "
                      f"and {spec.env_id} has {what}.")
-    needs_sde = getattr(config, "needs_sde", ())
+    needs_sde, inert = getattr(config, "needs_sde", ()), inert_settings(config)
     for name in needs_sde:
-        if given(name) and not config.use_sde:
+        if given(name) and name in inert:
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of gSDE, which is off "
                          "(use_sde=False).")
     if given("log_std_init") and "log_std_init" not in needs_sde and not isinstance(spec.action_space,
@@ -699,7 +717,7 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
         found.append(f"log_std_init={config.log_std_init} has no effect: it starts the Gaussian of Box actions, and "
                      f"{spec.env_id} has {type(spec.action_space).__name__} actions.")
     for name in ("n_sampled_goal", "goal_selection_strategy"):
-        if given(name) and not config.her:
+        if given(name) and name in inert:
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of Hindsight Experience "
                          "Replay, which is off (her=False).")
     for name in ("episodic_life", "clip_rewards"):
@@ -707,10 +725,10 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of the training envs of "
                          f"Atari games, and {spec.env_id} is none.")
     for name, flag in (("normalize_obs_clip", "normalize_obs"), ("normalize_reward_clip", "normalize_reward")):
-        if given(name) and not getattr(config, flag, False) and flag not in env_normalises:
+        if given(name) and name in inert and flag not in env_normalises:
             found.append(f"{name}={getattr(config, name):g} has no effect: it clips the values {flag} normalises, and "
                          f"{flag} is off.")
-    if given("ent_coef_init") and "ent_coef" in defaults and config.ent_coef is not None:
+    if given("ent_coef_init") and "ent_coef_init" in inert:
         found.append(f"ent_coef_init={config.ent_coef_init:g} has no effect: it starts a tuned entropy coefficient, "
                      f"and ent_coef={config.ent_coef:g} holds it fixed (ent_coef=auto_{config.ent_coef_init:g} tunes "
                      "it from there).")
