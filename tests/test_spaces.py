@@ -178,7 +178,8 @@ def test_encoder_cnn_on_an_image_of_another_rank_names_the_wrapper_that_makes_it
 
 
 @pytest.mark.parametrize("shape, cnn, named", [
-    ((35, 35, 3), "small", r"small CNN encoder of 35x35 images has 15\.7 million weights .*pass cnn=strided"),
+    ((35, 35, 3), "small",
+     r"small CNN encoder of 35x35 images has 15\.7 million weights .*pass cnn='strided' \(--set cnn=strided"),
     ((3, 210, 160), "auto",
      r"Nature CNN encoder of 210x160 images has 11\.5 million .*ResizeObservation\(env, \(84, 84\)\)"),
 ])
@@ -934,27 +935,51 @@ def test_an_observation_outside_its_discrete_space_is_one_sentence(kind, vector)
         env.close()
 
 
-class _IntKeyedDict(gym.Env):
-    """A Gymnasium env whose Dict observation space has int keys."""
+def _registered_sampling_env(env_id: str, observation_space: gym.Space) -> str:
+    """`env_id`, registered as a Gymnasium env of random observations of `observation_space`, two actions, episodes
+    of 2 steps."""
 
-    observation_space = gym.spaces.Dict({0: gym.spaces.Box(-1.0, 1.0, (3,)), 1: gym.spaces.Box(-1.0, 1.0, (2,))})
-    action_space = gym.spaces.Discrete(2)
+    class Sampling(gym.Env):
+        action_space = gym.spaces.Discrete(2)
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.observation_space.sample(), {}
+        def __init__(self):
+            self.observation_space = observation_space
 
-    def step(self, action):
-        return self.observation_space.sample(), 0.0, False, True, {}
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), 0.0, False, True, {}
+
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=Sampling, max_episode_steps=2)
+    return env_id
 
 
 def test_a_dict_observation_space_with_keys_that_are_not_text_is_one_sentence_at_model_creation():
     """`Dict({0: Box, 1: Box})`: saved models and exports name each part by a text key, which the env's own
     observation (int keys) would not match; the model is refused when made, naming the keys and the wrapper that
     fixes it (before: its keys became "0", "1", the first reset failed with "raised KeyError in reset(): '0'")."""
-    env_id = "RlspeedTest/IntKeyedDict-v0"
-    if env_id not in gym.registry:
-        gym.register(env_id, entry_point=_IntKeyedDict, max_episode_steps=4)
+    env_id = _registered_sampling_env("RlspeedTest/IntKeyedDict-v0", gym.spaces.Dict(
+        {0: gym.spaces.Box(-1.0, 1.0, (3,)), 1: gym.spaces.Box(-1.0, 1.0, (2,))}))
     with pytest.raises(UserError, match=r"^'RlspeedTest/IntKeyedDict-v0' has a Dict observation space with keys that "
                                         r"are not text \(0, 1\); .*gymnasium.ObservationWrapper"):
         rlspeed.PPO(env_id, num_envs=2, num_steps=8, batch_size=16, device="cpu")
+
+
+def test_an_encoder_warning_is_said_when_the_model_is_made_not_again_at_load_or_eval(tmp_path, capsys):
+    """Flattened images warn when the model is made, naming the setting in Python's and the command line's form;
+    `load` and `rlspeed eval` of its file said it again each time (and only as encoder='mlp')."""
+    from rlspeed import cli
+    from rlspeed.errors import EncoderWarning
+
+    # (grey frames without a channel axis: flattened with a warning)
+    env_id = _registered_sampling_env("RlspeedTest/GreyFrames-v0", gym.spaces.Box(0, 255, (20, 16), np.uint8))
+    with pytest.warns(EncoderWarning, match=r"pass encoder='mlp' \(--set encoder=mlp\) to keep the MLP"):
+        model = rlspeed.PPO(env_id, num_envs=2, num_steps=8, batch_size=16, net_arch=[8], device="cpu")
+    path = model.save(tmp_path / "grey")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EncoderWarning)
+        rlspeed.PPO.load(path, device="cpu")
+        assert cli.main(["eval", str(path), "--episodes", "1", "--device", "cpu"]) == 0

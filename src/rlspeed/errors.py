@@ -41,6 +41,12 @@ class UnusedSettingWarning(UserWarning):
     said when a model is made, not again when one is loaded or a population's member models are rebuilt."""
 
 
+class EncoderWarning(UserWarning):
+    """What the encoder an observation space gets costs or loses (images flattened into an MLP, a CNN of millions of
+    linear weights): said when a model is made, not again when one is loaded or a population's member models are
+    rebuilt."""
+
+
 class WaitingEnvWarning(UserWarning):
     """Training's one note that its in-process Gymnasium envs mostly wait (a sleep, a socket, a simulator in another
     process), with the measured time of a step: subprocess envs (`gymnasium-async`) would wait side by side

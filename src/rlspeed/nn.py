@@ -26,7 +26,7 @@ from torch import nn
 
 from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
-from rlspeed.errors import UserError, warn_at_caller
+from rlspeed.errors import EncoderWarning, UserError, warn_at_caller
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this range
 LOG_2PI = math.log(2 * math.pi)
@@ -607,14 +607,16 @@ def _warn_image_like(space: gym.Space) -> None:
         low, high = np.min(space.low), np.max(space.high)
         warn_at_caller(f"Observations of shape {shape} ({np.dtype(space.dtype)} in [{low:g}, {high:g}]) look like "
                        f"images, but only uint8 Boxes in [0, 255] and bool Boxes get a CNN by themselves: they are "
-                       f"flattened into an MLP input of {size:,} values; pass encoder='cnn' for a CNN over them as "
-                       f"they are (unscaled), or encoder='mlp' to keep the MLP without this warning.", UserWarning)
+                       f"flattened into an MLP input of {size:,} values; pass encoder='cnn' (--set encoder=cnn) for a "
+                       f"CNN over them as they are (unscaled), or encoder='mlp' (--set encoder=mlp) to keep the MLP "
+                       "without this warning.", EncoderWarning)
         return
     if np.dtype(space.dtype) != np.uint8 or np.any(space.low != 0) or np.any(space.high != 255):
         return
     warn_at_caller(f"Observations of shape {shape} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
                    f"3-D image (channels first or last): they are flattened into an MLP input of {size:,} values; "
-                   f"{_cnn_fix(space)}, or pass encoder='mlp' to keep the MLP without this warning.", UserWarning)
+                   f"{_cnn_fix(space)}, or pass encoder='mlp' (--set encoder=mlp) to keep the MLP without this "
+                   "warning.", EncoderWarning)
 
 
 def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
@@ -633,10 +635,10 @@ def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
                f"gymnasium.wrappers.ResizeObservation (the Nature CNN strides over them: at "
                f"{NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} its linear layer takes 64 convolution outputs)")
         if cnn.arch == "small" and min(height, width) >= STRIDED_CNN_LEAST_SIDE:
-            fix = f"pass cnn=strided (its two stride-2 convolutions quarter the image), or {fix}"
+            fix = f"pass cnn='strided' (--set cnn=strided; its two stride-2 convolutions quarter the image), or {fix}"
     warn_at_caller(f"The {cnn.kind} of {height}x{width} images has {weights / 1e6:.1f} million weights in its linear "
                    f"layer ({layer.in_features:,} convolution outputs x cnn_features_dim {layer.out_features}), which "
-                   f"makes every update slow: {fix}, or lower cnn_features_dim.", UserWarning)
+                   f"makes every update slow: {fix}, or lower cnn_features_dim.", EncoderWarning)
 
 
 def _cnn_fix(space: gym.Space) -> str:

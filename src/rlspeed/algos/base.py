@@ -100,6 +100,7 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
+    EncoderWarning,
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
     UserError,
@@ -3462,6 +3463,7 @@ class Algorithm:
         try:
             with _forked_random(device), warnings.catch_warnings():
                 warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
+                warnings.simplefilter("ignore", EncoderWarning)
                 model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
         except Exception as error:
             if not missing or isinstance(error, UserError):

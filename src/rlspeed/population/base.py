@@ -28,7 +28,7 @@ from rlspeed.device import float32_default, set_training_threads, training_threa
 from rlspeed.diagnostics import waiting
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole, seconds
+from rlspeed.errors import EncoderWarning, UnusedSettingWarning, UserError, positive_whole, seconds
 from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
@@ -302,8 +302,9 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     solos, generators = [], []
     with _forked_generators(device), warnings.catch_warnings():
         for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
-            if k == 1:  # (a setting without effect is said once, for the first member, not K times)
+            if k == 1:  # (a setting without effect, or an encoder's cost, is said once, for the first member)
                 warnings.simplefilter("ignore", UnusedSettingWarning)
+                warnings.simplefilter("ignore", EncoderWarning)
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
     return solos, generators
@@ -817,6 +818,7 @@ class PopulationBase:
         hyperparameters = {**dataclasses.asdict(self.config), **self.member_hyperparameters[k]}
         with _forked_generators(self.device), warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the population was made)
+            warnings.simplefilter("ignore", EncoderWarning)
             model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
                                   env_kwargs=self.env_kwargs or None, **hyperparameters)
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
