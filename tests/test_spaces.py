@@ -970,9 +970,11 @@ def test_a_dict_observation_space_with_keys_that_are_not_text_is_one_sentence_at
 
 def test_an_encoder_warning_is_said_when_the_model_is_made_not_again_at_load_or_eval(tmp_path, capsys):
     """Flattened images warn when the model is made, naming the setting in Python's and the command line's form;
-    `load` and `rlspeed eval` of its file said it again each time (and only as encoder='mlp')."""
+    `load` and `rlspeed eval` of its file said it again each time (and only as encoder='mlp'), a population once per
+    member."""
     from rlspeed import cli
     from rlspeed.errors import EncoderWarning
+    from rlspeed.population import Population
 
     # (grey frames without a channel axis: flattened with a warning)
     env_id = _registered_sampling_env("RlspeedTest/GreyFrames-v0", gym.spaces.Box(0, 255, (20, 16), np.uint8))
@@ -983,3 +985,8 @@ def test_an_encoder_warning_is_said_when_the_model_is_made_not_again_at_load_or_
         warnings.simplefilter("error", EncoderWarning)
         rlspeed.PPO.load(path, device="cpu")
         assert cli.main(["eval", str(path), "--episodes", "1", "--device", "cpu"]) == 0
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        Population(rlspeed.PPO, env_id, seeds=[0, 1, 2], num_envs=2, num_steps=8, batch_size=16, net_arch=[8],
+                   device="cpu")
+    assert [warning.category for warning in said].count(EncoderWarning) == 1  # (not once per member)
