@@ -104,12 +104,12 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     kind, _, index = spec.partition(":")
     if kind not in ("cpu",) + ACCELERATOR_ORDER:
         raise UserError(f"Unknown device '{spec}': use auto, cpu, cuda[:i], npu[:i], xpu[:i] or mps.")
+    if index and not index.isdigit():  # (a malformed name is refused as such, whatever this machine has)
+        raise UserError(f"Device index in '{spec}' must be a whole number, as in {kind}:0 or {kind}:1.")
     if not is_available(kind):
         raise UserError(f"Device '{spec}' is not available on this machine; run `rlspeed doctor` to see why, "
                         "or use device='auto' (--device auto on the command line).")
     if index:
-        if not index.isdigit():
-            raise UserError(f"Device index in '{spec}' must be a number.")
         if int(index) >= device_count(kind):
             raise UserError(f"Device '{spec}' does not exist: {device_count(kind)} {kind} device(s) visible.")
         return torch.device(kind, int(index))
