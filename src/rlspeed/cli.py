@@ -277,6 +277,9 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
         if key in written and written[key] != value.strip():  # (the text: a YAML alias may make a value recursive)
             raise UserError(f"{flag} gives {key} twice ({written[key]} and {value.strip()}): give it once.")
         written[key] = value.strip()
+        if not value.strip():  # (YAML reads nothing as null: a forgotten value would be taken as None)
+            raise UserError(f"{flag} {key}= is empty: give a value ({key}=VALUE), or leave {key} out for its "
+                            "default.")
         try:
             out[key] = yamlfile.read_value(value, f"{flag} {key}={value.strip()}")
         except (yamlfile.InvalidYAML, ValueError, OverflowError):
@@ -640,6 +643,10 @@ def _refuse_member_values_without_seeds(args: argparse.Namespace) -> None:
     for pair in args.set or []:
         key = pair.partition("=")[0].strip()
         values = _several_values(pair, member_keys) if key in member_keys else None
+        if values is not None and len(values) == 1:  # (a list of one: the form of per-member values, for one member)
+            raise UserError(f"--set {pair.strip()} gives a list of one value, the form of one value per member of a "
+                            f"population: give {key}={pair.partition('=')[2].strip().strip('[]').strip()} without "
+                            "brackets for this run.")
         if values is not None:
             raise UserError(f"--set {pair.strip()} gives {len(values)} values, one per member of a population: add "
                             f"--seeds with {len(values)} seeds (e.g. --seeds 0-{len(values) - 1}) to train them "
