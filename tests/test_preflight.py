@@ -35,3 +35,38 @@ def test_an_empty_set_value_is_said_to_be_empty(pair, tmp_path, capsys):
 def test_a_malformed_device_index_is_named_before_availability():
     with pytest.raises(UserError, match=r"Device index in 'cuda:x' must be a whole number"):
         resolve_device("cuda:x")
+
+
+@pytest.fixture
+def memory_of(monkeypatch):
+    """Make the host's available memory (the replay buffer's source) `bytes` for the memory checks."""
+    from rlspeed.buffers import replay
+
+    def set_available(nbytes: int) -> None:
+        monkeypatch.setattr(replay, "_available_memory_bytes", lambda device: nbytes)
+    return set_available
+
+
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_num_envs_whose_envs_cannot_fit_are_refused_before_any_env_is_made(backend, memory_of, monkeypatch, tmp_path,
+                                                                      capsys):
+    from rlspeed.algos import base, on_policy
+
+    memory_of(2**28)
+    monkeypatch.setattr(on_policy, "check_rollout_bytes", lambda *args, **kwargs: None)  # (the envs' own check)
+    made = []
+    monkeypatch.setattr(base, "make_env", lambda *args, **kwargs: made.append(kwargs) or pytest.fail("env made"))
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--num-envs", "4e6", "--env-backend", backend,
+                    "--total-timesteps", "1000"], capsys)
+    assert "num_envs 4,000,000 (--num-envs)" in line and "GiB" in line and "give at most --num-envs" in line
+    assert not made
+
+
+def test_a_rollout_of_num_envs_that_cannot_fit_is_refused_before_any_env_is_made(memory_of, monkeypatch, tmp_path,
+                                                                                capsys):
+    from rlspeed.algos import base
+
+    memory_of(2**30)
+    monkeypatch.setattr(base, "make_env", lambda *args, **kwargs: pytest.fail("env made"))
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--num-envs", "1e9", "--total-timesteps", "1000"], capsys)
+    assert "x num_envs 1,000,000,000 steps needs" in line and "--num-envs" in line

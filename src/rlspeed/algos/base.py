@@ -32,7 +32,13 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.buffers.her import goal_strategy_name
-from rlspeed.buffers.replay import ReplayBuffer
+from rlspeed.buffers.replay import (
+    REPLAY_MEMORY_SHARE,
+    ReplayBuffer,
+    available_memory_bytes,
+    layout_nbytes,
+    refuse_unless_fits,
+)
 from rlspeed.callbacks import CallbackLike
 from rlspeed.checkpoint import (
     beside,
@@ -539,6 +545,10 @@ def _other_owners(key: str, config_cls: type) -> str:
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+#: The least memory each env of these backends takes besides its buffers (`Algorithm._check_envs_fit`): a Gymnasium
+#: env object and its Python state; an env process of its own (a Python interpreter) for gymnasium-async
+ENV_OBJECT_BYTES = {"gymnasium": 16 * 2**10, "gymnasium-async": 20 * 2**20}
 #: on/off words a bool hyperparameter takes as text: what YAML 1.1 reads as a bool unquoted (so a quoted 'off' in a
 #: file, or anneal_lr="off" in Python, is what --set anneal_lr=off is), and 1 or 0; any case, spaces around ignored
 _BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -2346,6 +2356,23 @@ class Algorithm:
                     "passed in)")
         return "--env-backend gymnasium-async (env_backend='gymnasium-async')"
 
+    def _bytes_per_env(self) -> int:
+        """The least memory one training env takes before anything of it exists (`_check_envs_fit`): its observation
+        and reset buffers, and where the backend keeps an env object (`ENV_OBJECT_BYTES`) or process per env, that."""
+        per_env = 2 * layout_nbytes(observation_layout(self.spec.observation_space)) + 64
+        return per_env + ENV_OBJECT_BYTES.get(self.env_backend, 0)
+
+    def _check_envs_fit(self, num_envs: int) -> None:
+        """UserError, naming --num-envs, where `num_envs` training envs would not fit in the memory available,
+        refused before any is made: --num-envs 1e9 ran out of memory, or for hours, while it made them."""
+        per_env = self._bytes_per_env()
+        fits = int(REPLAY_MEMORY_SHARE * (available_memory_bytes(self.device) or 0)) // per_env
+        objects = (f" and {num_envs:,} {self.env_backend} env objects"
+                   if self.env_backend in ENV_OBJECT_BYTES else "")
+        refuse_unless_fits(num_envs * per_env, self.device,
+                           f"num_envs {num_envs:,} (--num-envs) at {per_env:,} bytes per env (its storage{objects})",
+                           f"give at most --num-envs {max(fits, 1):,}")
+
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation; built again where
         an interrupt left the envs unable to go on (`BatchedEnv.disrupted`), as after `close`."""
@@ -2361,6 +2388,7 @@ class Algorithm:
             normalize_obs = cfg.normalize_obs if hasattr(cfg, "normalize_obs") else self.obs_rms is not None
             normalize_reward = (cfg.normalize_reward if hasattr(cfg, "normalize_reward")
                                 else self.return_rms is not None)
+            self._check_envs_fit(self.strategy.split_envs(cfg.num_envs))
             self._env = make_env(self.env_id, num_envs=self.strategy.split_envs(cfg.num_envs), device=self.device,
                                  seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=normalize_obs,

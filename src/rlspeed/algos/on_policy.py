@@ -23,6 +23,7 @@ from rlspeed.accel import auto_accelerate
 from rlspeed.algos.base import Algorithm, require, success_totals, validate_normalization_clips, warn_at_caller
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
+from rlspeed.buffers.rollout import check_rollout_bytes, rollout_step_bytes
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -290,6 +291,16 @@ class OnPolicyAlgorithm(Algorithm):
         return (buffer is not None and self._resume is None and getattr(self, "_obs", None) is not None
                 and not getattr(self, "_mid_rollout", False) and buffer.num_envs == env.num_envs
                 and buffer.num_steps == self.config.num_steps)
+
+    def _check_envs_fit(self, num_envs: int) -> None:
+        """The rollout `_start` allocates (`check_rollout_bytes`: naming the num_steps or num_envs that fits), then the
+        envs themselves (`Algorithm._check_envs_fit`), checked before any env is made."""
+        action_shape, action_dtype = self._action_storage()
+        store_next_obs = self.spec.float_vector_obs and self.config.encoder != "cnn"
+        check_rollout_bytes(self.config.num_steps, num_envs, rollout_step_bytes(
+            self.spec.observation_space, action_shape, action_dtype, self.device, store_next_obs=store_next_obs),
+            self.device)
+        super()._check_envs_fit(num_envs)
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config

@@ -100,15 +100,21 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): num_steps=1e9 failed inside the
     allocator, 1e30 inside torch. `extra_nbytes`: what a subclass stores per step and env besides (a recurrent
     policy's states)."""
+    per_step = rollout_step_bytes(observation, action_shape, action_dtype, device, mask_size, store_next_obs,
+                                  extra_nbytes)
+    check_rollout_bytes(num_steps, num_envs, per_step, device)
+
+
+def rollout_step_bytes(observation, action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
+                       mask_size: int | None = None, store_next_obs: bool = True, extra_nbytes: int = 0) -> int:
+    """Bytes a `RolloutBuffer` stores per step and env: observations (twice with next_obs), actions, 4 float32
+    fields, the episode returns and 3 bool fields, the masks and `extra_nbytes`."""
     layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
                                                                                          torch.float32)
     action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
     returns_bytes = torch.empty((), dtype=statistics_dtype(device)).element_size()
-    # observations (twice with next_obs), actions, 4 float32 fields, the episode returns and 3 bool fields per step
-    # and env, the masks
-    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 4 * 4 + returns_bytes + 3
-                + (mask_size or 0) + extra_nbytes)
-    check_rollout_bytes(num_steps, num_envs, per_step, device)
+    return (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 4 * 4 + returns_bytes + 3
+            + (mask_size or 0) + extra_nbytes)
 
 
 def check_rollout_bytes(num_steps: int, num_envs: int, per_step: int, device: torch.device, members: int = 1) -> None:
