@@ -70,3 +70,16 @@ def test_a_rollout_of_num_envs_that_cannot_fit_is_refused_before_any_env_is_made
     monkeypatch.setattr(base, "make_env", lambda *args, **kwargs: pytest.fail("env made"))
     line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--num-envs", "1e9", "--total-timesteps", "1000"], capsys)
     assert "x num_envs 1,000,000,000 steps needs" in line and "--num-envs" in line
+
+
+def test_members_that_cannot_fit_are_refused_after_building_one(memory_of, monkeypatch, tmp_path, capsys):
+    from rlspeed.population import base
+
+    memory_of(2**26)
+    built, check = [], base.check_members_fit
+    monkeypatch.setattr(base, "check_members_fit", lambda solo, size, device: (built.append(size),
+                                                                             check(solo, size, device)))
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--seeds", "0-9999", "--total-timesteps", "1000"], capsys)
+    assert "A population of 10,000 members (--seeds)" in line and "train at most" in line and "--seeds 0-" in line
+    assert built == [10_000]  # (checked once, with the first member built)
+    assert not (tmp_path / "run").exists()

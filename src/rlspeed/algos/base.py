@@ -2362,6 +2362,11 @@ class Algorithm:
         per_env = 2 * layout_nbytes(observation_layout(self.spec.observation_space)) + 64
         return per_env + ENV_OBJECT_BYTES.get(self.env_backend, 0)
 
+    def _storage_bytes_estimate(self, num_envs: int) -> int:
+        """The least memory of `num_envs` training envs and what the model stores per env (a rollout), before any
+        exists: a population's estimate of a member (`population.base.check_members_fit`)."""
+        return num_envs * self._bytes_per_env()
+
     def _check_envs_fit(self, num_envs: int) -> None:
         """UserError, naming --num-envs, where `num_envs` training envs would not fit in the memory available,
         refused before any is made: --num-envs 1e9 ran out of memory, or for hours, while it made them."""

@@ -292,14 +292,21 @@ class OnPolicyAlgorithm(Algorithm):
                 and not getattr(self, "_mid_rollout", False) and buffer.num_envs == env.num_envs
                 and buffer.num_steps == self.config.num_steps)
 
+    def _rollout_step_bytes(self) -> int:
+        """Bytes per step and env of the rollout `_start` allocates (`rollout_step_bytes`; without action masks,
+        which the env says it gives only when it starts)."""
+        action_shape, action_dtype = self._action_storage()
+        store_next_obs = self.spec.float_vector_obs and self.config.encoder != "cnn"
+        return rollout_step_bytes(self.spec.observation_space, action_shape, action_dtype, self.device,
+                                  store_next_obs=store_next_obs)
+
+    def _storage_bytes_estimate(self, num_envs: int) -> int:
+        return super()._storage_bytes_estimate(num_envs) + self.config.num_steps * num_envs * self._rollout_step_bytes()
+
     def _check_envs_fit(self, num_envs: int) -> None:
         """The rollout `_start` allocates (`check_rollout_bytes`: naming the num_steps or num_envs that fits), then the
         envs themselves (`Algorithm._check_envs_fit`), checked before any env is made."""
-        action_shape, action_dtype = self._action_storage()
-        store_next_obs = self.spec.float_vector_obs and self.config.encoder != "cnn"
-        check_rollout_bytes(self.config.num_steps, num_envs, rollout_step_bytes(
-            self.spec.observation_space, action_shape, action_dtype, self.device, store_next_obs=store_next_obs),
-            self.device)
+        check_rollout_bytes(self.config.num_steps, num_envs, self._rollout_step_bytes(), self.device)
         super()._check_envs_fit(num_envs)
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords, with_saved_cnn
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, refuse_unless_fits
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.diagnostics import waiting
@@ -307,7 +308,28 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
                 warnings.simplefilter("ignore", EncoderWarning)
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
+            if k == 0:  # (from the first member's size, before the others are made)
+                check_members_fit(solos[0], len(seeds), device)
     return solos, generators
+
+
+def check_members_fit(solo, size: int, device: torch.device) -> None:
+    """UserError, naming --seeds, where `size` members like `solo` would not fit in the memory available: each its
+    networks four times over (weights, gradients and Adam's two moments), its envs and what is stored per env (a
+    rollout). --seeds 0-100000 made members for hours before it ran out of memory."""
+    parameters = {id(p): p for value in solo._modules().values()
+                  for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
+    num_envs = solo.config.num_envs
+    per_member = (4 * sum(p.numel() * p.element_size() for p in parameters.values())
+                  + solo._storage_bytes_estimate(num_envs))
+    fits = int(REPLAY_MEMORY_SHARE * (available_memory_bytes(torch.device(device)) or 0)) // per_member
+    if fits < 1:  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
+        return
+    refuse_unless_fits(size * per_member, device,
+                       f"A population of {size:,} members (--seeds) at {per_member / 2**20:,.2f} MiB each (networks, "
+                       f"their gradients and Adam's moments, {num_envs:,} envs and their storage)",
+                       f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds "
+                       f"0-{fits - 1})")
 
 
 @torch.no_grad()
