@@ -83,3 +83,15 @@ def test_members_that_cannot_fit_are_refused_after_building_one(memory_of, monke
     assert "A population of 10,000 members (--seeds)" in line and "train at most" in line and "--seeds 0-" in line
     assert built == [10_000]  # (checked once, with the first member built)
     assert not (tmp_path / "run").exists()
+
+
+def test_n_epochs_beyond_its_bound_is_one_sentence(tmp_path, capsys):
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--set", "n_epochs=1e9"], capsys)
+    assert "n_epochs must be at most 10,000" in line and "got 1,000,000,000" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_reps_beyond_its_bound_is_one_sentence(tmp_path, capsys):
+    code = cli.main(["report", str(tmp_path), "--reps", "1e12"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--reps must be at most 10,000,000, got '1e12'" in err, err
