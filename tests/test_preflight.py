@@ -32,6 +32,12 @@ def test_an_empty_set_value_is_said_to_be_empty(pair, tmp_path, capsys):
     assert "--set learning_rate= is empty" in line and "None" not in line
 
 
+@pytest.mark.parametrize("pair", ["learning_rate=1e-3,", "learning_rate=1e-3,,2e-3"])
+def test_an_empty_value_among_commas_is_named_as_such_not_as_an_empty_value(pair, tmp_path, capsys):
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--set", pair], capsys)
+    assert f"--set {pair} has an empty value between or after its commas" in line
+
+
 def test_a_malformed_device_index_is_named_before_availability():
     with pytest.raises(UserError, match=r"Device index in 'cuda:x' must be a whole number"):
         resolve_device("cuda:x")

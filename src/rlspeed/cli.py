@@ -615,6 +615,9 @@ def _several_values(pair: str, member_keys: tuple[str, ...]) -> list | None:
     if not equals:
         return None
     parts = _top_level_split(value)
+    if len(parts) > 1 and not all(part.strip() for part in parts):  # (`lr=1e-3,`: not an empty value for the key)
+        raise UserError(f"--set {pair.strip()} has an empty value between or after its commas: give one value, or "
+                        f"one per member of a population ({key}=a,b with --seeds).")
     if len(parts) > 1:
         return [_parse_set([f"{key}={part.strip()}"])[key] for part in parts]
     if key in member_keys and value.strip().startswith("["):
