@@ -651,15 +651,15 @@ def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp
 
 def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(tmp_path, monkeypatch, capsys):
     """An error once the run directory exists but before anything is trained (here the replay buffer, allocated when
-    training starts, does not fit in a fake 16 KiB of memory): exit 2, its config.yaml (and TensorBoard's directory,
-    which the logger makes before the first step where tensorboard is installed: made here as it would be) removed
-    and the directory it created too; a directory that existed before is kept; then the same command with a buffer
-    that fits trains."""
+    training starts, does not fit in a fake 1 MiB of memory, where its envs do): exit 2, its config.yaml (and
+    TensorBoard's directory, which the logger makes before the first step where tensorboard is installed: made here as
+    it would be) removed and the directory it created too; a directory that existed before is kept; then the same
+    command with a buffer that fits trains."""
     from rlspeed import logging as run_logging
     from rlspeed.buffers import replay
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**14)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)
     made = run_logging.RunLogger.__init__
 
     def with_tensorboard(self, run_dir, *args, **kwargs):

@@ -3,6 +3,8 @@ anything is allocated, and the wording of refusals of malformed values."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlspeed import UserError, cli
@@ -49,7 +51,7 @@ def memory_of(monkeypatch):
     from rlspeed.buffers import replay
 
     def set_available(nbytes: int) -> None:
-        monkeypatch.setattr(replay, "_available_memory_bytes", lambda device: nbytes)
+        monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: nbytes)
     return set_available
 
 
@@ -66,6 +68,9 @@ def test_num_envs_whose_envs_cannot_fit_are_refused_before_any_env_is_made(backe
                     "--total-timesteps", "1000"], capsys)
     assert "num_envs 4,000,000 (--num-envs)" in line and "GiB" in line and "give at most --num-envs" in line
     assert not made
+    per_env = int(re.search(r"at ([\d,]+) bytes per env", line)[1].replace(",", ""))
+    advised = int(re.search(r"give at most --num-envs ([\d,]+)", line)[1].replace(",", ""))
+    assert advised * per_env <= 0.8 * 2**28 < (advised + 1) * per_env  # (the most that fits in the same memory)
 
 
 def test_a_rollout_of_num_envs_that_cannot_fit_is_refused_before_any_env_is_made(memory_of, monkeypatch, tmp_path,

@@ -32,13 +32,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.buffers.her import goal_strategy_name
-from rlspeed.buffers.replay import (
-    REPLAY_MEMORY_SHARE,
-    ReplayBuffer,
-    available_memory_bytes,
-    layout_nbytes,
-    refuse_unless_fits,
-)
+from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
 from rlspeed.callbacks import CallbackLike
 from rlspeed.checkpoint import (
     beside,
@@ -2371,12 +2365,12 @@ class Algorithm:
         """UserError, naming --num-envs, where `num_envs` training envs would not fit in the memory available,
         refused before any is made: --num-envs 1e9 ran out of memory, or for hours, while it made them."""
         per_env = self._bytes_per_env()
-        fits = int(REPLAY_MEMORY_SHARE * (available_memory_bytes(self.device) or 0)) // per_env
         objects = (f" and {num_envs:,} {self.env_backend} env objects"
                    if self.env_backend in ENV_OBJECT_BYTES else "")
         refuse_unless_fits(num_envs * per_env, self.device,
                            f"num_envs {num_envs:,} (--num-envs) at {per_env:,} bytes per env (its storage{objects})",
-                           f"give at most --num-envs {max(fits, 1):,}")
+                           lambda usable: f"give at most --num-envs {int(usable) // per_env:,}" if usable >= per_env
+                           else "this machine has not the memory for one (free some)")
 
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation; built again where

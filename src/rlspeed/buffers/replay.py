@@ -68,13 +68,14 @@ def available_memory_bytes(device: torch.device, needed: int | None = None) -> i
     return available
 
 
-def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str) -> None:
+def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str | Callable[[float], str]) -> None:
     """UserError where `needed` bytes, checked before anything is allocated, exceed the share of `device`'s available
     memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): '`what` needs about X GiB, more than the Y GiB it may take
-    (80% of the Z GiB available ...); `advice`.'"""
+    (80% of the Z GiB available ...); `advice`.' (`advice` may be a function of the Y bytes, for what would fit.)"""
     free = available_memory_bytes(torch.device(device), needed=needed)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
+    advice = advice(REPLAY_MEMORY_SHARE * free) if callable(advice) else advice
     where = "host memory" if torch.device(device).type == "cpu" else f"{device}'s free memory"
     raise UserError(f"{what} needs about {needed / 2**30:,.1f} GiB, more than the "
                     f"{REPLAY_MEMORY_SHARE * free / 2**30:,.1f} GiB it may take ({REPLAY_MEMORY_SHARE:.0%} of the "

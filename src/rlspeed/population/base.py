@@ -23,7 +23,8 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords, with_saved_cnn
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, refuse_unless_fits
+from rlspeed.buffers import replay as replay_buffers
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, refuse_unless_fits
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.diagnostics import waiting
@@ -322,14 +323,16 @@ def check_members_fit(solo, size: int, device: torch.device) -> None:
     num_envs = solo.config.num_envs
     per_member = (4 * sum(p.numel() * p.element_size() for p in parameters.values())
                   + solo._storage_bytes_estimate(num_envs))
-    fits = int(REPLAY_MEMORY_SHARE * (available_memory_bytes(torch.device(device)) or 0)) // per_member
-    if fits < 1:  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
-        return
+    if per_member > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory_bytes(torch.device(device)) or 0):
+        return  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
+
+    def advice(usable: float) -> str:
+        fits = max(int(usable) // per_member, 1)
+        return f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds 0-{fits - 1})"
+
     refuse_unless_fits(size * per_member, device,
                        f"A population of {size:,} members (--seeds) at {per_member / 2**20:,.2f} MiB each (networks, "
-                       f"their gradients and Adam's moments, {num_envs:,} envs and their storage)",
-                       f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds "
-                       f"0-{fits - 1})")
+                       f"their gradients and Adam's moments, {num_envs:,} envs and their storage)", advice)
 
 
 @torch.no_grad()
