@@ -456,11 +456,16 @@ def image_side(space: gym.Space) -> int | None:
     return int(min(space.shape[1:] if channels_first else space.shape[:2]))
 
 
+def _refuse_unknown_cnn(cnn: str) -> None:
+    """UserError where `cnn` is none of `CNN_KINDS`."""
+    if cnn not in CNN_KINDS:
+        raise UserError(f"Unknown cnn '{cnn}': use one of {', '.join(CNN_KINDS)}.")
+
+
 def cnn_arch(cnn: str, height: int, width: int) -> str:
     """The CNN architecture (nature, strided or small) that `cnn` (`CNN_KINDS`) gives images of `height` x `width`
     pixels; UserError for an unknown kind or an image too small for the kind asked for."""
-    if cnn not in CNN_KINDS:
-        raise UserError(f"Unknown cnn '{cnn}': use one of {', '.join(CNN_KINDS)}.")
+    _refuse_unknown_cnn(cnn)
     side = min(height, width)
     if cnn == "auto":
         cnn = "nature" if side >= NATURE_CNN_MIN_SIDE else "strided" if side >= STRIDED_CNN_MIN_SIDE else "small"
@@ -568,8 +573,7 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
         raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")
     if cnn_features_dim < 1:
         raise UserError(f"cnn_features_dim must be >= 1, got {cnn_features_dim}.")
-    if cnn not in CNN_KINDS:
-        raise UserError(f"Unknown cnn '{cnn}': use one of {', '.join(CNN_KINDS)}.")
+    _refuse_unknown_cnn(cnn)  # (here too: images or not, as an unknown encoder is)
     if not isinstance(space, (gym.spaces.Dict, gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
                               gym.spaces.MultiBinary)):
         space = check_observation_space(space, "this env")  # a Tuple becomes a Dict; others get the one sentence
