@@ -419,8 +419,8 @@ class MemberEncoder:
     images make a convolution's cost its call overhead); or `per-member`, the solo's module called once per member
     with its parameters, in the solo's memory layout (K ordinary convolutions, which win where large images make
     them arithmetic-bound: oneDNN's grouped convolution is slower than K channels-last ones). `per-member` for the
-    Nature and strided CNNs on a CPU (4 strided CNNs of 28x28 images, 256 each, forward and backward: 1.75 s per member
-    against 2.59 s grouped), `grouped` elsewhere; `benchmarks/member_encoder.py` re-measures both image sizes."""
+    Nature and strided CNNs on a CPU (their strided layers make them arithmetic-bound), `grouped` elsewhere;
+    `benchmarks/member_encoder.py` re-measures both modes at each image size."""
 
     def __init__(self, encoders: Sequence[torch.nn.Module], mode: str | None = None):
         first = encoders[0]
@@ -1656,11 +1656,11 @@ class PopulationBase:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
 
-    #: `evaluate` may act through the members' batched networks, whose float32 rounding can differ from their solo
-    #: models' in the last bit (off-policy members, `OffPolicyPopulation._as_solo`, several times faster there):
-    #: `learn`'s evaluations during training (curves, confirmations, `on_eval`); elsewhere (the final evaluation,
-    #: which `rlspeed eval MEMBER --seed S` repeats digit for digit, and a caller's) the members act as their solo
-    #: models do
+    #: `evaluate` may act through the members' batched networks (one product per layer, not one per member), whose
+    #: float32 rounding can differ from their solo models' in the last bit (off-policy members,
+    #: `OffPolicyPopulation._as_solo`): `learn`'s evaluations during training (curves, confirmations, `on_eval`);
+    #: elsewhere (the final evaluation, which `rlspeed eval MEMBER --seed S` repeats digit for digit, and a caller's)
+    #: the members act as their solo models do
     _batched = False
 
     @contextlib.contextmanager
