@@ -1656,21 +1656,12 @@ class PopulationBase:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
 
-    #: `evaluate` may act through the members' batched networks (one product per layer, not one per member), whose
-    #: float32 rounding can differ from their solo models' in the last bit (off-policy members,
-    #: `OffPolicyPopulation._as_solo`): `learn`'s evaluations during training (curves, confirmations, `on_eval`);
-    #: elsewhere (the final evaluation, which `rlspeed eval MEMBER --seed S` repeats digit for digit, and a caller's)
-    #: the members act as their solo models do
-    _batched = False
-
-    @contextlib.contextmanager
-    def _batched_evaluation(self):
-        """`evaluate` calls inside act through the batched networks (`_batched`)."""
-        self._batched = True
-        try:
-            yield
-        finally:
-            self._batched = False
+    def _evaluate_during_learn(self, seeds: Sequence[int], episodes: int, members: Sequence[int]) -> torch.Tensor:
+        """`learn`'s evaluations during training (curves, confirmations, `on_eval`): `evaluate`'s, except that a
+        population may act there through its members' batched networks (one product per layer, not one per member),
+        whose float32 rounding can differ from their solo models' in the last bit (`OffPolicyPopulation`'s); the
+        final evaluation, which `rlspeed eval MEMBER --seed S` repeats digit for digit, is `evaluate`'s."""
+        return self.evaluate(seeds, episodes, members)
 
     def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
                           confirm_target: bool, on_eval: Callable | None, logger: RunLogger | None = None) -> bool:
@@ -1682,9 +1673,8 @@ class PopulationBase:
         from rlspeed.algos.base import CONFIRM_SEED
 
         members = list(self.alive)
-        with self._batched_evaluation():
-            means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
-                                  members).tolist()
+        means = self._evaluate_during_learn([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
+                                            eval_episodes, members).tolist()
         unfinished = self.last_unfinished  # (this evaluation's, which `on_eval` reads: not a confirmation's)
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
@@ -1693,10 +1683,9 @@ class PopulationBase:
         if target_return is not None:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
-                with self._batched_evaluation():
-                    confirming = self.evaluate(
-                        [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
-                        hits).tolist()
+                confirming = self._evaluate_during_learn(
+                    [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
+                    hits).tolist()
                 for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
                     loop.confirmations_unfinished[k].append(cut)

@@ -739,8 +739,9 @@ class OffPolicyPopulation(PopulationBase):
         return kept
 
     # --- batched MLPs ------------------------------------------------------------------------------------------
-    #: evaluating (`evaluate`): `_mlp` multiplies as each member's solo `nn.Linear` does (`_in_solo_layout`
-    #: weights), so a member's evaluation is `rlspeed eval`'s of its saved model, digit for digit
+    #: True only while `evaluate` acts (not `_evaluate_during_learn`): `_mlp` multiplies as each member's solo
+    #: `nn.Linear` does (`_in_solo_layout` weights), so a member's evaluation is `rlspeed eval`'s of its saved model,
+    #: digit for digit; elsewhere (training, `learn`'s evaluations) one batched product per layer
     _as_solo = False
 
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -1163,19 +1164,26 @@ class OffPolicyPopulation(PopulationBase):
         """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
         indices; default: those in the computation, as PPO's), member i's on an env seeded `seeds[i]` as
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
-        left with."""
+        left with. The members act as their solo models do: `rlspeed eval`'s actions, digit for digit."""
+        return self._evaluate(seeds, episodes, members, max_steps, as_solo=True)
+
+    def _evaluate_during_learn(self, seeds: Sequence[int], episodes: int, members: Sequence[int]) -> torch.Tensor:
+        return self._evaluate(seeds, episodes, members, None, as_solo=False)
+
+    def _evaluate(self, seeds: Sequence[int] | None, episodes: int, members: Sequence[int] | None,
+                  max_steps: int | None, as_solo: bool) -> torch.Tensor:
+        """`evaluate`'s means, the members acting as their solo models (`as_solo`) or through the batched networks."""
         episodes = positive_whole("episodes", episodes, needed_by="evaluate")
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)
-        as_solo = not self._batched
         actor = self._in_solo_layout(self._actor_of(members)) if as_solo else self._actor_of(members)
         count = len(members)
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             # (masks: given where the members apply the env's action masks, `_mean_returns`)
             member_masks = () if masks is None else (masks.view(count, episodes, -1),)
-            self._as_solo = as_solo  # (the members' actions as their solo models compute them: `rlspeed eval`'s)
+            self._as_solo = as_solo
             try:
                 actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
             finally:
