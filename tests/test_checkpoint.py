@@ -307,8 +307,8 @@ class ClashingName(rlspeed.DQN):
 def test_an_algorithm_of_a_users_own_named_as_another_rlspeed_algorithm_is_the_one_it_derives_from(tmp_path):
     """A file of `class ClashingName(DQN): name = "ppo"` (its own name is PPO's) is a DQN's, as its `derives_from`
     says: `rlspeed.load` gives its class (a PPO's load of it said it held settings PPO does not have), `DQN.load` a DQN
-    with the warning of a subclass, `PPO.load` names DQN, and without its module `rlspeed.load` and `rlspeed export`
-    build a DQN (export made a PPO of it, which failed)."""
+    with the warning of a subclass, `PPO.load` names DQN, its own load takes it and refuses a PPO's, and without its
+    module `rlspeed.load` and `rlspeed export` build a DQN (export made a PPO of it, which failed)."""
     from rlspeed.export import export_checkpoint
 
     path = ClashingName("CartPole-v1", seed=0, device="cpu", buffer_size=64).save(tmp_path / "clash")
@@ -317,6 +317,14 @@ def test_an_algorithm_of_a_users_own_named_as_another_rlspeed_algorithm_is_the_o
         assert type(rlspeed.DQN.load(path, device="cpu")) is rlspeed.DQN
     with pytest.raises(UserError, match=r"holds a model of DQN, not of PPO; load it with rlspeed.DQN.load"):
         PPO.load(path, device="cpu")
+    # (its own load takes its file, which it refused as "a model of DQN, not of ClashingName"; a PPO's file it
+    # refuses as a PPO's, which it made a ClashingName of, then said it held settings ClashingName does not have)
+    assert type(ClashingName.load(path, device="cpu")) is ClashingName
+    ppo_file = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo")
+    with pytest.raises(UserError, match=r"holds a model of PPO, not of ClashingName; load it with rlspeed.PPO.load"):
+        ClashingName.load(ppo_file, device="cpu")
+    with pytest.raises(UserError, match=r"holds a model of ppo, not of ppo \(derived from dqn\): set_parameters"):
+        ClashingName("CartPole-v1", device="cpu", buffer_size=64).set_parameters(ppo_file)
     tensors, meta = rlspeed.checkpoint.load_checkpoint(path)
     rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.ClashingName"})
     with pytest.warns(UserWarning, match=r"a subclass of rlspeed's dqn; DQN.load makes it a DQN"):
@@ -1132,7 +1140,8 @@ def test_a_loaded_models_optimizer_state_is_saved_unchanged_and_trains_as_one_bu
 def test_set_parameters_and_init_from_take_a_file_of_an_algorithm_derived_from_the_models(tmp_path, capsys):
     """A file of `class OwnAlgorithm(PPO): name = "own_algorithm"` (it records `derives_from: ppo`) is a PPO's to
     `set_parameters` and `--init-from`, as to `PPO.load` (they said it held "a model of own_algorithm, not of ppo");
-    a PPO's file goes into an OwnAlgorithm; a DQN is still refused."""
+    a PPO's file goes into an OwnAlgorithm, by set_parameters as by `OwnAlgorithm.load`; a DQN is still refused,
+    each algorithm named with the one it derives from."""
     from rlspeed import cli
 
     own = OwnAlgorithm("CartPole-v1", seed=0, device="cpu", **TINY)
@@ -1142,9 +1151,11 @@ def test_set_parameters_and_init_from_take_a_file_of_an_algorithm_derived_from_t
     assert all(torch.equal(a, b) for a, b in zip(model.policy.state_dict().values(),
                                                  own.policy.state_dict().values()))
     OwnAlgorithm("CartPole-v1", seed=1, device="cpu", **TINY).set_parameters(model.save(tmp_path / "ppo"))
-    with pytest.raises(UserError, match=r"holds a model of 'own_algorithm', not of 'dqn'"):
+    # (and to its load, as to set_parameters: it refused one as "a model of PPO, not of OwnAlgorithm")
+    assert type(OwnAlgorithm.load(tmp_path / "ppo", device="cpu")) is OwnAlgorithm
+    with pytest.raises(UserError, match=r"holds a model of own_algorithm \(derived from ppo\), not of dqn: "):
         rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=64).set_parameters(path)
     assert cli.main(["train", "ppo", "CartPole-v1", "--init-from", str(path), "--dry-run"]) == 0
     capsys.readouterr()
     assert cli.main(["train", "dqn", "CartPole-v1", "--init-from", str(path), "--dry-run"]) == 2
-    assert "holds a model of own_algorithm, not of dqn" in capsys.readouterr().err
+    assert "holds a model of own_algorithm (derived from ppo), not of dqn: " in capsys.readouterr().err

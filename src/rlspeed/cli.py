@@ -1181,15 +1181,16 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     """With `--init-from FILE`: the settings that decide the networks (net_arch, activation, encoder, ...) set in
     `hyper` to the file's, whose weights the model takes; returns (key, note) for those that differ from the
     preset's (a `--set` of the key replaces the file's value, and the weights are then refused in one sentence)."""
-    from rlspeed.algos.base import build_config, holds_model_of, saved_weights_settings
+    from rlspeed.algos.base import algorithm_labels, build_config, holds_model_of, saved_weights_settings
     from rlspeed.checkpoint import load_checkpoint, refuse_non_model
 
     path = _init_model_file(args)
     _, meta = load_checkpoint(path, device="cpu")
     refuse_non_model(path, meta, "load")
     if not holds_model_of(meta, algo_cls):
-        raise UserError(f"--init-from '{path}' holds a model of {meta.get('algo')}, not of {algo_cls.name}: give a "
-                        f"{algo_cls.name} model (the networks it starts from).")
+        held, ours = algorithm_labels(meta, algo_cls)
+        raise UserError(f"--init-from '{path}' holds a model of {held}, not of {ours}: give a {algo_cls.name} model "
+                        "(the networks it starts from).")
     notes = []
     before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
     for key, value in saved_weights_settings(algo_cls, meta).items():

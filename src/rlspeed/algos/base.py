@@ -1222,9 +1222,22 @@ def _derived_algorithm(cls: type) -> str | None:
 def holds_model_of(meta: dict, cls: type) -> bool:
     """Whether the checkpoint of `meta` holds a model of `cls`'s rlspeed algorithm: each side is the rlspeed algorithm
     it derives from (a file's `derives_from`, a class's `_derived_algorithm`), so that a file of
-    `class Mine(PPO): name = "mine"` is a PPO's to PPO, and a PPO's file is Mine's, as `saved_algorithm` reads it."""
+    `class Mine(PPO): name = "mine"` is a PPO's to PPO, and a PPO's file is Mine's: the rule of `load`
+    (`saved_algorithm`), `set_parameters` and `--init-from`."""
     saved = meta.get("derives_from") or meta.get("algo")
     return saved == (_derived_algorithm(cls) or cls.name)
+
+
+def algorithm_labels(meta: dict, cls: type) -> tuple[str, str]:
+    """The algorithm of the checkpoint of `meta` and `cls`'s, as a refusal names them (`holds_model_of` False): each
+    by its name, with the rlspeed algorithm it derives from where it has another name (`own_algorithm (derived from
+    ppo)`), so that `class Mine(DQN): name = "ppo"` and PPO are told apart."""
+    return (_algorithm_label(meta.get("algo"), meta.get("derives_from")),
+            _algorithm_label(getattr(cls, "name", ""), _derived_algorithm(cls)))
+
+
+def _algorithm_label(name: str | None, base: str | None) -> str:
+    return f"{name} (derived from {base})" if base else str(name)
 
 
 def _imported_class(saved: str | None) -> type | None:
@@ -1243,11 +1256,11 @@ def saved_algorithm(meta: dict, cls: type, path, import_advice: str = "import {m
     algorithm of a user's own (another name) as its class where its module is imported, else as the rlspeed algorithm
     it derives from (a warning follows at load). A UserError otherwise, one sentence naming the class and what to do
     (`import_advice`: how to import its module, `{module}` filled in)."""
+    if cls.name and holds_model_of(meta, cls):
+        return cls
     name, classes = meta.get("algo"), _algorithm_classes()
     if name in classes and meta.get("derives_from") in classes:  # (a user's class under another rlspeed
         name = meta["derives_from"]  # algorithm's name, `class Mine(DQN): name = "ppo"`: a model of the one it is)
-    if name == cls.name:
-        return cls
     algo = classes.get(name)
     if algo is None:  # (an algorithm of a user's own, or of a module not imported yet)
         saved = meta.get("class") or str(name)
@@ -3356,8 +3369,9 @@ class Algorithm:
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify)
         refuse_non_model(path, meta, "load")
         if not holds_model_of(meta, type(self)):
-            raise UserError(f"'{path}' holds a model of {meta.get('algo')!r}, not of {self.name!r}: set_parameters "
-                            f"takes the networks of a {type(self).__name__} model.")
+            held, ours = algorithm_labels(meta, type(self))
+            raise UserError(f"'{path}' holds a model of {held}, not of {ours}: set_parameters takes the networks of "
+                            f"a {type(self).__name__} model.")
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         for key, value in saved_weights_settings(type(self), meta).items():
             if value != getattr(self.config, key):
