@@ -1739,8 +1739,7 @@ class GymnasiumEnv(BatchedEnv):
             successes = {int(row): final_info["is_success"][row] for row in finished
                          if not reported.size or reported[row]}
         add_success(self, out_info, successes)
-        if self._records_returns:
-            self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
+        self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
 
