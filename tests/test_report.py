@@ -213,7 +213,8 @@ def test_normalized_scores_over_envs_are_one_row_per_algorithm_stratified_over_e
     ("twice", "Seed 0 of ppo on CartPole-v1 is in two runs of the same settings"),
     ("normalize", "is not ENV_ID=LOW:HIGH"),
     ("normalize-unknown", "--normalize names Pendulum-v1, which none of the runs trained on"),
-    ("normalize-equal", "needs two different finite scores"),
+    ("normalize-equal", "needs finite scores, LOW below HIGH (the returns that become 0 and 1), got 5 and 5"),
+    ("normalize-reversed", "needs finite scores, LOW below HIGH (the returns that become 0 and 1), got 500 and 0"),
     ("held", "already holds a report (final_scores.csv)"),
 ])
 def test_bad_input_is_one_sentence_and_exit_code_2(tmp_path, capsys, case, expected):
@@ -237,6 +238,8 @@ def test_bad_input_is_one_sentence_and_exit_code_2(tmp_path, capsys, case, expec
         argv += ["--normalize", "Pendulum-v1=-1600:0"]
     elif case == "normalize-equal":
         argv += ["--normalize", "CartPole-v1=5:5"]
+    elif case == "normalize-reversed":  # (accepted: the better runs scored lower)
+        argv += ["--normalize", "CartPole-v1=500:0"]
     elif case == "held":
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "final_scores.csv").write_text("mine")
@@ -244,6 +247,20 @@ def test_bad_input_is_one_sentence_and_exit_code_2(tmp_path, capsys, case, expec
     assert expected in cli_error(capsys, argv)
     if case == "held":
         assert (tmp_path / "out" / "final_scores.csv").read_text() == "mine"
+
+
+def test_write_report_from_python_refuses_what_rlspeed_report_refuses_before_reading_the_runs(tmp_path):
+    """`rlspeed.report.write_report` takes `reps` and `normalize` by the rules of `rlspeed report --reps` and
+    `--normalize` (reps=1e12 from Python ran for days; the CLI alone bounded it), before it reads a run."""
+    from rlspeed.errors import UserError
+    from rlspeed.report import write_report
+    from rlspeed.stats import MAX_REPS
+
+    for reps in (MAX_REPS + 1, 0, 2.5):
+        with pytest.raises(UserError, match="--reps must be"):
+            write_report([tmp_path / "nothing"], None, reps=reps)
+    with pytest.raises(UserError, match="LOW below HIGH"):
+        write_report([tmp_path / "nothing"], None, normalize={"CartPole-v1": (500.0, 0.0)})
 
 
 def test_a_plot_of_experiments_named_by_many_settings_is_written_without_matplotlibs_layout_warning(tmp_path):

@@ -203,6 +203,8 @@ def test_comparison_inputs_are_one_sentence():
         probability_of_improvement([1.0, float("nan")], [1.0, 2.0])
     with pytest.raises(UserError, match="confidence must be in"):
         performance_profile([1.0, 2.0], [1.0], confidence=1.5)
+    with pytest.raises(UserError, match=r"reps must be a whole number >= 1, got 2\.5"):  # (a TypeError from range)
+        bootstrap_ci([1.0, 2.0], reps=2.5)
     for bad in ([], [float("inf")], "high", [[1.0], [2.0, 3.0]]):
         with pytest.raises(UserError, match="thresholds must be"):
             performance_profile([1.0, 2.0], bad)

@@ -177,11 +177,6 @@ def _eval_command(path, seed: int, episodes: int) -> str:
 MAX_COUNT = 2**63 - 1
 
 
-#: The most bootstrap replicates `report --reps` takes: the intervals' digits settle long before, and the time grows
-#: with the replicates
-MAX_REPS = 10_000_000
-
-
 def _whole(minimum: int, maximum: int | None = MAX_COUNT):
     """An argparse type: a whole number from `minimum` to `maximum` (None: no bound), also written 1e5 or 100_000."""
 
@@ -3309,7 +3304,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--normalize", action="append", default=[], metavar="ENV_ID=LOW:HIGH",
                      help="score that env as (score - LOW) / (HIGH - LOW), e.g. Acrobot-v1=-500:0 (repeatable; with "
                           "two or more, a row per algorithm over those envs together)")
-    rep.add_argument("--reps", type=_whole(1, MAX_REPS), default=50_000, metavar="N",
+    rep.add_argument("--reps", type=_whole(1), default=50_000, metavar="N",  # (at most rlspeed.stats.MAX_REPS)
                      help="bootstrap replicates of the final scores' intervals (default 50000)")
     rep.add_argument("--format", default="png", choices=["png", "pdf", "svg"],
                      help="the curves' picture format (default png)")

@@ -27,7 +27,7 @@ from rlspeed import yamlfile
 from rlspeed.errors import UserError
 from rlspeed.files import local_path, write_text_atomic
 from rlspeed.logging import agg_figure, format_return, save_figure
-from rlspeed.stats import CURVE_REPS, aggregate, iqm_curve
+from rlspeed.stats import CURVE_REPS, aggregate, bootstrap_reps, iqm_curve
 
 #: the files `write_report` writes into its folder (an existing one is replaced only with `overwrite=True`)
 REPORT_FILES = ("final_scores.csv", "scores.csv", "curves.csv")
@@ -234,11 +234,14 @@ def _experiments(results: list[SeedResult]) -> list[tuple[str, str, str, list[Se
 
 
 def _parse_normalize(normalize: dict[str, tuple[float, float]] | None) -> dict[str, tuple[float, float]]:
+    """`normalize` as a dict; a UserError for an env's scores that are not finite with low below high (a higher
+    return is a better one, and low and high become 0 and 1: the other way round, the better runs would score
+    lower, and a row over several envs would mix the two directions)."""
     normalize = dict(normalize or {})
     for env_id, (low, high) in normalize.items():
-        if not (math.isfinite(low) and math.isfinite(high)) or low == high:
-            raise UserError(f"The normalisation of {env_id} needs two different finite scores (low and high), got "
-                            f"{low} and {high}.")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise UserError(f"The normalisation of {env_id} (--normalize {env_id}=LOW:HIGH) needs finite scores, LOW "
+                            f"below HIGH (the returns that become 0 and 1), got {low:g} and {high:g}.")
     return normalize
 
 
@@ -399,7 +402,9 @@ def write_report(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike
     `normalize` and `reps`), scores.csv (every seed's final score and run directory), curves.csv (`learning_curves`,
     a row per experiment and step) and curves.<image_format> (`plot_curves`); `out` None writes nothing. A folder
     that holds any of these is refused unless `overwrite`; a `normalize` env id that none of the runs trained on is
-    refused. Returns ``{"results", "final_scores", "curves", "notes", "files"}``."""
+    refused, as are `reps` outside 1 to `rlspeed.stats.MAX_REPS` and an env's `normalize` scores that are not finite
+    with low below high. Returns ``{"results", "final_scores", "curves", "notes", "files"}``."""
+    reps, normalize = bootstrap_reps(reps, "--reps"), _parse_normalize(normalize)  # (before the runs are read)
     if out is not None:
         out = local_path(out)
         held = [name for name in (*REPORT_FILES, f"curves.{image_format}") if (out / name).exists()]

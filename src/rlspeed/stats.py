@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 
 
 def _as_scores(scores: npt.ArrayLike) -> np.ndarray:
@@ -79,11 +79,25 @@ def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
     return lambda batch: np.array([statistic(replicate) for replicate in batch])
 
 
-def _check_interval(confidence: float, reps: int) -> None:
+#: The most bootstrap replicates an interval takes (`reps` here, `rlspeed.report`'s and `rlspeed report --reps`):
+#: the intervals' digits settle long before, and the time grows with the replicates
+MAX_REPS = 10_000_000
+
+
+def bootstrap_reps(reps, name: str = "reps") -> int:
+    """`reps` as an int: a whole number from 1 to `MAX_REPS`; a UserError naming `name` otherwise."""
+    reps = positive_whole(name, reps)
+    if reps > MAX_REPS:
+        raise UserError(f"{name} must be at most {MAX_REPS:,} (bootstrap replicates: the intervals' digits settle "
+                        f"long before, and the time grows with them), got {reps:,}.")
+    return reps
+
+
+def _check_interval(confidence: float, reps) -> int:
+    """`reps` as an int (`bootstrap_reps`); a UserError for a `confidence` outside (0, 1)."""
     if not 0 < confidence < 1:
         raise UserError(f"confidence must be in (0, 1), got {confidence}.")
-    if reps < 1:
-        raise UserError(f"reps must be >= 1, got {reps}.")
+    return bootstrap_reps(reps)
 
 
 def _percentiles(values: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
@@ -119,9 +133,9 @@ def bootstrap_ci(scores: npt.ArrayLike, statistic: Callable[[np.ndarray], typing
     with rliable's resampling (see the module docstring). `scores`: an array `[runs]` or `[runs, tasks]`;
     `statistic` takes an array `[runs, tasks]`; `reps` bootstrap replicates drawn from `np.random.RandomState(seed)`
     (the same `seed` and `reps` give the same interval). UserError for empty or non-finite scores, a `confidence`
-    outside (0, 1) or `reps` below 1."""
+    outside (0, 1) or `reps` not a whole number from 1 to `MAX_REPS`."""
     array = _as_scores(scores)
-    _check_interval(confidence, reps)
+    reps = _check_interval(confidence, reps)
     low, high = _percentiles(_replicates(array, _batched(statistic), reps, seed), confidence)
     return float(low), float(high)
 
@@ -157,7 +171,7 @@ def probability_of_improvement(scores_x: npt.ArrayLike, scores_y: npt.ArrayLike,
     x, y = _as_scores(scores_x), _as_scores(scores_y)
     if x.shape[1] != y.shape[1]:
         raise UserError(f"Both score arrays need the same tasks (columns): got {x.shape[1]} and {y.shape[1]}.")
-    _check_interval(confidence, reps)
+    reps = _check_interval(confidence, reps)
     (runs_x, tasks), runs_y = x.shape, y.shape[0]
     random_state = np.random.RandomState(seed)
     columns = np.arange(tasks)
@@ -188,7 +202,7 @@ def performance_profile(scores: npt.ArrayLike, thresholds: npt.ArrayLike, reps: 
     tasks first: docs/population.md); intervals resample the runs as `bootstrap_ci` does (same `seed` and `reps`,
     same numbers as rliable)."""
     array = _as_scores(scores)
-    _check_interval(confidence, reps)
+    reps = _check_interval(confidence, reps)
     try:
         taus = np.asarray(thresholds, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
@@ -219,7 +233,7 @@ def iqm_curve(curves: typing.Sequence[typing.Sequence[tuple[float, float]]], end
     yet does not count, nor, where `ends[i]` is given and not None, run i at and after step `ends[i]` (a run that
     diverged there). Returns ``{"steps", "iqm", "ci_low", "ci_high", "runs"}``, lists as long as the steps (`runs`:
     how many counted at each step; one run's interval has no width)."""
-    _check_interval(confidence, reps)
+    reps = _check_interval(confidence, reps)
     ends = [None] * len(curves) if ends is None else list(ends)
     if len(ends) != len(curves):
         raise UserError(f"ends needs one entry per curve: got {len(ends)} for {len(curves)} curves.")
