@@ -78,6 +78,22 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
                                       unmoved=fixed)
 
 
+def test_a_dqn_members_epsilon_is_its_solo_runs_at_every_step():
+    """Each member's exploration epsilon is `DQN.epsilon` of its solo run over the same learn call, at every step,
+    the final value itself once the schedule ends: the members' was initial + (final - initial), 0.05000000000000004
+    and 0.19999999999999996 where the solo's is 0.05 and 0.2."""
+    hyper = {"num_envs": 2, "learning_starts": 20, "batch_size": 8, "buffer_size": 64, "exploration_fraction": 0.25,
+             "net_arch": [8]}
+    finals, steps = [0.05, 0.2], 40
+    population = DQNPopulation(DQN, "CartPole-v1", seeds=[3, 7], exploration_final_eps=finals, **hyper)
+    population._start(steps)
+    for k, final in enumerate(finals):
+        solo = DQN("CartPole-v1", seed=3, env_backend="torch", exploration_final_eps=final, **hyper)
+        solo.learn(steps, progress_bar=False)
+        assert [population._epsilon(k, t) for t in range(steps + 1)] == [solo.epsilon(t) for t in range(steps + 1)]
+        assert population._epsilon(k, steps) == final
+
+
 @pytest.mark.parametrize(("dueling", "td_loss", "double_q"), [(False, "huber", True), (True, "huber", True),
                                                            (False, "mse", True), (False, "huber", False)])
 def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(dueling, td_loss, double_q):

@@ -49,6 +49,16 @@ _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts") 
 TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 
 
+def scheduled_epsilon(timesteps: int, start: int, end: int, fraction: float, initial: float, final: float) -> float:
+    """The exploration epsilon at env step `timesteps` of a learn call from `start` to `end`: linear from `initial`
+    to `final` over `fraction` of the call, then `final` itself, as SB3's schedule gives it (initial + (final -
+    initial) is not: 1.0 + (0.05 - 1.0) is 0.05000000000000004). `DQN.epsilon` and a population's members'."""
+    progress = (timesteps - start) / (fraction * max(end - start, 1))
+    if progress >= 1.0:
+        return final
+    return initial + progress * (final - initial)
+
+
 @dataclass
 class DQNConfig(OffPolicyConfig):
     """DQN hyperparameters (names follow Stable-Baselines3; defaults as docs/algorithms.md's tables give them, with
@@ -167,11 +177,8 @@ class DQN(OffPolicyAlgorithm):
         cfg = self.config
         if self._schedule_end is None:  # (before learn: no schedule yet, the value it starts from)
             return cfg.exploration_initial_eps
-        span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
-        progress = (timesteps - self._learn_start) / span
-        if progress >= 1.0:  # (the final value itself, as SB3's schedule gives it: initial + (final - initial) is not)
-            return cfg.exploration_final_eps
-        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+        return scheduled_epsilon(timesteps, self._learn_start, self._schedule_end, cfg.exploration_fraction,
+                                 cfg.exploration_initial_eps, cfg.exploration_final_eps)
 
     def _epsilon_greedy(self, greedy: torch.Tensor, epsilon: float,
                         action_masks: torch.Tensor | None = None) -> torch.Tensor:

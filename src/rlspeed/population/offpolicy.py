@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
-from rlspeed.algos.dqn import TD_LOSSES
+from rlspeed.algos.dqn import TD_LOSSES, scheduled_epsilon
 from rlspeed.algos.off_policy import (
     RAW_CONTENTS,
     OffPolicyAlgorithm,
@@ -1704,9 +1704,7 @@ class DQNPopulation(OffPolicyPopulation):
     def _epsilon(self, member: int, timesteps: int) -> float:
         """Member's epsilon at `timesteps` (`DQN.epsilon`'s linear schedule over this learn call)."""
         fraction, initial, final, _ = self._schedule[member]
-        span = fraction * max(self._schedule_end - self._learn_start, 1)
-        progress = min((timesteps - self._learn_start) / span, 1.0)
-        return initial + progress * (final - initial)
+        return scheduled_epsilon(timesteps, self._learn_start, self._schedule_end, fraction, initial, final)
 
     def _before_collect(self, before: int) -> None:
         cfg, envs = self.config, self.config.num_envs
