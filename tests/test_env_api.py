@@ -576,6 +576,11 @@ def test_a_step_of_actions_that_are_no_tensor_of_one_row_per_env_is_one_sentence
      "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 'maybe' (str)."),
     ("Pendulum-v1", {"g": "ten"}, "Env 'Pendulum-v1' takes the option g as a number (float), got 'ten' (str)."),
     ("Pendulum-v1", {"g": [9.8, 10.0]}, "Env 'Pendulum-v1' takes the option g as a number (float), got [9.8, 10.0]"),
+    # (a number other than 0 and 1 for a bool, which rlspeed's own switches refuse: it was taken as true)
+    ("CartPole-v1", {"sutton_barto_reward": 2},
+     "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 2 (int)."),
+    ("CartPole-v1", {"sutton_barto_reward": 0.5},
+     "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 0.5 (float)."),
 ])
 def test_an_option_given_as_text_or_a_list_where_the_env_takes_a_bool_or_a_number_is_refused(env_id, options,
                                                                                               expected):
@@ -587,8 +592,9 @@ def test_an_option_given_as_text_or_a_list_where_the_env_takes_a_bool_or_a_numbe
         with pytest.raises(rlspeed.UserError) as raised:
             make()
         assert str(raised.value).startswith(expected)
-    rlspeed.make_env("CartPole-v1", num_envs=1, device="cpu", backend="gymnasium",
-                     env_kwargs={"sutton_barto_reward": True}).close()  # (a bool where a bool goes)
+    for value in (True, 1, 0):  # (a bool where a bool goes, or 0 and 1, as rlspeed's own switches take them)
+        rlspeed.make_env("CartPole-v1", num_envs=1, device="cpu", backend="gymnasium",
+                         env_kwargs={"sutton_barto_reward": value}).close()
 
 
 def test_an_option_value_the_env_cannot_use_is_named():

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, true_or_false
 
 
 def rebuild(value: Any, sequence: Callable[[list, tuple, bool], Any], path: tuple = ()) -> Any:
@@ -62,19 +62,31 @@ _SCALARS = {bool: "true or false", int: "a whole number", float: "a number"}
 
 def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
     """UserError in one sentence for an option of `env_kwargs` given as text, a list or a mapping where `creator`
-    (the env's entry point) declares a bool, int or float (by its annotation, else by its default's type)."""
+    (the env's entry point) declares a bool, int or float (by its annotation, else by its default's type), and for
+    a number other than 0 and 1 where it declares a bool (`true_or_false`'s rule for rlspeed's own switches:
+    `sutton_barto_reward=2` or `0.5` was taken as true)."""
     try:
         parameters = inspect.signature(creator).parameters
     except (TypeError, ValueError):  # (a creator without a signature Python can read: nothing to check)
         return
     for name, value in env_kwargs.items():
         parameter = parameters.get(name)
-        if parameter is None or not isinstance(value, (str, list, tuple, dict)):
+        if parameter is None or value is None:
             continue
         annotation = parameter.annotation
         wanted = next((kind for kind in _SCALARS if annotation in (kind, kind.__name__)), None)
         if wanted is None and annotation is inspect.Parameter.empty and parameter.default is not None:
             wanted = next((kind for kind in _SCALARS if type(parameter.default) is kind), None)
-        if wanted is not None:
+        if wanted is not None and (isinstance(value, (str, list, tuple, dict)) or (wanted is bool
+                                                                                   and not _true_or_false(value))):
             raise UserError(f"Env '{env_id}' takes the option {name} as {_SCALARS[wanted]} ({wanted.__name__}), got "
                             f"{value!r:.60} ({type(value).__name__}).")
+
+
+def _true_or_false(value: Any) -> bool:
+    """Whether `value` is one `true_or_false` takes (a bool, numpy's, or the integer 0 or 1)."""
+    try:
+        true_or_false("", value)
+    except UserError:
+        return False
+    return True
