@@ -84,8 +84,8 @@ def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
 MAX_REPS = 10_000_000
 
 
-def bootstrap_reps(reps, name: str = "reps") -> int:
-    """`reps` as an int: a whole number from 1 to `MAX_REPS`; a UserError naming `name` otherwise."""
+def bootstrap_reps(reps: float, name: str = "reps") -> int:
+    """`reps` (a whole number, 1e4 included) as an int from 1 to `MAX_REPS`; a UserError naming `name` otherwise."""
     reps = positive_whole(name, reps)
     if reps > MAX_REPS:
         raise UserError(f"{name} must be at most {MAX_REPS:,} (bootstrap replicates: the intervals' digits settle "
@@ -93,7 +93,7 @@ def bootstrap_reps(reps, name: str = "reps") -> int:
     return reps
 
 
-def _check_interval(confidence: float, reps) -> int:
+def _check_interval(confidence: float, reps: float) -> int:
     """`reps` as an int (`bootstrap_reps`); a UserError for a `confidence` outside (0, 1)."""
     if not 0 < confidence < 1:
         raise UserError(f"confidence must be in (0, 1), got {confidence}.")
