@@ -458,7 +458,7 @@ def test_a_quoted_number_or_infinity_in_a_set_value_stays_text():
             cli._parse_set([pair], "--env-kwargs")
 
 
-@pytest.mark.parametrize("value", ["four", "2.5"])
+@pytest.mark.parametrize("value", ["four", "2.5", "0", "-2"])  # (0 and -2 ran on one thread without a word)
 def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSPEED_NUM_THREADS", value)

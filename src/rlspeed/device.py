@@ -296,12 +296,16 @@ def training_threads(num_threads: int | None = None):
 
 def default_num_threads() -> int:
     """The thread count `configure_threads()` sets when none is given: ``RLSPEED_NUM_THREADS`` or 1, at least 1 and
-    at most the cores visible. Raises UserError when the variable is not a whole number."""
+    at most the cores visible. Raises UserError when the variable is not a whole number from 1 (0 or -2 was taken
+    as 1 in silence)."""
     raw = os.environ.get("RLSPEED_NUM_THREADS", "").strip() or "1"
     try:
         num_threads = int(raw)
+        if num_threads < 1:
+            raise ValueError
     except ValueError:
-        raise UserError(f"RLSPEED_NUM_THREADS must be a whole number of threads, got '{raw}'.") from None
+        raise UserError(f"RLSPEED_NUM_THREADS must be a whole number of threads, at least 1, got '{raw}' (unset it "
+                        "for one thread).") from None
     return _within_cores(num_threads)
 
 

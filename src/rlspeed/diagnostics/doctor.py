@@ -516,7 +516,8 @@ def check_threads() -> Check:
     try:
         threads = devices.default_num_threads()
     except UserError as error:
-        return Check(FAIL, "threads", f"{error} ({facts})", "set RLSPEED_NUM_THREADS to a number, or unset it")
+        return Check(FAIL, "threads", f"{error} ({facts})",
+                     "set RLSPEED_NUM_THREADS to a whole number from 1, or unset it")
     detail = f"training uses {threads} torch thread{'s' if threads != 1 else ''} (--threads N to change); {facts}"
     # (training caps the count at the usable cores: a larger RLSPEED_NUM_THREADS is said, not oversubscribed)
     asked = int(os.environ.get("RLSPEED_NUM_THREADS", "").strip() or threads)
