@@ -261,6 +261,9 @@ def test_write_report_from_python_refuses_what_rlspeed_report_refuses_before_rea
             write_report([tmp_path / "nothing"], None, reps=reps)
     with pytest.raises(UserError, match="LOW below HIGH"):
         write_report([tmp_path / "nothing"], None, normalize={"CartPole-v1": (500.0, 0.0)})
+    for pair in (5.0, (1.0,), ("low", 2.0)):  # (a TypeError or ValueError from unpacking, before)
+        with pytest.raises(UserError, match="needs two scores, LOW and HIGH"):
+            write_report([tmp_path / "nothing"], None, normalize={"CartPole-v1": pair})
 
 
 def test_a_plot_of_experiments_named_by_many_settings_is_written_without_matplotlibs_layout_warning(tmp_path):

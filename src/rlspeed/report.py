@@ -238,7 +238,13 @@ def _parse_normalize(normalize: dict[str, tuple[float, float]] | None) -> dict[s
     return is a better one, and low and high become 0 and 1: the other way round, the better runs would score
     lower, and a row over several envs would mix the two directions)."""
     normalize = dict(normalize or {})
-    for env_id, (low, high) in normalize.items():
+    for env_id, pair in normalize.items():
+        try:
+            low, high = (float(value) for value in pair)
+        except (TypeError, ValueError):
+            raise UserError(f"The normalisation of {env_id} (--normalize {env_id}=LOW:HIGH) needs two scores, LOW and "
+                            f"HIGH (the returns that become 0 and 1), got {pair!r}.") from None
+        normalize[env_id] = (low, high)
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise UserError(f"The normalisation of {env_id} (--normalize {env_id}=LOW:HIGH) needs finite scores, LOW "
                             f"below HIGH (the returns that become 0 and 1), got {low:g} and {high:g}.")
