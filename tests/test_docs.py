@@ -556,3 +556,112 @@ def test_commands_the_docs_give_take_their_flags():
                     if (flag in options[command[1]]) == ((command[1], flag) in REFUSED_FLAGS):
                         wrong.append(f"{page.relative_to(ROOT)}: rlspeed {command[1]} {flag}")
     assert seen > 100 and not wrong, "flags the docs give that the command does not take:\n" + "\n".join(wrong)
+
+
+# --- docs/algorithms.md's tables of defaults and the configs' defaults ------------------------------------------------
+
+#: each section of docs/algorithms.md with a table of defaults (`| rlspeed | default | ... |`) -> the configs whose
+#: defaults its rows and its "Defaults: `key=value`" sentences state: a shared table's base config and the algorithms
+#: that keep its defaults unchanged (A2C's, DQN's and TD3's own sections give those they change)
+DEFAULTS_SECTIONS = {
+    "On-policy: PPO, A2C, RecurrentPPO": ("on_policy.OnPolicyConfig", "ppo.PPOConfig",
+                                          "recurrent_ppo.RecurrentPPOConfig"),
+    "PPO": ("ppo.PPOConfig",),
+    "A2C": ("a2c.A2CConfig",),
+    "RecurrentPPO": ("recurrent_ppo.RecurrentPPOConfig",),
+    "Off-policy: DQN, SAC, TD3, DDPG": ("off_policy.OffPolicyConfig", "sac.SACConfig"),
+    "DQN": ("dqn.DQNConfig",),
+    "SAC": ("sac.SACConfig",),
+    "TD3 and DDPG": ("td3.TD3Config",),
+    "gSDE: state-dependent exploration (PPO, A2C, SAC)": ("ppo.PPOConfig", "a2c.A2CConfig", "sac.SACConfig"),
+    "Observations: encoders (every algorithm)": ("ppo.PPOConfig", "a2c.A2CConfig", "recurrent_ppo.RecurrentPPOConfig",
+                                                 "dqn.DQNConfig", "sac.SACConfig", "td3.TD3Config", "ddpg.DDPGConfig"),
+}
+#: sections whose "Defaults: `key=value`" sentence is of other configs than its table ("TD3 and DDPG": both's rates)
+DEFAULTS_SENTENCE_CONFIGS = {"TD3 and DDPG": ("td3.TD3Config", "ddpg.DDPGConfig")}
+_DEFAULTS_ROW = re.compile(r"^\| (?P<names>`\w+`(?:, `\w+`)*) \| (?P<default>[^|]+?) \|", re.MULTILINE)
+_DEFAULTS_SENTENCE = re.compile(r"(?:Defaults(?: are SB3's)?|`(?P<config>\w+Config)`):\s+(?P<spans>`\w+=[^`]+`"
+                                r"(?:,\s+`\w+=[^`]+`)*)")
+
+
+def documented_default(text: str):
+    """A default as docs/algorithms.md writes it (`3e-4`, `1,000,000`, `(64, 64)`, `tanh`, `"huber"`) as a value."""
+    import ast
+
+    text = text.strip()
+    if re.fullmatch(r"\d{1,3}(?:,\d{3})+", text):
+        text = text.replace(",", "")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # (a bare word: a string option's value)
+
+
+def documented_defaults() -> list[tuple[str, str, str, object]]:
+    """(section, config, field, value) for each default docs/algorithms.md's tables and "Defaults: `key=value`"
+    sentences state: a row `| `a`, `b` | x, y |` gives a x and b y (or both x), `x (SAC: y)` gives SAC's config y."""
+    sections = re.split(r"^#{2,3} (.+)$", docs_prose(ROOT / "docs" / "algorithms.md"), flags=re.MULTILINE)
+    stated = []
+    for title, body in zip(sections[1::2], sections[2::2]):
+        if title not in DEFAULTS_SECTIONS:
+            assert "| rlspeed | default |" not in body, (
+                f"docs/algorithms.md's section {title!r} has a table of defaults: add it to DEFAULTS_SECTIONS")
+            continue
+        configs = DEFAULTS_SECTIONS[title]
+        for row in _DEFAULTS_ROW.finditer(body):
+            names = re.findall(r"`(\w+)`", row["names"])
+            default, _, exception = row["default"].partition(" (")
+            values = default.split(", ") if len(names) > 1 else [default]
+            values = values if len(values) == len(names) else values * len(names)
+            special = re.fullmatch(r"(\w+): (.+)\)", exception)  # (`0.0 (SAC: -3.0)`)
+            for name, value in zip(names, values):
+                for config in configs:
+                    if special and config.split(".")[0] == special[1].lower():
+                        value_there = special[2]
+                    else:
+                        value_there = value
+                    stated.append((title, config, name, documented_default(value_there)))
+        for sentence in _DEFAULTS_SENTENCE.finditer(body):
+            owners = ([f"{sentence['config'][:-6].lower()}.{sentence['config']}"] if sentence["config"] else
+                      DEFAULTS_SENTENCE_CONFIGS.get(title, configs))
+            for span in re.findall(r"`(\w+=[^`]+)`", sentence["spans"]):
+                name, _, value = span.partition("=")
+                stated += [(title, owner, name, documented_default(value)) for owner in owners]
+    return stated
+
+
+def test_the_algorithms_pages_defaults_are_the_configs():
+    """Each default docs/algorithms.md states for a hyperparameter, in its tables and its "Defaults are SB3's:
+    `key=value`" sentences, is that config field's default (a changed default left the page giving the old one; a
+    reader copying the table into SB3 comparisons got the wrong run)."""
+    import dataclasses
+
+    wrong, configs_seen, found = [], set(), {}
+    for title, config, name, value in documented_defaults():
+        fields = {field.name: field for field in dataclasses.fields(resolve(f"rlspeed.algos.{config}"))}
+        configs_seen.add(config)
+        found.setdefault((title, name), False)
+        if name not in fields:  # (a row of a section on several algorithms may be one's: SAC's use_sde_at_warmup)
+            continue
+        found[title, name] = True
+        field = fields[name]
+        actual = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        if actual != value or type(actual) is not type(value):  # (True is not 1, 5 is not 5.0)
+            wrong.append(f"{title}: `{name}` documented {value!r}, {config}'s default is {actual!r}")
+    wrong += [f"{title}: `{name}` is no field of {', '.join(DEFAULTS_SECTIONS[title])}"
+              for (title, name), there in found.items() if not there]
+    assert not wrong, "docs/algorithms.md's defaults that are not the code's:\n" + "\n".join(wrong)
+    assert len(configs_seen) == 9
+
+
+def test_the_defaults_check_reads_rows_pairs_and_sentences():
+    """The reader of the defaults finds a plain row, a pair row, a `(SAC: ...)` exception and a Defaults sentence (so
+    the check above cannot pass by reading nothing)."""
+    stated = {(config, name): value for _, config, name, value in documented_defaults()}
+    assert stated[("ppo.PPOConfig", "batch_size")] == 256
+    assert stated[("off_policy.OffPolicyConfig", "buffer_size")] == 10**6
+    assert stated[("td3.TD3Config", "ou_theta")] == 0.15 and stated[("td3.TD3Config", "ou_dt")] == 0.01
+    assert stated[("sac.SACConfig", "log_std_init")] == -3.0 and stated[("ppo.PPOConfig", "log_std_init")] == 0.0
+    assert stated[("a2c.A2CConfig", "num_steps")] == 5 and stated[("ddpg.DDPGConfig", "policy_delay")] == 1
+    assert stated[("dqn.DQNConfig", "net_arch")] == (64, 64) and stated[("dqn.DQNConfig", "td_loss")] == "huber"
+    assert len(stated) > 120
