@@ -2593,7 +2593,8 @@ class Algorithm:
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
         rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
-        `eval_freq` steps, with evaluation time excluded from the training clock. An evaluation that reaches the target
+        `eval_freq` steps (default: a 40th of `total_timesteps`, at least 2,048), with evaluation time excluded from
+        the training clock. An evaluation that reaches the target
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
         that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
