@@ -665,3 +665,20 @@ def test_the_defaults_check_reads_rows_pairs_and_sentences():
     assert stated[("a2c.A2CConfig", "num_steps")] == 5 and stated[("ddpg.DDPGConfig", "policy_delay")] == 1
     assert stated[("dqn.DQNConfig", "net_arch")] == (64, 64) and stated[("dqn.DQNConfig", "td_loss")] == "huber"
     assert len(stated) > 120
+
+
+def test_the_run_directory_table_names_what_a_run_writes():
+    """docs/cli.md's run directory table names each file and folder a run writes (`rlspeed.cli.RUN_FILES`: it named
+    the TensorBoard events without their `tensorboard/` folder, and neither `videos/` nor `wandb/`), a population's
+    (`members/`, `learning_curves.png`) in its Populations bullet, and nothing a run does not write."""
+    from rlspeed.cli import RUN_FILES
+
+    page = docs_prose(ROOT / "docs" / "cli.md")
+    section = page[page.index("## The run directory"):page.index("`metrics.csv`'s columns")]
+    table = {name.rstrip("/") for row in re.findall(r"^\| (`[^|]+`) \|", section, re.MULTILINE)
+             for name in re.findall(r"`([^`]+)`", row)}
+    population = re.search(r"^- \*\*Populations\.\*\*.*?(?=^- \*\*)", page, re.MULTILINE | re.DOTALL)[0]
+    named = table | {name.split("/")[0] for name in re.findall(r"`([\w./<>]+)`", population)}
+    staged = {name for name in RUN_FILES if ".next." in name}  # (the table's replay row says `*.replay.next...`)
+    assert set(RUN_FILES) - staged - named == set(), "files a run writes that docs/cli.md's run directory lacks"
+    assert table - set(RUN_FILES) == set(), "docs/cli.md's run directory table names files a run does not write"
