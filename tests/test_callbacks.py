@@ -327,6 +327,15 @@ def test_stop_on_reward_threshold_alone_reads_learns_own_evaluations():
     assert model.result.steps_to_target is None  # stopped by the callback, not by reaching the target
 
 
+def test_stop_on_reward_threshold_alone_reads_the_evaluations_of_an_eval_freq_without_a_target():
+    """learn evaluates with an eval_freq alone too (docs/callbacks.md); the callback was refused there ("learn runs
+    evaluations only with a target_return"), so a threshold below any target could not stop such a run."""
+    model = _ppo()
+    model.learn(50 * STEPS_PER_ITERATION, callback=StopTrainingOnRewardThreshold(1.0), progress_bar=False,
+                eval_freq=STEPS_PER_ITERATION, eval_episodes=2)
+    assert model.num_timesteps == STEPS_PER_ITERATION  # (its first evaluation: any episode reaches 1.0)
+
+
 def test_stop_on_no_model_improvement_counts_evaluations_without_a_new_best():
     parent = types.SimpleNamespace(best_mean_reward=-np.inf, num_timesteps=0, locals={}, metrics=None)
     stop = StopTrainingOnNoModelImprovement(max_no_improvement_evals=1, min_evals=0)
@@ -461,8 +470,8 @@ def test_callbacks_add_no_host_reads_to_the_loop(monkeypatch, tmp_path, log_inte
 
 
 def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_the_start():
-    """Alone without a target (learn runs no evaluations then) or under a callback that is not an EvalCallback it
-    would never stop anything: one sentence before training instead of a silent full budget."""
+    """Alone without a target or an eval_freq (learn runs no evaluations then) or under a callback that is not an
+    EvalCallback it would never stop anything: one sentence before training instead of a silent full budget."""
     from rlspeed.callbacks import EveryNTimesteps, StopTrainingOnRewardThreshold
 
     model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)

@@ -510,7 +510,8 @@ class StopTrainingOnRewardThreshold(BaseCallback):
     """Stop when an evaluation's mean return reaches `reward_threshold`.
 
     As `EvalCallback(callback_on_new_best=...)` (Stable-Baselines3's use) it reads the EvalCallback's best mean; as
-    a plain callback it reads learn's own evaluations (those `learn(target_return=...)` runs)."""
+    a plain callback it reads learn's own evaluations (those `learn(target_return=...)` or `learn(eval_freq=...)`
+    runs)."""
 
     def __init__(self, reward_threshold: float, verbose: int = 0):
         super().__init__(verbose)
@@ -522,14 +523,15 @@ class StopTrainingOnRewardThreshold(BaseCallback):
 
     def _on_training_start(self) -> None:
         # Without an EvalCallback above it, only learn's own evaluations reach it, and learn evaluates only towards a
-        # target: say so now instead of training the whole budget without ever checking.
+        # target or with an eval_freq (its `evaluating`): say so now instead of training the whole budget without
+        # ever checking.
         if self.parent is not None and not hasattr(self.parent, "best_mean_reward"):
             raise UserError(f"StopTrainingOnRewardThreshold reads an EvalCallback's evaluations; it is inside a "
                             f"{type(self.parent).__name__}: pass it as EvalCallback(callback_on_new_best=...).")
-        if self.parent is None and self.locals.get("target_return") is None:
+        if self.parent is None and not self.locals.get("evaluating"):
             raise UserError("StopTrainingOnRewardThreshold alone needs evaluations, which learn runs only with a "
-                            "target_return: pass it as EvalCallback(callback_on_new_best=...), or give learn a "
-                            "target_return.")
+                            "target_return or an eval_freq: pass it as EvalCallback(callback_on_new_best=...), or "
+                            "give learn a target_return or an eval_freq.")
 
     def _check(self, mean: float) -> bool:
         keep_going = not mean >= self.reward_threshold
