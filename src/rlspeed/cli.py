@@ -3142,9 +3142,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; none: train the whole budget)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
-                       help="env steps between evaluations (default: the preset's with a target, else a 40th of the "
-                            "budget and at least 2,048, with --seeds 10,000; without a target, no evaluations before "
-                            "the final one)")
+                       help="env steps between evaluations (default: with a target, the preset's, else a 40th of "
+                            "the budget and at least 2,048; without one, none before the final one; with --seeds, the "
+                            "preset's, else 10,000, target or not)")
     train.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                        help=f"episodes of each evaluation, during training and the final one (default {EVAL_EPISODES})")
     train.add_argument("--checkpoint-freq", type=_whole(1), default=None, metavar="N",
