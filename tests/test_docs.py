@@ -682,3 +682,17 @@ def test_the_run_directory_table_names_what_a_run_writes():
     staged = {name for name in RUN_FILES if ".next." in name}  # (the table's replay row says `*.replay.next...`)
     assert set(RUN_FILES) - staged - named == set(), "files a run writes that docs/cli.md's run directory lacks"
     assert table - set(RUN_FILES) == set(), "docs/cli.md's run directory table names files a run does not write"
+
+
+def test_the_tune_pages_ppo_space_is_the_default_one():
+    """docs/tune.md's PPO search space (its YAML block and the list before it) is `rlspeed tune`'s default for PPO, in
+    the format `--search-space` takes."""
+    import yaml
+
+    from rlspeed.tune import DEFAULT_SPACES
+
+    page = ROOT / "docs" / "tune.md"
+    block = next(block for block in code_blocks(page) if block.language == "yaml" and "one_minus" in block.code)
+    assert yaml.safe_load(block.code) == DEFAULT_SPACES["ppo"]
+    listed = re.search(r"for PPO by default ((?:`\w+`(?:, )?)+)", docs_prose(page).replace("\n", " "))[1]
+    assert re.findall(r"`(\w+)`", listed) == list(DEFAULT_SPACES["ppo"])
