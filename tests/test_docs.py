@@ -696,3 +696,22 @@ def test_the_tune_pages_ppo_space_is_the_default_one():
     assert yaml.safe_load(block.code) == DEFAULT_SPACES["ppo"]
     listed = re.search(r"for PPO by default ((?:`\w+`(?:, )?)+)", docs_prose(page).replace("\n", " "))[1]
     assert re.findall(r"`(\w+)`", listed) == list(DEFAULT_SPACES["ppo"])
+
+
+def test_the_population_pages_per_member_lists_are_the_codes():
+    """docs/population.md's lists of the hyperparameters that may differ per member, PPO's, A2C's, SAC's, TD3's and
+    DDPG's, and DQN's, are `rlspeed.population`'s `PER_MEMBER*` (what `--set key=a,b,...` and `rlspeed tune` take)."""
+    import rlspeed.population as population
+
+    text = re.sub(r"\s+", " ", docs_prose(ROOT / "docs" / "population.md"))
+
+    def listed(start: str, end: str) -> list[str]:
+        """The names in the backquoted spans between `start` and `end` (SAC's list has a remark between two)."""
+        span = text[text.index(start):]
+        return [name for code in re.findall(r"`([^`]*)`", span[:span.index(end)]) for name in re.findall(r"\w+", code)]
+
+    assert listed("dicts): for PPO", " (") == list(population.PER_MEMBER)
+    assert listed("per-member values: `learning_rate", ", and members") == list(population.PER_MEMBER_A2C)
+    assert listed("Per-member values: SAC", "; TD3") == list(population.PER_MEMBER_SAC)
+    assert listed("; TD3 and DDPG", "; DQN") == list(population.PER_MEMBER_TD3)
+    assert listed("; DQN `", "; anything else") == list(population.PER_MEMBER_DQN)
