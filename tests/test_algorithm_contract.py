@@ -161,15 +161,25 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
             model.learn(64, **{keyword: value})
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
-    for steps in (0, -64):
-        with pytest.raises(UserError, match=f"total_timesteps must be positive, got {steps}"):
-            model.learn(steps)
+    with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -64"):
+        model.learn(-64)
     # (a string was taken as True: progress_bar="no" showed the bar)
     for keyword in ("progress_bar", "confirm_target"):
         with pytest.raises(UserError, match=rf"learn\({keyword}=...\) is True or False, got 'no'"):
             model.learn(64, **{keyword: "no"})
     with pytest.raises(UserError, match=r"evaluate\(progress_bar=...\) is True or False, got 'no'"):
         model.evaluate(episodes=1, progress_bar="no")
+
+
+def test_learn_of_zero_steps_returns_the_model_as_it_was_as_sb3s(trained):
+    """SB3's `learn(0, reset_num_timesteps=False)` (a loop of learn calls whose budget is spent) returns the model
+    untrained; it was refused with a UserError. Nothing trains, no callback runs, the step count stays."""
+    model = trained[3]
+    steps_before, parameters = model.num_timesteps, [p.clone() for p in model.policy.parameters()]
+    calls = []
+    assert model.learn(0, callback=calls.append, reset_num_timesteps=False) is model
+    assert model.num_timesteps == steps_before and model.result.total_timesteps == 0 and calls == []
+    assert all(torch.equal(p, q) for p, q in zip(parameters, model.policy.parameters()))
 
 
 def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_as_sb3():

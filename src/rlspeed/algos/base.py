@@ -795,16 +795,16 @@ def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
 
 
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
-                         confirm_target) -> tuple:
+                         confirm_target, zero_steps: bool = False) -> tuple:
     """`learn`'s budget, evaluation and display settings (a model's and a population's) as (total_timesteps,
     eval_freq, eval_episodes, checkpoint_freq) ints (None where not given) and (progress_bar, confirm_target) bools;
-    UserError naming the one that is not a whole number >= 1 (1e6 is one), a target_return that is not a finite
-    number, or a flag that is not True or False (a string was taken as True)."""
+    UserError naming the one that is not a whole number >= 1 (1e6 is one; total_timesteps 0 too with `zero_steps`), a
+    target_return that is not a finite number, or a flag that is not True or False (a string was taken as True)."""
     if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
             or not math.isfinite(total_timesteps) or not float(total_timesteps).is_integer()):
         raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
-    if total_timesteps <= 0:
-        raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+    if total_timesteps < 0 or (total_timesteps == 0 and not zero_steps):
+        raise UserError(f"total_timesteps must be {'0 or more' if zero_steps else 'positive'}, got {total_timesteps}.")
     if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
                                       or not math.isfinite(target_return)):
         raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
@@ -2586,7 +2586,8 @@ class Algorithm:
               checkpoint_freq: int | None = None,
               confirm_target: bool = True, checkpoint_interval_s: float | None = None,
               **stable_baselines3: typing.Any) -> Self:
-        """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
+        """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation); 0 (SB3's
+        `learn(0)`, a loop's call whose budget is spent) returns the model as it is: nothing trains, no callback runs.
 
         `progress_bar`: training's progress on stderr (False: learn prints nothing).
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
@@ -2632,7 +2633,7 @@ class Algorithm:
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
-                                                checkpoint_freq, progress_bar, confirm_target)
+                                                checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
         log_interval_s = seconds("log_interval_s", log_interval_s)
         checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
@@ -2671,6 +2672,9 @@ class Algorithm:
         coerce_in_place(self.config)
         self.config.validate()
         self._check_built_settings()
+        if total_timesteps == 0:  # (SB3's learn(0), a loop's last call whose budget is spent: the model as it was)
+            self.result, self._total_timesteps = LearnResult(target_return=target_return), self.num_timesteps
+            return self
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
