@@ -314,6 +314,26 @@ def test_a_further_learn_call_starts_the_schedules_afresh_as_a_solo_runs_does(al
     assert seen[0] == seen[len(seen) // 2] == 1.0 and seen[1] < 1.0
 
 
+def test_reset_num_timesteps_false_runs_a_populations_schedules_over_the_whole_step_count(monkeypatch):
+    """SB3's way to continue, `learn(N, reset_num_timesteps=False)`, which a model's learn takes, was refused by a
+    population's learn: it is taken, and the members' schedules (PPO's annealing, DQN's exploration) then span the
+    whole step count from 0, as a solo model's do."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], anneal_lr=True, **{**SMALL, "n_epochs": 1})
+    seen = []
+    own = population._progress_remaining
+    monkeypatch.setattr(population, "_progress_remaining", lambda: seen.append(own()) or seen[-1])
+    steps = population.config.num_envs * population.config.num_steps  # (one iteration a call)
+    population.learn(steps, progress_bar=False)
+    seen.clear()
+    population.learn(steps, progress_bar=False, reset_num_timesteps=False)
+    assert seen[0] == pytest.approx(0.5)  # (1 - steps / (2 * steps)), where each call starts at 1 by default
+    dqn = Population(ALGORITHMS["dqn"], "CartPole-v1", seeds=[0, 1], num_envs=4, learning_starts=8, batch_size=8,
+                     exploration_fraction=0.5, exploration_initial_eps=1.0, exploration_final_eps=0.0)
+    dqn.learn(16, progress_bar=False)
+    dqn.learn(16, progress_bar=False, reset_num_timesteps=False)
+    assert dqn._epsilon(0, 16) == pytest.approx(0.0)  # (half of 32 steps: the exploration has ended, as a solo's)
+
+
 def test_member_overrides_set_one_member():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
     assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])

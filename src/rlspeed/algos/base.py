@@ -1333,7 +1333,7 @@ def _algorithm_classes() -> dict[str, type]:
 #: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
-                           "from 0), so a model's learn takes only reset_num_timesteps=False (SB3's way to continue: "
+                           "from 0), so learn takes only reset_num_timesteps=False (SB3's way to continue: "
                            "the schedules of DQN's exploration, anneal_lr and anneal_clip then span the model's whole "
                            "step count, as SB3's do, where by default they run again over each call's steps)",
     "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",

@@ -718,8 +718,9 @@ class PopulationBase:
                 f"num_timesteps={getattr(self, 'num_timesteps', 0)})")
 
     # --- what a population class provides ----------------------------------------------------------------------
-    def _begin(self, total_timesteps: int) -> None:
-        """Before the loop of a `learn` call of `total_timesteps` more env steps per member."""
+    def _begin(self, total_timesteps: int, schedule_start: int) -> None:
+        """Before the loop of a `learn` call of `total_timesteps` more env steps per member, whose schedules run from
+        `schedule_start` (this call's first step, or 0 with `reset_num_timesteps=False`) to its end."""
 
     def train_iteration(self) -> int:
         """One training iteration of every member in the computation; returns the env steps each ran."""
@@ -1464,6 +1465,10 @@ class PopulationBase:
 
         `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training.
 
+        A further call goes on from the step count the last one ended at; its schedules (PPO's and A2C's annealing,
+        DQN's exploration) run over its own steps, or, with Stable-Baselines3's `reset_num_timesteps=False`, over the
+        whole step count from 0, as a solo model's `learn` runs them.
+
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
@@ -1473,6 +1478,10 @@ class PopulationBase:
             raise UserError("A population's learn takes no callback (a model's learn does): on_eval=fn(num_timesteps, "
                             "means) runs after each evaluation (it returns the members to prune), run_dir with "
                             "checkpoint_freq writes checkpoints, and member_model(k) is member k's model after it.")
+        # (SB3's way to continue, as a model's learn takes it: the schedules then span the whole step count from 0)
+        whole_count_schedules = unknown.get("reset_num_timesteps", True) is False
+        if whole_count_schedules:
+            del unknown["reset_num_timesteps"]
         refuse_learn_keywords(unknown, self.algo_cls.config_cls, f"Population({self.algo_cls.__name__}, env_id, seeds",
                               PopulationBase.learn)
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
@@ -1500,7 +1509,7 @@ class PopulationBase:
             saved = self.progress if self._resumed else None
             self._resumed, self.progress = False, None
             self._drop_interrupted_env()
-            self._begin(int(total_timesteps))
+            self._begin(int(total_timesteps), 0 if whole_count_schedules else self.num_timesteps)
             end = self.num_timesteps + int(total_timesteps)
             loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
                     _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))

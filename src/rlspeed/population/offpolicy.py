@@ -786,13 +786,15 @@ class OffPolicyPopulation(PopulationBase):
                        self._action_high)
 
     # --- the loop ----------------------------------------------------------------------------------------------
-    def _start(self, total_timesteps: int) -> None:
+    def _start(self, total_timesteps: int, schedule_start: int | None = None) -> None:
         cfg = self.config
         capacity = self._replay_capacity(total_timesteps)
-        # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them; right after `resume`,
-        # over the resumed run's (to this call's end where that is later)
+        # schedules (DQN's epsilon) run over this learn call, from `schedule_start` where given (0: the whole step
+        # count's, SB3's reset_num_timesteps=False), as `Algorithm.learn` sets them; right after `resume`, over the
+        # resumed run's (to this call's end where that is later)
         resumed, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
-        self._learn_start, self._schedule_end = self.num_timesteps, self.num_timesteps + total_timesteps
+        self._learn_start = self.num_timesteps if schedule_start is None else schedule_start
+        self._schedule_end = self.num_timesteps + total_timesteps
         if resumed is not None:
             self._learn_start, self._schedule_end = int(resumed[0]), max(int(resumed[1]), self._schedule_end)
         if self.alive and self._env is None:  # (the first learn, or a resume whose envs could not be restored)
@@ -1133,8 +1135,8 @@ class OffPolicyPopulation(PopulationBase):
         return torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
-    def _begin(self, total_timesteps: int) -> None:
-        self._start(total_timesteps)
+    def _begin(self, total_timesteps: int, schedule_start: int) -> None:
+        self._start(total_timesteps, schedule_start)
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
     def _actor_of(self, members: Sequence[int]) -> dict[str, list[torch.Tensor]]:

@@ -690,12 +690,12 @@ class PPOPopulation(PopulationBase):
                     final[members] = param.detach()
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
-    def _begin(self, total_timesteps: int) -> None:
+    def _begin(self, total_timesteps: int, schedule_start: int) -> None:
         # the learning-rate and clip schedules' span: this call's (a further call starts them afresh, as a solo run's
-        # does), or right after `resume` the resumed run's (its end where that is later)
+        # does, unless `schedule_start` is 0), or right after `resume` the resumed run's (its end where that is later)
         resumed_end, self._resumed_schedule_end = getattr(self, "_resumed_schedule_end", None), None
         resumed_start, self._resumed_schedule_start = getattr(self, "_resumed_schedule_start", None), None
-        self._schedule_start = self.num_timesteps if resumed_start is None else resumed_start
+        self._schedule_start = schedule_start if resumed_start is None else resumed_start
         self._total_timesteps = max(self.num_timesteps + total_timesteps, resumed_end or 0)
 
     # --- checkpoints (see `PopulationBase.save`) ----------------------------------------------------------------
