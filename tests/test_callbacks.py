@@ -437,6 +437,29 @@ def test_a_callback_given_to_each_of_several_learn_calls_keeps_counting_steps(tm
     assert [path.name for path in checkpoints.saved[2:]] == ["rl_model_1536_steps.safetensors"]
 
 
+def test_a_callbacks_total_timesteps_is_the_step_count_the_call_trains_to_as_sb3s():
+    """A callback's `self.locals["total_timesteps"]` is Stable-Baselines3's, the step count the learn call trains to
+    (the model's steps before it plus its budget), so a progress `num_timesteps / total_timesteps` ported from SB3
+    stays within [0, 1] on a further call; it was the call's budget, and such a progress went past 1."""
+    seen = []
+
+    class Progress(BaseCallback):
+        def _on_training_start(self):
+            seen.append(self.locals["total_timesteps"])
+
+        def _on_rollout_end(self):
+            seen.append(self.locals["total_timesteps"])
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=2, num_steps=8, batch_size=16,
+                n_epochs=1)
+    for _ in range(2):
+        model.learn(16, callback=Progress(), progress_bar=False)
+    assert seen == [16, 16, 32, 32]
+    function_seen = []
+    model.learn(16, callback=lambda local: function_seen.append(local["total_timesteps"]), progress_bar=False)
+    assert function_seen == [48]
+
+
 class _Counter:
     """Counts calls of the tensor methods that read a tensor back to the host."""
 

@@ -2822,7 +2822,9 @@ class Algorithm:
 
                 callbacks.init_callback(self)
                 callbacks_started = True
-                callbacks.on_training_start(LearnLocals(locals()))
+                # (their `self.locals["total_timesteps"]` is Stable-Baselines3's: the step count this call trains to,
+                # the model's steps before it plus its budget, which a callback's progress reads)
+                callbacks.on_training_start(LearnLocals(locals(), total_timesteps=self._total_timesteps))
                 self._follow_replaced_optimizers()  # (an optimizer a callback put in place)
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
@@ -2963,7 +2965,8 @@ class Algorithm:
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
-                    if callbacks is not None and main and not callbacks.on_rollout_end(LearnLocals(locals()), logged):
+                    if callbacks is not None and main and not callbacks.on_rollout_end(
+                            LearnLocals(locals(), total_timesteps=self._total_timesteps), logged):
                         callback_stop = True
                     if callbacks is not None:
                         self._follow_replaced_optimizers()
