@@ -92,6 +92,27 @@ def test_a_file_saved_before_cnn_loads_with_the_small_cnn_it_was_built_with(tmp_
     assert _model().policy.encoder.kind == "strided CNN encoder"
 
 
+def test_load_takes_a_cnn_that_builds_the_networks_the_file_holds_and_refuses_another(tmp_path):
+    """load(path, cnn=...) is refused only where the CNN it names differs from the file's: a file saved before `cnn`
+    (the rule of then) loads with cnn=small at 20x20 and cnn=nature at 40x40, which build its networks (both were
+    refused as other values than nature_or_small and auto), and refuses cnn=auto at 20x20 (a strided CNN); resume
+    likewise."""
+    for shape, same, other in [((20, 20, 3), "small", "auto"), ((40, 40, 3), "nature", "strided")]:
+        old = _model(shape, cnn="nature_or_small")
+        path = old.save(tmp_path / f"old{shape[0]}")
+        _without_cnn(path, lambda meta: meta["config"])
+        loaded = PPO.load(path, cnn=same)
+        assert loaded.policy.encoder.kind == old.policy.encoder.kind
+        obs = torch.randint(0, 256, (6, *shape), dtype=torch.uint8).numpy()
+        np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0],
+                                      old.predict(obs, deterministic=True)[0])
+        with pytest.raises(UserError, match=rf"^load\(\.\.\., cnn='{other}'\): .* holds networks built with cnn="):
+            PPO.load(path, cnn=other)
+        _model(shape, cnn=same).resume(path)  # (resume, likewise)
+        with pytest.raises(UserError, match=rf"holds networks built with cnn=.*, this model has cnn='{other}'"):
+            _model(shape, cnn=other).resume(path)
+
+
 def _without_cnn(path, config_of) -> None:
     """The checkpoint at `path` rewritten as an rlspeed before `cnn` wrote it (`config_of(meta)`: its config)."""
     tensors, meta = load_checkpoint(path)

@@ -122,6 +122,7 @@ from rlspeed.nn import (
     acting,
     acting_mode,
     box_channels_first,
+    cnn_arch,
     encoder_from_config,
     image_channels_first,
     image_side,
@@ -358,6 +359,29 @@ def with_saved_cnn(config: dict, fields: Collection[str], space: gym.Space | Non
     sides = [image_side(leaf) for leaf in (_leaf_spaces(space) if space is not None else [])]
     between = any(side is not None and STRIDED_CNN_MIN_SIDE <= side < NATURE_CNN_MIN_SIDE for side in sides)
     return {**config, "cnn": "nature_or_small" if between else "auto"}
+
+
+def _cnn_archs(config, space: gym.Space | None) -> tuple[str, ...]:
+    """The CNN architecture (`cnn_arch`) each image of `space` gets under `config`'s encoder and cnn, in key order:
+    what decides a model's CNNs, which `cnn` values alike in it build alike (auto and nature at 40x40)."""
+    leaves = _leaf_spaces(space) if space is not None and config.encoder != "mlp" else []  # (mlp: no CNN)
+    archs = []
+    for leaf in leaves:
+        channels_first = box_channels_first(leaf)
+        if channels_first is None or (config.encoder != "cnn" and image_channels_first(leaf) is None):
+            continue  # (a space no CNN takes: encoder=cnn takes any 3-D Box, auto the images)
+        height, width = leaf.shape[1:] if channels_first else leaf.shape[:2]
+        archs.append(cnn_arch(config.cnn, int(height), int(width)))
+    return tuple(archs)
+
+
+def _same_networks(key: str, saved, given, space: gym.Space | None) -> bool:
+    """Whether the configs `saved` and `given` (load's and resume's: the `_network_keys` before `key` alike) build the
+    same networks in `key` for observations of `space`: the same value, or for `cnn` the same architecture for each
+    image."""
+    if getattr(given, key) == getattr(saved, key):
+        return True
+    return key == "cnn" and _cnn_archs(given, space) == _cnn_archs(saved, space)
 
 
 def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
@@ -3443,8 +3467,9 @@ class Algorithm:
         saved = build_config(algo.config_cls, meta["config"])
         for key in _network_keys(saved, observation_space):  # (the saved weights are of these networks: another
             # would run them wrongly)
-            if key in overrides and hasattr(saved, key) and build_config(
-                    algo.config_cls, {**meta["config"], key: overrides[key]}).__dict__[key] != getattr(saved, key):
+            if key in overrides and hasattr(saved, key) and not _same_networks(
+                    key, saved, build_config(algo.config_cls, {**meta["config"], key: overrides[key]}),
+                    observation_space):
                 raise UserError(f"load(..., {key}={overrides[key]!r}): '{path}' holds networks built with {key}="
                                 f"{getattr(saved, key)!r}, which its weights belong to; a loaded model keeps its "
                                 f"networks (make a new model for another {key}).")
@@ -3616,7 +3641,7 @@ class Algorithm:
             saved = None
         for key in _network_keys(saved, self.spec.observation_space) if saved is not None else ():  # (same shapes,
             # other networks: run wrongly)
-            if hasattr(saved, key) and getattr(saved, key) != getattr(self.config, key):
+            if hasattr(saved, key) and not _same_networks(key, saved, self.config, self.spec.observation_space):
                 raise UserError(f"'{path}' holds networks built with {key}={getattr(saved, key)!r}, this model has "
                                 f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
                                 "its networks).")
