@@ -337,7 +337,8 @@ def test_an_algorithm_of_a_users_own_named_as_another_rlspeed_algorithm_is_the_o
 def test_rlspeed_eval_of_an_algorithm_of_a_users_own(tmp_path, capsys):
     """`rlspeed eval` of a file saved by a user's algorithm of its own name: its class with its module imported
     (--gym-packages), else the rlspeed algorithm it derives from (a warning); a file that records none, its module not
-    imported, is one sentence saying to add --gym-packages (before: "holds an unknown algorithm")."""
+    imported, is one sentence saying to add --gym-packages (before: "holds an unknown algorithm"). The warnings of
+    `rlspeed eval` and `rlspeed export` give a command line's advice, not Python's."""
     from rlspeed import cli
 
     path = OwnAlgorithm("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "own")
@@ -345,9 +346,16 @@ def test_rlspeed_eval_of_an_algorithm_of_a_users_own(tmp_path, capsys):
     assert "rlspeed: OwnAlgorithm on CartPole-v1" in capsys.readouterr().out  # (its module is this one, imported)
     tensors, meta = rlspeed.checkpoint.load_checkpoint(path)
     rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.OwnAlgorithm"})
-    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's ppo; PPO.load makes it a PPO"):
+    with pytest.warns(UserWarning, match=r"a subclass of rlspeed's ppo; rlspeed eval makes it a PPO, .*: add "
+                                         r"--gym-packages not_imported_module \(importable from here: PYTHONPATH\) to "
+                                         r"evaluate it as OwnAlgorithm\.$"):  # (it said "use OwnAlgorithm.load")
         assert cli.main(["eval", str(path), "--episodes", "1"]) == 0
     assert "rlspeed: PPO on CartPole-v1" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match=r"rlspeed export makes it a PPO, .*: export it in Python with OwnAlgorithm "
+                                         r"imported from not_imported_module \(OwnAlgorithm.load\(path\)"):
+        assert cli.main(["export", str(path), "--out", str(tmp_path / "policy.pt")]) == 0
+    with pytest.warns(UserWarning, match=r"; PPO.load makes it a PPO"):  # (Python's words again after the commands)
+        PPO.load(path, device="cpu")
     meta.pop("derives_from")
     rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "not_imported_module.OwnAlgorithm"})
     assert cli.main(["eval", str(path), "--episodes", "1"]) == 2

@@ -2869,11 +2869,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     configure_threads(threads if isinstance(threads, int) and threads >= 1
                       and not os.environ.get("RLSPEED_NUM_THREADS", "").strip() else None)
     device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
-    from rlspeed.algos.base import _other_class
+    from rlspeed.algos.base import _other_class, command_advice
 
     other = _other_class(meta, algo_cls)  # (a subclass not imported: load builds rlspeed's class, with a warning)
     try:
-        with warnings.catch_warnings(record=other is not None) as said:
+        with warnings.catch_warnings(record=other is not None) as said, command_advice("rlspeed eval", _eval_advice):
             model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
                           "metadata describes")
         for warning in said or ():  # (said where the load worked; where it failed, the error below says it)
@@ -2973,6 +2973,23 @@ def _profiler_trace(path: Path) -> bool:
     return not head.strip() or re.match(r'\s*\{\s*"schemaVersion"\s*:', head) is not None
 
 
+def _eval_advice(saved: str) -> str:
+    """What makes `rlspeed eval` build the user's class `saved` (`module.QualName`) that saved a model file."""
+    module, _, name = saved.rpartition(".")
+    if module == "__main__":
+        return (f"evaluate it in Python ({name}.load(path).evaluate()), or move {name} into a module and pass "
+                "--gym-packages MODULE")
+    return f"add --gym-packages {module} (importable from here: PYTHONPATH) to evaluate it as {name}"
+
+
+def _export_advice(saved: str) -> str:
+    """What exports the user's class `saved` (`module.QualName`) that saved a model file: Python, with the class
+    (`rlspeed export` imports no modules)."""
+    module, _, name = saved.rpartition(".")
+    where = "defined as in the script that saved it" if module == "__main__" else f"imported from {module}"
+    return f"export it in Python with {name} {where} ({name}.load(path).export(out))"
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """`rlspeed export`: write a saved model's deterministic policy (ONNX, TorchScript or a torch.export program)
     with its FILE.json sidecar; returns 0."""
@@ -2985,8 +3002,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
         raise UserError(f"--out '{args.out}' ends in .safetensors, the suffix of rlspeed's model files, which an "
                         "export is not: name the export .onnx, .pt or .pt2.")
-    path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
-                             action_mask=args.action_mask, overwrite=args.overwrite)
+    from rlspeed.algos.base import command_advice
+
+    with command_advice("rlspeed export", _export_advice):
+        path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
+                                 action_mask=args.action_mask, overwrite=args.overwrite)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
     return 0
 

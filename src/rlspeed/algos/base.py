@@ -4,6 +4,8 @@ predict, save and load. An algorithm file holds only its own maths: `_setup`, `_
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -1213,16 +1215,36 @@ def _tell_training_error(callbacks, error: BaseException) -> None:
 _UNSAVED_ARGUMENTS_SAID: set[tuple[type, str]] = set()
 
 
+#: Where a command, not a script, loads a model file (`command_advice`): its name and the advice that makes it build
+#: the user's class `module.QualName` that saved the file, in the command's terms; None: a script's (Python's) terms
+_COMMAND_ADVICE: contextvars.ContextVar[tuple[str, Callable[[str], str]] | None] = contextvars.ContextVar(
+    "_COMMAND_ADVICE", default=None)
+
+
+@contextlib.contextmanager
+def command_advice(command: str, advice: Callable[[str], str]):
+    """Within it, `_warn_other_class` says `command` (`rlspeed eval`) makes the model, and `advice(saved)` what makes it
+    build the class `saved`: the form that fits a command line (`--gym-packages MODULE`), not Python's."""
+    token = _COMMAND_ADVICE.set((command, advice))
+    try:
+        yield
+    finally:
+        _COMMAND_ADVICE.reset(token)
+
+
 def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     """A warning when the checkpoint at `path` was saved by a subclass of rlspeed's algorithm (a user's own loss,
-    network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise."""
+    network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise.
+    Its advice is Python's (the class's `call`), or a command's inside `command_advice`."""
     saved = _other_class(meta, cls)
     if saved is None:
         return
     base = meta.get("derives_from", meta.get("algo"))
-    warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {base}; {cls.__name__}.{call} "
-                  f"makes it a {cls.__name__}, whose networks, losses or actions may differ from it: use "
-                  f"{_saved_class_call(saved, call)}.", stacklevel=3)
+    command = _COMMAND_ADVICE.get()
+    who, advice = (command[0], command[1](saved)) if command else (f"{cls.__name__}.{call}",
+                                                                   f"use {_saved_class_call(saved, call)}")
+    warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {base}; {who} makes it a {cls.__name__}, "
+                  f"whose networks, losses or actions may differ from it: {advice}.", stacklevel=3)
 
 
 def _other_class(meta: dict, cls: type) -> str | None:
