@@ -155,19 +155,21 @@ def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_pat
 
 
 
-def _member_0_cut_short(monkeypatch) -> None:
-    """Every evaluation's first member (rows are blocks of 2 episodes, member by member) has its episodes cut short
-    at the step limit, the others' end."""
+def _member_0_cut_short(monkeypatch) -> dict:
+    """Every evaluation's first member (rows are blocks of `episodes` episodes, 2 unless the returned dict's
+    "episodes" is changed, member by member) has its episodes cut short at the step limit, the others' end."""
     from rlspeed.population import base
 
     real = base.first_episode_returns
+    block = {"episodes": 2}
 
     def member_0_never_finishes(*args, **kwargs):
         returns, finished, succeeded = real(*args, **kwargs)
-        finished.view(-1, 2)[0] = False
+        finished.view(-1, block["episodes"])[0] = False
         return returns, finished, succeeded
 
     monkeypatch.setattr(base, "first_episode_returns", member_0_never_finishes)
+    return block
 
 
 def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(tmp_path, monkeypatch):
@@ -204,21 +206,28 @@ def _confirmations_fall_short():
 
 
 def test_a_resume_keeps_each_confirmations_episodes_cut_short(tmp_path, monkeypatch):
-    """The confirmations made before a checkpoint keep their counts of episodes cut short through a resume (a
-    confirmation that did not reach the target: its fresh episodes scored below it, so the members train on)."""
+    """The confirmations made before a checkpoint keep their counts of episodes cut short, and of episodes run, through
+    a resume with other eval_episodes (a confirmation that did not reach the target: its fresh episodes scored below
+    it, so the members train on): the reached line's total counts the episodes each confirmation ran."""
     import warnings
 
 
-    _member_0_cut_short(monkeypatch)
+    block = _member_0_cut_short(monkeypatch)
     learn = dict(target_return=-1000, eval_freq=128, eval_episodes=2, progress_bar=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the warnings of the cut episodes: tested elsewhere)
         _confirmations_fall_short().learn(256, run_dir=tmp_path, checkpoint_freq=128, **learn)
         resumed = _confirmations_fall_short()
         resumed.resume(tmp_path / "checkpoint.safetensors")
-        summary = resumed.learn(128, run_dir=tmp_path, **learn)
-    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2, 2], [0, 0], [0, 0]]
+        block["episodes"] = 3
+        summary = resumed.learn(128, run_dir=tmp_path, **{**learn, "eval_episodes": 3})
+    assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2, 3], [0, 0], [0, 0]]
+    assert [member["confirmations_episodes"] for member in summary["members"]] == [[2, 3]] * 3
     assert summary["reached"] == 0
+    from rlspeed.cli import _confirmations_cut_short
+
+    # (each confirmation's own episodes: the total was 6 confirmations x the last eval_episodes, 18)
+    assert _confirmations_cut_short(summary["members"], 3) == ", 5 of 15 cut short at the step limit"
 
 
 def test_confirmations_an_older_checkpoint_did_not_count_are_not_counted(tmp_path, monkeypatch, capsys):

@@ -431,12 +431,19 @@ def _signals_stop_cleanly(command):
 
 
 def _confirmations_cut_short(members: list[dict], episodes: int) -> str:
-    """How many of a population's confirming evaluations' episodes (`episodes` each) were cut short at the step limit,
-    as `cut_short` says it ("" where none), of the confirmations whose count is known: an older checkpoint's are not
-    (None in `confirmations_unfinished`), and count in neither total."""
-    cuts = [cut for member in members for cut in member.get("confirmations_unfinished", [])
-            if isinstance(cut, int) and cut >= 0]
-    return _cut_short(sum(cuts), len(cuts) * episodes)
+    """How many of a population's confirming evaluations' episodes were cut short at the step limit, as `cut_short`
+    says it ("" where none), of the confirmations whose count is known: an older checkpoint's are not (None in
+    `confirmations_unfinished`), and count in neither total. Each confirmation counts the episodes it ran
+    (`confirmations_episodes`: a resume may change --eval-episodes), `episodes` where a checkpoint did not record
+    them."""
+    cuts, total = 0, 0
+    for member in members:
+        ran = member.get("confirmations_episodes") or []
+        for index, cut in enumerate(member.get("confirmations_unfinished", [])):
+            if isinstance(cut, int) and cut >= 0:
+                known = ran[index] if index < len(ran) else None
+                cuts, total = cuts + cut, total + (known if isinstance(known, int) and known > 0 else episodes)
+    return _cut_short(cuts, total)
 
 
 @_signals_stop_cleanly
@@ -853,6 +860,7 @@ def _train_population(args: argparse.Namespace) -> int:
                                     "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
                                     "confirmations": so_far("confirmations", k) or [],
                                     "confirmations_unfinished": so_far("confirmations_unfinished", k) or [],
+                                    "confirmations_episodes": so_far("confirmations_episodes", k) or [],
                                     **left.get(k, {})}
                                    for k, seed in enumerate(seeds)]}
         with _signals_ignored():

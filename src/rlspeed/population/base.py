@@ -607,6 +607,8 @@ class _LoopProgress:
     confirmations: list[list[list[float]]] = dataclasses.field(default_factory=list)
     #: beside each member's `confirmations`, each one's episodes cut short at the step limit
     confirmations_unfinished: list[list[int | None]] = dataclasses.field(default_factory=list)
+    #: beside each member's `confirmations`, each one's episodes (the eval_episodes of the learn that made it)
+    confirmations_episodes: list[list[int | None]] = dataclasses.field(default_factory=list)
     train_wall_s: float = 0.0
     #: this process's CPU time in training (on a shared machine the wall clock also counts others)
     train_cpu_s: float = 0.0
@@ -621,7 +623,8 @@ class _LoopProgress:
                    next_checkpoint=num_timesteps + checkpoint_freq if checkpoint_freq else None,
                    time_to_target_s=[None] * size, steps_to_target=[None] * size, reached=[False] * size,
                    curves=[[] for _ in range(size)], left={}, confirmations=[[] for _ in range(size)],
-                   confirmations_unfinished=[[] for _ in range(size)])
+                   confirmations_unfinished=[[] for _ in range(size)],
+                   confirmations_episodes=[[] for _ in range(size)])
 
     @classmethod
     def from_checkpoint(cls, saved: dict, size: int, num_timesteps: int, eval_freq: int,
@@ -644,6 +647,10 @@ class _LoopProgress:
                 progress.confirmations_unfinished = [[None if cut is None or cut < 0 else int(cut) for cut in c]
                                                      for c in saved.get("confirmations_unfinished", [
                                                          [None] * len(c) for c in progress.confirmations])]
+                # (None: a checkpoint of an rlspeed that did not record them)
+                progress.confirmations_episodes = [[None if episodes is None else int(episodes) for episodes in c]
+                                                   for c in saved.get("confirmations_episodes", [
+                                                       [None] * len(c) for c in progress.confirmations])]
             if saved["eval_freq"] == eval_freq:
                 progress.next_eval = int(saved["next_eval"])
             if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
@@ -662,6 +669,7 @@ class _LoopProgress:
                 "next_checkpoint": self.next_checkpoint, "time_to_target_s": self.time_to_target_s,
                 "steps_to_target": self.steps_to_target, "reached": self.reached, "curves": self.curves,
                 "confirmations": self.confirmations, "confirmations_unfinished": self.confirmations_unfinished,
+                "confirmations_episodes": self.confirmations_episodes,
                 "left": sorted(self.left.items()),
                 "train_wall_s": self.train_wall_s, "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
 
@@ -1698,6 +1706,7 @@ class PopulationBase:
                 for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
                     loop.confirmations_unfinished[k].append(cut)
+                    loop.confirmations_episodes[k].append(eval_episodes)
                 hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
             for k in hits:
                 loop.reached[k] = True
@@ -1751,7 +1760,8 @@ class PopulationBase:
                                      **({"unfinished": cut[k]} if cut.get(k) else {})}
                                     if k in finals_by_member else None),
                      "curve": loop.curves[k], "confirmations": loop.confirmations[k],
-                     "confirmations_unfinished": loop.confirmations_unfinished[k]}
+                     "confirmations_unfinished": loop.confirmations_unfinished[k],
+                     "confirmations_episodes": loop.confirmations_episodes[k]}
             entry.update(loop.left.get(k, {}))
             members.append(entry)
         finals = [mean for mean in finals_by_member.values() if math.isfinite(mean)]
