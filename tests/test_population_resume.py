@@ -563,6 +563,30 @@ def test_a_populations_checkpoint_apart_from_its_replay_file_resumes_with_an_emp
     assert len(resumed.buffer) == len(population.buffer)
 
 
+def test_a_population_saved_before_any_step_resumes_without_warnings(tmp_path):
+    """A DQN population saved before training, on Gymnasium envs, holds no transition and no episode in progress:
+    its resume is the uninterrupted run, as a solo run's is, without the warning that its replay buffer starts empty
+    (said before) or that its envs start afresh; one saved after a step still warns."""
+    import warnings
+
+    from rlspeed import DQN
+
+    def population():
+        return Population(DQN, "CartPole-v1", seeds=[3, 5], env_backend="gymnasium", num_envs=2, buffer_size=64,
+                          learning_starts=4, batch_size=8, net_arch=(8,))
+
+    path = population().save(tmp_path / "checkpoint")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        population().resume(path)
+    trained = population()
+    trained.learn(8)
+    with pytest.warns(UserWarning) as said:
+        population().resume(trained.save(tmp_path / "trained"))
+    assert [any(words in str(warning.message) for warning in said)
+            for words in ("holds no replay buffer", "continues from fresh episodes")] == [True, True]
+
+
 def _with_contents(file, contents) -> None:
     """Rewrite the replay file `file` with `contents` as its record of what its rows hold (None: no record, as files
     written before it was recorded), its token kept."""
