@@ -135,6 +135,34 @@ def test_settings_that_had_no_effect_do_not_tell_experiments_apart(tmp_path):
     assert [row["variant"] for row in table] == ["sde_sample_freq=-1", "sde_sample_freq=4"]
 
 
+def test_settings_the_runs_env_made_idle_do_not_tell_experiments_apart(tmp_path):
+    """CNN options on a run without images and episodic_life off Atari change nothing (warned as unused when the run
+    was made): runs that differ in them are one experiment, the env's spaces read from the model file each run saved
+    (they were three rows, told apart by cnn_features_dim and episodic_life); on images cnn_features_dim counts, and
+    a run whose model file is gone keeps them."""
+    import gymnasium as gym
+
+    from rlspeed import PPO
+    from rlspeed.envs.base import EnvSpec
+
+    cartpole = PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32, net_arch=(8,))
+    images = PPO(EnvSpec.from_spaces("custom", gym.spaces.Box(0, 255, (20, 20, 3), np.uint8), gym.spaces.Discrete(3),
+                                     20, None), net_arch=(8,), cnn_features_dim=16)
+    for name, seed, hyper, model in [("a", 0, {}, cartpole), ("b", 1, {"cnn_features_dim": 256}, cartpole),
+                                     ("c", 2, {"episodic_life": False}, cartpole),
+                                     ("d", 0, {"cnn_features_dim": 16}, images),
+                                     ("e", 1, {"cnn_features_dim": 32}, images)]:
+        run = fake_run(tmp_path / "runs" / name, env_id=model.env_id, seed=seed,
+                       hyper={"cnn_features_dim": 512, "episodic_life": True, **hyper})
+        model.save(run / "model")
+    table, _ = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
+    assert [(row["env_id"], row["variant"], row["runs"]) for row in table] == [
+        ("CartPole-v1", "", 3), ("custom", "cnn_features_dim=16", 1), ("custom", "cnn_features_dim=32", 1)]
+    (tmp_path / "runs" / "b" / "model.safetensors").unlink()  # (nothing says the env's spaces: kept)
+    table, _ = final_scores(collect_runs([tmp_path / "runs" / name for name in "abc"]), reps=100)
+    assert [row["runs"] for row in table] == [2, 1]
+
+
 def test_fine_tuned_runs_are_another_experiment_than_runs_from_scratch(tmp_path):
     """A run that started from a saved model's networks (`--init-from`, config.yaml's init_from) learnt something
     else than one of the same settings from scratch; a config.yaml of an rlspeed before the setting pools with a

@@ -448,19 +448,44 @@ def is_encrypted(path: str | os.PathLike) -> bool:
         return handle.read(len(MAGIC)) == MAGIC
 
 
+def _header_entries(path: str | os.PathLike) -> dict | None:
+    """The `__metadata__` entries of the safetensors file `path`, read from its header only (its size, then the header
+    as JSON); None where it has none or does not read."""
+    try:
+        with open(path, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)) if 2 <= size <= 100_000_000 else None
+    except (OSError, ValueError):
+        return None
+    entries = header.get("__metadata__") if isinstance(header, dict) else None
+    return entries if isinstance(entries, dict) else None
+
+
 def written_by_rlspeed(path: str | os.PathLike) -> bool:
     """Whether `path` is a file rlspeed's save wrote, read from its header only (no key needed, no digest checked: a
     damaged one is still rlspeed's): encrypted by it, or safetensors whose metadata holds rlspeed's entry."""
     try:
         if is_encrypted(path):
             return True
-        with open(path, "rb") as handle:  # (safetensors: the header's size, then the header as JSON)
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size)) if 2 <= size <= 100_000_000 else None
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return isinstance(header, dict) and isinstance(header.get("__metadata__"), dict) and \
-        "rlspeed" in header["__metadata__"]
+    return "rlspeed" in (_header_entries(path) or {})
+
+
+def header_metadata(path: str | os.PathLike) -> dict | None:
+    """The metadata of the rlspeed file `path` read from its header only: no tensor is read and no digest checked, so
+    it may have been edited (for a look at what a file says, as `rlspeed report` takes its spaces; loading checks).
+    None for an encrypted file (its header is sealed), or one that is not rlspeed's or does not read."""
+    try:
+        if is_encrypted(path):
+            return None
+    except OSError:
+        return None
+    try:
+        metadata = json.loads((_header_entries(path) or {}).get("rlspeed", "null"))
+    except (TypeError, ValueError):
+        return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:

@@ -143,8 +143,9 @@ def _load(run_dir: Path) -> list[SeedResult]:
     settings.setdefault("target_return", summary.get("target_return"))
     hyperparameters = dict(settings.get("hyperparameters") or {})
     common = {"algo": str(summary["algo"]), "env_id": str(summary["env_id"]), "run_dir": run_dir}
+    env = _run_env(run_dir)
     if "members" not in summary:
-        settings["hyperparameters"] = _effective(common["algo"], hyperparameters)
+        settings["hyperparameters"] = _effective(common["algo"], hyperparameters, env)
         final = summary["final_eval"]
         return [SeedResult(**common, seed=int(summary["seed"]), settings=settings, final=float(final["mean"]),
                            episodes=final.get("episodes"), curve=_eval_curve(run_dir / "metrics.csv"),
@@ -158,7 +159,8 @@ def _load(run_dir: Path) -> list[SeedResult]:
                             "during the final evaluation skips it): evaluate its members with rlspeed eval, or leave "
                             "it out of the report.")
         own = {**settings, "hyperparameters": _effective(common["algo"], {**hyperparameters,
-                                                                          **(member.get("hyperparameters") or {})})}
+                                                                          **(member.get("hyperparameters") or {})},
+                                                         env)}
         results.append(SeedResult(
             **common, seed=int(member["seed"]), settings=own,
             final=None if final.get("mean") is None else float(final["mean"]), episodes=final.get("episodes"),
@@ -168,10 +170,32 @@ def _load(run_dir: Path) -> list[SeedResult]:
     return results
 
 
-def _effective(algo: str, hyperparameters: dict) -> dict:
+def _run_env(run_dir: Path):
+    """The env spec of the run in `run_dir` as its model file's header records it (a population's: its first member's
+    model), and whether its id tells an Atari game from others here (registered, ale-py's ids where it is installed);
+    None where no model file says (an encrypted one, an rlspeed that did not record spaces)."""
+    from rlspeed.checkpoint import MEMBERS_DIR, header_metadata
+    from rlspeed.envs.base import EnvSpec, space_from_json
+
+    files = [run_dir / "model.safetensors", *sorted((run_dir / MEMBERS_DIR).glob("seed_*.safetensors"))]
+    meta = next((found for file in files if file.is_file() and (found := header_metadata(file)) is not None), None)
+    try:
+        spec = EnvSpec(str(meta["env_id"]), tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
+                       None, None, space_from_json(meta["observation_space"]), dict(meta.get("env_kwargs") or {}))
+    except (TypeError, KeyError, ValueError, AttributeError, UserError):  # (no model file, or one without spaces)
+        return None
+    import gymnasium as gym
+
+    from rlspeed.envs.atari import atari_image_id
+
+    return spec, spec.env_id in gym.registry or atari_image_id(spec.env_id)
+
+
+def _effective(algo: str, hyperparameters: dict, env=None) -> dict:
     """`hyperparameters` (of an `algo` run) less those that changed nothing (`inert_settings`: sde_sample_freq
-    without use_sde), which do not tell its experiment from another's; as they are where the algorithm is not one of
-    rlspeed's or the values no longer make its config."""
+    without use_sde; with `env`, `_run_env`'s, also those its env makes idle: CNN options without images,
+    episodic_life off Atari), which do not tell its experiment from another's; as they are where the algorithm is not
+    one of rlspeed's or the values no longer make its config."""
     import warnings
 
     from rlspeed.algos import ALGORITHMS
@@ -185,7 +209,7 @@ def _effective(algo: str, hyperparameters: dict) -> dict:
             config = build_config(ALGORITHMS[algo].config_cls, hyperparameters)
     except UserError:
         return hyperparameters
-    inert = inert_settings(config)
+    inert = inert_settings(config, *env) if env is not None else inert_settings(config)
     return {key: value for key, value in hyperparameters.items() if key not in inert}
 
 

@@ -693,12 +693,14 @@ def changed_settings(config) -> str:
     return ", ".join(changed)
 
 
-def inert_settings(config) -> set[str]:
-    """The hyperparameters of `config` that change nothing whatever their value and the env: options of a feature the
-    config has off (gSDE's without use_sde, Hindsight Experience Replay's without her, a normalisation's clip without
-    that normalisation) and SAC's ent_coef_init beside a fixed ent_coef. `unused_settings` names those set away from
-    their defaults; `rlspeed report` does not tell experiments apart by them."""
-    inert = set()
+def inert_settings(config, spec: EnvSpec | None = None, atari_known: bool = True) -> set[str]:
+    """The hyperparameters of `config` that change nothing whatever their value: options of a feature the config has
+    off (gSDE's without use_sde, Hindsight Experience Replay's without her, a normalisation's clip without that
+    normalisation) and SAC's ent_coef_init beside a fixed ent_coef; with the env's `spec`, also those its spaces and id
+    make idle (`env_inert_settings`; `atari_known`: whether its id tells an Atari game from others here).
+    `unused_settings` names those set away from their defaults; `rlspeed report` does not tell experiments apart by
+    them."""
+    inert = env_inert_settings(config, spec, atari_known) if spec is not None else set()
     if not getattr(config, "use_sde", False):
         inert.update(getattr(config, "needs_sde", ()))
     if not getattr(config, "her", False):
@@ -708,6 +710,32 @@ def inert_settings(config) -> set[str]:
             inert.add(name)
     if hasattr(config, "ent_coef_init") and getattr(config, "ent_coef", None) is not None:
         inert.add("ent_coef_init")
+    return inert
+
+
+def _images(config, spec: EnvSpec) -> list[gym.Space]:
+    """The observations of `spec` a CNN takes under `config`'s encoder (encoder=cnn: any 3-D Box; else images)."""
+    taken = box_channels_first if config.encoder == "cnn" else image_channels_first
+    return [space for space in _leaf_spaces(spec.observation_space) if taken(space) is not None]
+
+
+def env_inert_settings(config, spec: EnvSpec, atari_known: bool = True) -> set[str]:
+    """The hyperparameters of `config` that change nothing on the env of `spec`: the CNNs' options without images a
+    CNN takes (or with encoder=mlp), normalize_images without uint8 images in [0, 255], log_std_init without Box
+    actions (but gSDE's), and episodic_life and clip_rewards off Atari games (only where `atari_known`: the id is
+    registered here, so that a game of an ale-py not installed is not taken for another env)."""
+    inert = set()
+    images = _images(config, spec)
+    if not images or config.encoder == "mlp":
+        inert.update(name for name in ("cnn_features_dim", "cnn") if hasattr(config, name))
+    if hasattr(config, "normalize_images") and not any(
+            image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8 for space in images):
+        inert.add("normalize_images")
+    if hasattr(config, "log_std_init") and "log_std_init" not in getattr(config, "needs_sde", ()) and \
+            not isinstance(spec.action_space, gym.spaces.Box):
+        inert.add("log_std_init")
+    if atari_known and not _atari_training(spec):
+        inert.update(name for name in ("episodic_life", "clip_rewards") if hasattr(config, name))
     return inert
 
 
@@ -724,16 +752,13 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
     def given(name: str) -> bool:
         return name in defaults and getattr(config, name) != defaults[name]
 
-    found = []
-    images = [space for space in _leaf_spaces(spec.observation_space) if image_channels_first(space) is not None]
-    if config.encoder == "cnn":  # (which takes any 3-D Box as an image)
-        images = [space for space in _leaf_spaces(spec.observation_space) if box_channels_first(space) is not None]
+    found, idle = [], env_inert_settings(config, spec)
+    images = _images(config, spec)
     for name in ("cnn_features_dim", "cnn"):
-        if given(name) and (not images or config.encoder == "mlp"):
+        if given(name) and name in idle:
             why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
             found.append(f"{name}={getattr(config, name)} has no effect: {why}, so no CNN is built.")
-    if given("normalize_images") and not any(image_channels_first(space) is not None
-                                             and np.dtype(space.dtype) == np.uint8 for space in images):
+    if given("normalize_images") and "normalize_images" in idle:
         bools = all(np.dtype(space.dtype) == np.bool_ for space in images)
         what = ("bool images" if bools else "no uint8 images in [0, 255]") if images else "no image observations"
         found.append(f"normalize_images={config.normalize_images} has no effect: it scales uint8 images to [0, 1], "
@@ -743,8 +768,7 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
         if given(name) and name in inert:
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of gSDE, which is off "
                          "(use_sde=False).")
-    if given("log_std_init") and "log_std_init" not in needs_sde and not isinstance(spec.action_space,
-                                                                                     gym.spaces.Box):
+    if given("log_std_init") and "log_std_init" in idle:
         found.append(f"log_std_init={config.log_std_init} has no effect: it starts the Gaussian of Box actions, and "
                      f"{spec.env_id} has {type(spec.action_space).__name__} actions.")
     for name in ("n_sampled_goal", "goal_selection_strategy"):
@@ -752,7 +776,7 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of Hindsight Experience "
                          "Replay, which is off (her=False).")
     for name in ("episodic_life", "clip_rewards"):
-        if given(name) and not _atari_training(spec):
+        if given(name) and name in idle:
             found.append(f"{name}={getattr(config, name)} has no effect: it is an option of the training envs of "
                          f"Atari games, and {spec.env_id} is none.")
     for name, flag in (("normalize_obs_clip", "normalize_obs"), ("normalize_reward_clip", "normalize_reward")):
