@@ -134,6 +134,25 @@ def test_images_in_a_layout_the_cnn_does_not_take_are_flattened_with_a_warning(s
         assert isinstance(make_encoder(_box((4, 84, 84))), CNNEncoder)
 
 
+def test_a_dict_key_of_float_images_follows_the_solo_rule_and_its_warning_names_the_key():
+    """Under encoder=auto a float image key in [0, 1] is flattened with the warning a float image Box alone gets,
+    which names the key (it read as the whole observation's shape), and a uint8 image key gets a CNN; encoder=cnn
+    gives the float key its CNN, encoder=mlp keeps the MLP without a warning."""
+    space = gym.spaces.Dict({"camera": _box((3, 64, 64), dtype=np.float32, low=0.0, high=1.0),
+                             "grid": _box((7, 7, 3)), "state": gym.spaces.Box(-1.0, 1.0, (2,))})
+    with pytest.warns(UserWarning) as said:
+        encoder = make_encoder(space, cnn_features_dim=8)
+    assert len(said) == 1 and str(said[0].message).startswith(
+        "The 'camera' observations of shape (3, 64, 64) (float32 in [0, 1]) look like images, but only uint8 Boxes in "
+        "[0, 255] and bool Boxes get a CNN by themselves")
+    assert set(encoder.encoders) == {"grid"} and isinstance(encoder.encoders["grid"], CNNEncoder)
+    assert encoder.features_dim == 3 * 64 * 64 + 8 + 2
+    assert isinstance(make_encoder(space, encoder="cnn", cnn_features_dim=8).encoders["camera"], CNNEncoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert make_encoder(space, encoder="mlp").encoders.keys() == {"grid"}
+
+
 def test_encoder_overrides_that_do_not_fit_the_space_are_one_sentence():
     with pytest.raises(UserError, match="encoder=cnn needs image observations|CNN encoder needs image"):
         make_encoder(gym.spaces.Box(-1.0, 1.0, (4,)), encoder="cnn")

@@ -538,7 +538,7 @@ class MultiInputEncoder(Encoder):
                 sub_choice = "auto"  # encoder=cnn for a Dict: its image keys get CNNs, the others their own encoder
             else:
                 sub_choice = encoder
-            module = make_encoder(sub, sub_choice, cnn_features_dim, normalize_images, cnn)
+            module = _make_encoder(sub, sub_choice, cnn_features_dim, normalize_images, cnn, key)
             if module is None:  # a float vector: flattened as it is
                 dims += int(np.prod(sub.shape)) if sub.shape else 1
             else:
@@ -569,6 +569,13 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     (`CNN_KINDS`; `auto`: Nature-DQN's when both sides are >= 36 pixels, a strided 3x3 one from 16, else a small 3x3
     one).
     """
+    return _make_encoder(space, encoder, cnn_features_dim, normalize_images, cnn)
+
+
+def _make_encoder(space: gym.Space, encoder: str, cnn_features_dim: int, normalize_images: bool, cnn: str,
+                  key: str | None = None) -> Encoder | None:
+    """`make_encoder`; `key`: the Dict observation's key `space` is (named in the warnings about it), None for the
+    whole observation."""
     if encoder not in ENCODERS:
         raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")
     if cnn_features_dim < 1:
@@ -585,10 +592,10 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     image = image_channels_first(space) is not None
     if encoder == "cnn" or (encoder == "auto" and image):
         module = CNNEncoder(space, cnn_features_dim, normalize_images, cnn)
-        _warn_large_cnn(module, space)
+        _warn_large_cnn(module, space, key)
         return module
     if encoder == "auto":
-        _warn_image_like(space)
+        _warn_image_like(space, key)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         return OneHotEncoder(space)
     _, dtype = observation_layout(space)
@@ -597,11 +604,16 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     return FlattenEncoder(space, normalize_images)
 
 
-def _warn_image_like(space: gym.Space) -> None:
+def _observations(shape: tuple, key: str | None) -> str:
+    """'Observations of shape S', or for a Dict observation's `key`, "The 'key' observations of shape S"."""
+    return f"Observations of shape {shape}" if key is None else f"The '{key}' observations of shape {shape}"
+
+
+def _warn_image_like(space: gym.Space, key: str | None = None) -> None:
     """A warning where `auto` flattens a Box that holds images the CNN does not take by itself: a uint8 Box in
     [0, 255] of 2 dimensions (a frame without its channel axis) or of 4 or more (stacked colour frames), or a bounded
     3-D Box of another dtype or bounds (float images in [0, 1]: SB3's env checker warns of those), which an MLP then
-    takes pixel by pixel (as Stable-Baselines3's MlpPolicy would)."""
+    takes pixel by pixel (as Stable-Baselines3's MlpPolicy would). `key`: the Dict observation's key it is, named."""
     if not isinstance(space, gym.spaces.Box) or len(space.shape) < 2 or sorted(space.shape)[-2] < 8:
         return
     shape, size = tuple(space.shape), int(np.prod(space.shape))
@@ -609,7 +621,7 @@ def _warn_image_like(space: gym.Space) -> None:
         if image_channels_first(space) is not None or not space.is_bounded("both"):  # (images have bounds)
             return
         low, high = np.min(space.low), np.max(space.high)
-        warn_at_caller(f"Observations of shape {shape} ({np.dtype(space.dtype)} in [{low:g}, {high:g}]) look like "
+        warn_at_caller(f"{_observations(shape, key)} ({np.dtype(space.dtype)} in [{low:g}, {high:g}]) look like "
                        f"images, but only uint8 Boxes in [0, 255] and bool Boxes get a CNN by themselves: they are "
                        f"flattened into an MLP input of {size:,} values; pass encoder='cnn' (--set encoder=cnn) for a "
                        f"CNN over them as they are (unscaled), or encoder='mlp' (--set encoder=mlp) to keep the MLP "
@@ -617,15 +629,16 @@ def _warn_image_like(space: gym.Space) -> None:
         return
     if np.dtype(space.dtype) != np.uint8 or np.any(space.low != 0) or np.any(space.high != 255):
         return
-    warn_at_caller(f"Observations of shape {shape} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
+    warn_at_caller(f"{_observations(shape, key)} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
                    f"3-D image (channels first or last): they are flattened into an MLP input of {size:,} values; "
                    f"{_cnn_fix(space)}, or pass encoder='mlp' (--set encoder=mlp) to keep the MLP without this "
                    "warning.", EncoderWarning)
 
 
-def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
+def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space, key: str | None = None) -> None:
     """A warning where a CNN's linear layer has more than `LARGE_CNN_WEIGHTS` weights, which makes every update slow
-    (SB3's NatureCNN builds the same layer for large images and fails for small ones)."""
+    (SB3's NatureCNN builds the same layer for large images and fails for small ones); `key`: the Dict observation's
+    key of the images, named."""
     layer = cnn.linear[0]
     weights = layer.in_features * layer.out_features
     if weights <= LARGE_CNN_WEIGHTS:
@@ -640,7 +653,8 @@ def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space) -> None:
                f"{NATURE_CNN_MIN_SIDE}x{NATURE_CNN_MIN_SIDE} its linear layer takes 64 convolution outputs)")
         if cnn.arch == "small" and min(height, width) >= STRIDED_CNN_LEAST_SIDE:
             fix = f"pass cnn='strided' (--set cnn=strided; its two stride-2 convolutions quarter the image), or {fix}"
-    warn_at_caller(f"The {cnn.kind} of {height}x{width} images has {weights / 1e6:.1f} million weights in its linear "
+    images = f"{height}x{width} images" + (f" ('{key}')" if key is not None else "")
+    warn_at_caller(f"The {cnn.kind} of {images} has {weights / 1e6:.1f} million weights in its linear "
                    f"layer ({layer.in_features:,} convolution outputs x cnn_features_dim {layer.out_features}), which "
                    f"makes every update slow: {fix}, or lower cnn_features_dim.", EncoderWarning)
 
