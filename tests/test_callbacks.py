@@ -841,6 +841,70 @@ def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
     env.close()
 
 
+def test_a_model_trained_with_callbacks_is_freed_by_del_without_the_garbage_collector():
+    """`self.locals` held learn's `callback`/`callbacks` variables, so each callback reached itself through the dict
+    it holds: a cycle that kept the model, its buffers and envs alive after `del model` until a gc run. A callback
+    inside another (EvalCallback's child) and a plain function: freed at `del`; `self.locals["callback"]` says why it
+    is not there."""
+    import gc
+    import weakref
+
+    class Child(BaseCallback):
+        def _on_step(self):
+            with pytest.raises(KeyError, match=r"'callback'\] is Stable-Baselines3's; a callback is itself \(self\)"):
+                self.locals["callback"]  # noqa: B018
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for make in (lambda: [Child(), EveryNTimesteps(1, Child())], lambda: lambda locals_: None):
+            model = _ppo()
+            model.learn(2 * STEPS_PER_ITERATION, callback=make(), progress_bar=False)
+            held = weakref.ref(model)
+            del model
+            assert held() is None
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_module_imported_apart_keeps_no_frame_of_its_caller(tmp_path, monkeypatch):
+    """torch._dynamo, imported when a process makes its first optimizer (inside the first learn), runs torch.fx's
+    `wrap`, whose frame holds itself: every frame below the import, learn's with the model, stayed alive until a gc
+    run. Imported on a thread of its own, a module that holds its own frame keeps no frame of the caller."""
+    import gc
+    import sys
+    import weakref
+
+    from rlspeed.algos.base import _import_apart
+
+    (tmp_path / "rlspeed_test_holds_its_frame.py").write_text("import inspect\n_frame = inspect.currentframe()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rlspeed_test_holds_its_frame", raising=False)
+
+    class Owner:
+        def load(self):
+            _import_apart("rlspeed_test_holds_its_frame")
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        owner = Owner()
+        owner.load()
+        held = weakref.ref(owner)
+        del owner
+        assert held() is None
+        assert "rlspeed_test_holds_its_frame" in sys.modules
+        with pytest.raises(ModuleNotFoundError):  # (an import's error reaches the caller)
+            _import_apart("rlspeed_test_no_such_module")
+    finally:
+        sys.modules.pop("rlspeed_test_holds_its_frame", None)
+        if was_enabled:
+            gc.enable()
+
+
 def test_sb3_contribs_recurrent_locals_name_where_recurrent_ppo_keeps_them():
     """sb3-contrib's RecurrentPPO callbacks read `self.locals["lstm_states"]` / `["episode_starts"]`: a KeyError
     naming the buffer's fields, which hold them (a bare KeyError said nothing)."""

@@ -18,6 +18,7 @@ import numbers
 import os
 import typing
 import warnings
+import weakref
 import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -93,6 +94,8 @@ SB3_LOCALS = {
                       "update has used and a change to it reaches no update (Stable-Baselines3's _on_rollout_end "
                       "runs before its update): change rewards in the env (a Gymnasium wrapper)",
     "env": "the training env is self.training_env",
+    "callback": "a callback is itself (self) and its parent, where one runs it (EvalCallback's callback_on_new_best, "
+                "EveryNTimesteps' callback), is self.parent",
     # (sb3-contrib's RecurrentPPO's rollout locals)
     **dict.fromkeys(("lstm_states", "episode_starts"),
                     "callbacks run once per iteration, and RecurrentPPO's rollout keeps the LSTM state each step "
@@ -101,11 +104,26 @@ SB3_LOCALS = {
 }
 
 
+#: learn's variables that hold the callbacks themselves: left out of a callback's `self.locals`, which would otherwise
+#: reach back to the callback that holds it, a reference cycle that kept the model, its buffers and envs alive after
+#: `del model` until the garbage collector ran
+_CALLBACK_VARIABLES = ("callback", "callbacks")
+
+
 class LearnLocals(dict):
     """learn's local variables as a callback's `self.locals` gets them: a dict, where a missing key of
-    Stable-Baselines3's (`SB3_LOCALS`) raises a KeyError saying what to use instead (`get` and `in` are a dict's)."""
+    Stable-Baselines3's (`SB3_LOCALS`) raises a KeyError saying what to use instead (`get` and `in` are a dict's).
+    `LearnLocals.of(locals())` leaves out learn's own callback variables (a callback is `self`, not a local)."""
 
     __slots__ = ()
+
+    @classmethod
+    def of(cls, variables: dict[str, typing.Any], **given: typing.Any) -> LearnLocals:
+        """The locals a callback gets from learn's `variables`: all but those that hold the callbacks, with `given`'s
+        values in place of learn's own."""
+        kept = cls((key, value) for key, value in variables.items() if key not in _CALLBACK_VARIABLES)
+        kept.update(given)
+        return kept
 
     def __missing__(self, key):
         advice = SB3_LOCALS.get(key) if isinstance(key, str) else None
@@ -200,7 +218,22 @@ class BaseCallback:
         self.locals: dict[str, typing.Any] = {}
         self.metrics: dict[str, typing.Any] | None = None
         self.evaluation: dict[str, typing.Any] | None = None
-        self.parent: BaseCallback | None = None
+        self.parent = None
+
+    @property
+    def parent(self) -> BaseCallback | None:
+        """The callback that runs this one as its child (EvalCallback's callback_on_new_best, EveryNTimesteps'
+        callback), else None. Held by a weak reference (a parent holds its children: a strong link back would be a
+        cycle holding the model until the garbage collector runs); a stand-in that has none is held as it is."""
+        parent = getattr(self, "_parent", None)
+        return parent() if isinstance(parent, weakref.ref) else parent
+
+    @parent.setter
+    def parent(self, parent: BaseCallback | None) -> None:
+        try:
+            self._parent = None if parent is None else weakref.ref(parent)
+        except TypeError:  # (an object without weak references)
+            self._parent = parent
 
     @property
     def training_env(self) -> rlspeed.envs.BatchedEnv | None:

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
 import io
 import json
@@ -1624,6 +1625,28 @@ class _SaveReplayBuffer:
         model._checkpoint_replay = bool(value)
 
 
+
+def _import_apart(module: str) -> None:
+    """Import `module` (where not yet imported) on a thread of its own. An import keeps the frames below it alive
+    where a module keeps one of its own frames (torch.fx's `wrap`, run as torch._dynamo is imported, holds its frame
+    in a local: a cycle): imported from a model's method, those frames hold the model, which `del model` then does not
+    free until the garbage collector runs; on a thread of its own no caller's frame is below the import."""
+    if module in sys.modules:
+        return
+    failure: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module(module)
+        except BaseException as error:  # noqa: BLE001  (raised on the caller's thread below)
+            failure.append(error)
+
+    loader = threading.Thread(target=load, name=f"import {module}")
+    loader.start()
+    loader.join()
+    if failure:
+        raise failure[0]
+
 class Algorithm:
     """Base of rlspeed algorithms (SB3-like API: `learn`, `predict`, `save`, `load`)."""
 
@@ -2055,6 +2078,7 @@ class Algorithm:
         the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them then."""
         if not self.__dict__.get("_optimizer_deferred"):
             return
+        _import_apart("torch._dynamo")
         object.__setattr__(self, "_optimizer_deferred", False)
         given = {name: self.__dict__[name] for name in self._optimizer_attributes if name in self.__dict__}
         pending = self._optimizer_state
@@ -2894,7 +2918,7 @@ class Algorithm:
                 callbacks_started = True
                 # (their `self.locals["total_timesteps"]` is Stable-Baselines3's: the step count this call trains to,
                 # the model's steps before it plus its budget, which a callback's progress reads)
-                callbacks.on_training_start(LearnLocals(locals(), total_timesteps=self._total_timesteps))
+                callbacks.on_training_start(LearnLocals.of(locals(), total_timesteps=self._total_timesteps))
                 self._follow_replaced_optimizers()  # (an optimizer a callback put in place)
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
@@ -3036,7 +3060,7 @@ class Algorithm:
                 if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
                     if callbacks is not None and main and not callbacks.on_rollout_end(
-                            LearnLocals(locals(), total_timesteps=self._total_timesteps), logged):
+                            LearnLocals.of(locals(), total_timesteps=self._total_timesteps), logged):
                         callback_stop = True
                     if callbacks is not None:
                         self._follow_replaced_optimizers()
