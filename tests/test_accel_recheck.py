@@ -6,6 +6,7 @@ checked once. The search is stubbed to choose bf16 autocast (any CPU runs it), s
 from __future__ import annotations
 
 import math
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -104,6 +105,10 @@ def test_a_cached_reduced_precision_that_fails_a_check_runs_fp32_from_there_and_
     assert searched_bf16 == ["bf16"]  # (one check, at the 3rd update; none once fp32 runs)
     assert summary["precision"] == "fp32" and summary["chosen_by"] == "search"
     assert summary["reason"].startswith("bf16 failed its check again after 3 updates (output error")
+    # (named by the model's attribute and the parameter's name in it, once, after the measures it missed)
+    assert re.search(r"(gradient cosine [0-9.]+ < 1; )?gradient norm error [0-9.e-]+ > 0 \(parameter "
+                     r"policy\.\S+, shape \[[0-9, ]+\]: max abs difference [0-9.e-]+, fp32's largest \|gradient\| "
+                     r"[0-9.e-]+\)\): fp32 from there on$", summary["reason"]), summary["reason"]
     assert "[all calls] -> bf16 (cache" in model.report() and summary["reason"] in model.report()
     assert model._update_step.fn.strategy == Strategy("fp32")
     again = _ppo()  # (the next run starts on fp32, from the cache, and checks nothing)

@@ -289,7 +289,8 @@ def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch, i
     monkeypatch.setattr("rlspeed.accel.recheck.RECHECK_FIRST", 3)
     monkeypatch.setattr(fused_precision, "run_search", lambda *args, **kwargs: (
         Strategy("bf16-matmul"), [], "bf16-matmul 1.5x faster than fp32"))
-    step = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
+    update = _TwoParameterUpdate(reduced)
+    step = AutoMatmulPrecision(update, torch.device("cpu"), "test", ["body.weight", "value_head.bias"])
     for _ in range(2):  # (fp32 while waiting, then the search, on the first call's batch shape)
         step(torch.zeros(1))
     for _ in range(3 + 9):  # (checks at its 3rd and 9th updates: pass; batches of another shape from here on)
@@ -300,6 +301,10 @@ def test_a_reduced_precision_is_checked_again_as_training_goes_on(monkeypatch, i
         step(torch.zeros(2))
     assert step.precision == "fp32"
     assert step.summary()["reason"].startswith("bf16-matmul failed its check again after 21 updates (gradient cosine")
+    # (it names the parameter that went wrong, and by how much)
+    difference, largest = float((update.garbled - update.small).abs().max()), float(update.small.abs().max())
+    assert (f"(parameter value_head.bias, shape [16]: max abs difference {difference:.3g}, fp32's largest |gradient| "
+            f"{largest:.3g})") in step.summary()["reason"]
     # (a later run, which looks its first call's batch up in the cache, starts on fp32)
     again = AutoMatmulPrecision(_TwoParameterUpdate(reduced), torch.device("cpu"), "test")
     again(torch.zeros(1))
@@ -358,3 +363,17 @@ def test_summary_names_the_rollouts_most_called_kind_of_call_not_the_latest(monk
     kinds = summary["kinds"].split("; ")
     assert kinds[0].startswith("[batch<=2, no_grad] ") and kinds[0].endswith(", 16 calls")  # (num_steps of them)
     assert [kind for kind in kinds if kind.startswith("[batch<=1, no_grad] ")][0].endswith(", 1 call")
+
+
+@pytest.mark.parametrize(("algo", "env_id"), [("PPO", "CartPole-v1"), ("DQN", "CartPole-v1"), ("SAC", "Pendulum-v1")])
+def test_a_hand_derived_updates_check_can_name_each_of_its_parameters(algo, env_id):
+    """A failed check names the parameter that went wrong by the model's attribute and its name there: the
+    hand-derived update knows every parameter it steps by such a name (SAC's log_alpha included)."""
+    model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", accelerate="auto")
+    wrapper = model._update_step.fn
+    named = dict(zip(wrapper.parameter_names, wrapper.adam.params))
+    assert len(named) == len(wrapper.adam.params) and None not in named
+    for name, parameter in named.items():
+        attribute, _, inside = name.partition(".")
+        held = getattr(model, attribute)
+        assert (held.get_parameter(inside) if inside else held) is parameter

@@ -87,6 +87,33 @@ def reachable_submodules(fn: Any) -> list[nn.Module]:
     return [module for root in reachable_modules(fn) for module in root.modules()]
 
 
+def parameter_names(fn: Any, params: list[torch.Tensor]) -> list[str | None]:
+    """The name of each of `params` in the modules `fn` reaches by name: the attribute or variable that holds its
+    module, then its name there (``policy.pi.weight``; a module `fn` is itself, or its object is: the parameter's name
+    in it); None for one not found. For messages that say which parameter went wrong."""
+    owner, func = owner_and_function(fn)
+    roots: list[tuple[str, Any]] = [("", fn)]
+    if owner is not None:
+        roots += [("", owner)] if isinstance(owner, nn.Module) else list(getattr(owner, "__dict__", {}).items())
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+            try:
+                roots.append((name, cell.cell_contents))
+            except ValueError:  # (an empty cell)
+                pass
+        scope = getattr(func, "__globals__", {})
+        roots += [(name, scope[name]) for name in code_names(code) if name in scope]
+    found: dict[int, str] = {}
+    for prefix, root in roots:
+        if isinstance(root, nn.Module):
+            for name, parameter in root.named_parameters():
+                found.setdefault(id(parameter), f"{prefix}.{name}" if prefix else name)
+        elif isinstance(root, torch.Tensor) and prefix:  # (a parameter of its own: SAC's log_alpha)
+            found.setdefault(id(root), prefix)
+    return [found.get(id(p)) for p in params]
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, torch.Tensor)
 

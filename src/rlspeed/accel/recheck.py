@@ -58,13 +58,16 @@ class Rechecks:
         return self.active and self.updates + updates >= self.next_check
 
     def check(self, strategy: Strategy, build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
-              device: torch.device, cache_keys: Iterable[str | None]) -> Decision | None:
+              device: torch.device, cache_keys: Iterable[str | None],
+              names: Sequence[str | None] = ()) -> Decision | None:
         """`strategy` checked against fp32 on what `build`'s runners compute now (`rlspeed.accel.search.check_again`:
         the search's tolerances, RNG streams and `.grad` put back). None while it passes (the next check after twice
         as many updates); else the decision to run fp32 eager from here on, which is stored in the cache under
-        `cache_keys` (those a later run looks up; None entries skipped), and the checks stop."""
+        `cache_keys` (those a later run looks up; None entries skipped), and the checks stop. Its reason names the
+        parameter whose gradient missed the tolerance by most (`names`, one per parameter, else its index) and its
+        largest absolute difference from fp32."""
         self.next_check = 2 * self.updates + RECHECK_FIRST
-        trial = check_again(strategy, build, params, device)
+        trial = check_again(strategy, build, params, device, names)
         if trial.passed:
             return None
         self.active = False

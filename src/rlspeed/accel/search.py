@@ -119,8 +119,11 @@ def probe(runner: Runner, params: Sequence[torch.Tensor], device: torch.device) 
     return Probe(floats, grads, discrete), elapsed
 
 
-def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Trial) -> None:
-    """Fill the trial's error measures and `passed`/`error` from a probe against the reference probe."""
+def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Trial,
+            names: Sequence[str | None] = ()) -> None:
+    """Fill the trial's error measures and `passed`/`error` from a probe against the reference probe. A gradient
+    measure missed names the parameter that missed it by most (`names[i]` for the i-th, else its index) and its
+    largest absolute difference from fp32."""
     if len(candidate.outputs) != len(reference.outputs):
         trial.error = "outputs differ in number from fp32 eager"
         return
@@ -145,7 +148,8 @@ def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Tri
     ref_norms = [0.0 if g is None else float(g.norm()) for g in reference.grads]
     largest = max(ref_norms, default=0.0)
     worst_cos, worst_norm = 1.0, 0.0
-    for grad, ref, ref_norm in zip(candidate.grads, reference.grads, ref_norms):
+    worst_cos_at = worst_norm_at = None  # (the index of the parameter of each worst measure)
+    for index, (grad, ref, ref_norm) in enumerate(zip(candidate.grads, reference.grads, ref_norms)):
         if ref is None and grad is None:
             continue
         if ref is None or grad is None:
@@ -158,20 +162,40 @@ def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Tri
             continue  # a (near-)zero reference gradient has no direction to compare
         norm = float(grad.norm())
         cosine = float((grad.flatten() @ ref.flatten()) / max(norm * ref_norm, 1e-30))
-        worst_cos = min(worst_cos, cosine)
-        worst_norm = max(worst_norm, abs(norm - ref_norm) / ref_norm)
+        if cosine < worst_cos:
+            worst_cos, worst_cos_at = cosine, index
+        if abs(norm - ref_norm) / ref_norm > worst_norm:
+            worst_norm, worst_norm_at = abs(norm - ref_norm) / ref_norm, index
     has_grads = any(g is not None for g in reference.grads)
     trial.grad_cosine = worst_cos if has_grads else None
     trial.grad_norm_rel_err = worst_norm if has_grads else None
     failures = []
     if worst_out > tolerance.output_rel_err:
         failures.append(f"output error {worst_out:.1e} > {tolerance.output_rel_err:g}")
+    missed = []  # (a gradient measure missed, the index of the parameter that missed it by most)
     if has_grads and worst_cos < tolerance.grad_cosine:
-        failures.append(f"gradient cosine {worst_cos:.4f} < {tolerance.grad_cosine:g}")
+        missed.append((f"gradient cosine {worst_cos:.4f} < {tolerance.grad_cosine:g}", worst_cos_at))
     if has_grads and worst_norm > tolerance.grad_norm_rel_err:
-        failures.append(f"gradient norm error {worst_norm:.1e} > {tolerance.grad_norm_rel_err:g}")
+        missed.append((f"gradient norm error {worst_norm:.1e} > {tolerance.grad_norm_rel_err:g}", worst_norm_at))
+    for position, (measure, index) in enumerate(missed):  # (each parameter described once, after its last measure)
+        named_later = any(index == later for _, later in missed[position + 1:])
+        failures.append(measure + ("" if named_later else
+                                   _which_parameter(index, candidate.grads, reference.grads, names)))
     trial.passed = not failures
     trial.error = "; ".join(failures) or None
+
+
+def _which_parameter(index: int | None, grads: Sequence[torch.Tensor | None],
+                     reference: Sequence[torch.Tensor | None], names: Sequence[str | None]) -> str:
+    """' (parameter NAME, shape [..]: max abs difference D, fp32's largest |gradient| G)' for the `index`-th."""
+    if index is None:
+        return ""
+    grad, ref = grads[index], reference[index]
+    name = names[index] if index < len(names) and names[index] else f"#{index}"
+    difference = float((grad - ref).abs().max()) if ref.numel() else 0.0
+    largest = float(ref.abs().max()) if ref.numel() else 0.0
+    return (f" (parameter {name}, shape {list(ref.shape)}: max abs difference {difference:.3g}, fp32's largest "
+            f"|gradient| {largest:.3g})")
 
 
 def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s: float | None = None,
@@ -332,11 +356,11 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
 
 
 def check_again(strategy: Strategy, build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
-                device: torch.device) -> Trial:
+                device: torch.device, names: Sequence[str | None] = ()) -> Trial:
     """`strategy` checked against fp32 eager once more, on what `build`'s runners compute now (no timing): a trial
     whose `passed` says whether it still keeps the tolerances. A reduced precision that passed early in training
     may not later (a critic's small gradients next to its fitted outputs), which `run_search`'s one check cannot see.
-    RNG streams and `.grad` are put back, as the search puts them."""
+    RNG streams and `.grad` are put back, as the search puts them; `names` name the parameters in its error."""
     trial = Trial(strategy)
     with preserved_state(device, params):
         reference, _ = probe(build(EAGER_FP32), params, device)
@@ -345,7 +369,7 @@ def check_again(strategy: Strategy, build: Callable[[Strategy], Runner], params:
         except Exception as error:  # (a candidate that cannot run now fails its check)
             trial.passed, trial.error = False, _first_line(error)
             return trial
-        compare(result, reference, TOLERANCES[strategy.precision], trial)
+        compare(result, reference, TOLERANCES[strategy.precision], trial, names)
     return trial
 
 

@@ -49,6 +49,7 @@ from rlspeed.accel.introspect import (
     named_generators,
     named_tensors_and_modules,
     own_generators,
+    parameter_names,
     reachable_submodules,
 )
 from rlspeed.accel.recheck import Rechecks
@@ -469,7 +470,7 @@ class AcceleratedStep:
         try:
             decision = self.rechecks.check(
                 checked, lambda s: self._probe_runner(s, args, kwargs, buffers, forward if s == checked else None),
-                self.params, self.device, keys)
+                self.params, self.device, keys, parameter_names(self.loss_fn, self.params))
         finally:
             self._put_back(buffers, stacklevel=4)
         if decision is not None:

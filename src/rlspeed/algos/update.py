@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from rlspeed.accel.graphs import optimizer_capture_blocker
+from rlspeed.accel.introspect import parameter_names
 from rlspeed.accel.step import AcceleratedStep
 from rlspeed.accel.strategy import ENV_VAR, normalise_request
 from rlspeed.device import rules
@@ -219,7 +220,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         reason = f"{ENV_VAR} forces a strategy the hand-derived update cannot run"
     else:
         update = hand_derived()
-        step = fused_precision.for_accelerate(update, accelerate, device, name)
+        step = fused_precision.for_accelerate(update, accelerate, device, name,
+                                              parameter_names(loss_fn, update.adam.params))
         how = f"forced by {ENV_VAR}" if getattr(step, "forced", False) else "measured by --accelerate auto"
         reason = "default on this device" + (f" (matmul precision {how})" if accelerate == "auto" else "") + not_graphed
         return UpdateStep(step, UpdateChoice(HAND_DERIVED, reason), accepts_hints=True,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import torch
@@ -48,8 +49,9 @@ class AutoMatmulPrecision:
     """Wraps a hand-derived update (an object with `gradient(...)`, `adam.grad`, `adam.grad_views` (one view of
     `adam.grad` per parameter) and `__call__(...)`)."""
 
-    def __init__(self, update, device: torch.device, name: str):
+    def __init__(self, update, device: torch.device, name: str, parameter_names: Sequence[str | None] = ()):
         self.update, self.device, self.name = update, device, name
+        self.parameter_names = list(parameter_names)  # (of `adam`'s parameters, for a failed check's reason)
         self.adam = update.adam
         self.precision: str | None = None
         self.trials: list[Trial] = []
@@ -121,7 +123,8 @@ class AutoMatmulPrecision:
         self.adam.check()
         per_parameter = [SimpleNamespace(grad=view) for view in self.adam.grad_views]
         decision = self.rechecks.check(Strategy(self.precision), self._gradient_runner(batch, options),
-                                       per_parameter, self.device, (self._cache_key(batch, options), self._first_key))
+                                       per_parameter, self.device, (self._cache_key(batch, options), self._first_key),
+                                       self.parameter_names)
         if decision is not None:
             self._decided(decision)
 
@@ -214,10 +217,11 @@ class AutoMatmulPrecision:
                                **cache.environment_key(self.device)})
 
 
-def for_accelerate(update, accelerate: str, device: torch.device, name: str):
+def for_accelerate(update, accelerate: str, device: torch.device, name: str,
+                   parameter_names: Sequence[str | None] = ()):
     """The update as the algorithm calls it: wrapped in the measured matmul-precision choice for `--accelerate
-    auto`, as it is otherwise."""
-    return AutoMatmulPrecision(update, device, name) if accelerate == "auto" else update
+    auto` (`parameter_names`: those of `update.adam`'s parameters, named by a failed check), as it is otherwise."""
+    return AutoMatmulPrecision(update, device, name, parameter_names) if accelerate == "auto" else update
 
 
 def applies() -> bool:
