@@ -93,6 +93,39 @@ def test_a_reduced_precision_an_autograd_update_chose_is_checked_again_and_a_pas
         assert torch.equal(weight, unchecked.policy.state_dict()[name]), name
 
 
+def test_a_resumed_run_goes_on_with_its_recheck_schedule(monkeypatch, searched_bf16, tmp_path):
+    """The checkpoint keeps where the re-check schedule stands, and a resumed run that runs the same precision goes
+    on from there: it checked again after 2, 6 and 14 updates of its own, as if it were a new run. A checkpoint
+    without the schedule (written before) starts it anew."""
+    _tolerance(monkeypatch, passing=True)
+    monkeypatch.setattr(recheck, "RECHECK_FIRST", 2)
+    first = _ppo()
+    first.learn(64, progress_bar=False, run_dir=tmp_path / "run", checkpoint_freq=64)
+    path = tmp_path / "run" / "checkpoint.safetensors"
+    assert searched_bf16 == ["bf16"] * 3 and rechecks_of(first) == (15, 30)  # (checked at 2, 6 and 14)
+    resumed = _ppo()
+    resumed.resume(path)
+    resumed.learn(64, progress_bar=False)  # (16 updates more, bf16 from the cache: a check at the 30th)
+    assert resumed.acceleration_summary()["chosen_by"] == "cache"
+    assert searched_bf16 == ["bf16"] * 4 and rechecks_of(resumed) == (31, 62)
+
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    tensors, meta = load_checkpoint(path)
+    del meta["resume"]["rechecks"]
+    save_checkpoint(tmp_path / "older.safetensors", tensors, meta)
+    older = _ppo()
+    older.resume(tmp_path / "older.safetensors")
+    older.learn(64, progress_bar=False)
+    assert searched_bf16 == ["bf16"] * 7 and rechecks_of(older) == (16, 30)  # (at 2, 6 and 14 again)
+
+
+def rechecks_of(model: rlspeed.PPO) -> tuple[int, int]:
+    """(updates counted, the count of the next check) of the model's update step's re-check schedule."""
+    rechecks = model._update_step.fn.rechecks
+    return rechecks.updates, rechecks.next_check
+
+
 def test_a_cached_reduced_precision_that_fails_a_check_runs_fp32_from_there_and_the_cache_keeps_fp32(
         monkeypatch, searched_bf16):
     monkeypatch.setattr(recheck, "RECHECK_FIRST", NEVER)

@@ -15,6 +15,7 @@ its decision says at which update and why, and the cache keeps fp32 for the next
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -32,19 +33,50 @@ RECHECK_FIRST = 500
 class Rechecks:
     """When the update's reduced precision is checked against fp32 again, and what a failed check decides.
 
-    `active`: a reduced precision chosen by a search or the cache runs (`follow`); `updates`: the updates it has run
-    since (`count`); `next_check`: the count at which it is checked next (`check`)."""
+    `active`: a reduced precision chosen by a search or the cache runs (`follow`); `precision`: which; `updates`: the
+    updates it has run since (`count`); `next_check`: the count at which it is checked next (`check`). A checkpoint
+    keeps where the schedule stands (`state`), and a resumed run goes on from there (`resume`)."""
 
     def __init__(self) -> None:
         self.active = False
+        self.precision: str | None = None
         self.updates = 0
         self.next_check = RECHECK_FIRST
+        self._resumed: dict | None = None  # (a checkpoint's `state`, for the next `follow` of its precision)
 
     def follow(self, decision: Decision) -> None:
         """Check from now on where `decision` chose a reduced precision by a search or from the cache; not fp32, a
-        forced precision (`RLSPEED_ACCELERATE`) or a fallback."""
+        forced precision (`RLSPEED_ACCELERATE`) or a fallback. The schedule starts anew, or, after `resume` of a
+        run that ran the same precision, goes on from where that run's stood."""
         self.active = decision.chosen.precision != "fp32" and decision.source in ("search", "cache")
+        self.precision = decision.chosen.precision if self.active else None
         self.updates, self.next_check = 0, RECHECK_FIRST
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None:
+            self.resume(resumed)
+
+    def state(self) -> dict[str, typing.Any]:
+        """Where the schedule stands, as a checkpoint keeps it: the precision checked, its updates so far and the
+        count of the next check; {} while nothing is checked."""
+        if not self.active:
+            return {}
+        return {"precision": self.precision, "updates": self.updates, "next_check": self.next_check}
+
+    def resume(self, state: dict[str, typing.Any]) -> None:
+        """Go on from `state` (a checkpoint's `state()`) where the precision it checked runs: now if it runs, else
+        from the decision that chooses it (`follow`; a run that decides on another precision starts anew). A
+        malformed state, or none (a checkpoint written before schedules were saved), leaves the schedule as it is."""
+        try:
+            precision, updates, next_check = state["precision"], int(state["updates"]), int(state["next_check"])
+        except (KeyError, TypeError, ValueError):
+            return
+        if updates < 0 or next_check < 1:
+            return
+        if self.active:
+            if precision == self.precision:
+                self.updates, self.next_check = updates, next_check
+        else:
+            self._resumed = state
 
     def count(self, updates: int = 1) -> bool:
         """Count `updates` updates run in the chosen precision; whether a check is due now."""
@@ -70,7 +102,7 @@ class Rechecks:
         trial = check_again(strategy, build, params, device, names)
         if trial.passed:
             return None
-        self.active = False
+        self.active, self.precision = False, None
         reason = (f"{strategy.label} failed its check again after {self.updates:,} updates ({trial.error}): fp32 "
                   "from there on")
         # (stored directly, not through `search.store_choice`, which keeps a choice without timings out of the cache)

@@ -3296,7 +3296,7 @@ class Algorithm:
                                   "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
                         "python": [py_version, list(py_internal), py_gauss]},
                 "loop": dict(self._loop) or {"run_start": self.num_timesteps},
-                "restarts": self.restarts, "numerics": self._numerics.state()}
+                "restarts": self.restarts, "numerics": self._numerics.state(), "rechecks": self._recheck_states()}
         obs = getattr(self, "_obs", None)
         # (a save inside a rollout, after a second Ctrl-C: the envs are past `_obs`, so resume starts them afresh)
         env_state = (self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor)
@@ -3351,12 +3351,33 @@ class Algorithm:
                           "and is not identical to the uninterrupted run.", stacklevel=4)
         return obs
 
+    def _rechecks(self) -> dict[str, typing.Any]:
+        """The schedules of rule 5's re-checks (`rlspeed.accel.recheck.Rechecks`) of the update steps that have one
+        (`--accelerate auto`), by the name summary.json gives each step ("update" for `_update_step`); none before
+        the update steps are built."""
+        if self.__dict__.get("_optimizer_deferred") or "_update_step" not in self.__dict__:
+            return {}
+        steps = {"update": self.__dict__["_update_step"], **self._further_update_steps()}
+        found = {name: getattr(getattr(step, "fn", None), "rechecks", None) for name, step in steps.items()}
+        return {name: rechecks for name, rechecks in found.items() if rechecks is not None}
+
+    def _recheck_states(self) -> dict[str, dict]:
+        """Where each re-check schedule stands, as a checkpoint keeps it (a resumed run goes on from there)."""
+        return {name: state for name, rechecks in self._rechecks().items() if (state := rechecks.state())}
+
     def _apply_resume(self, resume: dict) -> None:
-        """Right before the learn loop after `resume`: the algorithm's own counters and the random generators as
-        the checkpoint's run left them (not under torch.distributed: the checkpoint holds rank 0's)."""
+        """Right before the learn loop after `resume`: the algorithm's own counters, the re-check schedules of its
+        update steps' reduced precision (a checkpoint without them: from the start) and the random generators as the
+        checkpoint's run left them (not under torch.distributed: the checkpoint holds rank 0's)."""
         tensors, meta = resume["tensors"], resume["meta"]
         self._load_algorithm_state({key[5:]: value for key, value in tensors.items() if key.startswith("algo.")},
                                    meta.get("algo") or {})
+        saved = meta.get("rechecks")
+        if isinstance(saved, dict):
+            self._ensure_optimizer()  # (the update steps, whose schedules these are)
+            for name, rechecks in self._rechecks().items():
+                if isinstance(saved.get(name), dict):
+                    rechecks.resume(saved[name])
         if self.strategy.enabled:
             return
         try:
