@@ -220,6 +220,28 @@ def test_missing_imageio_is_one_sentence_with_the_fix(tmp_path, monkeypatch, cap
     assert not (tmp_path / "run" / "model.safetensors").exists()  # refused before training
 
 
+def test_a_gif_needs_pillow_not_imageio(tmp_path, monkeypatch):
+    """A GIF is Pillow's to write (`_GifWriter`): without imageio (Pillow comes with matplotlib) it was refused as
+    'Recording videos needs imageio'; now it is written, an mp4 still names imageio, and a GIF without Pillow names
+    Pillow."""
+    import sys
+
+    from PIL import Image
+
+    for hidden in ("imageio", "imageio.v2", "imageio_ffmpeg"):
+        monkeypatch.setitem(sys.modules, hidden, None)  # (import raises ImportError, find_spec gives None)
+    result = video.record_video(_cartpole(), tmp_path / "x.gif", seed=1, max_steps=5)
+    with Image.open(tmp_path / "x.gif") as image:
+        assert (image.n_frames, image.size) == (result["frames"], (600, 400)) and result["frames"] == 6
+    with pytest.raises(UserError, match=r"^Recording mp4 videos needs imageio, imageio-ffmpeg, which are not "
+                                        r"installed: pip install \"rlspeed\[video\]\"\.$"):
+        video.record_video(_cartpole(), tmp_path / "x.mp4")
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(UserError, match=r"^Recording gif videos needs Pillow, which is not installed"):
+        video.record_video(_cartpole(), tmp_path / "y.gif")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["x.gif"]
+
+
 def test_missing_pygame_is_one_sentence_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(NativeGymEnv, "metadata", {"render_modes": [], "render_fps": 30})
     with pytest.raises(UserError, match=r"rlspeed\[video\]"):

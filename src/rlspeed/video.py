@@ -1,6 +1,7 @@
 """Videos of a policy: episodes (deterministic unless asked to sample) on one Gymnasium env made with
-render_mode="rgb_array", written with imageio (`pip install "rlspeed[video]"`: imageio, its ffmpeg, and pygame for the
-classic-control renderers).
+render_mode="rgb_array", an mp4 written with imageio and its ffmpeg, a GIF with Pillow (`pip install "rlspeed[video]"`:
+imageio, its ffmpeg, Pillow, and pygame for the classic-control renderers; a GIF needs Pillow alone, which matplotlib
+installs too).
 
 A model trained on a native env is filmed on its Gymnasium view `rlspeed/<id>` (the same dynamics, drawn by
 Gymnasium's renderer of that id); other models on `gymnasium.make(env_id)`. Recording is a host loop of
@@ -38,17 +39,19 @@ if typing.TYPE_CHECKING:
     import rlspeed.algos
 
 INSTALL = 'pip install "rlspeed[video]"'
-#: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
+#: The formats written: mp4 (imageio's ffmpeg, H.264) and gif (Pillow, `_GifWriter`).
 FORMATS = (".mp4", ".gif")
+#: what writing each format imports: the module, and the package that installs it
+_WRITERS = {".mp4": (("imageio", "imageio"), ("imageio_ffmpeg", "imageio-ffmpeg")), ".gif": (("PIL", "Pillow"),)}
 
 
 def _require_writer(path: Path) -> None:
     if path.suffix.lower() not in FORMATS:
         raise UserError(f"Cannot write a video to '{path}': give a file ending in {' or '.join(FORMATS)}.")
-    needed = ["imageio"] + (["imageio_ffmpeg"] if path.suffix.lower() == ".mp4" else [])
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    missing = [package for module, package in _WRITERS[path.suffix.lower()]
+               if importlib.util.find_spec(module) is None]
     if missing:
-        raise UserError(f"Recording videos needs {', '.join(missing)}, which "
+        raise UserError(f"Recording {path.suffix.lower()[1:]} videos needs {', '.join(missing)}, which "
                         f"{'is' if len(missing) == 1 else 'are'} not installed: {INSTALL}.")
 
 
@@ -164,7 +167,8 @@ def _atari_game(env_id: str, env_kwargs: dict | None = None) -> _AtariGame | Non
 @_headless_rendering()
 def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs: dict | None = None) -> None:
     """UserError now, in one sentence, when a video of `env_id` (made with `env_kwargs`) to `path` could not be
-    recorded (imageio, its ffmpeg or the env's renderer missing, or an env without frames); `rlspeed train
+    recorded (its writer, an mp4's imageio and ffmpeg or a GIF's Pillow, or the env's renderer missing, or an env
+    without frames); `rlspeed train
     --video-every` checks before training."""
     _require_writer(Path(path))
     env = _render_env(env_id, env_kwargs=env_kwargs)
@@ -363,9 +367,9 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     the model trained with (also for `backend='auto'`, as `evaluate` takes it), or on `backend` where given: 'torch'
     films the native env's view (`rlspeed/<id>`), 'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes
     its own). Returns {"path", "episodes", "frames", "fps", "returns", "mean" (of the returns), "unfinished" (the
-    episodes the step limit cut short, as `evaluate`'s), "size": (height, width)}. UserError when imageio, ffmpeg or
-    the env's renderer is missing. The video is written to a hidden file beside `path` (`.NAME.PID.RANDOM.EXT`) that
-    takes the name `path` once whole: a call that does not return
+    episodes the step limit cut short, as `evaluate`'s), "size": (height, width)}. UserError when the writer (an mp4's
+    imageio and ffmpeg, a GIF's Pillow) or the env's renderer is missing. The video is written to a hidden file
+    beside `path` (`.NAME.PID.RANDOM.EXT`) that takes the name `path` once whole: a call that does not return
     (interrupted, killed, a full disk, or an error of the env or the model) leaves no file at `path`, and the file that
     `overwrite` replaces stays as it was.
     """
@@ -390,7 +394,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     refuse_directory(path, "record_video's path")
     if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
-    import imageio.v2 as imageio
+    gif = path.suffix.lower() == ".gif"  # (Pillow's; imageio writes the mp4s, and a GIF does not need it)
 
     env = _render_env(model, env_id, env_kwargs, backend)
     from rlspeed.envs.base import EnvSpec, space_text
@@ -432,8 +436,12 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     # disk leaves no cut video at `path`, and the file an overwrite replaces stays until then)
     temporary = _temporary_video(path)
     try:
-        writer = (_GifWriter(temporary, fps) if path.suffix.lower() == ".gif"
-                  else imageio.get_writer(temporary, **options))
+        if gif:
+            writer = _GifWriter(temporary, fps)
+        else:
+            import imageio.v2 as imageio
+
+            writer = imageio.get_writer(temporary, **options)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
         env.close()
         temporary.unlink(missing_ok=True)
