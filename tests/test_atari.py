@@ -275,7 +275,8 @@ def test_atari_id_without_ale_py_is_one_sentence_with_the_pip_command(monkeypatc
 def test_a_games_spec_is_made_once_per_process_and_options(monkeypatch):
     """Each Atari game made is a ROM load, and a population asked for its spec once per member and solo run: a spec
     this process made already is given again without making the game, for the same options only, and made anew where
-    the id is registered again."""
+    the id is registered again or its registration was changed in place (it gave the old game's action space and
+    reward threshold)."""
     made = []
     real = atari.make_atari_env
     monkeypatch.setattr(atari, "make_atari_env", lambda *a, **k: made.append(a) or real(*a, **k))
@@ -289,6 +290,11 @@ def test_a_games_spec_is_made_once_per_process_and_options(monkeypatch):
     assert full.action_space.n == 18 and first.action_space.n == 6 and len(made) == 4
     monkeypatch.setitem(gym.registry, "PongNoFrameskip-v4", dataclasses.replace(gym.spec("PongNoFrameskip-v4")))
     assert env_spec("PongNoFrameskip-v4") == first and len(made) == 5
+    # (a registration changed in place, Gymnasium's EnvSpec not being frozen: another game, not the kept spec)
+    monkeypatch.setitem(gym.spec("PongNoFrameskip-v4").kwargs, "full_action_space", True)
+    monkeypatch.setattr(gym.spec("PongNoFrameskip-v4"), "reward_threshold", 18.0)
+    changed = env_spec("PongNoFrameskip-v4")
+    assert (changed.action_space.n, changed.reward_threshold) == (18, 18.0) and len(made) == 6
 
 
 def test_ram_observations_are_not_preprocessed_as_images():

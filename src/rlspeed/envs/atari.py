@@ -198,11 +198,18 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 
 
-#: the EnvSpecs `atari_spec` made in this process, by (id, options), with the registration they were made from: each
-#: game made costs a ROM load, and a population's members and their solo runs ask for the same one (at most
-#: `_SPECS_KEPT`, the newest kept)
-_specs: collections.OrderedDict[tuple[str, str], tuple[object, EnvSpec]] = collections.OrderedDict()
+#: the EnvSpecs `atari_spec` made in this process, by (id, options), with the registration they were made from and
+#: its fields then (`_registered_as`): each game made costs a ROM load, and a population's members and their solo runs
+#: ask for the same one (at most `_SPECS_KEPT`, the newest kept)
+_specs: collections.OrderedDict[tuple[str, str], tuple[object, str, EnvSpec]] = collections.OrderedDict()
 _SPECS_KEPT = 32
+
+
+def _registered_as(registration) -> str:
+    """The fields of a Gymnasium registration (entry point, kwargs, time limit, reward threshold, wrappers, ...) as
+    text: a registration changed in place (`gymnasium.spec(id).kwargs[...] = ...`, Gymnasium's EnvSpec is not frozen)
+    makes another game, whose spec a kept one must not stand for."""
+    return repr(registration)
 
 
 def _spec_key(env_id: str, env_kwargs: dict | None) -> tuple[str, str]:
@@ -216,7 +223,7 @@ def atari_spec(env_id: str, env: gym.Env, env_kwargs: dict | None = None) -> Env
     made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id, env_kwargs),
                                registration.reward_threshold)
     key = _spec_key(env_id, env_kwargs)
-    _specs[key] = (registration, made)
+    _specs[key] = (registration, _registered_as(registration), made)
     _specs.move_to_end(key)
     while len(_specs) > _SPECS_KEPT:
         _specs.popitem(last=False)
@@ -232,11 +239,14 @@ def with_options(spec: EnvSpec, env_kwargs: dict | None) -> EnvSpec:
 
 def known_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec | None:
     """`atari_spec` of `env_id` with the options `env_kwargs` where this process made that game already (and the id
-    is still registered as it was then), else None: the spec without a ROM load."""
+    is still registered as it was then: the same registration, unchanged), else None: the spec without a ROM load."""
     kept = _specs.get(_spec_key(env_id, env_kwargs))
-    if kept is None or gym.spec(env_id) is not kept[0]:
+    if kept is None:
         return None
-    return kept[1]
+    registration = gym.spec(env_id)
+    if registration is not kept[0] or _registered_as(registration) != kept[1]:
+        return None
+    return kept[2]
 
 
 def stacked_frames(env: BatchedEnv) -> int | None:
