@@ -533,8 +533,7 @@ def test_an_evaluation_leaves_gymnasiums_normalisation_statistics_as_they_were()
     on an env that holds statistics (the training env, or one given its statistics) folded the evaluation's
     observations and returns into them. They are frozen while it runs (`update_running_mean`, as Gymnasium's docs
     suggest for evaluation) and their flags are the caller's again after it; an env whose statistics have seen
-    nothing is said to hand the policy raw observations, and subprocess envs' statistics, out of reach, are said to
-    move."""
+    nothing is said to hand the policy raw observations."""
     with pytest.warns(UserWarning, match="NormalizeObservation"):
         model = PPO(_normalised_cartpoles(), seed=0, num_steps=16, batch_size=32)
     # (Gymnasium's vector NormalizeObservation takes no SAME_STEP vector env; its vector NormalizeReward does)
@@ -558,11 +557,43 @@ def test_an_evaluation_leaves_gymnasiums_normalisation_statistics_as_they_were()
         env.close()
     with pytest.warns(UserWarning, match="NormalizeObservation, whose statistics have seen no observation yet"):
         rlspeed.evaluate(model, _normalised_cartpoles(), episodes=2, seed=0, max_steps=20)
-    with pytest.warns(UserWarning, match="subprocess envs pass through Gymnasium's NormalizeReward, "
-                                         "NormalizeObservation, whose running statistics the evaluation cannot freeze"):
-        env = _normalised_cartpoles(mode="async")
-        rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
-    env.close()
+    model.close()
+
+
+def _subprocess_statistics(env, attributes) -> list:
+    """(count, mean, var) of the running statistics `attributes` (obs_rms, return_rms) of each subprocess env."""
+    return [(rms.count, rms.mean.tolist(), np.asarray(rms.var).tolist())
+            for attribute in attributes for rms in env.get_attr(attribute)]
+
+
+def test_an_evaluation_freezes_gymnasiums_normalisation_inside_subprocess_envs_and_puts_it_back():
+    """Gymnasium's NormalizeObservation inside an AsyncVectorEnv's workers: evaluate folded the evaluation's
+    observations into its statistics, with a warning that it could not freeze them. It freezes it there now
+    (`set_attr("update_running_mean", False)`, which reaches the outermost wrapper that has it) and puts the flag and
+    the statistics back after; with two in each env (CleanRL's NormalizeObservation inside NormalizeReward) the inner
+    one's statistics, out of `set_attr`'s reach while it runs, are put back after it, with a warning that they moved
+    during the evaluation."""
+    with pytest.warns(UserWarning, match="NormalizeObservation"):
+        model = PPO(_normalised_cartpoles(), seed=0, num_steps=16, batch_size=32)
+    for wrappers, attributes in (([gym.wrappers.NormalizeObservation], ["obs_rms"]),
+                                 ([gym.wrappers.NormalizeObservation, gym.wrappers.NormalizeReward],
+                                  ["obs_rms", "return_rms"])):
+        env = _same_step_cartpoles(wrappers, mode="async")
+        env.reset(seed=0)
+        for _ in range(5):  # (statistics of some steps, as a training env holds)
+            env.step(env.action_space.sample())
+        before = _subprocess_statistics(env, attributes)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+        said = [str(w.message) for w in caught if "subprocess envs" in str(w.message)]
+        if len(wrappers) == 1:
+            assert not said
+        else:
+            assert len(said) == 1 and "only the outermost in each env can be frozen" in said[0]
+        assert _subprocess_statistics(env, attributes) == before and before[0][0] > 5
+        assert list(env.get_attr("update_running_mean")) == [True, True]
+        env.close()
     model.close()
 
 

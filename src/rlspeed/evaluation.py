@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import secrets
 import typing
 
@@ -467,6 +468,12 @@ _GYMNASIUM_NORMALISERS = (gym.wrappers.NormalizeObservation, gym.wrappers.Normal
                           gym.wrappers.vector.NormalizeObservation, gym.wrappers.vector.NormalizeReward)
 
 
+#: the statistics of Gymnasium's single-env normalisers, by the wrapper's name: one attribute name each, which no other
+#: of them has, so that a subprocess env's `get_attr` / `set_attr` of it reaches that wrapper (the outermost that has
+#: the attribute)
+_NORMALISER_STATISTICS = {"NormalizeObservation": "obs_rms", "NormalizeReward": "return_rms"}
+
+
 def _gymnasium_normalisers(env) -> tuple[list, list[str]]:
     """Gymnasium's `NormalizeObservation` and `NormalizeReward` (single-env and vector) around a vector env the caller
     passed (a Gymnasium or SB3 one, or a batched env `make_env` made of one) or around the envs inside it: those in
@@ -477,9 +484,44 @@ def _gymnasium_normalisers(env) -> tuple[list, list[str]]:
     for name, wrapper in _wrapper_layers(inner):
         if isinstance(wrapper, _GYMNASIUM_NORMALISERS):
             found[id(wrapper)] = wrapper
-        elif wrapper is None and name in ("NormalizeObservation", "NormalizeReward") and name not in unreached:
+        elif wrapper is None and name in _NORMALISER_STATISTICS and name not in unreached:
             unreached.append(name)
     return list(found.values()), unreached
+
+
+def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Callable[[], None]], bool]:
+    """For Gymnasium's normalisers `names` inside the subprocess envs of a Gymnasium `AsyncVectorEnv` in `env`: their
+    statistics read now and (the callables returned) written back after the evaluation, and the outermost normaliser
+    of each env frozen meanwhile (`set_attr`, which sets the outermost wrapper that has the attribute). Also whether
+    every normaliser is frozen (one per env), else the inner ones' statistics move during the evaluation. ([], False)
+    where they cannot be reached so (an SB3 SubprocVecEnv, whose `set_attr` sets the outermost wrapper whether it has
+    the attribute or not; a name twice in one env, whose inner statistics no `set_attr` reaches; envs of other
+    wrappers than each other; envs that cannot answer)."""
+    from rlspeed.envs.gymnasium_env import _subprocess_chains, _subprocess_env
+
+    inner = getattr(env, "vector_env", None) or getattr(env, "vec_env", None) or env
+    workers = _subprocess_env(inner)
+    chains = _subprocess_chains(inner) if isinstance(workers, gym.vector.AsyncVectorEnv) else None
+    if not chains:
+        return [], False
+    layers = [[name for name in re.findall(r"<(\w+)", chain) if name in _NORMALISER_STATISTICS] for chain in chains]
+    # (a worker asked for an attribute its env lacks raises, and Gymnasium then shuts every worker down)
+    if any(len(set(names_in)) != len(names_in) or set(names_in) != set(names) for names_in in layers):
+        return [], False
+    restore: list[typing.Callable[[], None]] = []
+    try:
+        for name in names:
+            attribute = _NORMALISER_STATISTICS[name]
+            kept = list(workers.get_attr(attribute))
+            restore.append(lambda attribute=attribute, kept=kept: workers.set_attr(attribute, kept))
+        flags = list(workers.get_attr("update_running_mean"))
+        restore.append(lambda: workers.set_attr("update_running_mean", flags))
+        workers.set_attr("update_running_mean", False)
+    except Exception:  # noqa: BLE001  (envs that cannot answer: what was changed is put back, and the warning stays)
+        for undo in reversed(restore):
+            undo()
+        return [], False
+    return restore, all(len(names_in) <= 1 for names_in in layers)
 
 
 def _frozen_gymnasium_statistics(env) -> list[typing.Callable[[], None]]:
@@ -496,12 +538,18 @@ def _frozen_gymnasium_statistics(env) -> list[typing.Callable[[], None]]:
                        "env's statistics into it first (each wrapper's obs_rms, as SB3's sync_envs_normalization "
                        "copies VecNormalize's), or train with normalize_obs=True, which keeps them in the model.",
                        UserWarning)
-    if unreached:
+    restore, all_frozen = _kept_subprocess_statistics(env, unreached) if unreached else ([], True)
+    if unreached and not restore:
         warn_at_caller(f"evaluate: this vector env's subprocess envs pass through Gymnasium's {', '.join(unreached)}, "
                        "whose running statistics the evaluation cannot freeze in their processes, so its observations "
                        "and rewards update them: evaluate on a SyncVectorEnv of such envs, whose statistics are left "
                        "as they were.", UserWarning)
-    restore = []
+    elif not all_frozen:
+        warn_at_caller(f"evaluate: this vector env's subprocess envs pass through Gymnasium's {', '.join(unreached)}, "
+                       "of which only the outermost in each env can be frozen in their processes: the others' "
+                       "statistics move with the evaluation's observations (and are put back after it), so the "
+                       "policy's observations differ from a frozen evaluation's: evaluate on a SyncVectorEnv of such "
+                       "envs, or with one normalisation wrapper in each env.", UserWarning)
     for wrapper in normalisers:
         restore.append(lambda wrapper=wrapper, own=wrapper.update_running_mean:
                        setattr(wrapper, "update_running_mean", own))
