@@ -859,8 +859,8 @@ def test_a_model_trained_with_callbacks_is_freed_by_del_without_the_garbage_coll
     gc.disable()
     try:
         for make in (lambda: [Child(), EveryNTimesteps(1, Child())], lambda: lambda locals_: None):
-            model = _ppo()
-            model.learn(2 * STEPS_PER_ITERATION, callback=make(), progress_bar=False)
+            model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=8, batch_size=16, n_epochs=1)
+            model.learn(32, callback=make(), progress_bar=False)
             held = weakref.ref(model)
             del model
             assert held() is None
