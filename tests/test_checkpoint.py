@@ -1046,6 +1046,12 @@ import sys
 import numpy as np
 import torch
 import rlspeed
+built = []
+_build = torch.optim.Optimizer.__init__
+def _counted_build(self, *args, **kwargs):
+    built.append(type(self).__name__)
+    _build(self, *args, **kwargs)
+torch.optim.Optimizer.__init__ = _counted_build
 class SGDPPO(rlspeed.PPO):
     def _make_optimizer(self, params):
         return torch.optim.SGD(params, lr=self.config.learning_rate)
@@ -1056,14 +1062,21 @@ for name, path in zip(("PPO", "SAC", "DQN"), sys.argv[1:]):
     model.save(path + "_resaved")
 fresh = SGDPPO("CartPole-v1", device="cpu", num_envs=1, num_steps=8, batch_size=8)
 SGDPPO.load(fresh.save(sys.argv[1] + "_sgd"), device="cpu").save(sys.argv[1] + "_sgd_resaved")
+print("built to act:", built)
+for name, path in zip(("PPO", "SAC"), sys.argv[1:]):
+    model = getattr(rlspeed, name).load(path, device="cpu")
+    model.learn(16, progress_bar=False)
+    assert model.update_summary()["implementation"] == "hand-derived"
+    getattr(rlspeed, name).load(model.save(path + "_trained"), device="cpu").learn(8, progress_bar=False)
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
 """
 
 
-def test_loading_to_act_builds_no_optimizer(tmp_path):
+def test_loading_to_act_builds_no_optimizer_and_training_imports_no_dynamo(tmp_path):
     """docs/checkpoints.md: a model loaded to act (load, predict, evaluate), and saved again, builds no optimizer
-    (one a subclass's `_make_optimizer` makes neither), so a fresh process never imports torch._dynamo (which torch
-    imports when the first optimizer is made)."""
+    (one a subclass's `_make_optimizer` makes neither); and a fresh process that trains, saves and resumes with a
+    hand-derived update never imports torch._dynamo (which torch's optimizers import when first built, saved or
+    loaded: seconds of every `rlspeed train`'s start)."""
     small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
     paths = [rlspeed.PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo"),
              rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac"),
@@ -1071,7 +1084,9 @@ def test_loading_to_act_builds_no_optimizer(tmp_path):
     result = subprocess.run([sys.executable, "-c", _ACT_FROM_CHECKPOINTS, *map(str, paths)], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "[]"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "built to act: []"
+    assert lines[-1] == "[]"
 
 
 class FlakyPPO(PPO):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -1015,6 +1016,36 @@ def gaussian_log_prob(actions: torch.Tensor, mean: torch.Tensor, log_std: torch.
     """Log-density of a diagonal Gaussian, summed over the action dimension."""
     z = (actions - mean) * torch.exp(-log_std)
     return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+#: torch.optim.Optimizer's methods that torch wraps in `torch._disable_dynamo`, whose first call imports torch._dynamo
+#: (as long again as importing torch), compiling or not: building, saving and loading an optimizer call them
+_DYNAMO_DISABLED_OPTIMIZER_METHODS = ("add_param_group", "state_dict", "load_state_dict")
+
+
+@contextlib.contextmanager
+def optimizers_without_dynamo() -> Iterator[None]:
+    """Within it, torch optimizers are built, saved and loaded without importing torch._dynamo, while nothing has
+    imported it: their methods' `torch._disable_dynamo` wrappers call them directly. Where torch._dynamo is not
+    imported nothing can be compiling, so that is what the wrapper would do; once anything imports it (torch.compile,
+    an optimizer's step), or after the block, torch's wrappers are as torch made them. Where a torch release wraps
+    these methods otherwise, torch._dynamo is imported as before."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    # (`_disable_dynamo`'s wrapper calls what it finds in the attribute `__dynamo_disable` of the function it wraps,
+    # `__wrapped__`, and puts torch._dynamo's disabled function there at its first call when the attribute is unset)
+    methods = [getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+               for name in _DYNAMO_DISABLED_OPTIMIZER_METHODS]
+    methods = [method for method in methods if callable(method) and "__dynamo_disable" not in vars(method)]
+    for method in methods:
+        setattr(method, "__dynamo_disable", method)
+    try:
+        yield
+    finally:
+        for method in methods:
+            if vars(method).get("__dynamo_disable") is method:
+                delattr(method, "__dynamo_disable")
 
 
 def make_adam(params, lr: float, device: torch.device, eps: float = 1e-5) -> torch.optim.Optimizer:

@@ -129,6 +129,7 @@ from rlspeed.nn import (
     encoder_from_config,
     image_channels_first,
     image_side,
+    optimizers_without_dynamo,
 )
 from rlspeed.numerics import DivergedError, NumericsGuard
 
@@ -2084,7 +2085,7 @@ class Algorithm:
         pending = self._optimizer_state
         try:
             with (training_threads(self.num_threads), float32_default(), torch.inference_mode(False),
-                  torch.device("cpu")):
+                  torch.device("cpu"), optimizers_without_dynamo()):
                 self._setup_optimizer()
                 self.__dict__.update(given)
                 self._follow_replaced_optimizers()
@@ -3422,7 +3423,8 @@ class Algorithm:
             tensors.update(optim_tensors)
             optim_meta = dict(optim_meta)
         for name, optimizer in ({} if deferred else self._optimizers()).items():
-            state = optimizer.state_dict()
+            with optimizers_without_dynamo():
+                state = optimizer.state_dict()
             for index, entries in state["state"].items():
                 for key, value in entries.items():
                     # (a tensor as it is: torch.as_tensor would move it to the caller's default device)
