@@ -743,7 +743,15 @@ class RunLogger:
 def save_figure(fig, path: Path) -> None:
     """Save the matplotlib Figure `fig` at `path` (its format from the suffix) whole or not at all (`write_atomic`:
     a kill while it is written leaves the previous plot, not a truncated image that a finished run would keep). An
-    OSError names `path`, not its temporary file (the message names the plot, not metrics.csv)."""
+    OSError names `path`, not its temporary file (the message names the plot, not metrics.csv). A figure laid out by
+    `tight_layout` is drawn once: the layout engine that call leaves in place only makes savefig draw it twice."""
+    import matplotlib
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):  # (the layout is done: no engine; the rc
+        # settings would put theirs in place of None)
+        with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)
     image = io.BytesIO()
     fig.savefig(image, format=path.suffix[1:] or None, dpi=100)
     try:
