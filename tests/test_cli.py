@@ -2519,16 +2519,16 @@ def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
     argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--out", "run", "--no-progress",
-            "--checkpoint-freq", "256"]
+            "--checkpoint-freq", "32", "--num-envs", "2", "--set", "num_steps=16", "--eval-episodes", "1"]
     configured = []  # (the count the command trains with; the caller's own is given back when main returns)
     real = device.configure_threads
     monkeypatch.setattr(device, "configure_threads", lambda count=None: configured.append(real(count)) or
                         configured[-1])
     try:
-        assert cli.main([*argv, "--total-timesteps", "512", "--threads", "2"]) == 0
+        assert cli.main([*argv, "--total-timesteps", "64", "--threads", "2"]) == 0
         assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
         torch.set_num_threads(1)
-        assert cli.main([*argv, "--total-timesteps", "1024", "--resume"]) == 0
+        assert cli.main([*argv, "--total-timesteps", "128", "--resume"]) == 0
         assert configured[-1] == 2 and torch.get_num_threads() == 1
         assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
     finally:
@@ -2863,9 +2863,10 @@ def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(t
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
-    # (past learning_starts 200: a trained policy; the sums that differ are the evaluation's, not the training's)
-    assert cli.main(["train", "sac", "Pendulum-v1", "--threads", "2", "--total-timesteps", "400", "--target-return",
-                     "none", "--no-progress", "--out", "run"]) == 0
+    # (past learning_starts 200: a trained policy; the sums that differ are the evaluation's, not the training's;
+    # 50 updates on two threads, which take the time, and 2 episodes are enough for the sums to differ)
+    assert cli.main(["train", "sac", "Pendulum-v1", "--threads", "2", "--total-timesteps", "250", "--target-return",
+                     "none", "--eval-episodes", "2", "--no-progress", "--out", "run"]) == 0
     final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]
     recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"]
     capsys.readouterr()
@@ -2876,9 +2877,9 @@ def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(t
         return counts[-1]
 
     monkeypatch.setattr(device, "configure_threads", counted)
-    assert cli.main(["eval", "run", "--seed", str(final["seed"]), "--json", "--no-progress"]) == 0
+    assert cli.main(["eval", "run", "--seed", str(final["seed"]), "--episodes", "2", "--json", "--no-progress"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["mean"], result["std"]) == (final["mean"], final["std"])
+    assert (result["mean"], result["std"], result["episodes"]) == (final["mean"], final["std"], 2)
     # (a machine whose sums do not depend on the thread count tells the evaluation's threads only by its count)
     assert counts == [recorded] and recorded == min(2, device.cores_per_process())
 
