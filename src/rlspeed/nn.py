@@ -1019,17 +1019,18 @@ def gaussian_log_prob(actions: torch.Tensor, mean: torch.Tensor, log_std: torch.
 
 
 #: torch.optim.Optimizer's methods that torch wraps in `torch._disable_dynamo`, whose first call imports torch._dynamo
-#: (as long again as importing torch), compiling or not: building, saving and loading an optimizer call them
+#: (a large part of a fresh process's start; docs/checkpoints.md), compiling or not: building, saving and loading an
+#: optimizer call them
 _DYNAMO_DISABLED_OPTIMIZER_METHODS = ("add_param_group", "state_dict", "load_state_dict")
 
 
 @contextlib.contextmanager
 def optimizers_without_dynamo() -> Iterator[None]:
-    """Within it, torch optimizers are built, saved and loaded without importing torch._dynamo, while nothing has
-    imported it: their methods' `torch._disable_dynamo` wrappers call them directly. Where torch._dynamo is not
-    imported nothing can be compiling, so that is what the wrapper would do; once anything imports it (torch.compile,
-    an optimizer's step), or after the block, torch's wrappers are as torch made them. Where a torch release wraps
-    these methods otherwise, torch._dynamo is imported as before."""
+    """Within it, torch optimizers are built, saved and loaded without importing torch._dynamo where nothing has
+    imported it before the block: their methods' `torch._disable_dynamo` wrappers call them directly, which is what the
+    wrappers do where torch._dynamo is not imported (nothing can be compiling). After the block the wrappers are as
+    torch made them; where torch._dynamo was imported before it, the block changes nothing. Where a torch release
+    wraps these methods otherwise, torch._dynamo is imported as before."""
     if "torch._dynamo" in sys.modules:
         yield
         return
