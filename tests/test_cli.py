@@ -2519,7 +2519,8 @@ def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
     argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--out", "run", "--no-progress",
-            "--checkpoint-freq", "32", "--num-envs", "2", "--set", "num_steps=16", "--eval-episodes", "1"]
+            "--checkpoint-freq", "32", "--num-envs", "2", "--env-backend", "torch", "--set", "num_steps=16", "--set",
+            "batch_size=32", "--eval-episodes", "1"]
     configured = []  # (the count the command trains with; the caller's own is given back when main returns)
     real = device.configure_threads
     monkeypatch.setattr(device, "configure_threads", lambda count=None: configured.append(real(count)) or
