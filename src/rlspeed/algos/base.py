@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
+from rlspeed.algos.update import HAND_DERIVED
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
 from rlspeed.callbacks import CallbackLike
@@ -2074,12 +2075,12 @@ class Algorithm:
     def _ensure_optimizer(self) -> None:
         """The one place that builds the optimisers and update steps a model made without them (`_setup` leaves them
         to `_setup_optimizer`), on the first read of one of `_optimizer_attributes` (the first learn, a gradient step,
-        `model.optimizer`): a model loaded to act (predict, evaluate, export) or saved never builds them, nor imports
-        torch._dynamo, which torch's optimizers import when first made. What a `_setup` put in place of one stays, and
+        `model.optimizer`): a model loaded to act (predict, evaluate, export) or saved never builds them. They are
+        built without importing torch._dynamo (`optimizers_without_dynamo`); an update other than the hand-derived
+        one imports it here, apart, since its optimizer step would. What a `_setup` put in place of one stays, and
         the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them then."""
         if not self.__dict__.get("_optimizer_deferred"):
             return
-        _import_apart("torch._dynamo")
         object.__setattr__(self, "_optimizer_deferred", False)
         given = {name: self.__dict__[name] for name in self._optimizer_attributes if name in self.__dict__}
         pending = self._optimizer_state
@@ -2101,6 +2102,12 @@ class Algorithm:
             object.__setattr__(self, "_optimizer_state", pending)
             object.__setattr__(self, "_optimizer_deferred", True)
             raise
+        steps = (self.__dict__.get("_update_step"), *self._further_update_steps().values())
+        chosen = {getattr(getattr(step, "choice", None), "implementation", HAND_DERIVED) for step in steps}
+        if chosen != {HAND_DERIVED}:
+            # (torch's optimizer step imports torch._dynamo: imported here, apart, the first step inside learn does
+            # not, and learn's frame is not kept by it: see `_import_apart`)
+            _import_apart("torch._dynamo")
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         """Prepare a learn() call: buffers, first observation."""
