@@ -808,6 +808,25 @@ def test_an_eval_freq_without_a_target_evaluates_the_members():
     assert all(member["final_eval"]["deterministic"] is True for member in summary["members"])  # (the mode named)
 
 
+@pytest.mark.parametrize("budget", [100_000, 40_000])  # (a 40th of the budget; the floor of 2,048)
+def test_a_population_evaluates_as_often_as_a_solo_run_of_its_budget_by_default(budget):
+    """Without eval_freq a population's first evaluation comes at the step a solo run of the same budget and
+    iteration size has its first (a 40th of the budget, at least 2,048; populations evaluated every 10,000)."""
+    from rlspeed.algos.base import default_eval_freq
+
+    quick = {"num_envs": 16, "num_steps": 32, "batch_size": 512, "n_epochs": 1}  # (few iterations to the first)
+    solo = PPO("CartPole-v1", seed=0, **quick)
+    solo.learn(budget, target_return=1e9, eval_episodes=1, progress_bar=False,
+               callback=lambda _: not solo.result.evaluations)  # (stops after the first evaluation)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **quick)
+    summary = population.learn(budget, target_return=1e9, eval_episodes=1, progress_bar=False,
+                               on_eval=lambda steps, means: list(means), evaluate_pruned=False)  # (all pruned at it)
+    iteration = quick["num_envs"] * quick["num_steps"]
+    first = -(-default_eval_freq(budget) // iteration) * iteration  # (the iteration that reaches the interval)
+    assert solo.result.evaluations[0][0] == first
+    assert [member["curve"][0][0] for member in summary["members"]] == [first, first]
+
+
 def test_each_members_confirming_evaluations_are_in_its_entry():
     """An evaluation that reaches the target is confirmed on fresh episodes; the member's entry lists each
     confirmation ([steps, mean]), so a curve that touched the target without a steps_to_target is explained, and a

@@ -230,6 +230,20 @@ def test_a_resume_keeps_each_confirmations_episodes_cut_short(tmp_path, monkeypa
     assert _confirmations_cut_short(summary["members"], 3) == ", 5 of 15 cut short at the step limit"
 
 
+def test_a_resumed_loop_without_eval_freq_keeps_its_checkpoints_interval(tmp_path):
+    """learn without eval_freq right after resume evaluates at the checkpoint's interval, as a resumed model does (the
+    default for the steps left, a 40th of them and at least 2,048, would move or drop the run's evaluations)."""
+    _population(PPO, "CartPole-v1").learn(256, eval_freq=128, eval_episodes=1, run_dir=tmp_path, checkpoint_freq=128,
+                                          progress_bar=False)
+    resumed = _population(PPO, "CartPole-v1")
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert resumed.num_timesteps == 128  # (the checkpoint of the first iteration)
+    evaluated = []
+    resumed.learn(384, eval_episodes=1, run_dir=tmp_path, progress_bar=False,
+                  on_eval=lambda steps, means: evaluated.append(steps))
+    assert evaluated == [256, 384, 512]
+
+
 def test_confirmations_an_older_checkpoint_did_not_count_are_not_counted(tmp_path, monkeypatch, capsys):
     """A checkpoint of an earlier rlspeed records no count of its confirmations' episodes cut short: summary.json's
     `confirmations_unfinished` holds null for them (not -1), and the reached line counts only the known ones (it

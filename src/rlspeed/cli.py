@@ -3170,9 +3170,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; none: train the whole budget)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
-                       help="env steps between evaluations (default: with a target, the preset's, else a 40th of "
-                            "the budget and at least 2,048; without one, none before the final one; with --seeds, the "
-                            "preset's, else 10,000, target or not)")
+                       help="env steps between evaluations (default: the preset's, else a 40th of the budget and "
+                            "at least 2,048: with a target, or with --seeds, target or not; a solo run without a "
+                            "target evaluates only at the end)")
     train.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                        help=f"episodes of each evaluation, during training and the final one (default {EVAL_EPISODES})")
     train.add_argument("--checkpoint-freq", type=_whole(1), default=None, metavar="N",
@@ -3245,7 +3245,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "maximise the final evaluation)")
     tun.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
                      help="env steps between evaluations, each a report to the pruner (default: the preset's, else "
-                          "10,000)")
+                          "a 40th of --budget and at least 2,048)")
     tun.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, metavar="N",

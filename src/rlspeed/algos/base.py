@@ -867,6 +867,13 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
             true_or_false("learn(confirm_target=...)", confirm_target))
 
 
+def default_eval_freq(total_timesteps: int) -> int:
+    """The env steps between `learn`'s evaluations where no `eval_freq` is given (a model's with a target, a
+    population's whenever it evaluates, `rlspeed tune`'s trials'): a 40th of the call's budget `total_timesteps`
+    and at least 2,048, so a run evaluates at most about 40 times however long it is."""
+    return max(2048, int(total_timesteps) // 40)
+
+
 def progress_remaining(timesteps: int, start: int, end: int) -> float:
     """A linear schedule's progress left at `timesteps`: 1 at `start`, 0 at `end` and after (SB3's
     `progress_remaining`)."""
@@ -2836,7 +2843,7 @@ class Algorithm:
             # its own choice)
             evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
             if eval_freq is None:
-                eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
+                eval_freq = saved_loop.get("eval_freq") or default_eval_freq(total_timesteps)
             per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
             # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's (whose steps
             # so far the bar starts from: it counts the whole run, as metrics.csv does)

@@ -22,7 +22,13 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.algos.base import Algorithm, checked_learn_values, refuse_learn_keywords, with_saved_cnn
+from rlspeed.algos.base import (
+    Algorithm,
+    checked_learn_values,
+    default_eval_freq,
+    refuse_learn_keywords,
+    with_saved_cnn,
+)
 from rlspeed.buffers import replay as replay_buffers
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, refuse_unless_fits
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
@@ -1440,8 +1446,9 @@ class PopulationBase:
               **unknown: Any) -> dict[str, Any]:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
-        default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
-        `Algorithm.learn` confirms one, unless `confirm_target=False`).
+        by default a 40th of `total_timesteps` and at least 2,048 as in a model's `learn`, excluded from the training
+        clock; a reaching evaluation is confirmed on fresh episode seeds as `Algorithm.learn` confirms one, unless
+        `confirm_target=False`).
 
         `stop="each"`: a member that reached its target leaves the computation and stops being counted;
         `stop="all"`: it keeps training with the others until all have reached.
@@ -1502,7 +1509,6 @@ class PopulationBase:
             raise UserError(f"evaluate_pruned must be True or False, got {evaluate_pruned!r}.")
         # members are evaluated towards a target, for `on_eval`, or where an evaluation frequency is given
         evaluating = target_return is not None or on_eval is not None or eval_freq is not None
-        eval_freq = 10_000 if eval_freq is None else eval_freq
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
         checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
@@ -1515,6 +1521,10 @@ class PopulationBase:
         with float32_default(), torch.inference_mode(False):
             logger = self._metrics_logger(run_dir, evaluating)
             saved = self.progress if self._resumed else None
+            if eval_freq is None:  # (a model's rule; a resumed loop keeps its own, as a resumed model's does)
+                kept = saved.get("eval_freq") if isinstance(saved, dict) else None
+                eval_freq = (kept if isinstance(kept, int) and not isinstance(kept, bool) and kept > 0
+                             else default_eval_freq(total_timesteps))
             self._resumed, self.progress = False, None
             self._drop_interrupted_env()
             self._begin(int(total_timesteps), 0 if whole_count_schedules else self.num_timesteps)
