@@ -59,6 +59,16 @@ def scheduled_epsilon(timesteps: int, start: int, end: int, fraction: float, ini
     return initial + progress * (final - initial)
 
 
+def collection_epsilons(steps: int, envs: int, timesteps: int, start: int, end: int, fraction: float, initial: float,
+                        final: float, device: torch.device | str) -> torch.Tensor:
+    """The epsilons `[steps]` of the next `steps` collection steps from env step `timesteps`, each step advancing the
+    count by `envs` (every rank's envs): `scheduled_epsilon`'s line continued step by step and held at `final`, as a
+    float32 tensor for the epsilon-greedy draws made before a collection (`DQN`'s and a population's members')."""
+    slope = envs * (final - initial) / (fraction * max(end - start, 1))
+    return (torch.arange(steps, device=device, dtype=torch.float32).mul_(slope)
+            .add_(scheduled_epsilon(timesteps, start, end, fraction, initial, final)).clamp_(min=final))
+
+
 @dataclass
 class DQNConfig(OffPolicyConfig):
     """DQN hyperparameters (names follow Stable-Baselines3; defaults as docs/algorithms.md's tables give them, with
@@ -223,11 +233,10 @@ class DQN(OffPolicyAlgorithm):
         cfg, num_envs = self.config, self._env.num_envs
         if self._collection_linears() is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
-        span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
-        # per collection step, which advances num_timesteps by every rank's envs
-        slope = self._envs_all_ranks * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span
-        epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
-                    .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))
+        # (per collection step, which advances num_timesteps by every rank's envs)
+        epsilons = collection_epsilons(cfg.train_freq, self._envs_all_ranks, start, self._learn_start,
+                                       self._schedule_end, cfg.exploration_fraction, cfg.exploration_initial_eps,
+                                       cfg.exploration_final_eps, self.device)
         explore = torch.rand((cfg.train_freq, num_envs), device=self.device) < epsilons.unsqueeze(1)
         if self._masking:
             actions = torch.rand((cfg.train_freq, num_envs, self.spec.action_dim), device=self.device)

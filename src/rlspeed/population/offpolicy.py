@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
-from rlspeed.algos.dqn import TD_LOSSES, scheduled_epsilon
+from rlspeed.algos.dqn import TD_LOSSES, collection_epsilons, scheduled_epsilon
 from rlspeed.algos.off_policy import (
     RAW_CONTENTS,
     OffPolicyAlgorithm,
@@ -1716,11 +1716,10 @@ class DQNPopulation(OffPolicyPopulation):
         if before + cfg.train_freq * envs <= cfg.learning_starts:
             return
         explore, actions = [], []
-        steps = torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32)
         for generator, member in zip(self.generators, self.alive):
             fraction, initial, final, _ = self._schedule[member]
-            slope = envs * (final - initial) / (fraction * max(self._schedule_end - self._learn_start, 1))
-            epsilons = steps.mul(slope).add_(self._epsilon(member, before)).clamp_(min=final)
+            epsilons = collection_epsilons(cfg.train_freq, envs, before, self._learn_start, self._schedule_end,
+                                           fraction, initial, final, self.device)
             explore.append(torch.rand((cfg.train_freq, envs), device=self.device, generator=generator)
                            < epsilons.unsqueeze(1))
             if self._masking:  # (one uniform number per action: the step takes the allowed one with the largest)
