@@ -581,6 +581,8 @@ def test_a_step_of_actions_that_are_no_tensor_of_one_row_per_env_is_one_sentence
      "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 2 (int)."),
     ("CartPole-v1", {"sutton_barto_reward": 0.5},
      "Env 'CartPole-v1' takes the option sutton_barto_reward as true or false (bool), got 0.5 (float)."),
+    # (true for a number, which rlspeed's own numbers refuse: Pendulum trained with gravity 1)
+    ("Pendulum-v1", {"g": True}, "Env 'Pendulum-v1' takes the option g as a number (float), got True (bool)."),
 ])
 def test_an_option_given_as_text_or_a_list_where_the_env_takes_a_bool_or_a_number_is_refused(env_id, options,
                                                                                               expected):
@@ -595,6 +597,26 @@ def test_an_option_given_as_text_or_a_list_where_the_env_takes_a_bool_or_a_numbe
     for value in (True, 1, 0):  # (a bool where a bool goes, or 0 and 1, as rlspeed's own switches take them)
         rlspeed.make_env("CartPole-v1", num_envs=1, device="cpu", backend="gymnasium",
                          env_kwargs={"sutton_barto_reward": value}).close()
+
+
+def test_env_options_are_held_to_the_rules_of_rlspeeds_own_settings():
+    """An option an env declares an int (its annotation) given 2.5, or one it declares a number given true, is refused
+    in one sentence as `--set n_epochs=2.5` and `--set learning_rate=true` are (both were passed to the env); whole
+    numbers written as floats (1e3), ints for a float, and any number where the default is an int (MountainCar's
+    goal_velocity=0) pass."""
+    from rlspeed.env_options import refuse_mistyped
+
+    def creator(size: int = 8, scale: float = 1.0, velocity=0):
+        """An env's entry point."""
+
+    for options, expected in (({"size": 2.5}, "takes the option size as a whole number (int), got 2.5 (float)."),
+                              ({"size": np.bool_(True)}, "takes the option size as a whole number (int), got "),
+                              ({"scale": False}, "takes the option scale as a number (float), got False (bool)."),
+                              ({"velocity": True}, "takes the option velocity as a number (float), got True (bool).")):
+        with pytest.raises(rlspeed.UserError, match=f"^Env 'Mine-v0' {re.escape(expected)}"):
+            refuse_mistyped("Mine-v0", creator, options)
+    refuse_mistyped("Mine-v0", creator, {"size": 1e3, "scale": 2, "velocity": 0.05})
+    refuse_mistyped("Mine-v0", creator, {"size": np.int64(4), "scale": np.float32(0.5)})
 
 
 def test_an_option_value_the_env_cannot_use_is_named():

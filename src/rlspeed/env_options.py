@@ -6,6 +6,7 @@ CLI and the presets use it before they import torch (which `rlspeed.envs` does).
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,10 +62,12 @@ _SCALARS = {bool: "true or false", int: "a whole number", float: "a number"}
 
 
 def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
-    """UserError in one sentence for an option of `env_kwargs` given as text, a list or a mapping where `creator`
-    (the env's entry point) declares a bool, int or float (by its annotation, else by its default's type), and for
-    a number other than 0 and 1 where it declares a bool (`true_or_false`'s rule for rlspeed's own switches:
-    `sutton_barto_reward=2` or `0.5` was taken as true)."""
+    """UserError in one sentence for an option of `env_kwargs` that `creator` (the env's entry point) declares a
+    bool, int or float (by its annotation, else by its default's type, an int default counting as a number) and that
+    is not one by the rules of rlspeed's own settings: text, a list or a mapping for any of them; for a bool, a
+    number other than 0 and 1 (`true_or_false`'s rule: `sutton_barto_reward=2` or `0.5` was taken as true); for a
+    number, true or false (`g=true` made Pendulum's gravity 1); for an int, a number that is not whole (1e3 is
+    one)."""
     try:
         parameters = inspect.signature(creator).parameters
     except (TypeError, ValueError):  # (a creator without a signature Python can read: nothing to check)
@@ -76,11 +79,23 @@ def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
         annotation = parameter.annotation
         wanted = next((kind for kind in _SCALARS if annotation in (kind, kind.__name__)), None)
         if wanted is None and annotation is inspect.Parameter.empty and parameter.default is not None:
-            wanted = next((kind for kind in _SCALARS if type(parameter.default) is kind), None)
-        if wanted is not None and (isinstance(value, (str, list, tuple, dict)) or (wanted is bool
-                                                                                   and not _true_or_false(value))):
+            # (`goal_velocity=0`: a default written as 0 is no promise of whole numbers)
+            wanted = next((float if kind is int else kind for kind in _SCALARS if type(parameter.default) is kind),
+                          None)
+        if wanted is not None and not _of_kind(wanted, value):
             raise UserError(f"Env '{env_id}' takes the option {name} as {_SCALARS[wanted]} ({wanted.__name__}), got "
                             f"{value!r:.60} ({type(value).__name__}).")
+
+
+def _of_kind(kind: type, value: Any) -> bool:
+    """Whether `value` passes for a `kind` (bool, int or float) option: `refuse_mistyped`'s rule."""
+    if isinstance(value, (str, list, tuple, dict)):
+        return False
+    if kind is bool:
+        return _true_or_false(value)
+    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+        return False  # (Python's or numpy's: no numpy import here)
+    return kind is float or not isinstance(value, numbers.Real) or float(value).is_integer()
 
 
 def _true_or_false(value: Any) -> bool:
