@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +30,16 @@ def _lines(text: str, name: str) -> list[str]:
 
 
 def test_doctor_on_cpu_passes(capsys):
+    """Every check passes or warns on a CPU, and the sample of the output docs/devices.md shows names checks doctor
+    prints, in its order (nothing compared them: a renamed or reordered check left the sample behind)."""
     assert doctor.run_doctor(device="cpu") == 0
     out = capsys.readouterr().out
+    printed = [line[6:6 + doctor.NAME_WIDTH].strip() for line in out.splitlines()[1:-1]]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "devices.md").read_text(encoding="utf-8")
+    sample = page.split("```\nrlspeed doctor (", 1)[1].split("```", 1)[0]
+    shown = [line[6:6 + doctor.NAME_WIDTH].strip() for line in sample.splitlines() if line[:4] in ("PASS", "WARN",
+                                                                                                    "FAIL")]
+    assert len(shown) > 5 and [name for name in printed if name in shown] == shown, (shown, printed)
     assert _lines(out, "torch")[0].startswith("PASS") and torch.__version__ in _lines(out, "torch")[0]
     device_line = _lines(out, "device")[0]
     assert device_line.startswith("PASS") and "tensor on cpu" in device_line
