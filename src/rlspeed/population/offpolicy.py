@@ -1172,6 +1172,10 @@ class OffPolicyPopulation(PopulationBase):
         return self._evaluate(seeds, episodes, members, max_steps, as_solo=True)
 
     def _evaluate_during_learn(self, seeds: Sequence[int], episodes: int, members: Sequence[int]) -> torch.Tensor:
+        """`evaluate`'s episodes, seeds and step limit for `learn`'s evaluations during training (curves,
+        confirmations, `on_eval`), the members acting through the batched networks (one product per layer for all
+        of them, as in training) instead of their solo models' layout: a mean may differ from the saved member's
+        `rlspeed eval` in float32's last bit. The final evaluation is `evaluate`'s."""
         return self._evaluate(seeds, episodes, members, None, as_solo=False)
 
     def _evaluate(self, seeds: Sequence[int] | None, episodes: int, members: Sequence[int] | None,
