@@ -616,6 +616,45 @@ def test_a_pickled_model_trains_as_the_original_would(algo, env_id, options):
         assert any(bool((v != 0).any()) for v in model.q_target.state_dict().values())
 
 
+@pytest.mark.parametrize("algo, env_id, options", [
+    ("PPO", "CartPole-v1", {"num_envs": 2, "num_steps": 16, "batch_size": 32, "n_epochs": 1}),
+    ("DQN", "CartPole-v1", {"learning_starts": 16, "batch_size": 16, "save_replay_buffer": True}),
+])
+def test_a_seeded_models_run_is_its_own_whatever_draws_between_its_learn_calls(algo, env_id, options, tmp_path):
+    """Self-play and A/B comparisons train several models in one process: model B's learn drew from torch's global
+    generator, so another model made or trained between B's construction and its learn calls (or a sampled action,
+    the caller's own draws) changed B's weights from those B trained alone reaches with the same seed. A seeded
+    model's learn draws from its own streams and gives the caller's generator back as it found it; a checkpoint saved
+    between learn calls resumes those streams."""
+    import rlspeed
+
+    def made(seed: int):
+        return getattr(rlspeed, algo)(env_id, seed=seed, device="cpu", env_backend="torch", **options)
+
+    def weights(model) -> list[torch.Tensor]:
+        return [value.clone() for value in model._state_tensors().values()]
+
+    alone = made(1)
+    alone.learn(64, progress_bar=False)
+    alone.learn(64, progress_bar=False)
+    other, model = made(0), made(1)
+    for _ in range(2):
+        other.learn(64, progress_bar=False)  # (the other player's turn)
+        torch.rand(7)  # (the caller's own draw)
+        model.predict(np.zeros(model.spec.observation_space.shape, dtype=np.float32), deterministic=False)
+        caller = torch.get_rng_state()
+        model.learn(64, progress_bar=False)
+        assert torch.equal(torch.get_rng_state(), caller)  # (the caller's stream as learn found it)
+        if _ == 0:
+            path = model.save(tmp_path / "model")
+    assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(alone)))
+    resumed = getattr(rlspeed, algo).load(path, device="cpu", env_backend="torch")
+    resumed.resume(path)
+    torch.rand(3)
+    resumed.learn(64, progress_bar=False)
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(alone)))
+
+
 def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_reaches_the_next_learn():
     """Stable-Baselines3 users set `model.ent_coef = ...` between stages: it made a new attribute nothing read, so
     training went on unchanged. It is refused, naming model.config; reading it says where it is. A learning rate set

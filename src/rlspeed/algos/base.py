@@ -1563,6 +1563,20 @@ def _env_example(env) -> str:
     return repr(registered) if registered is not None else "env"
 
 
+def _generator_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The states of torch's global generators a model on `device` draws from: the CPU's and `device`'s."""
+    device_rng = _device_rng(device)
+    return torch.get_rng_state(), device_rng[0]() if device_rng is not None else None
+
+
+def _set_generator_states(device: torch.device, states: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    """Put `_generator_states(device)`'s `states` back into torch's global generators."""
+    torch.set_rng_state(states[0])
+    device_rng = _device_rng(device)
+    if device_rng is not None and states[1] is not None:
+        device_rng[1](states[1])
+
+
 def _forked_random(device: torch.device):
     """`torch.random.fork_rng` over the CPU's generator and `device`'s: what the block draws leaves the caller's
     random streams as they were."""
@@ -1724,7 +1738,9 @@ class Algorithm:
 
         `device`: "auto" (the accelerator torch finds: NPU, CUDA, XPU or MPS, else the CPU; `RLSPEED_DEVICE`
         overrides it), "cpu", "cuda[:i]", "npu[:i]", "xpu[:i]" or "mps". `seed`: seeds the initial weights, the envs
-        (on their first reset) and every random draw of training; None draws nothing fixed. `env_backend` (for an env
+        (on their first reset) and every random draw of training, from streams of the model's own (another model's
+        training between its learn calls leaves its run as it would be alone); None draws nothing fixed, from torch's
+        global generator as it stands. `env_backend` (for an env
         id): "auto" (`rlspeed.envs.resolve_backend`: rlspeed's native env where it has one, but for few envs on a CPU;
         EnvPool for Atari ids where it is installed; else Gymnasium's), "torch", "gymnasium", "gymnasium-async" or
         "envpool". `accelerate`: "off", or "auto"
@@ -1876,6 +1892,7 @@ class Algorithm:
             # Without a seed, every process would keep torch's fixed default seed: the ranks would draw the same
             # exploration noise and replay indices. Each draws its own then.
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
+        self._own_random_streams(seed is not None)
         self._learning_rate_given = getattr(self.config, "learning_rate", None)  # (what the optimisers were built
         # with: `_follow_learning_rate` passes on a change)
         # (the values the model was built with, of the hyperparameters read only then: `_check_built_settings`)
@@ -1883,6 +1900,28 @@ class Algorithm:
                               for name in (*_ARCHITECTURE_KEYS, *_BUILT_KEYS, *self._built_settings)
                               if hasattr(self.config, name)}
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
+
+    def _own_random_streams(self, seeded: bool) -> None:
+        """A seeded model keeps its own random streams: the global generators' states now (right after seeding), put
+        in place for each `learn` and taken back after it, the caller's given back; so another model's training,
+        sampled actions or the caller's draws between two `learn` calls leave its run as it would be alone. An
+        unseeded model draws from the global generators as they stand."""
+        object.__setattr__(self, "_streams", _generator_states(self.device) if seeded else None)
+        object.__setattr__(self, "_caller_streams", None)  # (the caller's, while a learn call has the model's in place)
+
+    def _enter_streams(self) -> None:
+        """At the start of `learn`: the model's own streams in place of the caller's (kept until `_leave_streams`)."""
+        if getattr(self, "_streams", None) is not None and self._caller_streams is None:
+            caller = _generator_states(self.device)
+            _set_generator_states(self.device, self._streams)
+            object.__setattr__(self, "_caller_streams", caller)
+
+    def _leave_streams(self) -> None:
+        """On every way out of `learn`: the model's streams as training left them kept, the caller's given back."""
+        if getattr(self, "_caller_streams", None) is not None:
+            object.__setattr__(self, "_streams", _generator_states(self.device))
+            _set_generator_states(self.device, self._caller_streams)
+            object.__setattr__(self, "_caller_streams", None)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -2793,6 +2832,7 @@ class Algorithm:
         # helper wrapped in one); set here, in learn's own frame (a wrapper's frame would be where learn's warnings
         # point), the caller's given back on every way out
         torch.set_default_dtype(torch.float32)
+        self._enter_streams()
         # (inference_mode(False) turns gradients on, also inside no_grad; its exit gives back the grad mode it found)
         inference_off = torch.inference_mode(False)
         inference_off.__enter__()
@@ -2912,6 +2952,7 @@ class Algorithm:
             if bar is not None:  # (drawn: closed, which also gives back Python's display of warnings)
                 bar.close()
             inference_off.__exit__(None, None, None)
+            self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
@@ -3119,6 +3160,7 @@ class Algorithm:
             result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
             set_flush_denormal(flushed_before)
             inference_off.__exit__(None, None, None)
+            self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
@@ -3300,10 +3342,13 @@ class Algorithm:
         (torch's CPU and device generators as byte tensors, numpy's and Python's as JSON), the training env's state
         where its backend can restore it (native envs) with the current observation, the learn loop's position, the
         algorithm's own counters, the number of resumes so far and the numerics guard's counts."""
-        tensors = {"rng.torch": torch.get_rng_state()}
+        # (outside learn, a seeded model's own streams: those its next learn draws from)
+        own = getattr(self, "_streams", None) is not None and getattr(self, "_caller_streams", None) is None
+        cpu_state, device_state = self._streams if own else _generator_states(self.device)
+        tensors = {"rng.torch": cpu_state}
         device_rng = _device_rng(self.device)
-        if device_rng is not None:
-            tensors["rng.device"] = device_rng[0]()
+        if device_state is not None:
+            tensors["rng.device"] = device_state
         np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
         py_version, py_internal, py_gauss = random.getstate()
         meta = {"rng": {"device": self.device.type if device_rng is not None else None,
@@ -3669,6 +3714,7 @@ class Algorithm:
         if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
             torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
+            model._own_random_streams(True)
         model._restore_counts(meta)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
