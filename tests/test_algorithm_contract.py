@@ -655,6 +655,39 @@ def test_a_seeded_models_run_is_its_own_whatever_draws_between_its_learn_calls(a
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(alone)))
 
 
+def test_a_model_whose_env_another_model_stepped_since_its_last_learn_starts_its_episodes_afresh():
+    """Two models given one env object (self-play, a teacher and its student) take turns: the first one's next learn
+    went on from the observation it kept while the env was where the other left it, so its first transitions paired
+    an observation with the step of another state. It now starts from a reset (said once): each observation of its
+    rollout is followed by the one the env's dynamics give for it and the action taken."""
+    from rlspeed import PPO, make_env
+
+    options = {"device": "cpu", "num_steps": 8, "batch_size": 16, "n_epochs": 1}
+    env = make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
+    first, second = PPO(env, seed=0, **options), PPO(env, seed=1, **options)
+    first.learn(16, progress_bar=False)
+    second.learn(16, progress_bar=False)
+    with pytest.warns(UserWarning, match="stepped or reset by something else .* start afresh from a reset"):
+        first.learn(16, progress_bar=False)
+    dynamics = make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
+    dynamics.reset()
+    buffer = first.buffer
+    for step in range(buffer.obs.shape[0] - 1):  # (no episode of CartPole ends within 8 steps of a reset)
+        dynamics.unwrapped.state = buffer.obs[step].clone()
+        assert torch.allclose(dynamics.step(buffer.actions[step])[0], buffer.obs[step + 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first.learn(16, progress_bar=False)  # (its own env's episodes, as it left them: they go on)
+    # (a Gymnasium vector env given to two models, which each wrap it on their own)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(2)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    first, second = PPO(envs, seed=0, **options), PPO(envs, seed=1, **options)
+    first.learn(16, progress_bar=False)
+    second.learn(16, progress_bar=False)
+    with pytest.warns(UserWarning, match="stepped or reset by something else"):
+        first.learn(16, progress_bar=False)
+
+
 def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_reaches_the_next_learn():
     """Stable-Baselines3 users set `model.ent_coef = ...` between stages: it made a new attribute nothing read, so
     training went on unchanged. It is refused, naming model.config; reading it says where it is. A learning rate set

@@ -82,6 +82,7 @@ from rlspeed.envs.base import (
     check_seed,
     constructor_defaults,
     counted,
+    find_episode_statistics,
     find_wrapper,
     foreign_space_problem,
     integer_range,
@@ -1901,6 +1902,22 @@ class Algorithm:
                               if hasattr(self.config, name)}
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
+    def _follow_env_moves(self, env: BatchedEnv) -> None:
+        """At the start of `learn`: where the training env was stepped or reset by anything else since this model's
+        last learn ended (another model given the same env object: self-play, a teacher and its student), its
+        episodes are not where the observation the model kept says, so they start afresh, from a reset (said once per
+        model), as after a learn cut short."""
+        moves, before = getattr(find_episode_statistics(env), "moves", None), getattr(self, "_env_moves", None)
+        if moves is None or before is None or moves == before or getattr(self, "_mid_rollout", False):
+            return
+        self._mid_rollout = True
+        if not getattr(self, "_said_env_moved", False):
+            self._said_env_moved = True
+            warn_at_caller(f"{type(self).__name__}'s training env was stepped or reset by something else (another "
+                           "model given the same env object?) since this model's last learn: its episodes start "
+                           "afresh from a reset, not from the observation it kept (each model trains on its own "
+                           "env object where that matters).", UserWarning)
+
     def _own_random_streams(self, seeded: bool) -> None:
         """A seeded model keeps its own random streams: the global generators' states now (right after seeding), put
         in place for each `learn` and taken back after it, the caller's given back; so another model's training,
@@ -2749,7 +2766,8 @@ class Algorithm:
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
         also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far. A
         further learn() call goes on from where the last one stopped: its step count, the envs' episodes in progress
-        (after a call cut short inside a rollout, from a reset) and, off-policy, the replay buffer; its schedules
+        (after a call cut short inside a rollout, or where something else stepped or reset its env object since, such
+        as another model given the same env: from a reset) and, off-policy, the replay buffer; its schedules
         (`anneal_lr`, `anneal_clip`, DQN's exploration) run again over its own steps, or, with Stable-Baselines3's
         `reset_num_timesteps=False`, over the model's whole step count from 0 as SB3's do.
 
@@ -2848,6 +2866,7 @@ class Algorithm:
                                 columns=columns, kept=self._tensorboard) if run_dir is not None and main else None)
             self._total_timesteps = self.num_timesteps + int(total_timesteps)
             resume = self._resume
+            self._follow_env_moves(env)
             self._follow_replaced_optimizers()
             self._follow_frozen_parameters(learn_start=True)
             try:
@@ -3148,6 +3167,7 @@ class Algorithm:
             raise
         finally:
             self._end()
+            self._env_moves = getattr(find_episode_statistics(env), "moves", None)
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got; first,
             # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:

@@ -802,6 +802,19 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.index == b.index
 
 
+def _moves_counter(env) -> list[int]:
+    """The count of steps and resets (`EpisodeStatistics.moves`) of the env innermost in `env`, as a one-item list held
+    by that env: shared by every model trained on it, also where each wraps it on its own (a Gymnasium or SB3 vector
+    env given to several models); a copy of the env (a model deep-copied or pickled) holds a copy of it."""
+    while isinstance(env, EnvWrapper) and isinstance(env.__dict__.get("env"), BatchedEnv):
+        env = env.__dict__["env"]
+    source = getattr(env, "__dict__", {}).get("vector_env") or getattr(env, "__dict__", {}).get("vec_env") or env
+    held = getattr(source, "__dict__", None)
+    if held is None:  # (an object without attributes of its own: counted by this wrapper alone)
+        return [0]
+    return held.setdefault("_rlspeed_moves", [0])
+
+
 class EpisodeStatistics(EnvWrapper):
     """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards (the
     inner env's `info["raw_reward"]` where it gives them: SB3 VecEnvs under a reward-normalising VecNormalize).
@@ -824,6 +837,7 @@ class EpisodeStatistics(EnvWrapper):
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
+        self._moves = _moves_counter(env)
         # (returns summed in float64, as Gymnasium's and SB3's episode statistics sum Python floats: a float32 sum of
         # a thousand rewards is off in the fourth digit; float32 where the device has no float64)
         dtype = statistics_dtype(self.device)
@@ -832,8 +846,15 @@ class EpisodeStatistics(EnvWrapper):
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
+    @property
+    def moves(self) -> int:
+        """Steps and resets of the env so far, by anyone (`_moves_counter`): a model whose learn ended at another count
+        (another model trained on the same env in between) does not go on from the observation it kept."""
+        return self._moves[0]
+
     def reset(self, seed: int | None = None) -> ResetResult:
         """Zero the running episode totals, then reset the inner env."""
+        self._moves[0] += 1
         self._return = torch.zeros_like(self._return)
         self._length = torch.zeros_like(self._length)
         obs, info = self.env.reset(seed=seed)
@@ -851,6 +872,7 @@ class EpisodeStatistics(EnvWrapper):
         finished episodes' where `info["done"]` is True; elsewhere they are the current episode's running totals, which
         callers should ignore.
         """
+        self._moves[0] += 1
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.numerics is not None:
             obs, reward, info["final_obs"] = _checked(self.numerics, obs, reward, info["final_obs"], actions)
