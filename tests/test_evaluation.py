@@ -597,6 +597,45 @@ def test_an_evaluation_freezes_gymnasiums_normalisation_inside_subprocess_envs_a
     model.close()
 
 
+def test_an_evaluation_that_stops_puts_back_every_normalisation_it_froze(monkeypatch):
+    """The flags an evaluation freezes are put back on every way out: a warning raised as an error after the
+    subprocess envs' normalisers were frozen left them frozen (every later step of the training env kept its
+    statistics as they were), and a Ctrl-C while the subprocess envs stepped raised Gymnasium's
+    AlreadyPendingCallError from the first `set_attr` putting them back, in place of the KeyboardInterrupt, leaving the
+    vector NormalizeReward around them frozen. Now the others are put back all the same and the Ctrl-C goes on, with
+    a warning that the subprocess envs' were not."""
+    model = PPO("CartPole-v1", device="cpu", seed=0)
+    env = _normalised_cartpoles(mode="async")
+    env.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.filterwarnings("error", message=".*only the outermost in each env can be frozen")
+        with pytest.raises(UserWarning, match="only the outermost"):
+            rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+    assert list(env.get_attr("update_running_mean")) == [True, True]
+    env.close()
+    env = gym.wrappers.vector.NormalizeReward(_same_step_cartpoles([gym.wrappers.NormalizeObservation], mode="async"))
+    env.reset(seed=0)
+    step_wait, steps = gym.vector.AsyncVectorEnv.step_wait, []
+
+    def interrupted(self, *args, **kwargs):  # (Ctrl-C at the third step, the workers' answers pending)
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return step_wait(self, *args, **kwargs)
+
+    monkeypatch.setattr(gym.vector.AsyncVectorEnv, "step_wait", interrupted)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(KeyboardInterrupt):
+        warnings.simplefilter("always")
+        rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+    assert any("could not be put back after the evaluation stopped (KeyboardInterrupt)" in str(w.message)
+               for w in caught)
+    assert env.update_running_mean is True
+    monkeypatch.undo()
+    env.close()
+    model.close()
+
+
 def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():
     """A training env made with make_env(..., normalize_reward=True) holds the model's own reward statistics:
     evaluating on it folded the evaluation's returns into them, changing the scale the model trains on. They are

@@ -240,6 +240,7 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
     # the normalisation statistics of an env the caller passed stay as they were (`_frozen_normalization`)
     thaw = _frozen_normalization(env_id) if not isinstance(env_id, str) else None
+    failure = None
     try:
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
@@ -274,10 +275,13 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
                         break
             # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
             bar.update(int(finished.sum()) - bar.bar.n)
+    except BaseException as error:
+        failure = error
+        raise
     finally:
         bar.close()
         if thaw is not None:
-            thaw()
+            thaw(failure)
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
     unfinished = int((~finished).sum())
@@ -518,8 +522,7 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
         restore.append(lambda: workers.set_attr("update_running_mean", flags))
         workers.set_attr("update_running_mean", False)
     except Exception:  # noqa: BLE001  (envs that cannot answer: what was changed is put back, and the warning stays)
-        for undo in reversed(restore):
-            undo()
+        _put_back(list(reversed(restore)))
         return [], False
     return restore, all(len(names_in) <= 1 for names_in in layers)
 
@@ -539,7 +542,22 @@ def _frozen_gymnasium_statistics(env) -> list[typing.Callable[[], None]]:
                        "copies VecNormalize's), or train with normalize_obs=True, which keeps them in the model.",
                        UserWarning)
     restore, all_frozen = _kept_subprocess_statistics(env, unreached) if unreached else ([], True)
-    if unreached and not restore:
+    try:
+        _warn_unfrozen_subprocess_statistics(unreached, bool(restore), all_frozen)
+    except BaseException as error:  # (warnings as errors: the workers are not left frozen)
+        _put_back(restore, error)
+        raise
+    for wrapper in normalisers:
+        restore.append(lambda wrapper=wrapper, own=wrapper.update_running_mean:
+                       setattr(wrapper, "update_running_mean", own))
+        wrapper.update_running_mean = False
+    return restore
+
+
+def _warn_unfrozen_subprocess_statistics(unreached: list[str], reached: bool, all_frozen: bool) -> None:
+    """The warnings of `_frozen_gymnasium_statistics` for Gymnasium's normalisers `unreached` inside subprocess envs:
+    none reached (`reached` False), or not all of them frozen."""
+    if unreached and not reached:
         warn_at_caller(f"evaluate: this vector env's subprocess envs pass through Gymnasium's {', '.join(unreached)}, "
                        "whose running statistics the evaluation cannot freeze in their processes, so its observations "
                        "and rewards update them: evaluate on a SyncVectorEnv of such envs, whose statistics are left "
@@ -550,18 +568,31 @@ def _frozen_gymnasium_statistics(env) -> list[typing.Callable[[], None]]:
                        "statistics move with the evaluation's observations (and are put back after it), so the "
                        "policy's observations differ from a frozen evaluation's: evaluate on a SyncVectorEnv of such "
                        "envs, or with one normalisation wrapper in each env.", UserWarning)
-    for wrapper in normalisers:
-        restore.append(lambda wrapper=wrapper, own=wrapper.update_running_mean:
-                       setattr(wrapper, "update_running_mean", own))
-        wrapper.update_running_mean = False
-    return restore
 
 
-def _frozen_normalization(env) -> typing.Callable[[], None]:
+def _put_back(restore: list[typing.Callable[[], None]], failure: BaseException | None = None) -> None:
+    """Run every callable of `restore`, in order, also where one raises: the first error is raised after all ran, or,
+    where the caller is failing with `failure` already (a Ctrl-C while subprocess envs step leaves them unable to take
+    a `set_attr`), a warning says what was not put back and `failure` goes on."""
+    errors = []
+    for undo in restore:
+        try:
+            undo()
+        except Exception as error:  # noqa: BLE001  (the others are put back all the same)
+            errors.append(error)
+    if errors and failure is None:
+        raise errors[0]
+    if errors:
+        warn_at_caller(f"evaluate: {len(errors)} of the env's normalisation settings or statistics could not be put "
+                       f"back after the evaluation stopped ({type(failure).__name__}): {errors[0]}", UserWarning)
+
+
+def _frozen_normalization(env) -> typing.Callable[[BaseException | None], None]:
     """Freeze the running statistics of the normalisation in `env`, an env the caller passed to an evaluation (an SB3
     VecNormalize; rlspeed's `NormalizeReward`, whose statistics are the model's own where `env` is its training env;
     Gymnasium's `NormalizeObservation` and `NormalizeReward`, `_frozen_gymnasium_statistics`): an evaluation's
-    observations and returns are not training data. Returns what puts every flag back as it was."""
+    observations and returns are not training data. Returns what puts every flag back as it was (`_put_back`: given
+    the error the evaluation stops with, if any)."""
     restore = _frozen_gymnasium_statistics(env)
     normalizer = vec_normalize_of(env)
     if normalizer is not None:
@@ -575,9 +606,8 @@ def _frozen_normalization(env) -> typing.Callable[[], None]:
         wrapper._training = False
         wrapper = wrapper.__dict__.get("env")
 
-    def thaw() -> None:
-        for undo in restore:
-            undo()
+    def thaw(failure: BaseException | None = None) -> None:
+        _put_back(restore, failure)
 
     return thaw
 
