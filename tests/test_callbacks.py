@@ -869,6 +869,19 @@ def test_a_model_trained_with_callbacks_is_freed_by_del_without_the_garbage_coll
             gc.enable()
 
 
+def test_a_callback_inside_another_follows_its_parent_through_a_copy_and_a_pickle():
+    """A child's parent is held by a weak reference (no cycle): a pickled callback with a child raised "cannot
+    pickle 'weakref.ReferenceType' object" (it pickled before), and a deep copy's child still named the original
+    parent, whose evaluations (an EvalCallback's best mean) it then read."""
+    import copy
+    import pickle
+
+    parent = EveryNTimesteps(100, StopTrainingOnRewardThreshold(1.0))
+    for copied in (copy.deepcopy(parent), pickle.loads(pickle.dumps(parent))):
+        assert copied.callback.parent is copied
+    assert parent.callback.parent is parent
+
+
 def test_a_module_imported_apart_keeps_no_frame_of_its_caller(tmp_path, monkeypatch):
     """torch._dynamo, imported when a process makes its first optimizer (inside the first learn), runs torch.fx's
     `wrap`, whose frame holds itself: every frame below the import, learn's with the model, stayed alive until a gc

@@ -235,6 +235,21 @@ class BaseCallback:
         except TypeError:  # (an object without weak references)
             self._parent = parent
 
+    def __getstate__(self) -> dict[str, typing.Any]:
+        """The callback's attributes with its parent itself in place of the weak reference, which does not pickle and
+        which a deep copy would keep pointing at the original parent (a copied EvalCallback's child then read the
+        original's best mean)."""
+        state = dict(self.__dict__)
+        if isinstance(state.get("_parent"), weakref.ref):
+            state["_parent"] = state["_parent"]()
+        return state
+
+    def __setstate__(self, state: dict[str, typing.Any]) -> None:
+        state = dict(state)
+        parent = state.pop("_parent", None)
+        self.__dict__.update(state)
+        self.parent = parent
+
     @property
     def training_env(self) -> rlspeed.envs.BatchedEnv | None:
         """The model's training env (a `BatchedEnv`)."""
