@@ -137,9 +137,9 @@ def test_settings_that_had_no_effect_do_not_tell_experiments_apart(tmp_path):
 
 def test_settings_the_runs_env_made_idle_do_not_tell_experiments_apart(tmp_path):
     """CNN options on a run without images and episodic_life off Atari change nothing (warned as unused when the run
-    was made): runs that differ in them are one experiment, the env's spaces read from the model file each run saved
-    (they were three rows, told apart by cnn_features_dim and episodic_life); on images cnn_features_dim counts, and
-    a run whose model file is gone keeps them."""
+    was made): runs that differ in them are one experiment, the env's spaces read from the model file each run saved,
+    or another run of its env saved (they were three rows, told apart by cnn_features_dim and episodic_life); on
+    images cnn_features_dim counts, and where no run's model file is left they are kept."""
     import gymnasium as gym
 
     from rlspeed import PPO
@@ -158,9 +158,15 @@ def test_settings_the_runs_env_made_idle_do_not_tell_experiments_apart(tmp_path)
     table, _ = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
     assert [(row["env_id"], row["variant"], row["runs"]) for row in table] == [
         ("CartPole-v1", "", 3), ("custom", "cnn_features_dim=16", 1), ("custom", "cnn_features_dim=32", 1)]
-    (tmp_path / "runs" / "b" / "model.safetensors").unlink()  # (nothing says the env's spaces: kept)
+    # a run whose model file is gone is read as the others of its env (it was a row of its own, told apart by
+    # 'cnn_features_dim=None' from identical runs); where no file says the env's spaces, the settings are kept
+    (tmp_path / "runs" / "b" / "model.safetensors").unlink()
     table, _ = final_scores(collect_runs([tmp_path / "runs" / name for name in "abc"]), reps=100)
-    assert [row["runs"] for row in table] == [2, 1]
+    assert [row["runs"] for row in table] == [3]
+    for name in "ac":
+        (tmp_path / "runs" / name / "model.safetensors").unlink()
+    table, _ = final_scores(collect_runs([tmp_path / "runs" / name for name in "abc"]), reps=100)
+    assert [row["runs"] for row in table] == [1, 1, 1]
 
 
 def test_fine_tuned_runs_are_another_experiment_than_runs_from_scratch(tmp_path):
