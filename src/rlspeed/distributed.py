@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 from rlspeed.device import device_count, resolve_device
 from rlspeed.errors import PeerEnded, UserError
-from rlspeed.lifetime import peers_said, tell_launcher
+from rlspeed.lifetime import SAID_FOLDER_VARIABLE, peers_said, tell_launcher
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
 #: what a broken collective's error says where a peer process ended or stopped answering (gloo, NCCL, the store)
@@ -189,7 +190,7 @@ class DistributedStrategy:
         except RuntimeError as error:
             if isinstance(error, PeerEnded) or not any(said in str(error).lower() for said in gone):
                 raise
-            said = {rank: code for rank, code in peers_said().items() if rank != self.rank}
+            said = _said_by_peers(self.rank)
             here = f"Process {self.rank} of {self.world_size}"
             if said:
                 rank = min(said)
@@ -197,6 +198,22 @@ class DistributedStrategy:
                                 "above).") from error
             raise PeerEnded(f"{here} stopped: another process of the run ended or stopped answering (its message, "
                             "if it left one, is above; --debug shows where this one stopped).") from error
+
+
+#: how long a process whose peer ended waits for that peer's word (`tell_launcher`) before saying it does not know
+#: why: the peer's connection can close as its error unwinds (its objects freed), before it has said why
+PEER_WORD_WAIT_S = 5.0
+
+
+def _said_by_peers(rank: int) -> dict[int, int]:
+    """`peers_said` of the processes other than `rank`, waiting up to `PEER_WORD_WAIT_S` for one to have said why it
+    ended (at once where none can: a process not started by rlspeed's launcher)."""
+    deadline = time.monotonic() + PEER_WORD_WAIT_S
+    while True:
+        said = {other: code for other, code in peers_said().items() if other != rank}
+        if said or not os.environ.get(SAID_FOLDER_VARIABLE) or time.monotonic() >= deadline:
+            return said
+        time.sleep(0.05)
 
 
 def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
