@@ -113,6 +113,33 @@ def test_load_takes_a_cnn_that_builds_the_networks_the_file_holds_and_refuses_an
             _model(shape, cnn=other).resume(path)
 
 
+def test_set_parameters_and_init_from_take_a_cnn_that_builds_the_files_networks(tmp_path, capsys, monkeypatch):
+    """set_parameters and --init-from hold a file's `cnn` to load's rule (the CNN each image gets): a 20x20 file of
+    nature_or_small (the small CNN) goes into a model with cnn=small, which set_parameters refused as another value,
+    and --set cnn=small with it; cnn=auto (a strided CNN) is still refused by both."""
+    from rlspeed import cli
+
+    source = _model(cnn="nature_or_small")
+    path = source.save(tmp_path / "small")
+    model = _model(cnn="small")
+    model.set_parameters(path)
+    obs = torch.randint(0, 256, (6, 20, 20, 3), dtype=torch.uint8).numpy()
+    np.testing.assert_array_equal(model.predict(obs, deterministic=True)[0],
+                                  source.predict(obs, deterministic=True)[0])
+    with pytest.raises(UserError, match=r"holds networks built with cnn='nature_or_small', this model's have "
+                                        r"cnn='auto'"):
+        _model(cnn="auto").set_parameters(path)
+    gym.register("Grid20-v0", entry_point=_Grid20, max_episode_steps=20)
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "Grid20-v0", "--init-from", str(path), "--set", "num_envs=2", "--dry-run"]
+    try:
+        assert cli.main([*argv, "--set", "cnn=small"]) == 0
+        capsys.readouterr()
+        assert "--set cnn=auto and --init-from" in cli_error(capsys, [*argv, "--set", "cnn=auto"])
+    finally:
+        gym.registry.pop("Grid20-v0", None)
+
+
 def _without_cnn(path, config_of) -> None:
     """The checkpoint at `path` rewritten as an rlspeed before `cnn` wrote it (`config_of(meta)`: its config)."""
     tensors, meta = load_checkpoint(path)

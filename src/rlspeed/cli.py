@@ -1184,7 +1184,13 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     """With `--init-from FILE`: the settings that decide the networks (net_arch, activation, encoder, ...) set in
     `hyper` to the file's, whose weights the model takes; returns (key, note) for those that differ from the
     preset's (a `--set` of the key replaces the file's value, and the weights are then refused in one sentence)."""
-    from rlspeed.algos.base import algorithm_labels, build_config, holds_model_of, saved_weights_settings
+    from rlspeed.algos.base import (
+        algorithm_labels,
+        build_config,
+        holds_model_of,
+        saved_weights_settings,
+        weights_mismatch,
+    )
     from rlspeed.checkpoint import load_checkpoint, refuse_non_model
 
     path = _init_model_file(args)
@@ -1196,15 +1202,21 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
                         "(the networks it starts from).")
     notes = []
     before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
-    for key, value in saved_weights_settings(algo_cls, meta).items():
+    saved = saved_weights_settings(algo_cls, meta)
+    for key, value in saved.items():
         value = list(value) if isinstance(value, tuple) else value  # (as config.yaml and _plain write it)
-        if key in given and _plain(build_config(algo_cls.config_cls, {key: given[key]}))[key] != value:
-            raise UserError(f"--set {key}={given[key]} and --init-from '{path}' (networks with {key}={value}) "
-                            f"disagree: drop --set {key}, whose networks could not take the file's weights.")
-        if before[key] != value:
+        if key not in given and before[key] != value:
             notes.append((key, f"rlspeed: note: --init-from: {key}={value}, as the networks of '{path}' (else "
                                f"{before[key]})"))
         hyper[key] = value
+    # (a --set of one of them replaces the file's value later: it is taken where it builds the file's networks, as
+    # set_parameters takes a model's)
+    key = weights_mismatch(algo_cls, meta, build_config(algo_cls.config_cls, {
+        **hyper, **{key: value for key, value in given.items() if key in saved}}))
+    if key is not None:
+        value = _plain(build_config(algo_cls.config_cls, {key: saved[key]}))[key]
+        raise UserError(f"--set {key}={given[key]} and --init-from '{path}' (networks with {key}={value}) "
+                        f"disagree: drop --set {key}, whose networks could not take the file's weights.")
     args.init_from = str(path.resolve())
     return notes
 

@@ -390,14 +390,35 @@ def _same_networks(key: str, saved, given, space: gym.Space | None) -> bool:
     return key == "cnn" and _cnn_archs(given, space) == _cnn_archs(saved, space)
 
 
-def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
-    """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
-    checkpoint metadata), by name, as its config holds them: what `set_parameters` compares and `--init-from` takes."""
+def _saved_weights_config(algo_cls: type, meta: dict) -> tuple[typing.Any, gym.Space | None]:
+    """A model file's saved config (`meta` its checkpoint metadata) as `algo_cls`'s config class builds it, with the
+    observation space it records (None: float vectors of an older file)."""
     fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
     space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     config = with_saved_cnn(meta["config"], fields, space)
-    saved = build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields})
+    return build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields}), space
+
+
+def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
+    """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
+    checkpoint metadata), by name, as its config holds them: what `--init-from` takes."""
+    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+    saved, space = _saved_weights_config(algo_cls, meta)
     return {key: getattr(saved, key) for key in _weights_keys(saved, space) if key in fields}
+
+
+def weights_mismatch(algo_cls: type, meta: dict, config) -> str | None:
+    """The first of `saved_weights_settings` whose networks `config` (a model's) does not build as the file's, None
+    where it takes the file's weights: the rule of `set_parameters` and `--init-from`, as of `load` and resume
+    (`_same_networks`: a `cnn` of another name that builds each image the same CNN takes them)."""
+    saved, space = _saved_weights_config(algo_cls, meta)
+    for key in saved_weights_settings(algo_cls, meta):
+        try:
+            if not _same_networks(key, saved, config, space):
+                return key
+        except UserError:  # (a CNN the file's images are too small for: not the file's)
+            return key
+    return None
 
 
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
@@ -3577,11 +3598,6 @@ class Algorithm:
             raise UserError(f"'{path}' holds a model of {held}, not of {ours}: set_parameters takes the networks of "
                             f"a {type(self).__name__} model.")
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
-        for key, value in saved_weights_settings(type(self), meta).items():
-            if value != getattr(self.config, key):
-                theirs, ours = (list(v) if isinstance(v, tuple) else v for v in (value, getattr(self.config, key)))
-                raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
-                                f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        None, None, observation_space, {})
         from rlspeed.evaluation import space_mismatch
@@ -3592,6 +3608,12 @@ class Algorithm:
                              f"{space_text(s.action_space)}") for s in (spec, self.spec))
             raise UserError(f"'{path}' holds a model of {theirs}, whose {' and '.join(differ)} differ from this "
                             f"model's ({ours}).")
+        key = weights_mismatch(type(self), meta, self.config)
+        if key is not None:
+            theirs, ours = (list(v) if isinstance(v, tuple) else v
+                            for v in (saved_weights_settings(type(self), meta)[key], getattr(self.config, key)))
+            raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
+                            f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
         networks = {key: value for key, value in tensors.items() if not key.startswith("optim.")}
         self._restore(networks, {**meta, "optimizers": {}}, path)
 
