@@ -351,8 +351,8 @@ def test_rlspeed_eval_of_an_algorithm_of_a_users_own(tmp_path, capsys):
                                          r"evaluate it as OwnAlgorithm\.$"):  # (it said "use OwnAlgorithm.load")
         assert cli.main(["eval", str(path), "--episodes", "1"]) == 0
     assert "rlspeed: PPO on CartPole-v1" in capsys.readouterr().out
-    with pytest.warns(UserWarning, match=r"rlspeed export makes it a PPO, .*: export it in Python with OwnAlgorithm "
-                                         r"imported from not_imported_module \(OwnAlgorithm.load\(path\)"):
+    with pytest.warns(UserWarning, match=r"rlspeed export makes it a PPO, .*: add --gym-packages not_imported_module "
+                                         r"\(importable from here: PYTHONPATH\) to export it as OwnAlgorithm\.$"):
         assert cli.main(["export", str(path), "--out", str(tmp_path / "policy.pt")]) == 0
     with pytest.warns(UserWarning, match=r"; PPO.load makes it a PPO"):  # (Python's words again after the commands)
         PPO.load(path, device="cpu")

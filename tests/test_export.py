@@ -531,6 +531,34 @@ def test_rlspeed_export_of_an_algorithm_of_a_users_own(tmp_path):
         export_checkpoint(tmp_path / "mine.safetensors", "onnx", out=tmp_path / "other.onnx", algorithms=ALGORITHMS)
 
 
+def test_rlspeed_export_gym_packages_imports_a_users_algorithm_which_then_exports_as_its_class(tmp_path, capsys,
+                                                                                                monkeypatch):
+    """`rlspeed export --gym-packages MODULE`, as `rlspeed eval`'s: the module of the user's algorithm that saved the
+    file is imported and the model is built as its class; without it, the rlspeed algorithm it derives from, with a
+    warning advising the option (export had no such option and said to export in Python)."""
+    from rlspeed import cli
+
+    (tmp_path / "fu_own_algorithm.py").write_text("import rlspeed\n\n\nclass Mine(rlspeed.PPO):\n"
+                                                  "    name = 'fu_mine'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mine = importlib.import_module("fu_own_algorithm").Mine
+        path = mine("CartPole-v1", seed=0, net_arch=(8,)).save(tmp_path / "mine")
+        sys.modules.pop("fu_own_algorithm")  # (a fresh process: the module not imported)
+        with pytest.warns(UserWarning, match=r"rlspeed export makes it a PPO, .*: add --gym-packages "
+                                             r"fu_own_algorithm \(importable from here: PYTHONPATH\) to export it as "
+                                             r"Mine\.$"):
+            assert cli.main(["export", str(path), "--out", str(tmp_path / "ppo.pt")]) == 0
+        assert json.loads((tmp_path / "ppo.pt.json").read_text())["algo"] == "ppo"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert cli.main(["export", str(path), "--out", str(tmp_path / "mine.pt"), "--gym-packages",
+                             "fu_own_algorithm"]) == 0
+        assert json.loads((tmp_path / "mine.pt.json").read_text())["algo"] == "fu_mine"
+    finally:
+        sys.modules.pop("fu_own_algorithm", None)
+
+
 def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):
     """JSON writes the tuples among the env's options as lists (an env may take one only as a tuple, as highway-env's
     observation_shape): the sidecar lists their paths (`env_kwargs_tuples`), as checkpoints do, so a program that

@@ -2840,7 +2840,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with the options its run recorded (on its own id) and `--env-kwargs` over them; the result line names them.
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
-    from rlspeed.algos import Algorithm
     from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
 
     if args.video is None and "video_episodes" in _given_options(getattr(args, "argv", []), "eval"):
@@ -2875,12 +2874,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
-    from rlspeed.algos.base import saved_algorithm
-
-    # (an algorithm of a user's own: its class where --gym-packages imported its module, else the rlspeed algorithm
-    # it derives from)
-    algo_cls = saved_algorithm(meta, Algorithm, path, import_advice="add --gym-packages {module} (importable from "
-                               "here: PYTHONPATH)")
+    algo_cls = _command_algorithm(meta, path)
     from rlspeed.device import configure_threads, resolve_device
 
     # (as the run's final evaluation did: its threads, as config.yaml records them, else one or RLSPEED_NUM_THREADS;
@@ -2893,7 +2887,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     other = _other_class(meta, algo_cls)  # (a subclass not imported: load builds rlspeed's class, with a warning)
     try:
-        with warnings.catch_warnings(record=other is not None) as said, command_advice("rlspeed eval", _eval_advice):
+        with warnings.catch_warnings(record=other is not None) as said, command_advice("rlspeed eval",
+                                                                                         _advice("evaluate")):
             model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
                           "metadata describes")
         for warning in said or ():  # (said where the load worked; where it failed, the error below says it)
@@ -2993,21 +2988,31 @@ def _profiler_trace(path: Path) -> bool:
     return not head.strip() or re.match(r'\s*\{\s*"schemaVersion"\s*:', head) is not None
 
 
-def _eval_advice(saved: str) -> str:
-    """What makes `rlspeed eval` build the user's class `saved` (`module.QualName`) that saved a model file."""
-    module, _, name = saved.rpartition(".")
-    if module == "__main__":
-        return (f"evaluate it in Python ({name}.load(path).evaluate()), or move {name} into a module and pass "
-                "--gym-packages MODULE")
-    return f"add --gym-packages {module} (importable from here: PYTHONPATH) to evaluate it as {name}"
+def _command_algorithm(meta: dict, path) -> type:
+    """The class `rlspeed eval` and `rlspeed export` load the model file of checkpoint metadata `meta` (at `path`)
+    as: an algorithm of a user's own as its class where --gym-packages imported its module, else the rlspeed algorithm
+    it derives from (`saved_algorithm`, with the command line's advice)."""
+    from rlspeed.algos import Algorithm
+    from rlspeed.algos.base import saved_algorithm
+
+    return saved_algorithm(meta, Algorithm, path, import_advice="add --gym-packages {module} (importable from here: "
+                                                                "PYTHONPATH)")
 
 
-def _export_advice(saved: str) -> str:
-    """What exports the user's class `saved` (`module.QualName`) that saved a model file: Python, with the class
-    (`rlspeed export` imports no modules)."""
-    module, _, name = saved.rpartition(".")
-    where = "defined as in the script that saved it" if module == "__main__" else f"imported from {module}"
-    return f"export it in Python with {name} {where} ({name}.load(path).export(out))"
+def _advice(verb: str) -> Callable[[str], str]:
+    """What makes `rlspeed eval` (`verb` evaluate) or `rlspeed export` (export) build the user's class `saved`
+    (`module.QualName`) that saved a model file: its module imported by --gym-packages, or for a script's own class
+    Python."""
+    call = {"evaluate": "evaluate()", "export": "export(out)"}[verb]
+
+    def advice(saved: str) -> str:
+        module, _, name = saved.rpartition(".")
+        if module == "__main__":
+            return (f"{verb} it in Python ({name}.load(path).{call}), or move {name} into a module and pass "
+                    "--gym-packages MODULE")
+        return f"add --gym-packages {module} (importable from here: PYTHONPATH) to {verb} it as {name}"
+
+    return advice
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -3023,10 +3028,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"--out '{args.out}' ends in .safetensors, the suffix of rlspeed's model files, which an "
                         "export is not: name the export .onnx, .pt or .pt2.")
     from rlspeed.algos.base import command_advice
+    from rlspeed.envs import import_gym_packages
 
-    with command_advice("rlspeed export", _export_advice):
+    import_gym_packages(args.gym_packages)
+    with command_advice("rlspeed export", _advice("export")):
         path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
-                                 action_mask=args.action_mask, overwrite=args.overwrite)
+                                 action_mask=args.action_mask, overwrite=args.overwrite,
+                                 algorithm_of=_command_algorithm)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
     return 0
 
@@ -3327,6 +3335,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", default=None, type=_given("the export file"), metavar="FILE",
                      help="the export file (default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
+    exp.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
+                     help="modules to import first (the module of an algorithm of your own that saved the model, "
+                          "which then exports as its class; repeatable)")
     exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,
                      help="add (or leave out) an action_mask input, bool [batch, actions] (default: when the model "
                           "trained with the env's action masks)")

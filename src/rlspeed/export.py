@@ -38,7 +38,7 @@ import re
 import tempfile
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import gymnasium as gym
@@ -783,7 +783,7 @@ def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None
 
 def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: str | Path | None = None, *,
                       algorithms: Mapping[str, type], action_mask: bool | None = None,
-                      overwrite: bool = False) -> Path:
+                      overwrite: bool = False, algorithm_of: Callable[[dict, Path], type] | None = None) -> Path:
     """`rlspeed export`: load a model file or a run directory's `model.safetensors` on the CPU and export it.
 
     `algorithms` maps checkpoint algorithm names to classes: pass `rlspeed.algos.ALGORITHMS` (this module does not
@@ -792,7 +792,9 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     without `out`. `out` defaults to the model file with the
     format's suffix (`model.onnx` beside `model.safetensors`);
     `action_mask` as `export` takes it. An existing file at the output path is refused unless `overwrite` (the model
-    file itself always). Returns the written path.
+    file itself always). `algorithm_of(meta, path)`, where given, is the class that loads the file of checkpoint
+    metadata `meta` (`rlspeed export` gives `rlspeed eval`'s rule: a user's own class where its module is imported);
+    else `algorithms`' entry for the algorithm it holds or derives from. Returns the written path.
     """
     if format is None:  # (the one --out's suffix names, else ONNX)
         format = "onnx" if out is None else export_format(out, None)
@@ -803,7 +805,8 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     refuse_non_model(path, meta)
     # (an algorithm of a user's own name, also one named as another rlspeed algorithm: the rlspeed algorithm it
     # derives from, whose load warns that it makes one)
-    algo_cls = algorithms.get(meta.get("derives_from")) or algorithms.get(meta.get("algo"))
+    algo_cls = (algorithm_of(meta, path) if algorithm_of is not None
+                else algorithms.get(meta.get("derives_from")) or algorithms.get(meta.get("algo")))
     if algo_cls is None:
         raise UserError(f"'{path}' holds a model of {meta.get('class') or meta.get('algo')}, which is not one of "
                         "rlspeed's algorithms: export it in Python with its class imported "
