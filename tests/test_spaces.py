@@ -22,7 +22,7 @@ from rlspeed.buffers import ReplayBuffer, RolloutBuffer
 from rlspeed.envs import make_env
 from rlspeed.envs.base import EnvSpec, check_observation_space, space_from_json, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd
-from rlspeed.errors import UserError
+from rlspeed.errors import EncoderWarning, UserError
 from rlspeed.nn import CNNEncoder, FlattenEncoder, MultiInputEncoder, OneHotEncoder, make_encoder
 
 SMALL = {"cnn_features_dim": 16, "net_arch": (16,)}
@@ -216,6 +216,20 @@ def test_a_cnn_of_millions_of_linear_weights_warns_naming_the_resize(shape, cnn,
             make_encoder(_box(shape))  # (auto: the strided CNN)
         make_encoder(_box((36, 36, 3)))
         make_encoder(_box((4, 84, 84)))
+
+
+def test_the_large_cnn_warning_of_a_dict_key_names_the_key(monkeypatch):
+    """A Dict observation's image key whose CNN crosses the size a warning starts at is said with its key (the
+    warning read as of the whole observation); a Box alone is said without one."""
+    monkeypatch.setattr(rlspeed.nn, "LARGE_CNN_WEIGHTS", 1_000)  # (12x12's small CNN: 2,048 outputs x 8)
+    space = gym.spaces.Dict({"camera": _box((12, 12, 3)), "state": gym.spaces.Box(-1.0, 1.0, (2,))})
+    with pytest.warns(EncoderWarning) as said:
+        make_encoder(space, cnn_features_dim=8)
+    assert [str(warning.message).split(" has ")[0] for warning in said] == [
+        "The small CNN encoder of 12x12 images ('camera')"]
+    with pytest.warns(EncoderWarning, match=r"^The small CNN encoder of 12x12 images has 0\.0 million weights in its "
+                                            r"linear layer \(2,048 convolution outputs x cnn_features_dim 8\)"):
+        make_encoder(_box((12, 12, 3)), cnn_features_dim=8)
 
 
 # --- spaces no encoder handles ------------------------------------------------------------------------------------
