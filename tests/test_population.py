@@ -334,6 +334,24 @@ def test_reset_num_timesteps_false_runs_a_populations_schedules_over_the_whole_s
     assert dqn._epsilon(0, 16) == pytest.approx(0.0)  # (half of 32 steps: the exploration has ended, as a solo's)
 
 
+def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatch, tmp_path):
+    """`learn(0)` (a loop's call whose budget is spent), which a model's learn takes since SB3 does, was refused by a
+    population's ('total_timesteps must be positive'): nothing trains or is evaluated, the step count and the run
+    directory stay, and its summary has no final evaluation; a negative budget is still refused."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **{**SMALL, "n_epochs": 1})
+    steps = SMALL["num_envs"] * SMALL["num_steps"]
+    population.learn(steps, progress_bar=False)
+    parameters = [p.clone() for p in population.params]
+    monkeypatch.setattr(population, "evaluate", lambda *args: pytest.fail("learn(0) evaluated"))
+    summary = population.learn(0, target_return=500, run_dir=tmp_path / "run", progress_bar=False,
+                               reset_num_timesteps=False)
+    assert population.num_timesteps == steps and not (tmp_path / "run").exists()
+    assert all(torch.equal(p, q) for p, q in zip(parameters, population.params))
+    assert [member["final_eval"] for member in summary["members"]] == [None, None]
+    with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -8"):
+        population.learn(-8)
+
+
 def test_member_overrides_set_one_member():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
     assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])

@@ -1480,6 +1480,9 @@ class PopulationBase:
 
         `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training.
 
+        `total_timesteps=0` (a model's `learn(0)`, Stable-Baselines3's) trains and evaluates nothing: the members and
+        their step counts stay as they are, and the summary has no final evaluation (each `final_eval` None).
+
         A further call goes on from the step count the last one ended at; its schedules (PPO's and A2C's annealing,
         DQN's exploration) run over its own steps, or, with Stable-Baselines3's `reset_num_timesteps=False`, over the
         whole step count from 0, as a solo model's `learn` runs them.
@@ -1501,7 +1504,7 @@ class PopulationBase:
                               PopulationBase.learn)
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
-                                                checkpoint_freq, progress_bar, confirm_target)
+                                                checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
         warn_target_without_time_limit(self._env_spec, target_return)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
@@ -1515,6 +1518,10 @@ class PopulationBase:
         if checkpoint_interval_s is not None and run_dir is None:
             raise UserError(f"checkpoint_interval_s={checkpoint_interval_s:g} needs a run_dir to write the checkpoints "
                             "to.")
+        if total_timesteps == 0:  # (a model's learn(0), SB3's: nothing trains or is evaluated, the counts stay)
+            self.summary = self._summary(_LoopProgress.start(self.size, self.num_timesteps, eval_freq, None),
+                                         target_return, eval_episodes, stop, evaluate=False)
+            return self.summary
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
         # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
         # gives back)
