@@ -412,6 +412,30 @@ def test_a_run_dir_a_learn_left_without_rows_takes_a_new_model(tmp_path):
             128, progress_bar=False, run_dir=tmp_path / "b")
 
 
+def test_a_model_back_in_a_run_dir_it_left_is_told_its_rows_there_would_lack_the_steps_since(tmp_path):
+    """A model (or population) that trained in run_dir a, then b, and returns to a was refused with "holds the
+    metrics.csv of another run ... (trained in another run)", which its own run wrote: the refusal says whose rows
+    they are, where they end, and where it trained since; the file is kept."""
+    from rlspeed import PPO, UserError
+    from rlspeed.population import Population
+
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    model.learn(128, progress_bar=False, run_dir=tmp_path / "a", log_interval_s=0.0)
+    model.learn(128, progress_bar=False, run_dir=tmp_path / "b", log_interval_s=0.0)
+    rows = (tmp_path / "a" / "metrics.csv").read_text()
+    with pytest.raises(UserError, match=r"^'.*a' holds the metrics.csv of this model's run up to step 128; it has "
+                                        r"trained on to step 256 in '.*b' since, whose steps that file would lack: go "
+                                        r"on in '.*b', or give another run_dir\.$"):
+        model.learn(128, progress_bar=False, run_dir=tmp_path / "a")
+    assert (tmp_path / "a" / "metrics.csv").read_text() == rows
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=32, batch_size=64)
+    population.learn(128, progress_bar=False, run_dir=tmp_path / "c")
+    population.learn(128, progress_bar=False, run_dir=tmp_path / "d")
+    with pytest.raises(UserError, match=r"holds the metrics.csv of this population's run up to step 128; it has "
+                                        r"trained on to step 256 in '.*d' since"):
+        population.learn(128, progress_bar=False, run_dir=tmp_path / "c")
+
+
 def _tensorboard_writers() -> int:
     """TensorBoard's writer threads running (a model that trained into a run directory keeps one until its `close`
     or its collection: a test counting them collects earlier tests' models first)."""

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import typing
 import warnings
 from pathlib import Path
 
@@ -326,6 +327,20 @@ def holds_metrics(run_dir: str | os.PathLike) -> bool:
         return False
     except (OSError, UnicodeDecodeError):
         return True
+
+
+def refuse_other_metrics(run_dir: str | os.PathLike, who: str, steps: int, current: Path | None,
+                         left_at: int | None) -> typing.NoReturn:
+    """The UserError where `run_dir` holds a metrics.csv that `who` ("model", "population"), at `steps` env steps,
+    does not continue: its own run's, whose rows end at step `left_at` where it left for `current` (rows that went on
+    from there would lack the steps it trained in `current`), or another run's, which it would replace."""
+    if left_at is not None and current is not None:
+        raise UserError(f"'{run_dir}' holds the metrics.csv of this {who}'s run up to step {left_at:,}; it has trained "
+                        f"on to step {steps:,} in '{current}' since, whose steps that file would lack: go on in "
+                        f"'{current}', or give another run_dir.")
+    which = "untrained" if not steps else "trained in another run"
+    raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this {who} ({which}) would replace: give "
+                    "another run_dir, or delete the file first.")
 
 
 def _utf8_name(path: Path) -> bool:

@@ -120,7 +120,7 @@ from rlspeed.errors import (
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
-from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics
+from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
 from rlspeed.nn import (
     NATURE_CNN_MIN_SIDE,
     STRIDED_CNN_MIN_SIDE,
@@ -1810,6 +1810,7 @@ class Algorithm:
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
         self._run_dir: Path | None = None  # the run directory it trained in or was loaded from (`_continues`)
+        self._left_runs: dict[Path, int] = {}  # run directories it trained in before `_run_dir`: the step it left at
         self._tensorboard = KeptWriter()  # (its TensorBoard writer from one learn call in a run directory to the next)
         from_spec = isinstance(env, EnvSpec)
         if env_kwargs is not None and not isinstance(env, str):
@@ -2850,9 +2851,8 @@ class Algorithm:
         callbacks = as_callback(callback)
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
         if run_dir is not None and main and holds_metrics(run_dir) and not self._continues(run_dir):
-            which = "untrained" if not self.num_timesteps else "trained in another run"
-            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
-                            "replace: give another run_dir, or delete the file first.")
+            refuse_other_metrics(run_dir, "model", self.num_timesteps, self._run_dir,
+                                 self.__dict__.get("_left_runs", {}).get(Path(run_dir).resolve()))
         self._check_parameters_held()
         # values set on model.config since the model was built, taken and checked as the constructor takes and checks
         # them (an SB3 noise object or a misspelt choice for TD3's action_noise trained with no noise)
@@ -2863,6 +2863,9 @@ class Algorithm:
             self.result, self._total_timesteps = LearnResult(target_return=target_return), self.num_timesteps
             return self
         if run_dir is not None:
+            if self._run_dir is not None and self._run_dir != Path(run_dir).resolve() and self.num_timesteps:
+                # (the step its rows there end at; a model pickled before the attribute has none)
+                self.__dict__.setdefault("_left_runs", {})[self._run_dir] = self.num_timesteps
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
         result = self.result = LearnResult(target_return=target_return)

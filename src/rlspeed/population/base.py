@@ -46,7 +46,7 @@ from rlspeed.evaluation import (
     warn_unfinished,
 )
 from rlspeed.files import write_atomic
-from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics
+from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics, refuse_other_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.numerics import DIVERGED_ADVICE
 from rlspeed.population.normalize import MemberNormalize, MemberStatistics
@@ -1587,10 +1587,10 @@ class PopulationBase:
             return None
         run_dir = Path(run_dir)
         own = self._metrics_dir is None or self._metrics_dir == run_dir.resolve()
+        left = self.__dict__.setdefault("_left_runs", {})  # (run directories it wrote before: the step it left at)
         if holds_metrics(run_dir) and not (self.num_timesteps and own):
-            which = "untrained" if not self.num_timesteps else "trained in another run"
-            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
-                            "would replace: give another run_dir, or delete the file first.")
+            refuse_other_metrics(run_dir, "population", self.num_timesteps, self._metrics_dir,
+                                 left.get(run_dir.resolve()))
         # (a file an earlier rlspeed began keeps its column `eval_unfinished`, all members' cut episodes summed, with
         # its rows' values; the rows written from here on leave it empty)
         columns = (("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds),
@@ -1599,6 +1599,8 @@ class PopulationBase:
             self._tensorboard = KeptWriter()
         logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False,
                            kept=self._tensorboard)
+        if self._metrics_dir is not None and self._metrics_dir != run_dir.resolve():
+            left[self._metrics_dir] = self.num_timesteps
         self._metrics_dir = run_dir.resolve()
         return logger
 
