@@ -182,6 +182,40 @@ def test_learn_of_zero_steps_returns_the_model_as_it_was_as_sb3s(trained):
     assert all(torch.equal(p, q) for p, q in zip(parameters, model.policy.parameters()))
 
 
+@pytest.mark.parametrize("algo, options, counted", [
+    ("ppo", {"num_steps": 100, "batch_size": 50, "n_epochs": 1}, 200),  # (iterations of 100 env steps: two finished)
+    ("dqn", {"learning_starts": 10, "train_freq": 4}, 272),  # (iterations of 4)
+])
+def test_a_learn_interrupted_inside_an_iteration_counts_its_finished_iterations(monkeypatch, algo, options, counted):
+    """As docs/checkpoints.md says (Stable-Baselines3 counts every env step): a learn interrupted at its 276th env
+    step counts the steps of its finished iterations, as its result does; the next learn goes on from that count
+    with fresh episodes (the steps of the iteration cut short were neither trained on nor kept)."""
+    from rlspeed.envs.cartpole import CartPole
+
+    step, reset, calls = CartPole.step, CartPole.reset, {"step": 0, "reset": 0}
+
+    def interrupted(self, actions):
+        calls["step"] += 1
+        if calls["step"] == 276:
+            raise KeyboardInterrupt
+        return step(self, actions)
+
+    def counted_reset(self, *args, **kwargs):
+        calls["reset"] += 1
+        return reset(self, *args, **kwargs)
+
+    monkeypatch.setattr(CartPole, "step", interrupted)
+    monkeypatch.setattr(CartPole, "reset", counted_reset)
+    model = ALGORITHMS[algo]("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=1, net_arch=(8,),
+                             **options)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(1_000, progress_bar=False)
+    assert model.num_timesteps == model.result.total_timesteps == counted
+    resets = calls["reset"]
+    model.learn(100, progress_bar=False)
+    assert model.num_timesteps == counted + 100 and calls["reset"] == resets + 1
+
+
 def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_as_sb3():
     """SB3's way to continue a model (`learn(N, reset_num_timesteps=False)`, its docs' example) was refused: it is
     taken, and the schedules then span the model's whole step count from 0, as SB3's `progress_remaining` does

@@ -2786,7 +2786,8 @@ class Algorithm:
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
         that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
-        also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far. A
+        also when learn raises (KeyboardInterrupt included): it then holds the steps of the finished iterations (as
+        `num_timesteps` counts them: an iteration cut short is not counted) and the training time so far. A
         further learn() call goes on from where the last one stopped: its step count, the envs' episodes in progress
         (after a call cut short inside a rollout, or where something else stepped or reset its env object since, such
         as another model given the same env: from a reset) and, off-policy, the replay buffer; its schedules
