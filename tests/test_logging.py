@@ -436,6 +436,30 @@ def test_a_model_back_in_a_run_dir_it_left_is_told_its_rows_there_would_lack_the
         population.learn(128, progress_bar=False, run_dir=tmp_path / "c")
 
 
+def test_a_population_that_trained_without_a_run_dir_refuses_another_runs_metrics(tmp_path):
+    """A population that trained without a run_dir appended its rows to another run's metrics.csv given later (its
+    seeds' columns beside the other's), where a model refuses it; a population resumed from its run's checkpoint
+    still continues that run's file."""
+    from rlspeed import PPO, UserError
+    from rlspeed.population import Population
+
+    options = {"num_envs": 4, "num_steps": 32, "batch_size": 64}
+    first = Population(PPO, "CartPole-v1", seeds=[0, 1], **options)
+    first.learn(128, progress_bar=False, run_dir=tmp_path / "a")
+    first.save(tmp_path / "a" / "checkpoint.safetensors")
+    rows = (tmp_path / "a" / "metrics.csv").read_text()
+    elsewhere = Population(PPO, "CartPole-v1", seeds=[5, 6], **options)
+    elsewhere.learn(128, progress_bar=False)
+    with pytest.raises(UserError, match=r"holds the metrics.csv of another run, which this population \(trained in "
+                                        r"another run\)"):
+        elsewhere.learn(128, progress_bar=False, run_dir=tmp_path / "a")
+    assert (tmp_path / "a" / "metrics.csv").read_text() == rows
+    resumed = Population(PPO, "CartPole-v1", seeds=[0, 1], **options)
+    resumed.resume(tmp_path / "a" / "checkpoint.safetensors")
+    resumed.learn(128, progress_bar=False, run_dir=tmp_path / "a")
+    assert (tmp_path / "a" / "metrics.csv").read_text().startswith(rows)
+
+
 def _tensorboard_writers() -> int:
     """TensorBoard's writer threads running (a model that trained into a run directory keeps one until its `close`
     or its collection: a test counting them collects earlier tests' models first)."""

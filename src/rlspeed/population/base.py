@@ -1300,6 +1300,8 @@ class PopulationBase:
         self._load_replay(Path(path) if Path(path).exists() else checkpoint_path(path), saved.get("replay_buffer"))
         self.progress = saved.get("loop") or None
         self._resumed = True
+        file = Path(path) if Path(path).exists() else checkpoint_path(path)
+        self._metrics_dir = file.resolve().parent  # (its run's directory, whose metrics.csv its learn continues)
 
     def _check_same_run(self, path, saved: dict) -> None:
         """UserError unless the checkpoint's run (`saved`: its metadata) is this population's: algorithm, env, seeds,
@@ -1586,7 +1588,7 @@ class PopulationBase:
         if run_dir is None:
             return None
         run_dir = Path(run_dir)
-        own = self._metrics_dir is None or self._metrics_dir == run_dir.resolve()
+        own = self._metrics_dir == run_dir.resolve()  # (the run it last wrote to, or was resumed from)
         left = self.__dict__.setdefault("_left_runs", {})  # (run directories it wrote before: the step it left at)
         if holds_metrics(run_dir) and not (self.num_timesteps and own):
             refuse_other_metrics(run_dir, "population", self.num_timesteps, self._metrics_dir,
