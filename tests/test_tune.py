@@ -974,3 +974,31 @@ def test_a_trials_final_evaluation_says_how_many_episodes_were_cut_short(tmp_pat
     assert all(re.search(r"final eval -?[\d.]+, 2 of 2 cut short at the step limit \(", line) for line in lines), lines
     assert re.search(r"final evaluation -?[\d.]+, 2 of 2 cut short at the step limit;",
                      (tmp_path / "best.yaml").read_text(encoding="utf-8"))
+
+
+def test_a_study_an_older_rlspeed_made_without_an_eval_freq_goes_on_at_its_trials_interval(tmp_path, monkeypatch):
+    """Without --eval-freq or a preset's, an older rlspeed's trials evaluated every 10,000 steps (its populations'
+    default then) and its study recorded no interval; a resumed study's further trials evaluated at this rlspeed's
+    default (a 40th of the budget, at least 2,048), so their reports and steps to the target were measured on another
+    grid than the earlier trials' they are ranked and pruned against. They evaluate as the earlier trials did; a new
+    study records its interval and keeps the default."""
+    given: list = []
+    learn = PPOPopulation.learn
+
+    def spying(self, total_timesteps, **kwargs):
+        given.append(kwargs.get("eval_freq"))
+        return learn(self, total_timesteps, **kwargs)
+
+    monkeypatch.setattr(PPOPopulation, "learn", spying)
+    said: list[str] = []
+    kwargs = dict(population=1, storage=str(tmp_path / "study.db"), study_name="older",
+                  hyperparameters=dict(FIXED), budget=128, target_return=None, eval_freq=None, search_space=None,
+                  confirm_seeds=0, eval_episodes=1, out=tmp_path / "best.yaml", say=lambda *a, **k: said.append(a[0]))
+    tune(PPO, "CartPole-v1", trials=1, **kwargs)
+    assert given == [None]  # (the population's default)
+    study = optuna.load_study(study_name="older", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    older = {key: value for key, value in study.user_attrs["rlspeed"].items() if key != "default_eval_freq"}
+    study.set_user_attr("rlspeed", older)  # (as an older rlspeed recorded it)
+    tune(PPO, "CartPole-v1", trials=2, **kwargs)
+    assert given == [None, 10_000]
+    assert any("made by an older rlspeed: its trials evaluate every 10,000 steps" in line for line in said)

@@ -100,6 +100,9 @@ _EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 #: A number written as text
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was made for
+#: the env steps between a trial's evaluations, without --eval-freq or a preset's, in a study whose record has no
+#: "default_eval_freq" (an older rlspeed's): its populations' default then, which its trials' reports were made at
+OLDER_STUDY_EVAL_FREQ = 10_000
 
 
 def per_member_keys(algo_cls: type) -> tuple[str, ...]:
@@ -305,6 +308,9 @@ class _Setup:
     annealed: tuple[str, ...] = ()  # the settings whose schedules decay over a learn call's steps (the budget)
     eval_episodes: int = 10  # the episodes of every evaluation of a trial, the final one included
     at_once: int = 16  # the most members one population trains (--population), the confirmation's too
+    #: where `eval_freq` is None, the interval the trials evaluate at if not their population's default (a study an
+    #: older rlspeed made: its trials' interval, `OLDER_STUDY_EVAL_FREQ`); not written to the preset
+    trial_eval_freq: int | None = None
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -316,8 +322,8 @@ class _Setup:
         # (a pruned trial's value is its last report: a final evaluation would only repeat it, at another cost)
         kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
                   "progress_bar": self.progress_bar, "eval_episodes": self.eval_episodes, "evaluate_pruned": False}
-        if self.eval_freq is not None:
-            kwargs["eval_freq"] = self.eval_freq
+        if self.eval_freq is not None or self.trial_eval_freq is not None:
+            kwargs["eval_freq"] = self.eval_freq if self.eval_freq is not None else self.trial_eval_freq
         return members.learn(self.budget, **kwargs)
 
 
@@ -416,6 +422,13 @@ def _changed_setup(made_for: dict, record: dict) -> str:
 _DRIVER_PACKAGES = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'"}
 
 
+def _older_default_eval(made_for: dict, record: dict) -> bool:
+    """Whether the study of record `made_for` was made by an older rlspeed, whose trials without an eval_freq
+    evaluated every `OLDER_STUDY_EVAL_FREQ` steps (its record has no "default_eval_freq"), and this one's `record` sets
+    none either: its further trials evaluate as its earlier ones did, whose reports the pruner and objective compare."""
+    return "default_eval_freq" in record and "default_eval_freq" not in made_for and made_for.get("eval_freq") is None
+
+
 def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
     """The study `study_name` in `storage`, created or loaded (its completed trials' reports given to the pruner);
     UserError when it was made for another setup."""
@@ -458,6 +471,8 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
             raise UserError(f"Study '{study_name}' in {without_password(storage)} tunes {made_as[0]} on {made_as[1]}, "
                             f"not {record['algo']} on {record['env_id']}: give a new --study-name (its trials are "
                             "kept apart).")
+        if made_for is not None and _older_default_eval(made_for, record):  # (compared as the older record)
+            record = {key: value for key, value in record.items() if key != "default_eval_freq"}
         if made_for is not None and made_for != record:
             raise UserError(f"Study '{study_name}' in {without_password(storage)} was made with another "
                             f"{_changed_setup(made_for, record)}; resume it with the same command and those, or give "
@@ -581,6 +596,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     eval_episodes = positive_whole("eval_episodes", eval_episodes, needed_by="tune")  # (before the study records)
     from optuna.trial import TrialState
 
+    from rlspeed.algos.base import default_eval_freq
     from rlspeed.population import Population
 
     space, notes = load_search_space(search_space, algo_cls, hyperparameters, tuple(fixed))
@@ -604,8 +620,15 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         record["env_kwargs"] = env_kwargs
     if eval_episodes != 10:  # (likewise: a study made with the default records none)
         record["eval_episodes"] = eval_episodes
+    if eval_freq is None:  # (the interval the trials evaluate at; an older rlspeed's study records none)
+        record["default_eval_freq"] = default_eval_freq(budget)
     _lock_study(storage, study_name)  # (before marking "stale" trials failed: they may be another process's)
     study = _open_study(storage, study_name, seed, population, budget, record)
+    if _older_default_eval(study.user_attrs.get(_STUDY_ATTR) or {}, record):
+        setup.trial_eval_freq = OLDER_STUDY_EVAL_FREQ
+        say(f"rlspeed: study '{study_name}' was made by an older rlspeed: its trials evaluate every "
+            f"{OLDER_STUDY_EVAL_FREQ:,} steps, as its earlier trials did (--eval-freq N sets another interval in a "
+            "new study)")
     if fail_running or not _on_server(storage):
         stale = _fail_stale(study)
         if stale:
