@@ -231,6 +231,11 @@ def test_export_checkpoint_from_a_run_directory(tmp_path):
     out = export_checkpoint(tmp_path / "model.safetensors", "exported_program", out=tmp_path / "sub" / "p.pt2",
                             algorithms=ALGORITHMS)
     _assert_same_actions(model, _runner("exported_program", out), seed=5)
+    # an exported file given back to load (rlspeed eval) is named as one, with the file to give instead (it read "a
+    # zip archive (a Stable-Baselines3 model ...)", or for ONNX "its contents are not safetensors: header too large")
+    for exported, kind in ((path, "a TorchScript"), (out, "a torch.export")):
+        with pytest.raises(rlspeed.UserError, match=f"is {kind} model that rlspeed export wrote .*give the model file"):
+            rlspeed.load(exported)
 
 
 @pytest.mark.parametrize("out", [".", "/", "{tmp}"])

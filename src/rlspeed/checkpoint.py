@@ -758,6 +758,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise UserError(f"Cannot read the checkpoint '{path}': {error.strerror or error}.") from None
         if data.startswith(MAGIC):
             data = _decrypt(path, data, encryption_key(key))
+        _refuse_exported(path)
         if data.startswith(b"PK\x03\x04"):  # (a zip archive: what Stable-Baselines3's and PyTorch's save() write)
             raise UserError(f"'{path}' is a zip archive (a Stable-Baselines3 model or a torch.save file), not an "
                             "rlspeed checkpoint; rlspeed reads the .safetensors files its own save() writes.")
@@ -1082,6 +1083,22 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
                 break
     if problem is not None:
         raise UserError(f"'{path}' is not a usable model checkpoint: {problem} (the file was edited or damaged).")
+
+
+def _refuse_exported(path: Path) -> None:
+    """UserError for a file that `rlspeed export` wrote (its sidecar `FILE.json` names its format and algorithm), which
+    rlspeed does not load back: the sentence names the model file to give instead and what runs an exported one."""
+    try:
+        sidecar = json.loads(path.with_name(path.name + ".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(sidecar, dict) and sidecar.get("format") in ("onnx", "torchscript", "exported_program") and \
+            "algo" in sidecar:
+        kind = {"onnx": "an ONNX", "torchscript": "a TorchScript", "exported_program": "a torch.export"}
+        raise UserError(f"'{path}' is {kind[sidecar['format']]} model that rlspeed export wrote (its sidecar "
+                        f"'{path.name}.json'), which rlspeed does not load back: give the model file (.safetensors) "
+                        "or run directory it was exported from; an exported model runs in onnxruntime or torch "
+                        "(docs/export.md).")
 
 
 def refuse_non_model(path, meta: dict, verb: str = "load") -> None:
