@@ -1002,3 +1002,12 @@ def test_a_study_an_older_rlspeed_made_without_an_eval_freq_goes_on_at_its_trial
     tune(PPO, "CartPole-v1", trials=2, **kwargs)
     assert given == [None, 10_000]
     assert any("made by an older rlspeed: its trials evaluate every 10,000 steps" in line for line in said)
+
+
+def test_a_study_resumed_with_another_eval_freq_is_refused_naming_only_the_settings_given(tmp_path):
+    """A study made without --eval-freq records the interval its trials evaluate at; resumed with --eval-freq, the
+    refusal names eval_freq, not the record's internal default_eval_freq."""
+    made_for = {"algo": "ppo", "env_id": "CartPole-v1", "budget": 256, "target_return": None, "eval_freq": None,
+                "default_eval_freq": 2048, "hyperparameters": {}, "search_space": {}}
+    record = {**{key: value for key, value in made_for.items() if key != "default_eval_freq"}, "eval_freq": 128}
+    assert rlspeed.tune._changed_setup(made_for, record) == "eval_freq (unset in the study)"

@@ -408,7 +408,7 @@ def _changed_setup(made_for: dict, record: dict) -> str:
     changed = []
     for key in dict.fromkeys([*record, *made_for]):
         old, new = made_for.get(key), record.get(key)
-        if old == new:
+        if old == new or key == "default_eval_freq":  # (it follows budget and eval_freq, named instead)
             continue
         if key == "hyperparameters" and isinstance(old, dict) and isinstance(new, dict):
             changed.append(f"hyperparameters (the study's {study_values(old, new)}: rlspeed's preset for the pair may "
