@@ -1521,7 +1521,8 @@ class PopulationBase:
             raise UserError(f"checkpoint_interval_s={checkpoint_interval_s:g} needs a run_dir to write the checkpoints "
                             "to.")
         if total_timesteps == 0:  # (a model's learn(0), SB3's: nothing trains or is evaluated, the counts stay)
-            self.summary = self._summary(_LoopProgress.start(self.size, self.num_timesteps, eval_freq, None),
+            interval = eval_freq if eval_freq is not None else default_eval_freq(total_timesteps)
+            self.summary = self._summary(_LoopProgress.start(self.size, self.num_timesteps, interval, None),
                                          target_return, eval_episodes, stop, evaluate=False)
             return self.summary
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
