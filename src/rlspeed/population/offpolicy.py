@@ -1050,7 +1050,7 @@ class OffPolicyPopulation(PopulationBase):
     def _load_replay(self, path: Path, saved: dict | None) -> None:
         if not self.alive:
             return
-        empty = ("the replay buffer starts empty and updates wait for learning_starts new transitions, so training is "
+        empty = ("the replay buffer starts empty and updates wait for learning_starts new transitions: training is "
                  "not identical to the uninterrupted run")
         if not isinstance(saved, dict) and not self.num_timesteps:  # (saved before any step: no transition to lose,
             return  # an empty buffer is the uninterrupted run's, as a solo run's resume says nothing then)
