@@ -97,6 +97,19 @@ def _run_outside_the_tree(tmp_path_factory):
     os.chdir(previous)
 
 
+@pytest.fixture(autouse=True)
+def _plots_only_where_asked(request, monkeypatch):
+    """A run's end-of-run plots (learning_curve.png, a population's learning_curves.png) are drawn only in the tests
+    marked `plots`: matplotlib's drawing is most of a short training test's time, and the other tests assert nothing
+    of the picture. A test that checks a run's files, or calls the plot functions itself, is marked `plots`."""
+    if request.node.get_closest_marker("plots") is None:
+        from rlspeed.logging import RunLogger
+        from rlspeed.population import plot
+
+        monkeypatch.setattr(RunLogger, "plot", lambda self: None)
+        monkeypatch.setattr(plot, "plot_learning_curves", lambda summary, path: None)
+
+
 @pytest.fixture
 def isolated_accel(tmp_path, monkeypatch):
     """For acceleration tests: an own strategy cache, no forced strategy, a short timing budget."""

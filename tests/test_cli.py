@@ -162,6 +162,7 @@ def test_the_docs_summary_sample_has_every_field():
         assert_type(summary[field], expected)
 
 
+@pytest.mark.plots
 def test_train_writes_the_run_directory(runs):
     assert_succeeded(runs.result("train"))
     run_dir = runs.cwd / "plain"
@@ -1521,6 +1522,7 @@ def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(t
     assert "other settings than the run started with: ent_coef " in out.err and "-> 0.05" in out.err
 
 
+@pytest.mark.plots
 def test_a_run_killed_before_its_plot_is_finished_by_resume_with_the_plot(tmp_path, monkeypatch):
     """A run killed after its last checkpoint (the whole budget) and before learn drew learning_curve.png: --resume,
     with nothing left to train, saved and evaluated it, and the finished run had no plot for good."""
@@ -2014,6 +2016,7 @@ def test_replaced_runs_left_by_several_killed_overwrites_are_said(tmp_path, caps
         assert f"'{aside}' holds a run that a killed --overwrite command replaced" in err
 
 
+@pytest.mark.plots
 def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):
     """--overwrite deleted the run first; a failure found after that (W&B refusing the run, an env failing to start)
     left the directory with neither run."""

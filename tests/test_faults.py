@@ -1347,6 +1347,7 @@ def test_resume_runs_the_final_evaluation_a_signal_at_the_runs_end_skipped(tmp_p
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 @pytest.mark.parametrize("at", [384, 512])
+@pytest.mark.plots
 def test_a_run_a_signal_stopped_is_saved_before_its_learning_curve_is_drawn(tmp_path, monkeypatch, sig, code, at):
     """A run niced on a loaded machine was still drawing learning_curve.png minutes after a SIGTERM (matplotlib's
     import alone is seconds of CPU time), and learn drew it before the model, the checkpoint and summary.json were

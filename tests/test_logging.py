@@ -21,6 +21,7 @@ def read_rows(path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.plots
 def test_metrics_csv_is_written_as_rows_are_logged(tmp_path):
     logger = RunLogger(tmp_path, tensorboard=False)
     logger.log({"timesteps": 100, "sps": 50.0})
@@ -157,6 +158,7 @@ def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     assert [float(r["train_wall_s"]) for r in rows][:len(clock)] == clock and later and min(later) > clock[-1]
 
 
+@pytest.mark.plots
 def test_the_plot_leaves_matplotlib_s_backend_alone_and_is_drawn_once(tmp_path, monkeypatch):
     """The plot a run saves at its end uses its own Agg canvas, and draws its figure once (savefig drew it twice after
     tight_layout, a third of the plot's time at every run's end)."""
@@ -947,6 +949,7 @@ def test_tensorboard_groups_a_runs_metrics_by_section_with_metrics_csv_values(tm
 
 
 @pytest.mark.parametrize("seeds", [None, "0-1"])
+@pytest.mark.plots
 def test_a_run_without_an_importable_matplotlib_is_saved_whole_without_its_plot(tmp_path, monkeypatch, capsys, seeds):
     """matplotlib that cannot be imported (a broken install) cost a finished run its model (the plot came first and
     raised): the run is saved, the plot left out with a warning naming the pip command, and the command succeeds."""
@@ -1287,6 +1290,7 @@ def test_tensorboards_server_drops_a_killed_runs_points_after_the_checkpoint_it_
     assert [event.step for event in server.Tensors("rollout/episode_return")] == [100, 200]
 
 
+@pytest.mark.plots
 def test_the_plot_of_a_run_in_which_no_episode_ended_says_so(tmp_path, monkeypatch):
     """A continuing task's training ends no episode: learning_curve.png said nothing (empty axes from 0 to 1); it
     says that no episode ended in the run's steps, over those steps."""

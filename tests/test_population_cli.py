@@ -162,6 +162,7 @@ def documented_summary() -> dict:
     return json.loads(sample, parse_constant=lambda constant: pytest.fail(constant))
 
 
+@pytest.mark.plots
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",
@@ -274,6 +275,7 @@ def test_iqm_band_holds_a_finished_curve_at_its_last_value():
     assert all(lo <= c <= hi for lo, c, hi in zip(low, centre, high))
 
 
+@pytest.mark.plots
 def test_the_plots_iqm_leaves_a_member_out_from_the_step_it_diverged_at(tmp_path, monkeypatch):
     """A member that diverged after its first evaluations held its last finite evaluation in the IQM to the end of
     the plot, while summary.json's final-evaluation aggregate leaves it out: a policy with NaN weights drawn as one
@@ -385,6 +387,7 @@ def test_a_population_on_an_env_variant_has_no_stock_target_as_a_solo_run(tmp_pa
         assert json.loads((tmp_path / run / "summary.json").read_text())["target_return"] is None, run
 
 
+@pytest.mark.plots
 def test_the_population_plot_of_an_env_id_the_font_cannot_draw_warns_nothing(tmp_path):
     """A Chinese env id in the plot's title drew boxes and printed one 'Glyph ... missing from font' warning per
     character after the run."""
@@ -399,6 +402,7 @@ def test_the_population_plot_of_an_env_id_the_font_cannot_draw_warns_nothing(tmp
         assert plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
 
 
+@pytest.mark.plots
 def test_the_population_plot_of_one_evaluation_shows_it(tmp_path, monkeypatch):
     """A run as long as its eval_freq (`--seeds 0-255 --total-timesteps 1024`) has one evaluation per member: each
     curve, and the IQM, were lines of no length, and learning_curves.png showed empty axes. They are dots now."""
@@ -414,6 +418,7 @@ def test_the_population_plot_of_one_evaluation_shows_it(tmp_path, monkeypatch):
     assert len(lines) == 9 and all(line.get_marker() not in (None, "None", "", " ") for line in lines)
 
 
+@pytest.mark.plots
 def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot(tmp_path, monkeypatch):
     """learning_curves.png was drawn after the summary.json that ends the run: a kill in between left a finished run
     without its plot, which --resume refused to touch ("holds a finished population run"). The plot comes first now,

@@ -438,6 +438,7 @@ def _sigterm_at_evaluation(monkeypatch, at: int):
     return learn
 
 
+@pytest.mark.plots
 def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
     """SIGTERM at the second evaluation: the run finishes the iteration, writes its checkpoint there (not only the
     last periodic one) and summary.json, and exits 143; `--resume` goes on from that step to the uninterrupted end."""
