@@ -52,3 +52,17 @@ def test_a_deprecated_call_in_rlspeeds_code_fails_its_test_and_a_tests_own_depre
     with warnings.catch_warnings(record=True) as caught:
         warnings.warn("old_call is deprecated", DeprecationWarning, stacklevel=1)
     assert [str(warning.message) for warning in caught] == ["old_call is deprecated"]
+
+
+def test_a_run_draws_no_plot_in_a_test_not_marked_plots(tmp_path):
+    """A test that is not marked `plots` skips a run's end-of-run plots (matplotlib's drawing: most of a short
+    training test's time), the population's included."""
+    from rlspeed.logging import RunLogger
+    from rlspeed.population.plot import plot_learning_curves
+
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log({"timesteps": 100, "episode_return": 1.0})
+    logger.close()
+    plot_learning_curves({"members": [{"curve": [[100, 1.0]]}]}, tmp_path / "learning_curves.png")
+    assert (tmp_path / "metrics.csv").is_file() and not list(tmp_path.glob("*.png"))
+
