@@ -1670,7 +1670,6 @@ class _SaveReplayBuffer:
         model._checkpoint_replay = bool(value)
 
 
-
 def _import_apart(module: str) -> None:
     """Import `module` (where not yet imported) on a thread of its own. An import keeps the frames below it alive
     where a module keeps one of its own frames (torch.fx's `wrap`, run as torch._dynamo is imported, holds its frame
@@ -1691,6 +1690,7 @@ def _import_apart(module: str) -> None:
     loader.join()
     if failure:
         raise failure[0]
+
 
 class Algorithm:
     """Base of rlspeed algorithms (SB3-like API: `learn`, `predict`, `save`, `load`)."""
