@@ -729,7 +729,8 @@ def test_a_vecnormalize_env_with_the_same_normalisation_asked_for_again_warns():
 def test_a_seed_given_to_load_seeds_what_the_loaded_model_draws(tmp_path):
     """Fine-tuning one saved model with several seeds (`PPO.load(path, seed=s)`): the same seed repeats whatever the
     caller's random state, other seeds differ, and the model records the seed it was given (it kept the file's and
-    left the draws to the caller's state)."""
+    left the draws to the caller's state). The seed is the model's own streams: loading leaves the caller's
+    generator as it was (load reseeded it)."""
     from rlspeed import PPO
 
     options = {"num_envs": 4, "num_steps": 64, "batch_size": 128, "device": "cpu", "env_backend": "torch"}
@@ -737,8 +738,10 @@ def test_a_seed_given_to_load_seeds_what_the_loaded_model_draws(tmp_path):
 
     def fine_tuned(seed: int, caller_state: int) -> torch.Tensor:
         torch.manual_seed(caller_state)
+        caller = torch.get_rng_state()
         model = PPO.load(path, device="cpu", seed=seed)
         assert model.seed == seed
+        assert torch.equal(torch.get_rng_state(), caller)
         model.learn(512, progress_bar=False)
         return torch.cat([p.detach().flatten() for p in model.policy.parameters()])
 

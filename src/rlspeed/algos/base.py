@@ -3759,8 +3759,9 @@ class Algorithm:
         model.seed = overrides["seed"] if "seed" in overrides else meta.get("seed")
         if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
-            torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
-            model._own_random_streams(True)
+            with _forked_random(model.device):  # (the model's own streams: the caller's generators stay as they were)
+                torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
+                model._own_random_streams(True)
         model._restore_counts(meta)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
