@@ -4,7 +4,9 @@ model is, same actions), refuses an unknown hyperparameter with one sentence, an
 
 from __future__ import annotations
 
+import copy
 import csv
+import pickle
 import re
 import warnings
 from pathlib import Path
@@ -687,6 +689,32 @@ def test_a_seeded_models_run_is_its_own_whatever_draws_between_its_learn_calls(a
     torch.rand(3)
     resumed.learn(64, progress_bar=False)
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(alone)))
+
+
+def test_a_copy_of_a_seeded_model_made_inside_its_learn_draws_from_its_own_streams_and_gives_the_callers_back():
+    """A callback's snapshot of the model (copy.deepcopy, pickle, copy.copy) made while learn had the model's streams
+    in place held the caller's generator that learn would give back: the copy's own learn then trained on the caller's
+    generator and, on its way out, set the caller's back to where it stood when the original's learn began. The copy
+    holds the model's streams as they stood, and its learn gives the caller's generator back as it found it."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=3, device="cpu", env_backend="torch", num_envs=2, num_steps=16, batch_size=16,
+                n_epochs=1)
+    copies: list = []
+
+    def snapshot(locals_) -> None:
+        if not copies:
+            taken = locals_["self"]
+            copies.extend([copy.deepcopy(taken), pickle.loads(pickle.dumps(taken)), copy.copy(taken)])
+
+    model.learn(64, progress_bar=False, callback=snapshot)
+    for seed, each in enumerate(copies):  # (the shallow copy trains the model's own networks)
+        torch.manual_seed(seed)
+        caller = torch.get_rng_state()
+        each.learn(32, progress_bar=False)
+        assert torch.equal(torch.get_rng_state(), caller)
+    deep, pickled = ([value.clone() for value in each._state_tensors().values()] for each in copies[:2])
+    assert all(torch.equal(a, b) for a, b in zip(deep, pickled))  # (the same streams, whatever the caller's: one run)
 
 
 def test_a_model_whose_env_another_model_stepped_since_its_last_learn_starts_its_episodes_afresh():

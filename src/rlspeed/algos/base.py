@@ -2457,6 +2457,15 @@ class Algorithm:
             _TORCH_PICKLING.active = False
         return _unpickle_model, (buffer.getvalue(),)
 
+    def __getstate__(self) -> dict[str, typing.Any]:
+        # (what a copy or pickle holds: made inside learn (a callback's snapshot of the best model), a seeded model's
+        # own streams are the global generators as they stand, and the caller's, which learn gives back on its way
+        # out, are no part of the copy: its own learn would give them back in place of its caller's)
+        state = dict(self.__dict__)
+        if state.get("_caller_streams") is not None:
+            state["_streams"], state["_caller_streams"] = _generator_states(self.device), None
+        return state
+
     def __deepcopy__(self, memo: dict[int, typing.Any]) -> Algorithm:
         # (the default deep copy, attribute by attribute, a subclass's __getstate__ and __setstate__ honoured:
         # storages shared within the model stay shared in the copy)
@@ -2475,7 +2484,7 @@ class Algorithm:
     def __copy__(self) -> Algorithm:
         # (the default shallow copy: the same networks, envs and buffers)
         new = type(self).__new__(type(self))
-        new.__dict__.update(self.__dict__)
+        new.__dict__.update(Algorithm.__getstate__(self))
         return new
 
     def _own_modules(self) -> None:
