@@ -560,6 +560,11 @@ def test_rlspeed_export_gym_packages_imports_a_users_algorithm_which_then_export
             assert cli.main(["export", str(path), "--out", str(tmp_path / "mine.pt"), "--gym-packages",
                              "fu_own_algorithm"]) == 0
         assert json.loads((tmp_path / "mine.pt.json").read_text())["algo"] == "fu_mine"
+        capsys.readouterr()
+        # (a module not found: named as the algorithm's, what export imports it for; it said "should register the env")
+        assert cli.main(["export", str(path), "--gym-packages", "fu_no_such_module"]) == 2
+        assert ("Cannot import the module 'fu_no_such_module' (--gym-packages), which should define the algorithm that "
+                "saved the model: No module named" in capsys.readouterr().err)
     finally:
         sys.modules.pop("fu_own_algorithm", None)
 

@@ -3030,7 +3030,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlspeed.algos.base import command_advice
     from rlspeed.envs import import_gym_packages
 
-    import_gym_packages(args.gym_packages)
+    import_gym_packages(args.gym_packages, role="define the algorithm that saved the model")
     with command_advice("rlspeed export", _advice("export")):
         path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
                                  action_mask=args.action_mask, overwrite=args.overwrite,

@@ -19,11 +19,11 @@ from rlspeed.errors import UserError
 _REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gym_packages has called
 
 
-def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> None:
+def import_gym_packages(modules: list[str], why: str = "(--gym-packages)", role: str = "register the env") -> None:
     """Import each module of `modules` (dotted names), which registers its envs with Gymnasium (RL-Zoo's
     `--gym-packages`), and call its `register_envs()` where it has one and registers nothing on import
     (`minatar.gym`); UserError naming the module that cannot be imported, with `why` (where the name came from) after
-    it."""
+    it and `role` (what it is imported for: `rlspeed export`'s, the algorithm that saved the model)."""
     for module in modules:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise UserError(f"'{module}' {why} is not a Python module name.")
@@ -33,7 +33,7 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> No
             # a module not found: where Python looked (a run evaluated from another directory misses its env's file)
             where = (" (modules are found on PYTHONPATH and in the current directory)"
                      if isinstance(error, ModuleNotFoundError) and error.name == module.split(".")[0] else "")
-            raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
+            raise UserError(f"Cannot import the module '{module}' {why}, which should {role}: "
                             f"{error}{where}.") from None
         except Exception as error:  # (the module's own code failed: named, its traceback under --debug)
             detail = str(error).strip().splitlines()
