@@ -673,6 +673,8 @@ def test_a_seeded_models_run_is_its_own_whatever_draws_between_its_learn_calls(a
     alone = made(1)
     alone.learn(64, progress_bar=False)
     alone.learn(64, progress_bar=False)
+    alone_twice = weights(alone)
+    alone.learn(64, progress_bar=False)
     other, model = made(0), made(1)
     for _ in range(2):
         other.learn(64, progress_bar=False)  # (the other player's turn)
@@ -683,10 +685,16 @@ def test_a_seeded_models_run_is_its_own_whatever_draws_between_its_learn_calls(a
         assert torch.equal(torch.get_rng_state(), caller)  # (the caller's stream as learn found it)
         if _ == 0:
             path = model.save(tmp_path / "model")
-    assert all(torch.equal(a, b) for a, b in zip(weights(model), weights(alone)))
+    assert all(torch.equal(a, b) for a, b in zip(weights(model), alone_twice))
+    # (resumed from the checkpoint of a seeded run: the run's streams are its own from there, also across learn calls)
     resumed = getattr(rlspeed, algo).load(path, device="cpu", env_backend="torch")
     resumed.resume(path)
     torch.rand(3)
+    caller = torch.get_rng_state()
+    resumed.learn(64, progress_bar=False)
+    assert torch.equal(torch.get_rng_state(), caller)
+    assert all(torch.equal(a, b) for a, b in zip(weights(resumed), alone_twice))
+    other.learn(64, progress_bar=False)
     resumed.learn(64, progress_bar=False)
     assert all(torch.equal(a, b) for a, b in zip(weights(resumed), weights(alone)))
 

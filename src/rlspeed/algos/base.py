@@ -3494,6 +3494,11 @@ class Algorithm:
                     rechecks.resume(saved[name])
         if self.strategy.enabled:
             return
+        if getattr(self, "_caller_streams", None) is None and self.seed is not None:
+            # (a seeded model without streams of its own, `load(path)`'s resuming its run: the run's streams are
+            # the model's from here, as they were the saved model's; the caller's generator given back as learn found
+            # it)
+            object.__setattr__(self, "_caller_streams", _generator_states(self.device))
         try:
             rng = meta.get("rng") or {}
             if "rng.torch" in tensors:
