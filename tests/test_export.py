@@ -318,6 +318,13 @@ def test_bad_requests_are_one_sentence(tmp_path, monkeypatch):
         model.export(tmp_path / "q.pt", format="onnx")
     with pytest.raises(UserError, match=r"Cannot tell the export format from .*q'.*\.onnx, \.pt, \.pt2"):
         model.export(tmp_path / "q")
+    # (an export over the model's own file replaced it with an ONNX model rlspeed cannot load)
+    model.save(tmp_path / "model")
+    saved = (tmp_path / "model.safetensors").read_bytes()
+    with pytest.raises(UserError, match=r"ends in \.safetensors, the suffix of rlspeed's model files"):
+        model.export(tmp_path / "model.safetensors", format="onnx")
+    assert (tmp_path / "model.safetensors").read_bytes() == saved
+    (tmp_path / "model.safetensors").unlink()  # (what follows checks that the refusals below write nothing)
     # (pathlib's TypeError; a string taken for True)
     with pytest.raises(UserError, match="export's path is a path \\(a str or pathlib.Path\\), not None"):
         model.export(None)

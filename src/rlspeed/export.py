@@ -646,9 +646,13 @@ def _unwritable(path: Path, error: OSError) -> UserError:
 
 def export_format(path: str | Path, format: str | None) -> str:
     """The export format for `path`: `format` when given (UserError when the path's suffix is another format's:
-    loaders go by the suffix), else the one its suffix names (`FORMATS`: .onnx, .pt, .pt2; UserError for another)."""
+    loaders go by the suffix), else the one its suffix names (`FORMATS`: .onnx, .pt, .pt2; UserError for another);
+    UserError for a .safetensors path, a model file's (an export written there replaced the model)."""
     suffix = Path(path).suffix.lower()
     by_suffix = {value: key for key, value in FORMATS.items()}
+    if suffix == ".safetensors":  # (an export there would replace a model file, which rlspeed then cannot load)
+        raise UserError(f"'{path}' ends in .safetensors, the suffix of rlspeed's model files: give the export a path "
+                        f"ending in {', '.join(FORMATS.values())} ({', '.join(FORMATS)}).")
     if format is None:
         if suffix not in by_suffix:
             raise UserError(f"Cannot tell the export format from '{path}': give a path ending in "
