@@ -1297,10 +1297,10 @@ class PopulationBase:
                    "the checkpoint holds no env state")
             warnings.warn(f"Resuming from '{path}': {why}, so training continues from fresh episodes and is not "
                           "identical to the uninterrupted run.", stacklevel=2)
-        self._load_replay(Path(path) if Path(path).exists() else checkpoint_path(path), saved.get("replay_buffer"))
+        file = Path(path) if Path(path).exists() else checkpoint_path(path)
+        self._load_replay(file, saved.get("replay_buffer"))
         self.progress = saved.get("loop") or None
         self._resumed = True
-        file = Path(path) if Path(path).exists() else checkpoint_path(path)
         self._metrics_dir = file.resolve().parent  # (its run's directory, whose metrics.csv its learn continues)
 
     def _check_same_run(self, path, saved: dict) -> None:
