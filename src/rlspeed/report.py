@@ -131,8 +131,8 @@ def _unfinished(run_dir: Path, summary: dict) -> str | None:
     return None
 
 
-def _load(run_dir: Path, envs: dict | None = None) -> list[SeedResult]:
-    """The `SeedResult`s of the run in `run_dir`; `envs`: `_run_envs`', which say its env's spaces."""
+def _load(run_dir: Path, own_env: tuple | None = None, envs: dict | None = None) -> list[SeedResult]:
+    """The `SeedResult`s of the run in `run_dir`; `own_env` and `envs`: `_run_envs`', which say its env's spaces."""
     summary = _read_json(run_dir / "summary.json")
     why = _unfinished(run_dir, summary)
     if why is not None:
@@ -144,7 +144,7 @@ def _load(run_dir: Path, envs: dict | None = None) -> list[SeedResult]:
     settings.setdefault("target_return", summary.get("target_return"))
     hyperparameters = dict(settings.get("hyperparameters") or {})
     common = {"algo": str(summary["algo"]), "env_id": str(summary["env_id"]), "run_dir": run_dir}
-    env = _run_env(run_dir) or (envs or {}).get(_env_key(common["env_id"], config.get("env_kwargs")))
+    env = own_env or (envs or {}).get(_env_key(common["env_id"], config.get("env_kwargs")))
     if "members" not in summary:
         settings["hyperparameters"] = _effective(common["algo"], hyperparameters, env)
         final = summary["final_eval"]
@@ -175,16 +175,16 @@ def _env_key(env_id: str, env_kwargs: dict | None) -> str:
     return json.dumps([env_id, env_kwargs or {}], sort_keys=True, default=str)
 
 
-def _run_envs(run_dirs: list[Path]) -> dict[str, tuple]:
-    """`_run_env` of the runs in `run_dirs` by env id and options (`_env_key`): the spaces a model file records are its
-    env's, so a run whose model file is gone or sealed (encrypted) is read as the others of its env are, not as an
-    experiment of its own."""
+def _run_envs(run_dirs: list[Path]) -> tuple[dict[Path, tuple | None], dict[str, tuple]]:
+    """`_run_env` of each run in `run_dirs` (each model file's header read once), and the first of each env id and
+    options (`_env_key`): the spaces a model file records are its env's, so a run whose model file is gone or sealed
+    (encrypted) is read as the others of its env are, not as an experiment of its own."""
+    own = {run_dir: _run_env(run_dir) for run_dir in run_dirs}
     envs: dict[str, tuple] = {}
-    for run_dir in run_dirs:
-        env = _run_env(run_dir)
+    for env in own.values():
         if env is not None:
             envs.setdefault(_env_key(env[0].env_id, env[0].env_kwargs), env)
-    return envs
+    return own, envs
 
 
 def _run_env(run_dir: Path):
@@ -235,8 +235,8 @@ def collect_runs(paths: Iterable[str | os.PathLike[str]]) -> list[SeedResult]:
     one `SeedResult` per solo run and per population member. UserError (one sentence) for a path that holds no run, a
     run that did not finish (interrupted, ended by an error) and a seed found twice in one experiment."""
     run_dirs = list(_run_dirs(paths))
-    envs = _run_envs(run_dirs)
-    results = [result for run_dir in run_dirs for result in _load(run_dir, envs)]
+    own, envs = _run_envs(run_dirs)
+    results = [result for run_dir in run_dirs for result in _load(run_dir, own[run_dir], envs)]
     seen: dict[tuple, Path] = {}
     for result in results:
         key = (*_experiment(result), result.seed)
