@@ -322,8 +322,9 @@ class _Setup:
         # (a pruned trial's value is its last report: a final evaluation would only repeat it, at another cost)
         kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
                   "progress_bar": self.progress_bar, "eval_episodes": self.eval_episodes, "evaluate_pruned": False}
-        if self.eval_freq is not None or self.trial_eval_freq is not None:
-            kwargs["eval_freq"] = self.eval_freq if self.eval_freq is not None else self.trial_eval_freq
+        eval_freq = self.trial_eval_freq if self.eval_freq is None else self.eval_freq
+        if eval_freq is not None:
+            kwargs["eval_freq"] = eval_freq
         return members.learn(self.budget, **kwargs)
 
 
