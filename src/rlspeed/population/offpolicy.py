@@ -1052,11 +1052,10 @@ class OffPolicyPopulation(PopulationBase):
             return
         empty = ("the replay buffer starts empty and updates wait for learning_starts new transitions: training is "
                  "not identical to the uninterrupted run")
-        if not isinstance(saved, dict) and not self.num_timesteps:  # (saved before any step: no transition to lose,
-            return  # an empty buffer is the uninterrupted run's, as a solo run's resume says nothing then)
-        if not isinstance(saved, dict):
-            warnings.warn(f"Resuming from '{path}': it holds no replay buffer (save_replay_buffer=True, or "
-                          f"--save-replay-buffer, saves one with each checkpoint), so {empty}.", stacklevel=3)
+        if not isinstance(saved, dict):  # (said, unless saved before any step: the empty buffer is then the
+            if self.num_timesteps:  # uninterrupted run's, as a solo run's resume says nothing)
+                warnings.warn(f"Resuming from '{path}': it holds no replay buffer (save_replay_buffer=True, or "
+                              f"--save-replay-buffer, saves one with each checkpoint), so {empty}.", stacklevel=3)
             return
         file = beside(path, saved.get("file"))
         try:
