@@ -370,13 +370,10 @@ def with_saved_cnn(config: dict, fields: Collection[str], space: gym.Space | Non
 def _cnn_archs(config, space: gym.Space | None) -> tuple[str, ...]:
     """The CNN architecture (`cnn_arch`) each image of `space` gets under `config`'s encoder and cnn, in key order:
     what decides a model's CNNs, which `cnn` values alike in it build alike (auto and nature at 40x40)."""
-    leaves = _leaf_spaces(space) if space is not None and config.encoder != "mlp" else []  # (mlp: no CNN)
+    images = _images(config, space) if space is not None and config.encoder != "mlp" else []  # (mlp: no CNN)
     archs = []
-    for leaf in leaves:
-        channels_first = box_channels_first(leaf)
-        if channels_first is None or (config.encoder != "cnn" and image_channels_first(leaf) is None):
-            continue  # (a space no CNN takes: encoder=cnn takes any 3-D Box, auto the images)
-        height, width = leaf.shape[1:] if channels_first else leaf.shape[:2]
+    for image in images:
+        height, width = image.shape[1:] if box_channels_first(image) else image.shape[:2]
         archs.append(cnn_arch(config.cnn, int(height), int(width)))
     return tuple(archs)
 
@@ -738,10 +735,10 @@ def inert_settings(config, spec: EnvSpec | None = None, atari_known: bool = True
     return inert
 
 
-def _images(config, spec: EnvSpec) -> list[gym.Space]:
-    """The observations of `spec` a CNN takes under `config`'s encoder (encoder=cnn: any 3-D Box; else images)."""
+def _images(config, space: gym.Space) -> list[gym.Space]:
+    """The observations in `space` a CNN takes under `config`'s encoder (encoder=cnn: any 3-D Box; else images)."""
     taken = box_channels_first if config.encoder == "cnn" else image_channels_first
-    return [space for space in _leaf_spaces(spec.observation_space) if taken(space) is not None]
+    return [leaf for leaf in _leaf_spaces(space) if taken(leaf) is not None]
 
 
 def env_inert_settings(config, spec: EnvSpec, atari_known: bool = True) -> set[str]:
@@ -750,7 +747,7 @@ def env_inert_settings(config, spec: EnvSpec, atari_known: bool = True) -> set[s
     actions (but gSDE's), and episodic_life and clip_rewards off Atari games (only where `atari_known`: the id is
     registered here, so that a game of an ale-py not installed is not taken for another env)."""
     inert = set()
-    images = _images(config, spec)
+    images = _images(config, spec.observation_space)
     if not images or config.encoder == "mlp":
         inert.update(name for name in ("cnn_features_dim", "cnn") if hasattr(config, name))
     if hasattr(config, "normalize_images") and not any(
@@ -778,7 +775,7 @@ def unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] = ())
         return name in defaults and getattr(config, name) != defaults[name]
 
     found, idle = [], env_inert_settings(config, spec)
-    images = _images(config, spec)
+    images = _images(config, spec.observation_space)
     for name in ("cnn_features_dim", "cnn"):
         if given(name) and name in idle:
             why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
