@@ -296,9 +296,14 @@ class OnPolicyAlgorithm(Algorithm):
         """Bytes per step and env of the rollout `_start` allocates (`rollout_step_bytes`; without action masks,
         which the env says it gives only when it starts)."""
         action_shape, action_dtype = self._action_storage()
-        store_next_obs = self.spec.float_vector_obs and self.config.encoder != "cnn"
         return rollout_step_bytes(self.spec.observation_space, action_shape, action_dtype, self.device,
-                                  store_next_obs=store_next_obs)
+                                  store_next_obs=self._stores_next_obs())
+
+    def _stores_next_obs(self) -> bool:
+        """Whether the rollout keeps each step's next observation: float vectors fed to an MLP; images (float ones
+        too, with encoder=cnn) and other encoded observations are stored once, the bootstrap values taken during the
+        rollout."""
+        return self.spec.float_vector_obs and self.config.encoder != "cnn"
 
     def _storage_bytes_estimate(self, num_envs: int) -> int:
         return super()._storage_bytes_estimate(num_envs) + self.config.num_steps * num_envs * self._rollout_step_bytes()
@@ -316,11 +321,9 @@ class OnPolicyAlgorithm(Algorithm):
             return
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         action_shape, action_dtype = self._action_storage()
-        # images (float ones too, with encoder=cnn) and other encoded observations are stored once: the bootstrap
-        # values are taken during the rollout
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
                                     action_dtype, self.device, mask_size=self._start_masking(),
-                                    store_next_obs=self.spec.float_vector_obs and cfg.encoder != "cnn",
+                                    store_next_obs=self._stores_next_obs(),
                                     image_format=image_storage_format(getattr(self.policy, "encoder", None)))
 
     def _train_iteration(self):
