@@ -3484,7 +3484,7 @@ class Algorithm:
         self._load_algorithm_state({key[5:]: value for key, value in tensors.items() if key.startswith("algo.")},
                                    meta.get("algo") or {})
         saved = meta.get("rechecks")
-        if isinstance(saved, dict):
+        if isinstance(saved, dict) and saved:  # (checkpoints record {} where no step has a schedule)
             self._ensure_optimizer()  # (the update steps, whose schedules these are)
             for name, rechecks in self._rechecks().items():
                 if isinstance(saved.get(name), dict):
