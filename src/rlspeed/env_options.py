@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlspeed.errors import UserError, true_or_false
+from rlspeed.errors import UserError, is_bool, is_true_or_false
 
 
 def rebuild(value: Any, sequence: Callable[[list, tuple, bool], Any], path: tuple = ()) -> Any:
@@ -92,16 +92,7 @@ def _of_kind(kind: type, value: Any) -> bool:
     if isinstance(value, (str, list, tuple, dict)):
         return False
     if kind is bool:
-        return _true_or_false(value)
-    if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
-        return False  # (Python's or numpy's: no numpy import here)
-    return kind is float or not isinstance(value, numbers.Real) or float(value).is_integer()
-
-
-def _true_or_false(value: Any) -> bool:
-    """Whether `value` is one `true_or_false` takes (a bool, numpy's, or the integer 0 or 1)."""
-    try:
-        true_or_false("", value)
-    except UserError:
+        return is_true_or_false(value)
+    if is_bool(value):
         return False
-    return True
+    return kind is float or not isinstance(value, numbers.Real) or float(value).is_integer()

@@ -144,11 +144,20 @@ def seconds(name: str, value) -> float | None:
     return float(value)
 
 
+def is_bool(value) -> bool:
+    """Whether `value` is a bool, Python's or numpy's (told by its type's name: no numpy import here)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
+def is_true_or_false(value) -> bool:
+    """Whether `value` is one `true_or_false` takes: a bool, numpy's, or the integer 0 or 1."""
+    return is_bool(value) or (isinstance(value, numbers.Integral) and value in (0, 1))
+
+
 def true_or_false(name: str, value) -> bool:
     """`value` (True or False: a bool, numpy's, or the integer 0 or 1) as a bool; UserError naming `name` otherwise
     (a string, None, a float, a list), whose truth value would be taken silently: "False" is true, None false."""
-    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # (no numpy import)
-    if isinstance(value, bool) or numpy_bool or (isinstance(value, numbers.Integral) and value in (0, 1)):
+    if is_true_or_false(value):
         return bool(value)
     raise UserError(f"{name} is True or False, got {value!r}"[:200] + ".")
 
