@@ -394,7 +394,6 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     refuse_directory(path, "record_video's path")
     if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
-    gif = path.suffix.lower() == ".gif"  # (Pillow's; imageio writes the mp4s, and a GIF does not need it)
 
     env = _render_env(model, env_id, env_kwargs, backend)
     from rlspeed.envs.base import EnvSpec, space_text
@@ -416,7 +415,6 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
     limit = max_steps or (game.max_steps if game else None) or (
         env.spec.max_episode_steps if env.spec is not None else None) or evaluation.UNLIMITED_EPISODE_STEPS
-    options = {"fps": fps, "macro_block_size": 1}  # (an mp4's; a GIF is `_GifWriter`'s)
     recurrent = hasattr(model, "act_with_state")
     from rlspeed.envs import NATIVE_ENVS
     from rlspeed.envs.gym_view import NativeGymEnv
@@ -436,12 +434,12 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     # disk leaves no cut video at `path`, and the file an overwrite replaces stays until then)
     temporary = _temporary_video(path)
     try:
-        if gif:
+        if path.suffix.lower() == ".gif":  # (Pillow's; imageio writes the mp4s, and a GIF does not need it)
             writer = _GifWriter(temporary, fps)
         else:
             import imageio.v2 as imageio
 
-            writer = imageio.get_writer(temporary, **options)
+            writer = imageio.get_writer(temporary, fps=fps, macro_block_size=1)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
         env.close()
         temporary.unlink(missing_ok=True)
