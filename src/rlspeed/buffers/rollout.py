@@ -93,18 +93,6 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     return advantages, advantages + values
 
 
-def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
-                        action_dtype: torch.dtype, device: torch.device, mask_size: int | None,
-                        store_next_obs: bool, extra_nbytes: int = 0) -> None:
-    """UserError, before anything is allocated, when a rollout's storage would take more than the share of the
-    device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): num_steps=1e9 failed inside the
-    allocator, 1e30 inside torch. `extra_nbytes`: what a subclass stores per step and env besides (a recurrent
-    policy's states)."""
-    per_step = rollout_step_bytes(observation, action_shape, action_dtype, device, mask_size, store_next_obs,
-                                  extra_nbytes)
-    check_rollout_bytes(num_steps, num_envs, per_step, device)
-
-
 def rollout_step_bytes(observation, action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
                        mask_size: int | None = None, store_next_obs: bool = True, extra_nbytes: int = 0) -> int:
     """Bytes a `RolloutBuffer` stores per step and env: observations (twice with next_obs), actions, 4 float32
@@ -175,8 +163,9 @@ class RolloutBuffer:
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
-        _check_rollout_fits(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
-                            store_next_obs, extra_nbytes)
+        # (refused before anything is allocated: num_steps=1e9 failed inside the allocator, 1e30 inside torch)
+        check_rollout_bytes(num_steps, num_envs, rollout_step_bytes(observation, action_shape, action_dtype, device,
+                                                                    mask_size, store_next_obs, extra_nbytes), device)
         self.num_steps, self.num_envs = num_steps, num_envs
         self.obs = allocate_observations(observation, (num_steps, num_envs), device, image_format)
         # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
