@@ -478,12 +478,17 @@ _GYMNASIUM_NORMALISERS = (gym.wrappers.NormalizeObservation, gym.wrappers.Normal
 _NORMALISER_STATISTICS = {"NormalizeObservation": "obs_rms", "NormalizeReward": "return_rms"}
 
 
+def _passed_vector_env(env):
+    """The Gymnasium or SB3 vector env inside a batched env `make_env` made of one, else `env` itself."""
+    return getattr(env, "vector_env", None) or getattr(env, "vec_env", None) or env
+
+
 def _gymnasium_normalisers(env) -> tuple[list, list[str]]:
     """Gymnasium's `NormalizeObservation` and `NormalizeReward` (single-env and vector) around a vector env the caller
     passed (a Gymnasium or SB3 one, or a batched env `make_env` made of one) or around the envs inside it: those in
     this process, each once; and the names of those inside subprocess envs (read from their `str()`), which no call
     reaches one by one (`set_attr` sets only the outermost wrapper of each env that has the attribute)."""
-    inner = getattr(env, "vector_env", None) or getattr(env, "vec_env", None) or env
+    inner = _passed_vector_env(env)
     found, unreached = {}, []
     for name, wrapper in _wrapper_layers(inner):
         if isinstance(wrapper, _GYMNASIUM_NORMALISERS):
@@ -503,7 +508,7 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
     wrappers than each other; envs that cannot answer)."""
     from rlspeed.envs.gymnasium_env import _subprocess_chains, _subprocess_env
 
-    inner = getattr(env, "vector_env", None) or getattr(env, "vec_env", None) or env
+    inner = _passed_vector_env(env)
     workers = _subprocess_env(inner)
     chains = _subprocess_chains(inner) if isinstance(workers, gym.vector.AsyncVectorEnv) else None
     if not chains:
