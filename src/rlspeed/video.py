@@ -39,10 +39,10 @@ if typing.TYPE_CHECKING:
     import rlspeed.algos
 
 INSTALL = 'pip install "rlspeed[video]"'
-#: The formats written: mp4 (imageio's ffmpeg, H.264) and gif (Pillow, `_GifWriter`).
-FORMATS = (".mp4", ".gif")
 #: what writing each format imports: the module, and the package that installs it
 _WRITERS = {".mp4": (("imageio", "imageio"), ("imageio_ffmpeg", "imageio-ffmpeg")), ".gif": (("PIL", "Pillow"),)}
+#: The formats written: mp4 (imageio's ffmpeg, H.264) and gif (Pillow, `_GifWriter`).
+FORMATS = tuple(_WRITERS)
 
 
 def _require_writer(path: Path) -> None:
