@@ -40,14 +40,10 @@ def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, 
         assert evaluated["std"] == pytest.approx(final["std"], rel=1e-6, abs=1e-6)
 
 
-def test_a_members_fractional_returns_are_what_rlspeed_eval_gives_for_it_digit_for_digit(tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_a_members_fractional_returns_are_what_rlspeed_eval_gives_for_it_digit_for_digit(tmp_path, capsys):
     """On an env of fractional returns (Pendulum), a member's final_eval mean and std, and its last curve point and
     metrics.csv cell (the same parameters: the run ends there), equal `rlspeed eval MEMBER --seed S --json`'s
     exactly: formed from the same float64 returns, not rounded to float32 (-1036.2916 for -1036.291655663401)."""
-    from rlspeed.population import plot
-
-    monkeypatch.setattr(plot, "plot_learning_curves", lambda summary, path: None)  # (matplotlib's import: seconds)
     out = tmp_path / "run"
     assert cli.main(["train", "ppo", "Pendulum-v1", "--seeds", "0,1", "--preset", "none", "--set", "num_envs=8",
                      "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=1", "--total-timesteps",
