@@ -13,7 +13,7 @@ import rlspeed
 from rlspeed import PPO
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.envs.base import EnvSpec
-from rlspeed.errors import UnusedSettingWarning, UserError
+from rlspeed.errors import EncoderWarning, UnusedSettingWarning, UserError
 from rlspeed.nn import make_encoder
 
 
@@ -55,6 +55,20 @@ def test_minatar_and_minigrid_images_keep_the_small_cnn_as_it_was():
     minigrid = make_encoder(_image((7, 7, 3)))
     assert minigrid.kind == "small CNN encoder" and minigrid.linear[0].in_features == 32 * 3 * 3
     assert minigrid.cnn[0].padding == (0, 0)
+
+
+def test_the_strided_cnn_is_the_one_docs_algorithms_md_describes(monkeypatch):
+    """docs/algorithms.md: 32 3x3 stride 2 and 64 3x3 stride 2, each padded by one pixel, then 64 3x3 stride 1; 32x32
+    images leave 64 x 6 x 6 values for the linear layer, 1.2 million weights, where the small CNN's has 12.8 million."""
+    monkeypatch.setattr(rlspeed.nn, "_init_conv_net", lambda module: None)  # (the orthogonal init takes a while)
+    strided = make_encoder(_image((32, 32, 3)), cnn="strided")
+    convolutions = [(layer.out_channels, layer.kernel_size, layer.stride, layer.padding) for layer in strided.cnn
+                    if isinstance(layer, torch.nn.Conv2d)]
+    assert convolutions == [(32, (3, 3), (2, 2), (1, 1)), (64, (3, 3), (2, 2), (1, 1)), (64, (3, 3), (1, 1), (0, 0))]
+    assert strided.linear[0].in_features == 64 * 6 * 6 and round(strided.linear[0].weight.numel() / 1e6, 1) == 1.2
+    with pytest.warns(EncoderWarning, match="12.8 million weights"):
+        small = make_encoder(_image((32, 32, 3)), cnn="small")
+    assert round(small.linear[0].weight.numel() / 1e6, 1) == 12.8
 
 
 def _model(shape=(20, 20, 3), **hyper) -> PPO:
