@@ -342,7 +342,7 @@ def test_a_key_file_others_can_read_is_said_once(tmp_path, monkeypatch):
     os.chmod(key_file, 0o644)
     monkeypatch.setenv(ckpt.KEY_FILE_ENV, str(key_file))
     monkeypatch.setenv(ckpt.CIPHER_ENV, ANY_CIPHER)
-    monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set(), raising=False)
+    monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set())
     with pytest.warns(UserWarning, match=rf"key file '{key_file}' .* can be read or changed by other users \(mode "
                                          rf"0644\).*chmod 600"):
         _save(tmp_path / "model")
@@ -350,5 +350,5 @@ def test_a_key_file_others_can_read_is_said_once(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         _save(tmp_path / "model")  # (said once)
         os.chmod(key_file, 0o600)
-        monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set(), raising=False)
+        monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set())
         assert torch.equal(load_checkpoint(tmp_path / "model")[0]["policy.weight"], MARKER)

@@ -594,7 +594,7 @@ def test_an_off_policy_populations_scale_hint_comes_while_it_trains_not_at_its_f
 
     from rlspeed.population import base
 
-    monkeypatch.setattr(base, "HINT_EVERY_S", 0.0, raising=False)
+    monkeypatch.setattr(base, "HINT_EVERY_S", 0.0)
     gym.register("rlspeed_test/ScaledCartPole-v0", max_episode_steps=500, entry_point=_scaled_cartpole,
                  kwargs={"reward_scale": 1e5})
     try:

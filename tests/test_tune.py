@@ -937,7 +937,7 @@ def test_a_database_servers_running_trials_are_failed_only_when_asked(tmp_path, 
     study now: marked failed at start-up, that process's report and tell failed. They are kept, and said, unless
     --fail-running asks."""
     # (no server here: the file stands in)
-    monkeypatch.setattr(rlspeed.tune, "_on_server", lambda storage: True, raising=False)
+    monkeypatch.setattr(rlspeed.tune, "_on_server", lambda storage: True)
     quick = ("--confirm-seeds", "0", "--budget", "128")
     assert cli.main(_command(tmp_path, "--trials", "2", *quick)) == 0
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
