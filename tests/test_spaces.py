@@ -1006,7 +1006,6 @@ def test_an_encoder_warning_is_said_when_the_model_is_made_not_again_at_load_or_
     `load` and `rlspeed eval` of its file said it again each time (and only as encoder='mlp'), a population once per
     member."""
     from rlspeed import cli
-    from rlspeed.errors import EncoderWarning
     from rlspeed.population import Population
 
     # (grey frames without a channel axis: flattened with a warning)
