@@ -590,6 +590,24 @@ def test_a_directory_given_as_the_video_file_is_refused_before_filming(tmp_path,
     assert list(folder.iterdir()) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_pipe_given_as_the_video_file_is_refused_before_filming(tmp_path, capsys):
+    """docs/troubleshooting.md: a device or a pipe given as `--video` is refused, --overwrite or not (the video,
+    written beside it and renamed over it, would replace it), before any episode is evaluated."""
+    import stat
+
+    model = _cartpole()
+    model.save(tmp_path / "model.safetensors")
+    pipe = tmp_path / "film.mp4"
+    os.mkfifo(pipe)
+    assert cli.main(["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--no-progress", "--video",
+                     str(pipe), "--overwrite"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"rlspeed: error: --video '{pipe}' is a device or a pipe, which a file written there would "
+                            "replace: give a path to a regular file.\n")
+    assert captured.out == "" and stat.S_ISFIFO(os.lstat(pipe).st_mode)
+
+
 @pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="symlinks")
 def test_a_video_overwritten_in_a_run_folder_replaces_a_symlink_there_rather_than_writing_through_it(tmp_path):
     """`rlspeed train --resume` films again into the run's videos/ with overwrite (and keeps the run's --video-every
