@@ -597,6 +597,24 @@ def test_an_evaluation_freezes_gymnasiums_normalisation_inside_subprocess_envs_a
     model.close()
 
 
+def _normalised_cartpole():  # (a function at module level: SB3's SubprocVecEnv pickles it for its workers)
+    return gym.wrappers.NormalizeObservation(gym.make("CartPole-v1", max_episode_steps=30))
+
+
+def test_an_evaluation_on_sb3_subprocess_envs_it_cannot_freeze_says_their_statistics_move():
+    """docs/envs.md: in an SB3 SubprocVecEnv, whose `set_attr` reaches only the outermost wrapper, Gymnasium's
+    normalisers are not frozen; the evaluation says so (their statistics move with it) and leaves their flags alone."""
+    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+    env = vec_env.SubprocVecEnv([_normalised_cartpole] * 2, start_method="fork")
+    try:
+        with pytest.warns(UserWarning, match=r"subprocess envs pass through Gymnasium's NormalizeObservation, whose "
+                                             r"running statistics the evaluation cannot freeze in their processes"):
+            rlspeed.evaluate(PPO("CartPole-v1", device="cpu", seed=0), env, episodes=2, seed=0)
+        assert list(env.get_attr("update_running_mean")) == [True, True]
+    finally:
+        env.close()
+
+
 def test_an_evaluation_that_stops_puts_back_every_normalisation_it_froze(monkeypatch):
     """The flags an evaluation freezes are put back on every way out: a warning raised as an error after the
     subprocess envs' normalisers were frozen left them frozen (every later step of the training env kept its
