@@ -25,7 +25,7 @@ from rlspeed.accel.graphs import (
     _signature,
     split_sync_warnings,
 )
-from rlspeed.accel.introspect import named_numbers, named_tensors_and_modules
+from rlspeed.accel.introspect import named_numbers, named_tensors_and_modules, parameter_names
 from rlspeed.accel.strategy import Strategy, candidates, normalise_request
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -122,6 +122,16 @@ class _Loss:
 
     def __call__(self, x):
         return self.net(x).mean() * self.gamma * SCALE
+
+
+def test_parameter_names_name_a_closures_modules_and_tensors_by_their_variables():
+    critic, log_alpha, stray = nn.Linear(2, 1), torch.zeros((), requires_grad=True), torch.zeros(())
+
+    def loss(x):
+        return critic(x).mean() * log_alpha.exp()
+
+    names = parameter_names(loss, [critic.weight, critic.bias, log_alpha, stray])
+    assert names == ["critic.weight", "critic.bias", "log_alpha", None]
 
 
 def test_named_numbers_watch_closures_globals_and_attributes():

@@ -51,12 +51,14 @@ def code_names(code: Any) -> list[str]:
     return names
 
 
-def _closure_values(func: Any) -> list[tuple[Any, Any]]:
-    """(cell, value) of the closure cells that hold a value (an empty cell: a name assigned after the definition)."""
+def _closure_values(func: Any) -> list[tuple[str, Any, Any]]:
+    """(name, cell, value) of the closure cells that hold a value (an empty cell: a name assigned after the
+    definition)."""
+    code = getattr(func, "__code__", None)
     cells = []
-    for cell in getattr(func, "__closure__", None) or ():
+    for name, cell in zip(code.co_freevars if code is not None else (), getattr(func, "__closure__", None) or ()):
         try:
-            cells.append((cell, cell.cell_contents))
+            cells.append((name, cell, cell.cell_contents))
         except ValueError:
             pass
     return cells
@@ -71,7 +73,7 @@ def reachable_modules(fn: Any) -> list[nn.Module]:
         found.append(owner)
         if not isinstance(owner, nn.Module):  # a module's own attributes are its submodules, covered by .modules()
             found.extend(getattr(owner, "__dict__", {}).values())
-    found.extend(value for _, value in _closure_values(func))
+    found.extend(value for _, _, value in _closure_values(func))
     code, scope = getattr(func, "__code__", None), getattr(func, "__globals__", {})
     if code is not None:
         found.extend(scope[name] for name in code_names(code) if name in scope)
@@ -95,13 +97,9 @@ def parameter_names(fn: Any, params: list[torch.Tensor]) -> list[str | None]:
     roots: list[tuple[str, Any]] = [("", fn)]
     if owner is not None:
         roots += [("", owner)] if isinstance(owner, nn.Module) else list(getattr(owner, "__dict__", {}).items())
+    roots += [(name, value) for name, _, value in _closure_values(func)]
     code = getattr(func, "__code__", None)
     if code is not None:
-        for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
-            try:
-                roots.append((name, cell.cell_contents))
-            except ValueError:  # (an empty cell)
-                pass
         scope = getattr(func, "__globals__", {})
         roots += [(name, scope[name]) for name in code_names(code) if name in scope]
     found: dict[int, str] = {}
@@ -140,7 +138,7 @@ def _named_readers(fn: Any, keep: Callable[[Any], bool]) -> list[Callable[[], An
         attributes = obj.__dict__
         readers.extend(lambda name=name: attributes.get(name) for name in names if keep(attributes.get(name)))
 
-    for cell, value in _closure_values(func):
+    for _, cell, value in _closure_values(func):
         if keep(value):
             readers.append(lambda cell=cell: cell.cell_contents)
         elif _is_plain_object(value):
