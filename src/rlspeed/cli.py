@@ -3024,9 +3024,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_parent_directory("--out", args.out)
         refuse_special_file(args.out, "--out")
-    if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
-        raise UserError(f"--out '{args.out}' ends in .safetensors, the suffix of rlspeed's model files, which an "
-                        "export is not: name the export .onnx, .pt or .pt2.")
     from rlspeed.algos.base import command_advice
     from rlspeed.envs import import_gym_packages
 

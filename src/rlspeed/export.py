@@ -800,8 +800,10 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     metadata `meta` (`rlspeed export` gives `rlspeed eval`'s rule: a user's own class where its module is imported);
     else `algorithms`' entry for the algorithm it holds or derives from. Returns the written path.
     """
-    if format is None:  # (the one --out's suffix names, else ONNX)
-        format = "onnx" if out is None else export_format(out, None)
+    if out is not None:  # (--out's suffix: the format it names, one that contradicts it or a model file's refused)
+        format = export_format(out, format)
+    elif format is None:
+        format = "onnx"
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)
