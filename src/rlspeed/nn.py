@@ -398,7 +398,6 @@ class CNNEncoder(Encoder):
         channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         #: the architecture built: nature, strided or small
         self.arch = cnn_arch(arch, height, width)
-        self.nature = self.arch == "nature"
         self.kind = {"nature": "Nature CNN encoder", "strided": "strided CNN encoder",
                      "small": "small CNN encoder"}[self.arch]
         scale = normalize_images and image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8
@@ -426,6 +425,11 @@ class CNNEncoder(Encoder):
         """Convolution weights and (from now on) the float input in channels-last memory (`to_device` decides)."""
         self.cnn.to(memory_format=torch.channels_last)
         self.input_format = torch.channels_last
+
+    @property
+    def nature(self) -> bool:
+        """Whether it is Nature-DQN's CNN (`arch` nature)."""
+        return self.arch == "nature"
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.linear(self.conv_features(obs))
