@@ -15,7 +15,9 @@ import torch
 
 import rlspeed
 from rlspeed.accel import recheck, search
-from rlspeed.accel.strategy import Strategy
+from rlspeed.accel.report import Decision
+from rlspeed.accel.step import AcceleratedStep
+from rlspeed.accel.strategy import EAGER_FP32, Strategy
 
 pytestmark = pytest.mark.usefixtures("isolated_accel")  # (conftest: own cache, nothing forced, short timing)
 
@@ -158,3 +160,36 @@ def test_a_users_accelerate_step_is_checked_once(monkeypatch, searched_bf16):
     for _ in range(8):
         step(torch.randn(16, 4))
     assert step.strategy == Strategy("bf16") and not searched_bf16
+
+
+SAVED_SCHEDULE = {"precision": "bf16", "updates": 700, "next_check": 1500}
+
+
+def test_a_resumed_schedule_goes_on_from_the_first_final_decision_only():
+    """A checkpoint's schedule is for the first final decision: a step that decides fp32 (from the cache) drops it,
+    so that a later decision of the saved precision (the step deciding anew) starts the checks anew, as a run that
+    never ran it; a decision of the saved precision goes on from it."""
+    dropped = recheck.Rechecks()
+    dropped.resume(SAVED_SCHEDULE)
+    dropped.follow(Decision("all calls", EAGER_FP32, "cache", ""))
+    assert dropped.state() == {}
+    dropped.follow(Decision("all calls", Strategy("bf16"), "search", ""))
+    assert dropped.state() == {"precision": "bf16", "updates": 0, "next_check": recheck.RECHECK_FIRST}
+
+    kept = recheck.Rechecks()
+    kept.resume(SAVED_SCHEDULE)
+    kept.follow(Decision("all calls", Strategy("bf16"), "cache", ""))
+    assert kept.state() == SAVED_SCHEDULE
+
+
+def test_a_resumed_schedule_waits_for_the_search_of_a_step_that_runs_fp32_until_it(searched_bf16):
+    """What a step runs while its search waits (fp32, `waiting`) is no decision: the saved schedule goes on from the
+    search's choice of its precision at the second call (one update of it counted)."""
+    model = torch.nn.Linear(4, 1)
+    step = AcceleratedStep(lambda x: model(x).square().mean(), torch.optim.Adam(model.parameters()), recheck=True)
+    step.rechecks.resume(SAVED_SCHEDULE)
+    step(torch.randn(16, 4))
+    assert step.report.decisions[-1].source == "waiting" and step.rechecks.state() == {}
+    step(torch.randn(16, 4))
+    assert step.strategy == Strategy("bf16") and step.rechecks.state() == {**SAVED_SCHEDULE, "updates": 701}
+    assert not searched_bf16

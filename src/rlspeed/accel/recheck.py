@@ -42,18 +42,22 @@ class Rechecks:
         self.precision: str | None = None
         self.updates = 0
         self.next_check = RECHECK_FIRST
-        self._resumed: dict | None = None  # (a checkpoint's `state`, for the next `follow` of its precision)
+        self._resumed: dict | None = None  # (a checkpoint's `state`, for the next final `follow`)
 
-    def follow(self, decision: Decision) -> None:
+    def follow(self, decision: Decision, final: bool = True) -> None:
         """Check from now on where `decision` chose a reduced precision by a search or from the cache; not fp32, a
         forced precision (`RLSPEED_ACCELERATE`) or a fallback. The schedule starts anew, or, after `resume` of a
-        run that ran the same precision, goes on from where that run's stood."""
+        run that ran the same precision, goes on from where that run's stood. A resumed schedule is for the first
+        `final` decision only: one that is not (what a step runs while its search waits) keeps it for the decision
+        to come; a final one of another precision, fp32 included, drops it, so that a later decision starts anew."""
         self.active = decision.chosen.precision != "fp32" and decision.source in ("search", "cache")
         self.precision = decision.chosen.precision if self.active else None
         self.updates, self.next_check = 0, RECHECK_FIRST
         resumed, self._resumed = self._resumed, None
-        if resumed is not None:
+        if resumed is not None and self.active:
             self.resume(resumed)
+        elif not final:
+            self._resumed = resumed
 
     def state(self) -> dict[str, typing.Any]:
         """Where the schedule stands, as a checkpoint keeps it: the precision checked, its updates so far and the

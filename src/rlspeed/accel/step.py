@@ -547,7 +547,7 @@ class AcceleratedStep:
     def _use(self, strategy: Strategy) -> None:
         self.strategy = strategy
         if self.rechecks is not None and self.report.decisions:  # (checked again where it is a measured reduction)
-            self.rechecks.follow(self.report.decisions[-1])
+            self.rechecks.follow(self.report.decisions[-1], final=self._waiting is None)
         self._forward = self._build_forward(strategy)
         self._graphs = None
         if strategy.graphs and strategy.compile == "off":
