@@ -297,6 +297,19 @@ def assert_same_members(population, other, pairs) -> None:
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
 
 
+def members_collection_epsilons(population, before: int, monkeypatch) -> list[list[float]]:
+    """The epsilons `[train_freq]` of each member's epsilon-greedy draws for the collection from env step `before`,
+    in `population.alive`'s order: what `DQNPopulation._before_collect` gives `collection_epsilons` back (recorded)."""
+    from rlspeed.population import offpolicy
+
+    recorded, collection_epsilons = [], offpolicy.collection_epsilons
+    with monkeypatch.context() as patch:
+        patch.setattr(offpolicy, "collection_epsilons",
+                      lambda *args: recorded.append(collection_epsilons(*args)) or recorded[-1])
+        population._before_collect(before)
+    return [epsilons.tolist() for epsilons in recorded]
+
+
 def assert_member_is_its_solo_run(initial: dict, trained: dict, solo_initial: dict, solo_trained: dict,
                                   rtol: float = 0.0, unmoved: tuple[str, ...] = ()) -> None:
     """A member's tensors before (`initial`) and after training (`trained`) are its solo run's: the same names, the

@@ -16,6 +16,7 @@ from conftest import (
     binary_vector_env_id,
     endless_pendulum_id,
     masked_vector_env_id,
+    members_collection_epsilons,
     needs_atari,
     needs_envpool,
     needs_minatar,
@@ -331,7 +332,8 @@ def test_reset_num_timesteps_false_runs_a_populations_schedules_over_the_whole_s
                      exploration_fraction=0.5, exploration_initial_eps=1.0, exploration_final_eps=0.0)
     dqn.learn(16, progress_bar=False)
     dqn.learn(16, progress_bar=False, reset_num_timesteps=False)
-    assert dqn._epsilon(0, 16) == pytest.approx(0.0)  # (half of 32 steps: the exploration has ended, as a solo's)
+    # (at step 16, half of 32 steps, the exploration has ended, as a solo's: epsilon is the final 0 at every step)
+    assert members_collection_epsilons(dqn, 16, monkeypatch) == [[0.0] * dqn.config.train_freq] * 2
 
 
 def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatch, tmp_path):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import assert_member_is_its_solo_run
+from conftest import assert_member_is_its_solo_run, members_collection_epsilons
 
 from rlspeed import DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.errors import UserError
@@ -78,20 +78,25 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
                                       unmoved=fixed)
 
 
-def test_a_dqn_members_epsilon_is_its_solo_runs_at_every_step():
-    """Each member's exploration epsilon is `DQN.epsilon` of its solo run over the same learn call, at every step,
-    the final value itself once the schedule ends: the members' was initial + (final - initial), 0.05000000000000004
-    and 0.19999999999999996 where the solo's is 0.05 and 0.2."""
-    hyper = {"num_envs": 2, "learning_starts": 20, "batch_size": 8, "buffer_size": 64, "exploration_fraction": 0.25,
-             "net_arch": [8]}
-    finals, steps = [0.05, 0.2], 40
-    population = DQNPopulation(DQN, "CartPole-v1", seeds=[3, 7], exploration_final_eps=finals, **hyper)
+def test_a_dqn_members_collection_explores_at_its_solo_runs_epsilon_at_every_step(monkeypatch):
+    """The epsilon of each member's epsilon-greedy draws at each collection step is `DQN.epsilon` of its solo run
+    over the same learn call (in float32, which the draws compare with), the final value itself once the schedule
+    ends; a member keeps its own schedule after another left."""
+    hyper = {"num_envs": 2, "train_freq": 4, "learning_starts": 0, "batch_size": 8, "buffer_size": 64,
+             "exploration_fraction": 0.25, "net_arch": [8]}
+    seeds, finals, steps = [3, 7, 11], [0.05, 0.2, 0.1], 40
+    population = DQNPopulation(DQN, "CartPole-v1", seeds=seeds, exploration_final_eps=finals, **hyper)
+    population.remove([0])
     population._start(steps)
-    for k, final in enumerate(finals):
-        solo = DQN("CartPole-v1", seed=3, env_backend="torch", exploration_final_eps=final, **hyper)
+    solos = [DQN("CartPole-v1", seed=seeds[k], env_backend="torch", exploration_final_eps=finals[k], **hyper)
+             for k in population.alive]
+    for solo in solos:
         solo.learn(steps, progress_bar=False)
-        assert [population._epsilon(k, t) for t in range(steps + 1)] == [solo.epsilon(t) for t in range(steps + 1)]
-        assert population._epsilon(k, steps) == final
+    for before in range(0, steps, 8):  # (a collection: 4 steps of 2 envs)
+        expected = [[solo.epsilon(before + 2 * step) for step in range(4)] for solo in solos]
+        torch.testing.assert_close(torch.tensor(members_collection_epsilons(population, before, monkeypatch)),
+                                   torch.tensor(expected), rtol=1e-6, atol=0)  # (float32: 1 ulp)
+    assert members_collection_epsilons(population, 32, monkeypatch) == torch.tensor([[0.2] * 4, [0.1] * 4]).tolist()
 
 
 @pytest.mark.parametrize(("dueling", "td_loss", "double_q"), [(False, "huber", True), (True, "huber", True),

@@ -52,11 +52,18 @@ TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 def scheduled_epsilon(timesteps: int, start: int, end: int, fraction: float, initial: float, final: float) -> float:
     """The exploration epsilon at env step `timesteps` of a learn call from `start` to `end`: linear from `initial`
     to `final` over `fraction` of the call, then `final` itself, as SB3's schedule gives it (initial + (final -
-    initial) is not: 1.0 + (0.05 - 1.0) is 0.05000000000000004). `DQN.epsilon` and a population's members'."""
-    progress = (timesteps - start) / (fraction * max(end - start, 1))
+    initial) is not: 1.0 + (0.05 - 1.0) is 0.05000000000000004). `DQN.epsilon`'s, and the first of
+    `collection_epsilons`'s (a solo's and a population's collections)."""
+    progress = (timesteps - start) / _exploration_steps(start, end, fraction)
     if progress >= 1.0:
         return final
     return initial + progress * (final - initial)
+
+
+def _exploration_steps(start: int, end: int, fraction: float) -> float:
+    """The env steps over which epsilon goes from initial to final: `fraction` of the learn call from `start` to
+    `end` (of one step at least)."""
+    return fraction * max(end - start, 1)
 
 
 def collection_epsilons(steps: int, envs: int, timesteps: int, start: int, end: int, fraction: float, initial: float,
@@ -64,7 +71,7 @@ def collection_epsilons(steps: int, envs: int, timesteps: int, start: int, end: 
     """The epsilons `[steps]` of the next `steps` collection steps from env step `timesteps`, each step advancing the
     count by `envs` (every rank's envs): `scheduled_epsilon`'s line continued step by step and held at `final`, as a
     float32 tensor for the epsilon-greedy draws made before a collection (`DQN`'s and a population's members')."""
-    slope = envs * (final - initial) / (fraction * max(end - start, 1))
+    slope = envs * (final - initial) / _exploration_steps(start, end, fraction)
     return (torch.arange(steps, device=device, dtype=torch.float32).mul_(slope)
             .add_(scheduled_epsilon(timesteps, start, end, fraction, initial, final)).clamp_(min=final))
 

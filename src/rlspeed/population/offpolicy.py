@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
-from rlspeed.algos.dqn import TD_LOSSES, collection_epsilons, scheduled_epsilon
+from rlspeed.algos.dqn import TD_LOSSES, collection_epsilons
 from rlspeed.algos.off_policy import (
     RAW_CONTENTS,
     OffPolicyAlgorithm,
@@ -1708,11 +1708,6 @@ class DQNPopulation(OffPolicyPopulation):
         return self._greedy(self._q_values(obs, actor["q_weights"], actor["q_biases"], actor.get("q_encoder")), masks)
 
     # --- exploration ------------------------------------------------------------------------------------------
-    def _epsilon(self, member: int, timesteps: int) -> float:
-        """Member's epsilon at `timesteps` (`DQN.epsilon`'s linear schedule over this learn call)."""
-        fraction, initial, final, _ = self._schedule[member]
-        return scheduled_epsilon(timesteps, self._learn_start, self._schedule_end, fraction, initial, final)
-
     def _before_collect(self, before: int) -> None:
         cfg, envs = self.config, self.config.num_envs
         self._draws = None
