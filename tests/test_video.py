@@ -591,9 +591,10 @@ def test_a_directory_given_as_the_video_file_is_refused_before_filming(tmp_path,
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
-def test_a_pipe_given_as_the_video_file_is_refused_before_filming(tmp_path, capsys):
+def test_a_pipe_given_as_the_video_file_is_refused_before_filming(tmp_path, capsys, monkeypatch):
     """docs/troubleshooting.md: a device or a pipe given as `--video` is refused, --overwrite or not (the video,
-    written beside it and renamed over it, would replace it), before any episode is evaluated."""
+    written beside it and renamed over it, would replace it), before any episode is evaluated; and as
+    `record_video`'s path, which filmed every episode before refusing it."""
     import stat
 
     model = _cartpole()
@@ -606,6 +607,11 @@ def test_a_pipe_given_as_the_video_file_is_refused_before_filming(tmp_path, caps
     assert captured.err == (f"rlspeed: error: --video '{pipe}' is a device or a pipe, which a file written there would "
                             "replace: give a path to a regular file.\n")
     assert captured.out == "" and stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    monkeypatch.setattr(video, "_render_env", lambda *args: pytest.fail("filmed before the path was refused"))
+    with pytest.raises(UserError, match=r"^record_video's path '.*film\.mp4' is a device or a pipe, which a file "
+                                        r"written there would replace: give a path to a regular file\.$"):
+        video.record_video(model, pipe, seed=0, max_steps=5, overwrite=True)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="symlinks")

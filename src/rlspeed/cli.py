@@ -2916,12 +2916,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     options = env_options(model, env_id, env_kwargs)  # (named in the result line)
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
-        from rlspeed.video import check_video_support, refuse_directory, require_writable_directory
+        from rlspeed.video import check_video_path, check_video_support
 
         _check_parent_directory("--video", args.video)
-        require_writable_directory(args.video)
-        refuse_directory(args.video, "--video")
-        refuse_special_file(args.video, "--video")
+        check_video_path(args.video, "--video")
         if not args.overwrite and (Path(args.video).exists() or Path(args.video).is_symlink()):
             raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
                             "FILE.")

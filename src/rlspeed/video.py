@@ -31,7 +31,7 @@ import rlspeed
 from rlspeed import evaluation
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
-from rlspeed.files import given_path, move_into_place, process_running
+from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -181,25 +181,22 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
         raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
 
 
-def refuse_directory(path: str | Path, name: str) -> None:
-    """UserError in one sentence where the video file `path` (`name`: the argument that gave it) is a directory,
-    before any episode is filmed: the writer could not replace it, with or without overwrite."""
-    if Path(path).is_dir():
-        raise UserError(f"{name} '{path}' is a directory: give the video file to write, ending in "
-                        f"{' or '.join(FORMATS)} (e.g. '{Path(path) / 'episode.mp4'}').")
-
-
-def require_writable_directory(path: str | Path) -> None:
-    """UserError in one sentence where the directory of `path` (which exists) cannot be written (a read-only file
-    system, a directory of another user): said before filming, where it was said after the episodes, by the encoder
-    (ffmpeg's command line in the message) or as a traceback (Pillow's GIF writer, whose partial file could not be
-    removed either)."""
+def check_video_path(path: str | Path, name: str) -> None:
+    """UserError in one sentence, before any episode is filmed, where the video file `path` (in a directory that
+    exists; `name`: the argument that gave it) cannot be written, with overwrite or without: its directory cannot be
+    written (a read-only file system, a directory of another user: the encoder said so only after the episodes), or it
+    is a directory (which the writer cannot replace), a device or a pipe (which the whole video, renamed over it,
+    would replace). `record_video`'s rule, which `rlspeed eval --video` checks before evaluating."""
     from rlspeed.files import unwritable
 
     parent = Path(path).parent
     if unwritable(parent) is not None:
         raise UserError(f"Cannot write '{path}': the directory '{parent}' cannot be written here (read-only, or "
                         "another user's); give a file in a directory you can write to.")
+    if Path(path).is_dir():
+        raise UserError(f"{name} '{path}' is a directory: give the video file to write, ending in "
+                        f"{' or '.join(FORMATS)} (e.g. '{Path(path) / 'episode.mp4'}').")
+    refuse_special_file(path, name)
 
 
 def _rendered(env: gym.Env, env_id: str):
@@ -390,8 +387,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     overwrite = true_or_false("record_video(overwrite=...)", overwrite)
     if not path.parent.is_dir():
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
-    require_writable_directory(path)
-    refuse_directory(path, "record_video's path")
+    check_video_path(path, "record_video's path")
     if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
 
