@@ -19,6 +19,7 @@ from conftest import endless_pendulum_id
 import rlspeed
 from rlspeed import DQN, PPO, SAC
 from rlspeed.callbacks import BaseCallback
+from rlspeed.logging import ProgressBar
 
 
 @pytest.fixture(scope="module")
@@ -652,6 +653,39 @@ def test_an_evaluation_that_stops_puts_back_every_normalisation_it_froze(monkeyp
     monkeypatch.undo()
     env.close()
     model.close()
+
+
+class _Unanswering(gym.Wrapper):  # (module level: the workers of a forked AsyncVectorEnv run it)
+    """An env whose `update_running_mean`, the outermost evaluate's `set_attr` reaches, cannot be read."""
+
+    @property
+    def update_running_mean(self):
+        raise RuntimeError("this env cannot say")
+
+
+def _unanswering_cartpole():
+    return _Unanswering(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1", max_episode_steps=30)))
+
+
+def test_subprocess_envs_that_cannot_answer_the_freezing_stop_the_evaluation_with_their_own_error(monkeypatch):
+    """Workers that raised as evaluate froze their normalisers (Gymnasium shuts such a worker down) made putting back
+    the statistics already read fail, and that error left evaluate ("'NoneType' object has no attribute 'send'"), in
+    place of the workers' own, with its progress bar left open: the workers' error goes on, with a warning of what was
+    not put back, and the bar is closed."""
+    closed = []
+    close = ProgressBar.close
+    monkeypatch.setattr(ProgressBar, "close", lambda self: closed.append(self) or close(self))
+    env = gym.vector.AsyncVectorEnv([_unanswering_cartpole] * 2, context="fork",
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        env.reset(seed=0)
+        with pytest.warns(UserWarning, match=r"1 of the env's normalisation settings or statistics could not be put "
+                                             r"back after the evaluation stopped \(RuntimeError\)"), \
+                pytest.raises(RuntimeError, match="^this env cannot say$"):
+            rlspeed.evaluate(PPO("CartPole-v1", device="cpu", seed=0), env, episodes=2, seed=0, progress_bar=True)
+    finally:
+        env.close()
+    assert len(closed) == 1
 
 
 def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():

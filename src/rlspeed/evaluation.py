@@ -239,9 +239,9 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
                 else contextlib.nullcontext())
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
     # the normalisation statistics of an env the caller passed stay as they were (`_frozen_normalization`)
-    thaw = _frozen_normalization(env_id) if not isinstance(env_id, str) else None
-    failure = None
+    thaw = failure = None
     try:
+        thaw = _frozen_normalization(env_id) if not isinstance(env_id, str) else None
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
         _warn_life_episodes(env_id)
@@ -505,7 +505,9 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
     every normaliser is frozen (one per env), else the inner ones' statistics move during the evaluation. ([], False)
     where they cannot be reached so (an SB3 SubprocVecEnv, whose `set_attr` sets the outermost wrapper whether it has
     the attribute or not; a name twice in one env, whose inner statistics no `set_attr` reaches; envs of other
-    wrappers than each other; envs that cannot answer)."""
+    wrappers than each other; envs that cannot answer, where what was changed could be put back). The error of envs
+    that cannot answer is raised where what was changed could not all be put back (a worker that raised is shut down
+    by Gymnasium, and the others' `set_attr` then fails too), with a warning of what was not put back."""
     from rlspeed.envs.gymnasium_env import _subprocess_chains, _subprocess_env
 
     inner = _passed_vector_env(env)
@@ -526,9 +528,10 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
         flags = list(workers.get_attr("update_running_mean"))
         restore.append(lambda: workers.set_attr("update_running_mean", flags))
         workers.set_attr("update_running_mean", False)
-    except Exception:  # noqa: BLE001  (envs that cannot answer: what was changed is put back, and the warning stays)
-        _put_back(list(reversed(restore)))
-        return [], False
+    except BaseException as error:  # (envs that cannot answer, or a Ctrl-C: what was changed is put back)
+        if _put_back(list(reversed(restore)), error) or not isinstance(error, Exception):
+            raise
+        return [], False  # (and the warning that they are not frozen)
     return restore, all(len(names_in) <= 1 for names_in in layers)
 
 
@@ -575,10 +578,10 @@ def _warn_unfrozen_subprocess_statistics(unreached: list[str], reached: bool, al
                        "envs, or with one normalisation wrapper in each env.", UserWarning)
 
 
-def _put_back(restore: list[typing.Callable[[], None]], failure: BaseException | None = None) -> None:
+def _put_back(restore: list[typing.Callable[[], None]], failure: BaseException | None = None) -> bool:
     """Run every callable of `restore`, in order, also where one raises: the first error is raised after all ran, or,
     where the caller is failing with `failure` already (a Ctrl-C while subprocess envs step leaves them unable to take
-    a `set_attr`), a warning says what was not put back and `failure` goes on."""
+    a `set_attr`), a warning says what was not put back and `failure` goes on. Whether something was not put back."""
     errors = []
     for undo in restore:
         try:
@@ -590,6 +593,7 @@ def _put_back(restore: list[typing.Callable[[], None]], failure: BaseException |
     if errors:
         warn_at_caller(f"evaluate: {len(errors)} of the env's normalisation settings or statistics could not be put "
                        f"back after the evaluation stopped ({type(failure).__name__}): {errors[0]}", UserWarning)
+    return bool(errors)
 
 
 def _frozen_normalization(env) -> typing.Callable[[BaseException | None], None]:
