@@ -339,7 +339,8 @@ def test_reset_num_timesteps_false_runs_a_populations_schedules_over_the_whole_s
 def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatch, tmp_path):
     """`learn(0)` (a loop's call whose budget is spent), which a model's learn takes since SB3 does, was refused by a
     population's ('total_timesteps must be positive'): nothing trains or is evaluated, the step count and the run
-    directory stay, and its summary has no final evaluation; a negative budget is still refused."""
+    directory stay, and its summary has no final evaluation; a negative budget is still refused, and a run_dir
+    holding another run's metrics.csv too, as a model's learn(0) refuses it (it returned)."""
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], **{**SMALL, "n_epochs": 1})
     steps = SMALL["num_envs"] * SMALL["num_steps"]
     population.learn(steps, progress_bar=False)
@@ -352,6 +353,11 @@ def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatc
     assert [member["final_eval"] for member in summary["members"]] == [None, None]
     with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -8"):
         population.learn(-8)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "metrics.csv").write_text("timesteps,train_wall_s\n64,0.5\n")  # (another run's row)
+    with pytest.raises(UserError, match=r"^'.*other' holds the metrics.csv of another run, which this population "
+                                        r"\(trained in another run\) would replace: give another run_dir"):
+        population.learn(0, run_dir=tmp_path / "other", progress_bar=False)
 
 
 def test_member_overrides_set_one_member():

@@ -1483,7 +1483,8 @@ class PopulationBase:
         `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training.
 
         `total_timesteps=0` (a model's `learn(0)`, Stable-Baselines3's) trains and evaluates nothing: the members and
-        their step counts stay as they are, and the summary has no final evaluation (each `final_eval` None).
+        their step counts stay as they are, and the summary has no final evaluation (each `final_eval` None); a
+        `run_dir` holding a metrics.csv it would not continue is refused all the same, as by a model's `learn(0)`.
 
         A further call goes on from the step count the last one ended at; its schedules (PPO's and A2C's annealing,
         DQN's exploration) run over its own steps, or, with Stable-Baselines3's `reset_num_timesteps=False`, over the
@@ -1520,6 +1521,8 @@ class PopulationBase:
         if checkpoint_interval_s is not None and run_dir is None:
             raise UserError(f"checkpoint_interval_s={checkpoint_interval_s:g} needs a run_dir to write the checkpoints "
                             "to.")
+        if run_dir is not None:  # (also for learn(0), as a model's learn refuses it)
+            self._refuse_other_metrics(Path(run_dir))
         if total_timesteps == 0:  # (a model's learn(0), SB3's: nothing trains or is evaluated, the counts stay)
             interval = eval_freq if eval_freq is not None else default_eval_freq(total_timesteps)
             self.summary = self._summary(_LoopProgress.start(self.size, self.num_timesteps, interval, None),
@@ -1581,19 +1584,23 @@ class PopulationBase:
                 torch.set_num_threads(threads_before)
             return self.summary
 
+    def _refuse_other_metrics(self, run_dir: Path) -> None:
+        """UserError where `run_dir` holds a metrics.csv this population's `learn` does not continue: another run's,
+        or its own run's that it left for another run_dir (`refuse_other_metrics`); a population that has trained
+        continues its run's file (the run it last wrote to, or was resumed from)."""
+        own = self._metrics_dir == run_dir.resolve()
+        if holds_metrics(run_dir) and not (self.num_timesteps and own):
+            refuse_other_metrics(run_dir, "population", self.num_timesteps, self._metrics_dir,
+                                 self.__dict__.get("_left_runs", {}).get(run_dir.resolve()))
+
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
-        """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`: a row per evaluation, each member's mean and
-        episodes cut short at the step limit in columns `eval_mean/seed_S` and `eval_unfinished/seed_S` of its own, and
-        one where training ends; a population that has trained continues
-        its run's file, an untrained one refuses another run's."""
+        """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`, which `_refuse_other_metrics` let it write
+        to: a row per evaluation, each member's mean and episodes cut short at the step limit in columns
+        `eval_mean/seed_S` and `eval_unfinished/seed_S` of its own, and one where training ends."""
         if run_dir is None:
             return None
         run_dir = Path(run_dir)
-        own = self._metrics_dir == run_dir.resolve()  # (the run it last wrote to, or was resumed from)
         left = self.__dict__.setdefault("_left_runs", {})  # (run directories it wrote before: the step it left at)
-        if holds_metrics(run_dir) and not (self.num_timesteps and own):
-            refuse_other_metrics(run_dir, "population", self.num_timesteps, self._metrics_dir,
-                                 left.get(run_dir.resolve()))
         # (a file an earlier rlspeed began keeps its column `eval_unfinished`, all members' cut episodes summed, with
         # its rows' values; the rows written from here on leave it empty)
         columns = (("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds),
