@@ -349,7 +349,8 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                  deterministic: bool = True, env_kwargs: dict[str, typing.Any] | None = None, overwrite: bool = False,
                  backend: str | None = None) -> dict[str, typing.Any]:
     """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
-    file (`.mp4` or `.gif`); a file already at `path` is refused unless `overwrite`.
+    file (`.mp4` or `.gif`); a file already at `path` is refused unless `overwrite`; a directory, a device or a pipe
+    at `path` is refused with `overwrite` too (`check_video_path`, before any episode is filmed).
 
     Episode i starts from `env.reset(seed=seed + i)` (a native env's view: the state row i of a native env seeded
     with `seed` starts from; unseeded when `seed` is None) and runs until it ends or
