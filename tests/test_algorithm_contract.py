@@ -493,11 +493,12 @@ def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monke
     """A sampled batch's bytes are checked against the memory available, as the replay buffer's are: a batch_size
     that does not fit is one sentence before training."""
     import rlspeed
-    from rlspeed.algos import off_policy
+    from rlspeed.buffers import replay
 
-    monkeypatch.setattr(off_policy, "available_memory_bytes", lambda device, needed=None: 2**20)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)
     model = rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=100_000)
-    with pytest.raises(UserError, match=r"batch_size=100,000 takes .* GiB per sampled batch.*lower batch_size"):
+    with pytest.raises(UserError, match=r"^A sampled batch of batch_size=100,000 needs about .*, more than .* it may "
+                                        r"take .*; lower batch_size\.$"):
         model.learn(256, progress_bar=False)
     assert model.num_timesteps == 0
     rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=64).learn(256, progress_bar=False)

@@ -186,9 +186,9 @@ def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocate
 def test_a_rollout_refused_for_its_memory_names_the_size_that_fits(monkeypatch):
     """The refusal said "lower num_steps or num_envs" without a number, where the replay buffer's names the largest
     buffer_size that fits: it names the num_steps that fits at the given num_envs, else the num_envs one step fits."""
-    from rlspeed.buffers import rollout
+    from rlspeed.buffers import replay, rollout
 
-    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**24)  # (13.4 MB may go)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**24)  # (13.4 MB may go)
     space, cpu = gym.make("CartPole-v1").observation_space, torch.device("cpu")
     with pytest.raises(UserError, match=r"lower num_steps or num_envs; with num_envs 4, num_steps up to [\d,]+ fits "
                                         r"\(num_steps=(\d+), on the command line --set num_steps=\1\)\.$") as refused:

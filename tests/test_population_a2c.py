@@ -199,12 +199,15 @@ def test_a_population_rollout_that_would_not_fit_is_refused_naming_the_num_steps
     rollout is refused in one sentence: the members' rollout is too, naming the num_steps that fits."""
     import re
 
-    from rlspeed.buffers import rollout
+    from rlspeed.buffers import replay
+    from rlspeed.population import base
 
-    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    monkeypatch.setattr(base, "check_members_fit", lambda *args: None)  # (the members' own estimate, with networks)
     population = Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=10**9, env_backend="torch")
     with pytest.raises(UserError, match=r"^The rollout of 2 members of num_steps 1,000,000,000 x num_envs 4 steps "
-                                        r"needs .* GiB, more than the 0\.0 GiB it may take: lower num_steps or "
+                                        r"needs about .* GiB, more than the 0\.8 MiB it may take \(80% of the "
+                                        r"1\.0 MiB of available host memory\); lower num_steps or "
                                         r"num_envs, or train fewer members at once; with num_envs 4 and 2 members, "
                                         r"num_steps up to [\d,]+ fits \(num_steps=(\d+), on the command line --set "
                                         r"num_steps=\1\)\.$") as refused:
@@ -221,9 +224,9 @@ def test_a_population_rollout_that_would_not_fit_is_refused_before_the_run_direc
     """rlspeed train --seeds checks what a population allocates when it starts before it makes the run directory
     (`check_fits`): a rollout refused for its memory left config.yaml behind, and the next try was told --overwrite."""
     from rlspeed import cli
-    from rlspeed.buffers import rollout
+    from rlspeed.buffers import replay
 
-    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
     out = tmp_path / "run"
     for algo in ("ppo", "a2c"):
         assert cli.main(["train", algo, "CartPole-v1", "--seeds", "0-1", "--env-backend", "torch", "--num-envs", "4",

@@ -280,10 +280,10 @@ def test_dqn_members_on_an_atari_game_store_each_frame_once_as_their_solo_runs(t
 def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_size_that_fits(monkeypatch):
     """Each member's buffer holds buffer_size transitions (as the solo's, at its bytes per transition: about 7,500
     for Breakout, where whole stacks take 56,468); the check names the largest buffer_size that fits, and it fits."""
-    from rlspeed.population import offpolicy
+    from rlspeed.buffers import replay
 
     budget = 2 * 2**30  # a fake 2 GiB of available host memory
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
     population = Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=100_000, num_envs=2)
     with pytest.raises(UserError, match=r"4 members \(100,000 transitions each, 7,[0-9]{3} bytes per transition\) "
                                         r".* the largest buffer_size that fits is ([\d,]+)") as info:
@@ -296,9 +296,9 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
 
 
 def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):
-    from rlspeed.population import offpolicy
+    from rlspeed.buffers import replay
 
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: 2**14)  # (a fake 16 KiB)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**14)  # (a fake 16 KiB)
     out = tmp_path / "run"
     argv = ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "5000", "--no-progress",
             "--out", str(out)]
@@ -310,10 +310,11 @@ def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp
 def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_fits(monkeypatch):
     """The members' replay buffers are checked against the available memory before they are allocated (as a solo
     buffer is), in one sentence that names the buffer_size that fits; that size then allocates."""
+    from rlspeed.buffers import replay
     from rlspeed.population import offpolicy
 
     budget = 64 * 2**20  # a fake 64 MiB of available host memory
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
     gammas = torch.tensor([0.99, 0.99, 0.99])
     image = 4 * 84 * 84  # (a uint8 stack of four Atari frames, stored whole)
     with pytest.raises(UserError, match=r"3 members .* the largest buffer_size that fits is ([\d,]+)") as info:

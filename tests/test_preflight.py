@@ -66,7 +66,7 @@ def test_num_envs_whose_envs_cannot_fit_are_refused_before_any_env_is_made(backe
     monkeypatch.setattr(base, "make_env", lambda *args, **kwargs: made.append(kwargs) or pytest.fail("env made"))
     line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--num-envs", "4e6", "--env-backend", backend,
                     "--total-timesteps", "1000"], capsys)
-    assert "num_envs 4,000,000 (--num-envs)" in line and "GiB" in line and "give at most --num-envs" in line
+    assert "num_envs 4,000,000 (--num-envs)" in line and "MiB" in line and "give at most --num-envs" in line
     assert not made
     per_env = int(re.search(r"at ([\d,]+) bytes per env", line)[1].replace(",", ""))
     advised = int(re.search(r"give at most --num-envs ([\d,]+)", line)[1].replace(",", ""))

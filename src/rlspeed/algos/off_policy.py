@@ -46,7 +46,7 @@ from rlspeed.buffers import (
     image_space,
 )
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem, has_compute_reward
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
+from rlspeed.buffers.replay import layout_nbytes, refuse_unless_fits
 from rlspeed.checkpoint import REPLAY_SUFFIX as REPLAY_SUFFIX  # (the replay file's name, where it was defined before)
 from rlspeed.checkpoint import beside, load_checkpoint, load_paired, replay_path, save_checkpoint, staged_path
 from rlspeed.device import rules, training_threads
@@ -517,11 +517,8 @@ class OffPolicyAlgorithm(Algorithm):
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
         # rebuilt): observation and next observation, and the row's other fields
         batch_bytes = cfg.batch_size * (2 * obs_bytes + self.buffer._row_bytes)
-        free = available_memory_bytes(self.device, needed=batch_bytes)
-        if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:
-            raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "
-                            f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "
-                            "batch_size.")
+        refuse_unless_fits(batch_bytes, self.device, f"A sampled batch of batch_size={cfg.batch_size:,}",
+                           "lower batch_size")
         per_iteration = self.steps_per_iteration  # (learn trains whole iterations, updating after each collection)
         iterations = -(-total_timesteps // per_iteration)
         stored = self.num_timesteps - self._buffer_start + iterations * per_iteration

@@ -68,18 +68,44 @@ def available_memory_bytes(device: torch.device, needed: int | None = None) -> i
     return available
 
 
-def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str | Callable[[float], str]) -> None:
-    """UserError where `needed` bytes, checked before anything is allocated, exceed the share of `device`'s available
-    memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): '`what` needs about X GiB, more than the Y GiB it may take
-    (80% of the Z GiB available ...); `advice`.' (`advice` may be a function of the Y bytes, for what would fit.)"""
-    free = available_memory_bytes(torch.device(device), needed=needed)
+def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str | Callable[[int], str]) -> None:
+    """The memory rule every check before an allocation follows (replay buffers, rollouts, envs, populations, sampled
+    batches): UserError where `needed` bytes exceed the share of `device`'s available memory (`available_memory_bytes`)
+    that one such allocation may take (`REPLAY_MEMORY_SHARE`), in one sentence: '`what` needs about X GiB, more than
+    the Y GiB it may take (80% of the Z GiB <which limit>); `advice`.' The limit named is the one that sets Z
+    (`memory_limit_text`): the device's free memory, this process's ulimit, its memory cgroup, or the host's available
+    memory. `advice` says what to change; a function of the Y bytes (an int) where it names what would fit."""
+    device = torch.device(device)
+    free = available_memory_bytes(device, needed=needed)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
-    advice = advice(REPLAY_MEMORY_SHARE * free) if callable(advice) else advice
-    where = "host memory" if torch.device(device).type == "cpu" else f"{device}'s free memory"
-    raise UserError(f"{what} needs about {needed / 2**30:,.1f} GiB, more than the "
-                    f"{REPLAY_MEMORY_SHARE * free / 2**30:,.1f} GiB it may take ({REPLAY_MEMORY_SHARE:.0%} of the "
-                    f"{free / 2**30:,.1f} GiB of available {where}); {advice}.")
+    budget = int(REPLAY_MEMORY_SHARE * free)
+    advice = advice(budget) if callable(advice) else advice
+    raise UserError(f"{what} needs about {size_text(needed)}, more than the {size_text(budget)} it may take "
+                    f"({REPLAY_MEMORY_SHARE:.0%} of the {size_text(free)} {memory_limit_text(device, free)}); "
+                    f"{advice}.")
+
+
+def size_text(count: float) -> str:
+    """Bytes in words: '2.1 GiB' from 1 GiB, else '3.5 MiB' ('0.0 MiB' under 50 KiB)."""
+    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.1f} MiB"
+
+
+def memory_limit_text(device: torch.device, free: int) -> str:
+    """Which limit leaves `free` bytes (what `available_memory_bytes` measured) on `device`, in words following the
+    amount: 'free on cuda:0' for a device; on the host, 'that this process's ulimit (-v or -d) leaves' where its
+    address-space or data limit is what leaves no more, 'that this process's memory cgroup (a container's or job's
+    memory limit) leaves' where that is, else 'of available host memory'."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return f"free on {device}"
+    limited = _rlimit_available_bytes()
+    if limited is not None and limited <= free:
+        return "that this process's ulimit (-v or -d) leaves"
+    cgroup = _cgroup_minus(_unwritten_host_bytes())
+    if cgroup is not None and cgroup <= free:
+        return "that this process's memory cgroup (a container's or job's memory limit) leaves"
+    return "of available host memory"
 
 
 def _available_memory_bytes(device: torch.device) -> int | None:
@@ -399,28 +425,22 @@ class ReplayBuffer:
         return int(capacity * self.bytes_per_transition)
 
     def _check_fits(self) -> None:
-        """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
-        device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
-        free = available_memory_bytes(self.storage_device, needed=self.nbytes)
-        if free is None or self.nbytes <= REPLAY_MEMORY_SHARE * free:
-            return
-        budget = int(REPLAY_MEMORY_SHARE * free)
-        # (bytes per row and bytes whatever the capacity: the frame layouts' pool holds frames beyond one per row)
-        fixed = self._nbytes_at(0)
-        per_row = max((self._nbytes_at(16 * self.num_envs) - fixed) / (16 * self.num_envs), 1e-9)
-        fits = max(int(max(budget - fixed, 0) // per_row) // self.num_envs * self.num_envs, 0)
-        while fits >= self.num_envs and self._nbytes_at(fits) > budget:  # (a whole number of frames: round down)
-            fits -= self.num_envs
-        where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
-        limited = _rlimit_available_bytes() if self.storage_device.type == "cpu" else None
-        if limited is not None and limited <= free:  # (not the machine's memory: the process's limit, named)
-            where = "memory that this process's ulimit (-v or -d) leaves"
-        advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
-                  f"line --set buffer_size={fits})" if fits >= self.num_envs
-                  else "not even one transition per env fits: free memory or use smaller observations")
-        raise UserError(f"A replay buffer of {self.capacity:,} transitions needs {self.nbytes / 2**30:.2f} GiB, more "
-                        f"than the {budget / 2**30:.2f} GiB it may take ({REPLAY_MEMORY_SHARE:.0%} of the available "
-                        f"{where}); {advice}.")
+        """UserError (`refuse_unless_fits`), with the largest capacity that fits, when the storage needs more than the
+        share of the storage device's available memory that a buffer may take (allocating it anyway fails later, or is
+        killed)."""
+        def advice(budget: int) -> str:
+            # (bytes per row and bytes whatever the capacity: the frame layouts' pool holds frames beyond one per row)
+            fixed = self._nbytes_at(0)
+            per_row = max((self._nbytes_at(16 * self.num_envs) - fixed) / (16 * self.num_envs), 1e-9)
+            fits = max(int(max(budget - fixed, 0) // per_row) // self.num_envs * self.num_envs, 0)
+            while fits >= self.num_envs and self._nbytes_at(fits) > budget:  # (a whole number of frames: round down)
+                fits -= self.num_envs
+            return (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
+                    f"line --set buffer_size={fits})" if fits >= self.num_envs
+                    else "not even one transition per env fits: free memory or use smaller observations")
+
+        refuse_unless_fits(self.nbytes, self.storage_device, f"A replay buffer of {self.capacity:,} transitions",
+                           advice)
 
     def describe(self) -> str:
         """Footprint, placement and layout, e.g. 'replay buffer: 1,000,000 transitions, 76.3 MiB on cpu, 80 bytes

@@ -9,10 +9,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
+from rlspeed.buffers.replay import layout_nbytes, refuse_unless_fits
 from rlspeed.device import statistics_dtype
 from rlspeed.envs.base import Observation, observation_layout
-from rlspeed.errors import UserError
 
 
 def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int, ...],
@@ -106,34 +105,32 @@ def rollout_step_bytes(observation, action_shape: tuple[int, ...], action_dtype:
 
 
 def check_rollout_bytes(num_steps: int, num_envs: int, per_step: int, device: torch.device, members: int = 1) -> None:
-    """UserError, naming the num_steps that fits (else the num_envs), when a rollout of `num_steps` steps of
-    `num_envs` envs for each of `members` (a population's), `per_step` bytes per step and env row, needs more than
-    the share of the device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`)."""
+    """UserError (`refuse_unless_fits`), naming the num_steps that fits (else the num_envs), when a rollout of
+    `num_steps` steps of `num_envs` envs for each of `members` (a population's), `per_step` bytes per step and env
+    row, needs more than the share of the device's available memory a replay buffer may take."""
     rows = num_envs * members
-    needed = num_steps * rows * per_step
-    free = available_memory_bytes(torch.device(device), needed=needed)
-    if free is None or needed <= REPLAY_MEMORY_SHARE * free:
-        return
-    budget = int(REPLAY_MEMORY_SHARE * free)
-    # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
-    # the envs that fit at these steps, else the envs that fit at one step each)
-    steps = budget // (rows * per_step)
-    envs, at_steps = budget // (members * per_step * num_steps), num_steps
-    if steps < 1 and envs < 1:
-        envs, at_steps = budget // (members * per_step), 1
     solo = members == 1
     fewer, of_members = ("", "") if solo else (", or train fewer members at once", f" and {members} members")
-    lower = "num_envs" if at_steps == num_steps else "num_steps and num_envs"
-    each = "one step" if at_steps == 1 else f"{at_steps:,} steps"
-    advice = (f"lower num_steps or num_envs{fewer}; with num_envs {num_envs:,}{of_members}, num_steps up to "
-              f"{steps:,} fits (num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
-              f"lower {lower}{fewer}: {each} each of at most {envs:,} envs{'' if solo else ' per member'} fits "
-              f"(num_envs={envs}, on the command line --num-envs {envs})" if envs >= 1 else
-              "not even one step of one env fits: free memory or use smaller observations" if solo else
-              "not even one step of one env per member fits: train fewer members at once, or free memory")
+
+    def advice(budget: int) -> str:
+        # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
+        # the envs that fit at these steps, else the envs that fit at one step each)
+        steps = budget // (rows * per_step)
+        envs, at_steps = budget // (members * per_step * num_steps), num_steps
+        if steps < 1 and envs < 1:
+            envs, at_steps = budget // (members * per_step), 1
+        lower = "num_envs" if at_steps == num_steps else "num_steps and num_envs"
+        each = "one step" if at_steps == 1 else f"{at_steps:,} steps"
+        return (f"lower num_steps or num_envs{fewer}; with num_envs {num_envs:,}{of_members}, num_steps up to "
+                f"{steps:,} fits (num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
+                f"lower {lower}{fewer}: {each} each of at most {envs:,} envs{'' if solo else ' per member'} fits "
+                f"(num_envs={envs}, on the command line --num-envs {envs})" if envs >= 1 else
+                "not even one step of one env fits: free memory or use smaller observations" if solo else
+                "not even one step of one env per member fits: train fewer members at once, or free memory")
+
     what = "A rollout" if solo else f"The rollout of {members} members"
-    raise UserError(f"{what} of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
-                    f"{needed / 2**30:,.1f} GiB, more than the {budget / 2**30:.1f} GiB it may take: {advice}.")
+    refuse_unless_fits(num_steps * rows * per_step, device,
+                       f"{what} of num_steps {num_steps:,} x num_envs {num_envs:,} steps", advice)
 
 
 class RolloutBuffer:

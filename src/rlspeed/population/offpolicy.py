@@ -79,12 +79,11 @@ from rlspeed.algos.off_policy import (
     no_update_reason,
 )
 from rlspeed.buffers.replay import (
-    REPLAY_MEMORY_SHARE,
     FrameStackReplayBuffer,
-    available_memory_bytes,
     check_masks_given,
     count_unwritten_host_storage,
     frame_stacks,
+    refuse_unless_fits,
     storage_zeros,
     window_entry,
 )
@@ -262,23 +261,20 @@ class _FlatMemberAdam:
 
 def check_member_replay_fits(rows: int, size: int, num_envs: int, row_bytes: float, device: torch.device,
                              fixed_bytes: int = 0) -> None:
-    """UserError, with the largest buffer_size that fits, when `size` members' replay of `rows` transitions each
-    (`row_bytes` each, plus `fixed_bytes` per member whatever its size) needs more than the share of the device's
-    available memory a replay buffer may take (the share the solo `ReplayBuffer` takes; where a solo buffer on an
-    accelerator would move to host memory, the population's stays on its device): the allocation would fail later,
-    or the process be killed."""
-    needed = size * (rows * row_bytes + fixed_bytes)
-    free = available_memory_bytes(device, needed=needed)
-    if free is None or needed <= REPLAY_MEMORY_SHARE * free:
-        return
-    budget = int(REPLAY_MEMORY_SHARE * free)
-    fits = max(int((budget / size - fixed_bytes) // row_bytes), 0) // num_envs * num_envs
-    advice = (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
-              "at once" if fits >= num_envs else "not even one step of every member's envs fits: train fewer "
-              "members at once, or free memory")
-    raise UserError(f"The replay buffers of {size} members ({rows:,} transitions each, {row_bytes:,.0f} bytes per "
-                    f"transition) need {needed / 2**30:.2f} GiB, more than the {budget / 2**30:.2f} GiB they may take "
-                    f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {device}); {advice}.")
+    """UserError (`refuse_unless_fits`), with the largest buffer_size that fits, when `size` members' replay of `rows`
+    transitions each (`row_bytes` each, plus `fixed_bytes` per member whatever its size) needs more than the share of
+    the device's available memory a replay buffer may take (the share the solo `ReplayBuffer` takes; where a solo
+    buffer on an accelerator would move to host memory, the population's stays on its device): the allocation would
+    fail later, or the process be killed."""
+    def advice(budget: int) -> str:
+        fits = max(int((budget / size - fixed_bytes) // row_bytes), 0) // num_envs * num_envs
+        return (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
+                "at once" if fits >= num_envs else "not even one step of every member's envs fits: train fewer "
+                "members at once, or free memory")
+
+    refuse_unless_fits(int(size * (rows * row_bytes + fixed_bytes)), device,
+                       f"The replay of {size} members ({rows:,} transitions each, {row_bytes:,.0f} bytes per "
+                       f"transition)", advice)
 
 
 class MemberReplay:
