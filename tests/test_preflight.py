@@ -83,6 +83,20 @@ def test_a_rollout_of_num_envs_that_cannot_fit_is_refused_before_any_env_is_made
     assert "x num_envs 1,000,000,000 steps needs" in line and "--num-envs" in line
 
 
+def test_a_recurrent_rollout_whose_lstm_states_cannot_fit_is_refused_before_any_env_is_made(memory_of, monkeypatch):
+    """RecurrentPPO's check before the envs (and a population's estimate of a member) sized a plain rollout, 63 bytes
+    per step and env for CartPole, not the LSTM states it keeps (8 KiB with an LSTM of 256): its 64 envs were made
+    before the rollout itself was refused."""
+    from rlspeed import RecurrentPPO
+    from rlspeed.algos import base
+
+    memory_of(2**29)  # (410 MiB may go: the 4 MiB of a plain rollout fits, the 516 MiB with the states does not)
+    monkeypatch.setattr(base, "make_env", lambda *args, **kwargs: pytest.fail("env made"))
+    model = RecurrentPPO("CartPole-v1", device="cpu", num_envs=64, num_steps=1024, batch_size=16 * 1024)
+    with pytest.raises(UserError, match=r"^A rollout of num_steps 1,024 x num_envs 64 steps needs about 51\d\.\d MiB"):
+        model.learn(1000, progress_bar=False)
+
+
 def test_members_that_cannot_fit_are_refused_after_building_one(memory_of, monkeypatch, tmp_path, capsys):
     from rlspeed.population import base
 

@@ -38,6 +38,7 @@ from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
+from rlspeed.buffers.rollout import rollout_step_bytes
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
@@ -282,6 +283,14 @@ class RecurrentPPO(PPO):
         return parts[0][0], parts[1][0]
 
     # --- rollout ----------------------------------------------------------------------------------------------
+    def _rollout_step_bytes(self) -> int:
+        """Bytes per step and env of the rollout `_start` allocates: next observations kept, and the LSTM states
+        (`RecurrentRolloutBuffer.state_step_bytes`), which the envs' memory check and a population's estimate count."""
+        action_shape, action_dtype = self._action_storage()
+        return rollout_step_bytes(self.spec.observation_space, action_shape, action_dtype, self.device,
+                                  extra_nbytes=RecurrentRolloutBuffer.state_step_bytes(
+                                      self.policy.initial_state(1).numel()))
+
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         if self._continues_episodes(env):  # (the LSTM state and episode starts go on with the episodes)
             return

@@ -22,15 +22,18 @@ class RecurrentRolloutBuffer(RolloutBuffer):
     def __init__(self, num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                  action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...],
                  mask_size: int | None = None):
-        # the states a step started from and produced (float32 [S, H] per env each) and the episode-start flag count in
-        # the memory check: with an LSTM of 256 they are 8 KiB per step and env, against some 60 bytes for
-        # CartPole's other fields
-        state_nbytes = 2 * 4 * math.prod(state_shape) // num_envs + 1
         super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
-                         extra_nbytes=state_nbytes)
+                         extra_nbytes=self.state_step_bytes(math.prod(state_shape) // num_envs))
         self.states = torch.zeros(num_steps, *state_shape, device=device)
         self.next_states = torch.zeros(num_steps, *state_shape, device=device)
         self.episode_starts = torch.zeros(num_steps, num_envs, device=device, dtype=torch.bool)
+
+    @staticmethod
+    def state_step_bytes(state_numel: int) -> int:
+        """Bytes stored per step and env besides a `RolloutBuffer`'s, for a state of `state_numel` floats per env: the
+        state the step started from and the one it produced (float32 each) and the episode-start flag; counted in the
+        memory check (with an LSTM of 256, 8 KiB per step and env, against some 60 bytes of CartPole's other fields)."""
+        return 2 * 4 * state_numel + 1
 
     def add_state(self, step: int, state: torch.Tensor, next_state: torch.Tensor, episode_starts: torch.Tensor) -> None:
         """Record step `step`'s input state, output state and episode-start flags `[N]` (in place)."""
