@@ -102,12 +102,31 @@ def test_members_that_cannot_fit_are_refused_after_building_one(memory_of, monke
 
     memory_of(2**26)
     built, check = [], base.check_members_fit
-    monkeypatch.setattr(base, "check_members_fit", lambda solo, size, device: (built.append(size),
-                                                                             check(solo, size, device)))
+    monkeypatch.setattr(base, "check_members_fit",
+                        lambda solo, size, device, *replay: (built.append(size), check(solo, size, device, *replay)))
     line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--seeds", "0-9999", "--total-timesteps", "1000"], capsys)
     assert "A population of 10,000 members (--seeds)" in line and "train at most" in line and "--seeds 0-" in line
     assert built == [10_000]  # (checked once, with the first member built)
     assert not (tmp_path / "run").exists()
+
+
+def test_off_policy_members_whose_replay_buffers_cannot_fit_together_are_refused_after_building_one(
+        memory_of, monkeypatch, tmp_path, capsys):
+    """The estimate after the first member counted its networks and envs, not its replay buffer: members whose
+    buffers did not fit together were all built before `check_fits` refused them. Now it counts the replay `learn`
+    allocates for --total-timesteps, and names both ways out: fewer members, or the buffer_size that fits."""
+    from rlspeed import SAC
+
+    memory_of(2**30)  # (819 MiB may go: one member's 10,000,000 transitions of 40 bytes fit, four do not)
+    built, made = [], SAC.__init__
+    monkeypatch.setattr(SAC, "__init__",
+                        lambda self, *args, **kwargs: (built.append(1), made(self, *args, **kwargs))[1])
+    line = refusal(["train", "sac", "Pendulum-v1", "--seeds", "0-3", "--set", "buffer_size=1e7", "--total-timesteps",
+                    "1e8", "--no-progress", "--out", str(tmp_path / "run")], capsys)
+    assert "A population of 4 members (--seeds)" in line and "a replay buffer of 10,000,000 transitions" in line
+    assert re.search(r"train at most 2 members at once \(for example --seeds 0-1\), or give buffer_size [\d,]+ or "
+                     r"less \(--set buffer_size=\d+\)\.$", line), line
+    assert len(built) == 1 and not (tmp_path / "run").exists()
 
 
 def test_n_epochs_beyond_its_bound_is_one_sentence(tmp_path, capsys):

@@ -717,7 +717,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.device import resolve_device
     from rlspeed.envs import env_spec
     from rlspeed.population import IMPLEMENTATIONS, Population
-    from rlspeed.population.base import CHECKPOINT_NAME
+    from rlspeed.population.base import CHECKPOINT_NAME, planned_timesteps
     from rlspeed.population.offpolicy import OffPolicyPopulation
     from rlspeed.population.plot import plot_learning_curves
 
@@ -741,7 +741,8 @@ def _train_population(args: argparse.Namespace) -> int:
     # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
     args.encryption = encryption_settings()
     _stage("building the population's envs and models")
-    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
+    with planned_timesteps(total):  # (the estimate after the first member counts the replay buffers for them)
+        population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
     checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)

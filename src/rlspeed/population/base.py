@@ -6,6 +6,7 @@ A population class (`PPOPopulation`, the off-policy ones) provides the training 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import inspect
@@ -14,7 +15,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,11 +303,35 @@ def _forked_generators(device: torch.device) -> contextlib.ExitStack:
     return stack
 
 
+#: the env steps per member the caller will train for, where it knows them before the members are built (the CLI:
+#: `planned_timesteps`): the estimate of a member (`check_members_fit`) then counts the replay buffer `learn` allocates
+_PLANNED_TIMESTEPS: contextvars.ContextVar[int | None] = contextvars.ContextVar("planned_timesteps", default=None)
+
+
+@contextlib.contextmanager
+def planned_timesteps(total_timesteps: int) -> Iterator[None]:
+    """Within it, populations being built know they will train for `total_timesteps` env steps per member, so that the
+    estimate made after the first member (`check_members_fit`) counts an off-policy member's replay buffer: the
+    `rlspeed train --seeds` of members whose replays do not fit together is refused before the others are built."""
+    token = _PLANNED_TIMESTEPS.set(int(total_timesteps))
+    try:
+        yield
+    finally:
+        _PLANNED_TIMESTEPS.reset(token)
+
+
+def planned_total_timesteps() -> int | None:
+    """The env steps per member given to `planned_timesteps` around this build, or None."""
+    return _PLANNED_TIMESTEPS.get()
+
+
 def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
+                replay: Callable[[Any], tuple[int, float]] | None = None,
                 **kwargs) -> tuple[list, list[torch.Generator]]:
     """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's
     members start from, and for each a generator in the state the solo run's global generator has when its training
-    starts; torch's global generators (the CPU's and every accelerator's) are left as they were."""
+    starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
+    the transitions and bytes per transition of each member's replay buffer, counted in `check_members_fit`."""
     solos, generators = [], []
     with _forked_generators(device), warnings.catch_warnings():
         for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
@@ -316,29 +341,39 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
-                check_members_fit(solos[0], len(seeds), device)
+                check_members_fit(solos[0], len(seeds), device, replay(solos[0]) if replay else (0, 0))
     return solos, generators
 
 
-def check_members_fit(solo, size: int, device: torch.device) -> None:
-    """UserError, naming --seeds, where `size` members like `solo` would not fit in the memory available: each its
-    networks four times over (weights, gradients and Adam's two moments), its envs and what is stored per env (a
-    rollout). --seeds 0-100000 made members for hours before it ran out of memory."""
+def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float] = (0, 0)) -> None:
+    """UserError, naming --seeds (and buffer_size where the members keep replay buffers), where `size` members like
+    `solo` would not fit in the memory available: each its networks four times over (weights, gradients and Adam's
+    two moments), its envs, what is stored per env (a rollout) and `replay` (transitions, bytes per transition: an
+    off-policy member's replay buffer). --seeds 0-100000 made members for hours before it ran out of memory."""
     parameters = {id(p): p for value in solo._modules().values()
                   for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
     num_envs = solo.config.num_envs
-    per_member = (4 * sum(p.numel() * p.element_size() for p in parameters.values())
-                  + solo._storage_bytes_estimate(num_envs))
-    if per_member > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory_bytes(torch.device(device)) or 0):
+    fixed = (4 * sum(p.numel() * p.element_size() for p in parameters.values())
+             + solo._storage_bytes_estimate(num_envs))
+    transitions, row_bytes = replay
+    per_member = fixed + int(transitions * row_bytes)
+    if fixed > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory_bytes(torch.device(device)) or 0):
         return  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
 
-    def advice(usable: float) -> str:
-        fits = max(int(usable) // per_member, 1)
-        return f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds 0-{fits - 1})"
+    def advice(usable: int) -> str:
+        fits = int(usable) // per_member
+        ways = [f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds 0-{fits - 1})"
+                ] if fits >= 1 else []
+        buffer = int((usable / size - fixed) // row_bytes) // num_envs * num_envs if transitions else 0
+        if buffer >= num_envs:
+            ways.append(f"give buffer_size {buffer:,} or less (--set buffer_size={buffer})")
+        return ", or ".join(ways) or "not even one member fits: free memory"
 
+    stored = f", and a replay buffer of {transitions:,} transitions" if transitions else ""
     refuse_unless_fits(size * per_member, device,
-                       f"A population of {size:,} members (--seeds) at {per_member / 2**20:,.2f} MiB each (networks, "
-                       f"their gradients and Adam's moments, {num_envs:,} envs and their storage)", advice)
+                       f"A population of {size:,} members (--seeds) at {replay_buffers.size_text(per_member)} each "
+                       f"(networks, their gradients and Adam's moments, {num_envs:,} envs and their storage{stored})",
+                       advice)
 
 
 @torch.no_grad()
@@ -906,6 +941,11 @@ class PopulationBase:
         raise NotImplementedError
 
     # --- members -----------------------------------------------------------------------------------------------
+    def _planned_replay(self, solo) -> tuple[int, float]:
+        """The transitions and bytes per transition of the replay buffer each member like `solo` (the first) will
+        hold for the planned steps (`planned_timesteps`), for `check_members_fit`: none here (no replay buffer)."""
+        return 0, 0
+
     def _solo_members(self, algo_cls: type, env_id: str, seeds: Sequence[int], member_overrides,
                       device: str | torch.device, env_backend: str, hyperparameters: dict) -> list:
         """The K solo models the members start from (`solo_models`), after setting what every population takes from
@@ -938,7 +978,8 @@ class PopulationBase:
         members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
-                                             env_backend=self.env_backend, env_kwargs=self.env_kwargs or None)
+                                             replay=self._planned_replay, env_backend=self.env_backend,
+                                             env_kwargs=self.env_kwargs or None)
         self._env_spec = solos[0].spec  # (the members' env: its time limit, `learn`'s note on a target)
         layout = observation_layout(solos[0].spec.observation_space)
         #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows

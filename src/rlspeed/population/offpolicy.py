@@ -83,12 +83,14 @@ from rlspeed.buffers.replay import (
     check_masks_given,
     count_unwritten_host_storage,
     frame_stacks,
+    layout_nbytes,
     refuse_unless_fits,
     storage_zeros,
     window_entry,
 )
 from rlspeed.checkpoint import beside, load_paired, replay_path, save_checkpoint, staged_path
 from rlspeed.device import check_num_threads, float32_default, rules, training_threads
+from rlspeed.envs import atari
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
@@ -111,6 +113,7 @@ from rlspeed.population.base import (
     member_features,
     member_grad_norms,
     packed_width,
+    planned_total_timesteps,
     saved_like,
     stack_leaf,
 )
@@ -275,6 +278,12 @@ def check_member_replay_fits(rows: int, size: int, num_envs: int, row_bytes: flo
     refuse_unless_fits(int(size * (rows * row_bytes + fixed_bytes)), device,
                        f"The replay of {size} members ({rows:,} transitions each, {row_bytes:,.0f} bytes per "
                        f"transition)", advice)
+
+
+def member_replay_steps(timesteps: int, num_envs: int, buffer_size: int) -> int:
+    """Stored steps a members' replay needs to hold `timesteps` env steps per member (`num_envs` rows a step, one
+    step more for the last collection), at most buffer_size's."""
+    return min(-(-timesteps // num_envs) + 1, max(buffer_size // num_envs, 1))
 
 
 class MemberReplay:
@@ -835,8 +844,24 @@ class OffPolicyPopulation(PopulationBase):
 
     def _replay_capacity(self, total_timesteps: int) -> int:
         """Stored steps the replay needs for `total_timesteps` more env steps per member (at most buffer_size's)."""
-        steps_needed = -(-(self.num_timesteps + total_timesteps) // self.config.num_envs) + 1
-        return min(steps_needed, max(self.config.buffer_size // self.config.num_envs, 1))
+        return member_replay_steps(self.num_timesteps + total_timesteps, self.config.num_envs, self.config.buffer_size)
+
+    def _planned_replay(self, solo) -> tuple[int, float]:
+        """Each member's replay for the planned steps (`planned_timesteps`; none without a plan), from the first
+        member `solo`, before the population's own attributes exist: `MemberFrameReplay`'s bytes where frames are
+        stored once, else `MemberReplay`'s rows at the observations' own dtypes (never more than `check_fits` counts:
+        a population stores some as float32), without action masks (the env says whether it gives them later)."""
+        total = planned_total_timesteps()
+        if total is None:
+            return 0, 0
+        cfg, space, discrete = solo.config, solo.spec.observation_space, solo.spec.discrete
+        if atari.is_atari(self.env_id) and cfg.frame_dedup and frame_stacks(space):
+            action_bytes = rules(self.device).index_dtype.itemsize if discrete else 4 * solo.spec.action_dim
+            nbytes = FrameStackReplayBuffer.planned_nbytes(cfg.buffer_size, cfg.num_envs, space, action_bytes,
+                                                           cfg.n_step)
+            return cfg.buffer_size, nbytes / cfg.buffer_size
+        rows = member_replay_steps(total, cfg.num_envs, cfg.buffer_size) * cfg.num_envs
+        return rows, 2 * layout_nbytes(observation_layout(space)) + 4 * (1 if discrete else solo.spec.action_dim) + 12
 
     def _summary(self, *args, **kwargs) -> dict:
         """`PopulationBase._summary` plus the replay's layout and footprint (`replay`, as a solo run's summary)."""
