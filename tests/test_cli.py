@@ -654,8 +654,9 @@ def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(
     """An error once the run directory exists but before anything is trained (here the replay buffer, allocated when
     training starts, does not fit in a fake 1 MiB of memory, where its envs do): exit 2, its config.yaml (and
     TensorBoard's directory, which the logger makes before the first step where tensorboard is installed: made here as
-    it would be) removed and the directory it created too; a directory that existed before is kept; then the same
-    command with a buffer that fits trains."""
+    it would be) removed and the directory it created too, with the empty directories it made above it (runs/ for
+    the default: they were left behind); a directory that existed before is kept; then the same command with a buffer
+    that fits trains."""
     from rlspeed import logging as run_logging
     from rlspeed.buffers import replay
 
@@ -676,6 +677,10 @@ def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's")
     assert cli.main([*argv, "--out", "mine"]) == 2
+    assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    # the directories made above it go too (they were left empty), up to one that existed
+    assert cli.main([*argv, "--out", "mine/deep/er/new"]) == 2 and cli.main(argv) == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mine"]  # (no runs/ either)
     assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["notes.txt"]
     assert cli.main([*argv, "--out", "new", "--set", "buffer_size=100"]) == 0  # (not "already holds a run")
 

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -759,7 +759,7 @@ def _train_population(args: argparse.Namespace) -> int:
     if args.dry_run:
         with contextlib.closing(population):
             return _print_dry_run(args, config)
-    created = args.out is None or not Path(args.out).exists()
+    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     _stage("starting the run", run_dir=run_dir)
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -824,7 +824,7 @@ def _train_population(args: argparse.Namespace) -> int:
     signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
     try:
         with (_stopping(population.env_backend) as signals,
-              _left_clean_if_not_started(run_dir, created, not args.resume)):
+              _left_clean_if_not_started(run_dir, created, not args.resume, parents)):
             summary = (population.finish_resumed(target, _eval_episodes(args)) if finishing else
                        population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                         stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
@@ -1702,13 +1702,25 @@ def _finished_summary(path: Path) -> bool:
     return _ended_summary(path) is not None
 
 
+def _missing_parents(out: str | None) -> list[Path]:
+    """The directories above a run directory at `out` (None: the default, under runs/) that do not exist yet, deepest
+    first: `_prepare_run_dir` makes them with it, and a run that does not start removes them with it (while empty)."""
+    missing = []
+    for parent in Path("runs/run" if out is None else out).absolute().parents:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing
+
+
 @contextlib.contextmanager
-def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
+def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool, parents: Sequence[Path] = ()):
     """On an error escaping the block (a replay buffer that does not fit, an env that fails at its first step, ...),
     where the run produced nothing (its directory holds config.yaml and at most TensorBoard's directory): the
     config.yaml and TensorBoard directory of a `fresh` run (not --resume) are removed, and the directory with them
     where this command `created` it and nothing else is in it, so that a rerun is not refused as "already holds a
-    run". (Ctrl-C and SIGTERM are not errors: the run's interruption handling writes its summary.)"""
+    run", and then the `parents` it made for it (`_missing_parents`) that are empty. (Ctrl-C and SIGTERM are not
+    errors: the run's interruption handling writes its summary.)"""
     try:
         yield
     except (Exception, KeyboardInterrupt) as error:  # (an interruption that escapes: the run had not started)
@@ -1726,6 +1738,8 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
+                    for parent in parents:  # (deepest first: one that holds something else stops it)
+                        parent.rmdir()
         elif (fresh and isinstance(error, UserError) and run_dir not in _overwritten()  # (which puts the old run back)
               and not {"checkpoint.safetensors", "model.safetensors"} & set(held)):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
@@ -1936,7 +1950,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     # --overwrite deletes the run it would replace, and must leave no empty run directory behind
     _stage("building the envs and the model")
     model = _model(args, algo_cls, hyper, strategy)
-    created = args.out is None or not Path(args.out).exists()
+    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
     recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
@@ -2027,7 +2041,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         (run_dir / "wandb" / "run-id").unlink(missing_ok=True)
     tracker = None
     try:
-        with _left_clean_if_not_started(run_dir, created, fresh=main and not args.resume and restarts == 0):
+        with _left_clean_if_not_started(run_dir, created, fresh=main and not args.resume and restarts == 0,
+                                        parents=parents):
             _stage("starting the W&B run" if args.track else "starting the run", run_dir=run_dir)
             callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
             return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
