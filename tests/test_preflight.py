@@ -129,6 +129,22 @@ def test_off_policy_members_whose_replay_buffers_cannot_fit_together_are_refused
     assert len(built) == 1 and not (tmp_path / "run").exists()
 
 
+def test_a_long_population_build_says_how_far_it_is(monkeypatch, capsys):
+    """--seeds 0-100000 built CartPole's members for some 7 minutes without a word: a build whose second member says
+    the rest would take longer than BUILD_PROGRESS_S counts them (a bar; where stderr is no terminal, as here, status
+    lines, the first at once); `planned_timesteps(..., progress_bar=False)` (--no-progress) keeps it quiet."""
+    from rlspeed import PPO
+    from rlspeed.population import Population, base
+
+    monkeypatch.setattr(base, "BUILD_PROGRESS_S", 0.0)  # (any build is long)
+    Population(PPO, "CartPole-v1", seeds=range(4), num_envs=1).close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "building members: 2/4 members (50%)" and lines[-1] == "building members: 4/4 members (100%)"
+    with base.planned_timesteps(1000, progress_bar=False):
+        Population(PPO, "CartPole-v1", seeds=range(4), num_envs=1).close()
+    assert "building members" not in capsys.readouterr().err
+
+
 def test_n_epochs_beyond_its_bound_is_one_sentence(tmp_path, capsys):
     line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--set", "n_epochs=1e9"], capsys)
     assert "n_epochs must be at most 10,000" in line and "got 1,000,000,000" in line

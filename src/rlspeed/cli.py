@@ -741,7 +741,8 @@ def _train_population(args: argparse.Namespace) -> int:
     # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
     args.encryption = encryption_settings()
     _stage("building the population's envs and models")
-    with planned_timesteps(total):  # (the estimate after the first member counts the replay buffers for them)
+    # (the estimate after the first member counts the replay buffers for the budget; a long build shows a bar)
+    with planned_timesteps(total, progress_bar=not args.no_progress):
         population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)

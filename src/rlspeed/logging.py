@@ -240,6 +240,12 @@ class ProgressBar:
             self.bar.refresh()
             self._redrawn = time.time()
 
+    def status_line(self) -> None:
+        """Write a status line now where stderr is no terminal (a long task's first word, before
+        `LINE_INTERVAL_S` has passed); nothing where the bar is drawn."""
+        if self.lines:
+            self._line()
+
     def _line(self) -> None:
         total = self.bar.total or 0
         share = f" ({100 * self.bar.n / total:.0f}%)" if total else ""

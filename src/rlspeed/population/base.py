@@ -303,26 +303,33 @@ def _forked_generators(device: torch.device) -> contextlib.ExitStack:
     return stack
 
 
-#: the env steps per member the caller will train for, where it knows them before the members are built (the CLI:
-#: `planned_timesteps`): the estimate of a member (`check_members_fit`) then counts the replay buffer `learn` allocates
-_PLANNED_TIMESTEPS: contextvars.ContextVar[int | None] = contextvars.ContextVar("planned_timesteps", default=None)
+#: what the caller of a population's build knows before the members are built (`planned_timesteps`): the env steps
+#: per member it will train for (the estimate of a member, `check_members_fit`, then counts the replay buffer `learn`
+#: allocates), and whether a long build shows its progress
+_BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool]] = contextvars.ContextVar("build_plan",
+                                                                                     default=(None, True))
+
+#: a population whose members would take longer than this (seconds) to build shows a bar, or where stderr is no
+#: terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it builds them
+BUILD_PROGRESS_S = 10.0
 
 
 @contextlib.contextmanager
-def planned_timesteps(total_timesteps: int) -> Iterator[None]:
+def planned_timesteps(total_timesteps: int | None, progress_bar: bool = True) -> Iterator[None]:
     """Within it, populations being built know they will train for `total_timesteps` env steps per member, so that the
     estimate made after the first member (`check_members_fit`) counts an off-policy member's replay buffer: the
-    `rlspeed train --seeds` of members whose replays do not fit together is refused before the others are built."""
-    token = _PLANNED_TIMESTEPS.set(int(total_timesteps))
+    `rlspeed train --seeds` of members whose replays do not fit together is refused before the others are built.
+    `progress_bar=False`: no bar while a long build runs (`BUILD_PROGRESS_S`; `rlspeed train --no-progress`)."""
+    token = _BUILD_PLAN.set((None if total_timesteps is None else int(total_timesteps), progress_bar))
     try:
         yield
     finally:
-        _PLANNED_TIMESTEPS.reset(token)
+        _BUILD_PLAN.reset(token)
 
 
 def planned_total_timesteps() -> int | None:
     """The env steps per member given to `planned_timesteps` around this build, or None."""
-    return _PLANNED_TIMESTEPS.get()
+    return _BUILD_PLAN.get()[0]
 
 
 def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
@@ -331,17 +338,27 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's
     members start from, and for each a generator in the state the solo run's global generator has when its training
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
-    the transitions and bytes per transition of each member's replay buffer, counted in `check_members_fit`."""
-    solos, generators = [], []
-    with _forked_generators(device), warnings.catch_warnings():
+    the transitions and bytes per transition of each member's replay buffer, counted in `check_members_fit`. Where the
+    second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar counts them (unless
+    `planned_timesteps` says no bar)."""
+    solos, generators, bar = [], [], None
+    with _forked_generators(device), warnings.catch_warnings(), contextlib.ExitStack() as closing:
         for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
             if k == 1:  # (a setting without effect, or an encoder's cost, is said once, for the first member)
                 warnings.simplefilter("ignore", UnusedSettingWarning)
                 warnings.simplefilter("ignore", EncoderWarning)
+            started = time.perf_counter()
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
                 check_members_fit(solos[0], len(seeds), device, replay(solos[0]) if replay else (0, 0))
+            elif bar is not None:
+                bar.update(1)
+            elif (k == 1 and _BUILD_PLAN.get()[1]
+                  and (time.perf_counter() - started) * (len(seeds) - 2) > BUILD_PROGRESS_S):
+                bar = ProgressBar(len(seeds), desc="building members", initial=2, unit="member")
+                closing.callback(bar.close)
+                bar.status_line()
     return solos, generators
 
 
