@@ -1197,23 +1197,27 @@ def test_a_replay_buffer_past_the_processs_ulimit_is_refused_with_what_fits(monk
     assert 0 < fits * (2 * 40 * 60 * 3 * 4 + 20) <= 0.8 * 64 * 2**20  # (float32 observations twice, 20 bytes more)
 
 
-@pytest.mark.parametrize("limit", ["ulimit", "cgroup"])
+@pytest.mark.parametrize("limit", ["ulimit", "cgroup", "device"])
 def test_a_rollout_past_the_processs_own_memory_limit_names_that_limit(monkeypatch, limit):
     """Every memory check follows one rule (`refuse_unless_fits`), which names the limit that leaves the memory: the
     rollout's refusal (as the envs', the population's and the sampled batch's) said "available host memory" where
-    `ulimit -v` or the container's cgroup limit was what left 1 MiB, and raising neither was hinted at."""
+    `ulimit -v` or the container's cgroup limit was what left 1 MiB (and the device's "available memory of cuda:0"
+    in the members' replay's wording only)."""
     from rlspeed.buffers import replay, rollout
 
     monkeypatch.setattr(replay, "_rlimit_available_bytes", lambda: 2**20 if limit == "ulimit" else None)
     monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: 2**20 if limit == "cgroup" else None)
     monkeypatch.setattr(replay, "_unwritten_host_bytes", lambda: 0)
+    monkeypatch.setattr(replay, "free_memory_bytes", lambda device: 2**20 if device.type == "cuda" else 2**40)
     named = {"ulimit": r"that this process's ulimit \(-v or -d\) leaves",
-             "cgroup": r"that this process's memory cgroup \(a container's or job's memory limit\) leaves"}[limit]
+             "cgroup": r"that this process's memory cgroup \(a container's or job's memory limit\) leaves",
+             "device": "free on cuda:0"}[limit]
+    device = torch.device("cuda:0" if limit == "device" else "cpu")  # (nothing is allocated: no GPU needed)
     with pytest.raises(UserError, match=rf"^A rollout of num_steps 1,000 x num_envs 4 steps needs about 3\.8 MiB, "
                                         rf"more than the 0\.8 MiB it may take \(80% of the 1\.0 MiB {named}\); "
                                         r"lower num_steps or num_envs; with num_envs 4, num_steps up to 209 fits"):
-        rollout.check_rollout_bytes(1_000, 4, 1_000, torch.device("cpu"))
-    rollout.check_rollout_bytes(209, 4, 1_000, torch.device("cpu"))
+        rollout.check_rollout_bytes(1_000, 4, 1_000, device)
+    rollout.check_rollout_bytes(209, 4, 1_000, device)
 
 
 def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypatch, tmp_path, capsys):
