@@ -23,7 +23,15 @@ from rlspeed.envs import make_env
 from rlspeed.envs.base import EnvSpec, check_observation_space, space_from_json, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd
 from rlspeed.errors import EncoderWarning, UserError
-from rlspeed.nn import CNNEncoder, FlattenEncoder, MultiInputEncoder, OneHotEncoder, make_encoder
+from rlspeed.nn import (
+    CNNEncoder,
+    FlattenEncoder,
+    MultiInputEncoder,
+    OneHotEncoder,
+    image_shape,
+    image_side,
+    make_encoder,
+)
 
 SMALL = {"cnn_features_dim": 16, "net_arch": (16,)}
 ON_POLICY = {"num_envs": 4, "num_steps": 8, "batch_size": 16, "n_epochs": 1, **SMALL}
@@ -74,6 +82,19 @@ def test_image_channel_layout_is_detected_as_sb3_does():
         first.load_state_dict(last.state_dict())
         # the same image channels-last and channels-first gives the same features
         assert torch.allclose(last(image), first(image.permute(0, 3, 1, 2).contiguous()), atol=1e-5)
+
+
+def test_an_images_sides_are_read_alike_in_either_layout():
+    """`image_shape` gives (channels, height, width) of a channels-first and a channels-last image alike, and the CNN
+    built on each, the side `cnn=auto` picks by and the CNN it picks follow it (20 rows: the strided CNN)."""
+    first, last = _box((3, 20, 60)), _box((20, 60, 3))
+    assert image_shape(first) == image_shape(last) == (3, 20, 60)
+    assert image_shape(_box((10, 10, 10), np.bool_, 0, 1)) == (10, 10, 10)  # (a tie: channels last)
+    assert image_shape(_box((20, 60))) is None and image_side(_box((20, 60))) is None
+    assert image_side(first) == image_side(last) == 20
+    cnn_first, cnn_last = CNNEncoder(first, 8), CNNEncoder(last, 8)
+    assert cnn_first.arch == cnn_last.arch == "strided"
+    assert cnn_first.linear[0].in_features == cnn_last.linear[0].in_features == 64 * 3 * 13  # (halved twice, less 2)
 
 
 def test_uint8_images_are_scaled_to_unit_range_on_the_device_unless_told_not_to():

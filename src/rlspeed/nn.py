@@ -253,6 +253,16 @@ def box_channels_first(space: gym.Space) -> bool | None:
     return int(np.argmin(space.shape)) == 0
 
 
+def image_shape(space: gym.Space) -> tuple[int, int, int] | None:
+    """(channels, height, width) of a 3-D Box read as an image in its layout (`box_channels_first`: CxHxW or HxWxC),
+    else None: the one reading of an image's sides that the CNNs, their architecture choice and their warnings share."""
+    channels_first = box_channels_first(space)
+    if channels_first is None:
+        return None
+    first, second, third = (int(side) for side in space.shape)
+    return (first, second, third) if channels_first else (third, first, second)
+
+
 #: Stable-Baselines3 policy attributes every network a model exposes (`model.policy`, `model.actor`, `model.critic`,
 #: ...) lacks, with what to use instead (`SB3Names`)
 SB3_NETWORK_ATTRIBUTES = {
@@ -394,8 +404,7 @@ class CNNEncoder(Encoder):
             raise UserError(f"A CNN encoder needs image observations (a 3-D Box, channels first or last), not {space}; "
                             f"{_cnn_fix(space)}.")
         self.channels_last = not channels_first
-        shape = tuple(space.shape)
-        channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        channels, height, width = image_shape(space)
         #: the architecture built: nature, strided or small
         self.arch = cnn_arch(arch, height, width)
         self.kind = {"nature": "Nature CNN encoder", "strided": "strided CNN encoder",
@@ -453,12 +462,10 @@ class CNNEncoder(Encoder):
 
 
 def image_side(space: gym.Space) -> int | None:
-    """The smaller side in pixels of a 3-D Box read as an image (`box_channels_first`), else None: what `cnn=auto`
-    picks the architecture by."""
-    channels_first = box_channels_first(space)
-    if channels_first is None:
-        return None
-    return int(min(space.shape[1:] if channels_first else space.shape[:2]))
+    """The smaller side in pixels of a 3-D Box read as an image (`image_shape`), else None: what `cnn=auto` picks the
+    architecture by."""
+    shape = image_shape(space)
+    return None if shape is None else min(shape[1:])
 
 
 def _refuse_unknown_cnn(cnn: str) -> None:
@@ -648,8 +655,7 @@ def _warn_large_cnn(cnn: CNNEncoder, space: gym.Space, key: str | None = None) -
     weights = layer.in_features * layer.out_features
     if weights <= LARGE_CNN_WEIGHTS:
         return
-    shape = tuple(space.shape)
-    height, width = shape[:2] if cnn.channels_last else shape[1:]
+    _, height, width = image_shape(space)
     if cnn.nature:
         fix = "resize the images with gymnasium.wrappers.ResizeObservation(env, (84, 84)) (Atari's size)"
     else:

@@ -130,6 +130,7 @@ from rlspeed.nn import (
     cnn_arch,
     encoder_from_config,
     image_channels_first,
+    image_shape,
     image_side,
     optimizers_without_dynamo,
 )
@@ -371,11 +372,7 @@ def _cnn_archs(config, space: gym.Space | None) -> tuple[str, ...]:
     """The CNN architecture (`cnn_arch`) each image of `space` gets under `config`'s encoder and cnn, in key order:
     what decides a model's CNNs, which `cnn` values alike in it build alike (auto and nature at 40x40)."""
     images = _images(config, space) if space is not None and config.encoder != "mlp" else []  # (mlp: no CNN)
-    archs = []
-    for image in images:
-        height, width = image.shape[1:] if box_channels_first(image) else image.shape[:2]
-        archs.append(cnn_arch(config.cnn, int(height), int(width)))
-    return tuple(archs)
+    return tuple(cnn_arch(config.cnn, *image_shape(image)[1:]) for image in images)
 
 
 def _same_networks(key: str, saved, given, space: gym.Space | None) -> bool:
