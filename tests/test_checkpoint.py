@@ -187,12 +187,15 @@ def test_a_pipe_or_device_given_as_a_checkpoint_is_refused_without_reading_it(tm
     # (reading a FIFO blocks until a writer comes, /dev/zero never ends: neither may be read)
     fifo = tmp_path / "model.safetensors"
     os.mkfifo(fifo)
-    with pytest.raises(rlspeed.UserError, match="not a regular file"):
+    with pytest.raises(rlspeed.UserError, match="is a device or a pipe, not a regular file: give a checkpoint file"):
         PPO.load(fifo, device="cpu")
-    with pytest.raises(rlspeed.UserError, match="not a regular file"):
+    with pytest.raises(rlspeed.UserError, match="is a device or a pipe, not a regular file: give a checkpoint file"):
         PPO.load("/dev/zero", device="cpu")
     monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY_FILE", str(fifo))
-    with pytest.raises(rlspeed.UserError, match="key file .* not a regular file"):
+    with pytest.raises(rlspeed.UserError, match="key file .* is a device or a pipe, not a regular file: give the"):
+        rlspeed.checkpoint.encryption_key()
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY_FILE", str(tmp_path))
+    with pytest.raises(rlspeed.UserError, match="key file .* is a directory, not a regular file: give the file"):
         rlspeed.checkpoint.encryption_key()
 
 

@@ -623,8 +623,10 @@ def test_a_missing_preset_file_names_the_choices(tmp_path):
     with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))
     if os.path.exists(os.devnull) and not os.path.isfile(os.devnull):  # (a device: it said "no such file")
-        with pytest.raises(UserError, match=r"is not a regular file \(a device or a pipe\); give a YAML file"):
+        with pytest.raises(UserError, match=r"is a device or a pipe, not a regular file: give a YAML file"):
             load_preset("ppo", "CartPole-v1", os.devnull)
+    with pytest.raises(UserError, match=r"is a directory, not a regular file: give a YAML file, or one of auto"):
+        load_preset("ppo", "CartPole-v1", str(tmp_path))
 
 
 @requires_zoo

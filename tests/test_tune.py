@@ -417,6 +417,21 @@ def test_choices_of_none_or_auto_beside_numbers_are_a_search_space(tmp_path):
         assert load_search_space(path, SAC, {})[0]["ent_coef"]["choices"][1] == 0.1
 
 
+def test_a_search_space_that_is_not_a_regular_file_is_refused_as_such_not_as_missing(tmp_path):
+    """--search-space given a directory or a pipe says what it is (as --preset and checkpoints do; it said "no such
+    file"), without reading it (a pipe's read waits for a writer)."""
+    from rlspeed.tune import load_search_space
+
+    fifo = tmp_path / "space.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match=r"--search-space .* is a device or a pipe, not a regular file: give a YAML"):
+        load_search_space(fifo, PPO, {})
+    with pytest.raises(UserError, match=r"--search-space .* is a directory, not a regular file: give a YAML file"):
+        load_search_space(tmp_path, PPO, {})
+    with pytest.raises(UserError, match=r"--search-space .*: no such file; give a YAML file"):
+        load_search_space(tmp_path / "missing.yaml", PPO, {})
+
+
 def test_a_dqn_preset_trains_its_exploration_over_the_trials_budget(tmp_path):
     """DQN's epsilon decays over exploration_fraction of a learn call's steps: with the starting preset's budget the
     preset explored 500 times longer than its trial had."""

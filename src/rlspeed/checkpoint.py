@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from rlspeed.device import training_threads
 from rlspeed.errors import UserError
-from rlspeed.files import free_disk_bytes, local_path, process_running
+from rlspeed.files import free_disk_bytes, local_path, process_running, refuse_irregular_file
 
 FORMAT = "rlspeed-checkpoint"
 #: 2: the metadata carries a digest. Format-1 files (no digest) still load, with a warning.
@@ -204,8 +204,7 @@ def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
         return CheckpointKey(_parse_key(value.encode(), KEY_ENV), KEY_ENV)
     if file is not None:
         source = f"The key file '{file}' ({KEY_FILE_ENV})"
-        if Path(file).expanduser().exists() and not Path(file).expanduser().is_file():
-            raise UserError(f"{source} is not a regular file (a directory, pipe or device): give the key's file.")
+        refuse_irregular_file(Path(file).expanduser(), source, "the file that holds the key")
         try:
             text = Path(file).expanduser().read_bytes()
         except OSError as error:
@@ -743,8 +742,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
                             "Stable-Baselines3's .zip; load that (or the name without an extension).")
         also = f" (nor '{path}')" if str(path) != str(given) and not str(given).endswith(("/", os.sep)) else ""
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
-    if not path.is_file():  # (a FIFO would block the read, a device such as /dev/zero never end it)
-        raise UserError(f"'{path}' is not a regular file (a directory, pipe or device): give a checkpoint file.")
+    refuse_irregular_file(path, f"The checkpoint '{path}'", "a checkpoint file")
     # A file in clear is read tensor by tensor (`_read_mapped`): read whole, then parsed, it took twice its size in
     # memory (a replay buffer's: besides the buffer it fills). Anything it does not read goes the way that names why.
     # (tensors for another device are copied there from the mapping: their own memory, none of the host's)

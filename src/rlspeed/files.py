@@ -165,6 +165,20 @@ def refuse_special_file(path: str | Path, name: str | None = None) -> None:
                         "would replace: give a path to a regular file.")
 
 
+def refuse_irregular_file(path: str | Path, what: str, give: str) -> None:
+    """UserError in one sentence where `path` (followed through links) is a directory, a device, a pipe or a socket:
+    what a file is read from must be a regular file (a pipe's read waits for a writer, /dev/zero's never ends).
+    `what` names the path in the sentence (e.g. "--preset x.yaml"), `give` what to give instead. Nothing there, or
+    nothing this process may look at: the caller's read says so."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a device or a pipe"
+        raise UserError(f"{what} is {kind}, not a regular file: give {give}.")
+
+
 def move_into_place(temporary: Path, path: Path, replace: bool = True) -> None:
     """Give the whole file `temporary` (beside `path`, already synced) the name `path` in one step, with a plain
     write's mode: renamed over `path` (a symlink there is replaced, never written through), or with `replace=False`

@@ -18,7 +18,7 @@ from typing import Any
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError
-from rlspeed.files import local_path
+from rlspeed.files import local_path, refuse_irregular_file
 from rlspeed.presets.run_settings import RUN_KEYS, coerce_run_settings
 
 #: A preset file's entry for every Atari image id without an entry of its own (RL-Zoo's name for it)
@@ -173,11 +173,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     from rlspeed.algos.base import MODEL_ARGUMENTS, build_config
 
     path = local_path(path)
-    if path.is_dir():
-        raise UserError(f"--preset {path} is a directory; give a YAML file, or one of {', '.join(SOURCES)}.")
-    if path.exists() and not path.is_file():
-        raise UserError(f"--preset {path} is not a regular file (a device or a pipe); give a YAML file, or one of "
-                        f"{', '.join(SOURCES)}.")
+    refuse_irregular_file(path, f"--preset {path}", f"a YAML file, or one of {', '.join(SOURCES)}")
     if not path.is_file():
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     text, data = yamlfile.read_file(path)
