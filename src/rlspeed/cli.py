@@ -1190,8 +1190,7 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
         algorithm_labels,
         build_config,
         holds_model_of,
-        saved_weights_settings,
-        weights_mismatch,
+        saved_networks,
     )
     from rlspeed.checkpoint import load_checkpoint, refuse_non_model
 
@@ -1204,7 +1203,8 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
                         "(the networks it starts from).")
     notes = []
     before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
-    saved = saved_weights_settings(algo_cls, meta)
+    networks = saved_networks(algo_cls, meta)
+    saved = networks.settings
     for key, value in saved.items():
         value = list(value) if isinstance(value, tuple) else value  # (as config.yaml and _plain write it)
         if key not in given and before[key] != value:
@@ -1213,7 +1213,7 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
         hyper[key] = value
     # (a --set of one of them replaces the file's value later: it is taken where it builds the file's networks, as
     # set_parameters takes a model's)
-    key = weights_mismatch(algo_cls, meta, build_config(algo_cls.config_cls, {
+    key = networks.mismatch(build_config(algo_cls.config_cls, {
         **hyper, **{key: value for key, value in given.items() if key in saved}}))
     if key is not None:
         value = _plain(build_config(algo_cls.config_cls, {key: saved[key]}))[key]

@@ -384,35 +384,46 @@ def _same_networks(key: str, saved, given, space: gym.Space | None) -> bool:
     return key == "cnn" and _cnn_archs(given, space) == _cnn_archs(saved, space)
 
 
-def _saved_weights_config(algo_cls: type, meta: dict) -> tuple[typing.Any, gym.Space | None]:
-    """A model file's saved config (`meta` its checkpoint metadata) as `algo_cls`'s config class builds it, with the
-    observation space it records (None: float vectors of an older file)."""
-    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
-    config = with_saved_cnn(meta["config"], fields, space)
-    return build_config(algo_cls.config_cls, {key: value for key, value in config.items() if key in fields}), space
+def saved_config(config_cls: type, config: dict, space: gym.Space | None):
+    """A checkpoint's saved config (`config`, its metadata's) as `config_cls` builds it: with the `cnn` its CNNs were
+    built with where the file predates the setting (`with_saved_cnn`, for observations of `space`), less settings
+    the class does not have. UserError where a value is not one the class takes."""
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    config = with_saved_cnn(config, fields, space)
+    return build_config(config_cls, {key: value for key, value in config.items() if key in fields})
 
 
-def saved_weights_settings(algo_cls: type, meta: dict) -> dict:
-    """The settings a model file's weights need a model to share (`_weights_keys` of its saved config, `meta` its
-    checkpoint metadata), by name, as its config holds them: what `--init-from` takes."""
-    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-    saved, space = _saved_weights_config(algo_cls, meta)
-    return {key: getattr(saved, key) for key in _weights_keys(saved, space) if key in fields}
+class SavedNetworks(typing.NamedTuple):
+    """The networks a model file holds, read once from its checkpoint metadata (`saved_networks`): the rule of
+    `set_parameters` and `--init-from` for which models take its weights."""
 
+    #: the file's saved config as the algorithm's config class builds it (`saved_config`)
+    config: typing.Any
+    #: the observation space the file records (None: float vectors of an older file)
+    space: gym.Space | None
+    #: the settings its weights need a model to share (`_weights_keys`), by name, as its config holds them
+    settings: dict
 
-def weights_mismatch(algo_cls: type, meta: dict, config) -> str | None:
-    """The first of `saved_weights_settings` whose networks `config` (a model's) does not build as the file's, None
-    where it takes the file's weights: the rule of `set_parameters` and `--init-from`, as of `load` and resume
-    (`_same_networks`: a `cnn` of another name that builds each image the same CNN takes them)."""
-    saved, space = _saved_weights_config(algo_cls, meta)
-    for key in saved_weights_settings(algo_cls, meta):
-        try:
-            if not _same_networks(key, saved, config, space):
+    def mismatch(self, config) -> str | None:
+        """The first of `settings` whose networks `config` (a model's) does not build as the file's, None where it
+        takes the file's weights (`_same_networks`, as `load` and resume: a `cnn` of another name that builds each
+        image the same CNN takes them)."""
+        for key in self.settings:
+            try:
+                if not _same_networks(key, self.config, config, self.space):
+                    return key
+            except UserError:  # (a CNN the file's images are too small for: not the file's)
                 return key
-        except UserError:  # (a CNN the file's images are too small for: not the file's)
-            return key
-    return None
+        return None
+
+
+def saved_networks(algo_cls: type, meta: dict) -> SavedNetworks:
+    """The networks of a model file of `algo_cls` (`meta`: its checkpoint metadata)."""
+    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+    config = saved_config(algo_cls.config_cls, meta["config"], space)
+    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+    return SavedNetworks(config, space, {key: getattr(config, key) for key in _weights_keys(config, space)
+                                         if key in fields})
 
 
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
@@ -3627,10 +3638,11 @@ class Algorithm:
                              f"{space_text(s.action_space)}") for s in (spec, self.spec))
             raise UserError(f"'{path}' holds a model of {theirs}, whose {' and '.join(differ)} differ from this "
                             f"model's ({ours}).")
-        key = weights_mismatch(type(self), meta, self.config)
+        saved = saved_networks(type(self), meta)
+        key = saved.mismatch(self.config)
         if key is not None:
             theirs, ours = (list(v) if isinstance(v, tuple) else v
-                            for v in (saved_weights_settings(type(self), meta)[key], getattr(self.config, key)))
+                            for v in (saved.settings[key], getattr(self.config, key)))
             raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
                             f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
         networks = {key: value for key, value in tensors.items() if not key.startswith("optim.")}
@@ -3848,10 +3860,8 @@ class Algorithm:
             warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {saved_options} and this "
                           f"model's env has {options}: the run goes on on this model's env (make the model with the "
                           "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
-        fields = {field.name for field in dataclasses.fields(self.config_cls)}
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
-            saved = build_config(self.config_cls, {k: v for k, v in with_saved_cnn(
-                meta["config"], fields, self.spec.observation_space).items() if k in fields})
+            saved = saved_config(self.config_cls, meta["config"], self.spec.observation_space)
         except UserError:
             saved = None
         for key in _network_keys(saved, self.spec.observation_space) if saved is not None else ():  # (same shapes,
