@@ -2311,6 +2311,10 @@ def test_an_action_outside_a_discrete_space_given_to_an_envs_step_is_the_callers
         with pytest.raises(rlspeed.UserError, match=r"takes whole-number actions for its Discrete\(2\), got a "
                                                     r"torch\.float32 tensor"):
             env.step(torch.tensor([0.5, 1.0]))
+        for dtype in (torch.bool, torch.float64, torch.complex64):  # (any dtype without whole numbers)
+            with pytest.raises(rlspeed.UserError, match=rf"whole-number actions .*got a {dtype} tensor"):
+                env.step(torch.tensor([0, 1], dtype=dtype))
+        env.step(torch.tensor([0, 1], dtype=torch.int32))  # (any integer dtype is taken)
     finally:
         env.close()
     space = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])

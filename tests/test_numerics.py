@@ -142,6 +142,24 @@ def test_a_finite_reward_past_float32s_range_is_named_as_such():
         PPO(env, seed=0, device="cpu", **SMALL[PPO]).learn(64, progress_bar=False)
 
 
+def test_float32_rewards_marks_only_a_finite_reward_past_float32s_range():
+    """The adapters' rule for rewards: float32 copies, and the env marked where a reward finite as the env gave it
+    became infinite (not for the env's own inf or NaN), in any batch shape (a vector env's rewards of shape [N, 1]
+    are refused after it, by shape)."""
+    from types import SimpleNamespace
+
+    from rlspeed.envs.gymnasium_env import float32_rewards
+
+    for rewards, overflowed in [([1.0, -2.5], False), ([1.0, np.inf], False), ([np.nan, 0.0], False),
+                                ([1.0, 1e39], True), ([[1.0], [-1e39]], True), ([[np.inf], [1.0]], False)]:
+        env = SimpleNamespace(rewards_overflowed=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (numpy's "overflow encountered in cast")
+            stored = float32_rewards(np.array(rewards, dtype=np.float64), env)
+        assert stored.dtype == np.float32 and stored.shape == np.shape(rewards)
+        assert env.rewards_overflowed is overflowed, rewards
+
+
 @pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda a: a.__name__)
 def test_large_finite_values_are_no_nan(algo):
     """The guard folded every value into one float32 running sum over the run, which overflowed after a few hundred

@@ -522,6 +522,12 @@ def _backend_name(env: BatchedEnv) -> str:
 _RESET_WITHOUT = re.compile(r"reset\(\) got an unexpected keyword argument '(seed|options)'")
 
 
+#: the tensor dtypes that hold no whole numbers (floating point, complex, bool), which a Discrete or MultiDiscrete
+#: action space's step refuses (a set: looked up on every step)
+_NOT_WHOLE_DTYPES = frozenset(dtype for dtype in vars(torch).values() if isinstance(dtype, torch.dtype) and (
+    dtype.is_floating_point or dtype.is_complex or dtype == torch.bool))
+
+
 class NamesEnvErrors(EnvWrapper):
     """Turns an exception raised from inside the env's `reset` or `step` into an `EnvStepError` naming the env, the
     call and the options it was made with (one line from the CLI, exit 1; the env's traceback chained). rlspeed's own
@@ -546,14 +552,14 @@ class NamesEnvErrors(EnvWrapper):
         # (a list or an array reached the backend's `.device` or `.numpy()`, an AttributeError named as the env's; a
         # tensor of another number of rows was stepped silently, a native env broadcasting or a Gymnasium one
         # dropping rows)
-        if not isinstance(actions, torch.Tensor) or actions.dim() == 0 or actions.shape[0] != self.num_envs:
+        if not isinstance(actions, torch.Tensor) or actions.ndim == 0 or actions.shape[0] != self.num_envs:
             got = (f"a tensor of shape {list(actions.shape)}" if isinstance(actions, torch.Tensor)
                    else f"a {type(actions).__name__}")
             raise UserError(f"'{self.spec.env_id}'.step takes the actions as a torch tensor with one row per env "
                             f"({self.num_envs} rows), got {got}: e.g. torch.as_tensor(actions, device=env.device).")
         space = self.spec.action_space
         whole = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
-        if whole and (actions.is_floating_point() or actions.is_complex() or actions.dtype == torch.bool):
+        if whole and actions.dtype in _NOT_WHOLE_DTYPES:
             raise UserError(f"'{self.spec.env_id}'.step takes whole-number actions for its {space}, got a "
                             f"{actions.dtype} tensor: e.g. actions.long().")
         try:

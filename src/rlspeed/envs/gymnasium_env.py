@@ -11,6 +11,7 @@ import contextlib
 import copy
 import difflib
 import functools
+import math
 import multiprocessing
 import os
 import pickle
@@ -824,7 +825,10 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed` (the NaN
     guard's refusal names it)."""
     stored = np.array(rewards, dtype=np.float32)  # (an overflow: numpy's RuntimeWarning, as numpy gives it)
-    if not np.isfinite(stored).all() and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
+    # (checked in Python, on every step: a cost per env, as the envs' own steps have, without numpy's fixed cost per
+    # call, which the few envs of an in-process backend would pay mostly)
+    if not all(map(math.isfinite, stored.ravel().tolist())) and \
+            np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
         env.rewards_overflowed = True
     return stored
 
@@ -1180,6 +1184,9 @@ class HostObservations:
     def __init__(self, space: gym.Space):
         self.layout = observation_layout(space)
         self.keyed = isinstance(self.layout, dict)
+        # (shape, numpy dtype) of the whole observation or by key, for `empty` and `batch` (which run on every step)
+        self._numpy_layout = ({key: (shape, numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
+                              if self.keyed else (self.layout[0], numpy_dtype(self.layout[1])))
         # the Discrete and MultiDiscrete parts' value ranges [low, high), by key (None: the whole observation)
         parts = ({key: _subspace(space, key) for key in self.layout} if self.keyed else {None: space})
         self.ranges = {key: (part, *integer_range(part)) for key, part in parts.items()
@@ -1193,11 +1200,10 @@ class HostObservations:
         where a Discrete or MultiDiscrete part holds a value its space does not have (its one-hot encoding would set
         another part's slot, or index past the last)."""
         if not self.keyed:
-            shape, dtype = self.layout
-            batch = np.array(value, dtype=numpy_dtype(dtype))
+            batch = np.array(value, dtype=self._numpy_layout[1])
         else:
-            batch = {key: np.array(self._part(value, key), dtype=numpy_dtype(dtype))
-                     for key, (shape, dtype) in self.layout.items()}
+            batch = {key: np.array(self._part(value, key), dtype=dtype)
+                     for key, (_, dtype) in self._numpy_layout.items()}
         for key in self.ranges:
             self._check_values(batch if key is None else batch[key], key)
         return batch
@@ -1218,9 +1224,9 @@ class HostObservations:
     def empty(self, num: int) -> np.ndarray | dict[str, np.ndarray]:
         """Uninitialised host storage for `num` observations."""
         if not self.keyed:
-            shape, dtype = self.layout
-            return np.empty((num, *shape), dtype=numpy_dtype(dtype))
-        return {key: np.empty((num, *shape), dtype=numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
+            shape, dtype = self._numpy_layout
+            return np.empty((num, *shape), dtype=dtype)
+        return {key: np.empty((num, *shape), dtype=dtype) for key, (shape, dtype) in self._numpy_layout.items()}
 
     def write(self, target, row: int, observation) -> None:
         """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
