@@ -1074,15 +1074,40 @@ for name, path in zip(("PPO", "SAC"), sys.argv[1:]):
     model.learn(16, progress_bar=False)
     assert model.update_summary()["implementation"] == "hand-derived"
     getattr(rlspeed, name).load(model.save(path + "_trained"), device="cpu").learn(8, progress_bar=False)
+trained = []
+off_policy = {"learning_starts": 4, "batch_size": 4}
+for name, env_id, settings in (("A2C", "CartPole-v1", {"num_steps": 4}), ("DQN", "CartPole-v1", off_policy),
+                               ("TD3", "Pendulum-v1", off_policy), ("DDPG", "Pendulum-v1", off_policy),
+                               ("RecurrentPPO", "CartPole-v1", {"num_steps": 4, "batch_size": 4}),
+                               ("PPO", "CartPole-v1", {"num_steps": 4, "batch_size": 4, "fused_update": False})):
+    model = getattr(rlspeed, name)(env_id, seed=0, device="cpu", num_envs=1, net_arch=[4], **settings)
+    model.learn(8, progress_bar=False)
+    trained.append(f"{name} {model.update_summary()['implementation']}")
+print(trained)
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
+# a user's own optimiser after rlspeed's learns, under torch.compile: torch keeps compile out of its methods, as it
+# would have without rlspeed (torch's own `torch._disable_dynamo` wrappers, none of rlspeed's left in their place)
+weight = torch.nn.Parameter(torch.ones(3))
+optimizer = torch.optim.Adam([weight], lr=0.1)
+def loss(x):
+    optimizer.zero_grad()
+    return (weight * x).square().sum()
+x = torch.arange(3.0)
+assert torch.equal(torch.compile(loss, backend="eager")(x), loss(x))
+optimizer.load_state_dict(optimizer.state_dict())
+methods = [getattr(torch.optim.Optimizer, name).__wrapped__ for name in
+           ("add_param_group", "state_dict", "load_state_dict", "zero_grad")]
+print("torch's wrappers:", all(vars(method).get("__dynamo_disable") is not method for method in methods))
 """
 
 
 def test_loading_to_act_builds_no_optimizer_and_training_imports_no_dynamo(tmp_path):
     """docs/checkpoints.md: a model loaded to act (load, predict, evaluate), and saved again, builds no optimizer
-    (one a subclass's `_make_optimizer` makes neither); and a fresh process that trains, saves and resumes with a
-    hand-derived update never imports torch._dynamo (which torch's optimizers import when first built, saved or
-    loaded: seconds of every `rlspeed train`'s start)."""
+    (one a subclass's `_make_optimizer` makes neither); and a fresh process that trains, saves and resumes never
+    imports torch._dynamo (which torch's optimizers import when first built, saved, loaded or stepped: seconds of
+    every `rlspeed train`'s start), with every algorithm, the hand-derived updates and the fp32 eager autograd ones
+    (TD3, DDPG and RecurrentPPO imported it at their first step); a user's own optimiser made after that is as torch
+    makes it, for torch.compile."""
     small = {"num_envs": 1, "net_arch": [8], "learning_starts": 8, "batch_size": 8}
     paths = [rlspeed.PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "ppo"),
              rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", **small).save(tmp_path / "sac"),
@@ -1091,8 +1116,12 @@ def test_loading_to_act_builds_no_optimizer_and_training_imports_no_dynamo(tmp_p
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
-    assert lines[-2] == "built to act: []"
-    assert lines[-1] == "[]"
+    assert lines[-4] == "built to act: []"
+    assert lines[-3] == str([f"{name} {implementation}" for name, implementation in (
+        ("A2C", "hand-derived"), ("DQN", "hand-derived"), ("TD3", "autograd"), ("DDPG", "autograd"),
+        ("RecurrentPPO", "autograd"), ("PPO", "autograd"))])
+    assert lines[-2] == "[]"
+    assert lines[-1] == "torch's wrappers: True"
 
 
 class FlakyPPO(PPO):

@@ -13,10 +13,13 @@ to a few kernels, free of argument validation and Python objects, and compilable
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import math
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import gymnasium as gym
@@ -1028,10 +1031,20 @@ def gaussian_log_prob(actions: torch.Tensor, mean: torch.Tensor, log_std: torch.
     return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-#: torch.optim.Optimizer's methods that torch wraps in `torch._disable_dynamo`, whose first call imports torch._dynamo
-#: (a large part of a fresh process's start; docs/checkpoints.md), compiling or not: building, saving and loading an
-#: optimizer call them
+# Where torch._dynamo is not imported nothing can be compiling, and torch's wrappers that keep torch.compile out of an
+# optimizer's methods (`torch._disable_dynamo`, `_use_grad_for_differentiable`'s graph breaks) do nothing but import it
+# (a large part of a fresh process's start; docs/checkpoints.md). Building, saving, loading and stepping an optimizer
+# skip that import there (`optimizers_without_dynamo`, `zero_grad_without_dynamo`, `step_without_dynamo`); where a
+# torch release wraps these methods otherwise, they are called as torch made them, which imports it.
+
+#: torch.optim.Optimizer's methods that torch wraps in `torch._disable_dynamo`, whose first call imports torch._dynamo,
+#: compiling or not: building, saving and loading an optimizer call them
 _DYNAMO_DISABLED_OPTIMIZER_METHODS = ("add_param_group", "state_dict", "load_state_dict")
+
+
+def _dynamo_imported() -> bool:
+    """Whether torch._dynamo is imported (only then can anything be compiling)."""
+    return "torch._dynamo" in sys.modules
 
 
 @contextlib.contextmanager
@@ -1041,7 +1054,7 @@ def optimizers_without_dynamo() -> Iterator[None]:
     wrappers do where torch._dynamo is not imported (nothing can be compiling). After the block the wrappers are as
     torch made them; where torch._dynamo was imported before it, the block changes nothing. Where a torch release
     wraps these methods otherwise, torch._dynamo is imported as before."""
-    if "torch._dynamo" in sys.modules:
+    if _dynamo_imported():
         yield
         return
     # (`_disable_dynamo`'s wrapper calls what it finds in the attribute `__dynamo_disable` of the function it wraps,
@@ -1057,6 +1070,98 @@ def optimizers_without_dynamo() -> Iterator[None]:
         for method in methods:
             if vars(method).get("__dynamo_disable") is method:
                 delattr(method, "__dynamo_disable")
+
+
+@functools.cache
+def _wrapper_code(decorator: str) -> object:
+    """The code of the wrapper that torch's `decorator` (a dotted name) makes; None where this torch has none of
+    that name or it makes none."""
+    module, _, name = decorator.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)(lambda *args, **kwargs: None).__code__
+    except Exception:  # noqa: BLE001  (another torch release: its methods are called as it makes them)
+        return None
+
+
+def _made_by(function: object, decorator: str) -> bool:
+    """Whether `function` is the wrapper torch's `decorator` makes (its code: `functools.wraps` copies the name)."""
+    code = _wrapper_code(decorator)
+    return code is not None and getattr(function, "__code__", None) is code
+
+
+def _zero_grad_unwrapped(optimizer: torch.optim.Optimizer) -> Callable[..., None] | None:
+    """The method `optimizer.zero_grad`'s `torch._disable_dynamo` wrapper wraps (what the wrapper calls where nothing
+    is compiling); None where the optimizer's own attribute replaces it or torch wraps it otherwise."""
+    zero_grad = getattr(type(optimizer), "zero_grad", None)
+    unwrapped = getattr(zero_grad, "__wrapped__", None)
+    if "zero_grad" in vars(optimizer) or not callable(unwrapped) or not _made_by(zero_grad, "torch._disable_dynamo"):
+        return None
+    return unwrapped
+
+
+#: each optimizer class's `step` as torch made it -> that step without torch._dynamo's import (None: torch made it
+#: otherwise)
+_STEPS_WITHOUT_DYNAMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _step_unwrapped(optimizer: torch.optim.Optimizer) -> Callable[..., object] | None:
+    """`optimizer`'s `step` made again as torch makes it (`Optimizer.profile_hook_step`: the step hooks and the
+    profiler's label, around `_use_grad_for_differentiable`: the grad mode, around the step itself) but for
+    `_use_grad`'s import of torch._dynamo, for graph breaks that do nothing where nothing is compiling; None where the
+    optimizer's own attribute replaces its class's (a learning-rate scheduler's counter), or where torch made the step
+    otherwise (another release, an optimizer whose `step` is not of torch's `_use_grad` kind)."""
+    hooked = getattr(type(optimizer), "step", None)
+    if "step" in vars(optimizer) or not callable(hooked):
+        return None
+    if hooked in _STEPS_WITHOUT_DYNAMO:
+        return _STEPS_WITHOUT_DYNAMO[hooked]
+    use_grad = getattr(hooked, "__wrapped__", None)
+    step = getattr(use_grad, "__wrapped__", None)
+    profile_hook_step = getattr(torch.optim.Optimizer, "profile_hook_step", None)
+    made = None
+    if (getattr(hooked, "hooked", False) and callable(step) and callable(profile_hook_step)
+            and _made_by(use_grad, "torch.optim.optimizer._use_grad_for_differentiable")):
+
+        @functools.wraps(step)
+        def with_grad_mode(self, *args, **kwargs):
+            enabled = torch.is_grad_enabled()
+            try:
+                torch.set_grad_enabled(self.defaults["differentiable"])
+                return step(self, *args, **kwargs)
+            finally:
+                torch.set_grad_enabled(enabled)
+
+        made = profile_hook_step(with_grad_mode)
+    _STEPS_WITHOUT_DYNAMO[hooked] = made
+    return made
+
+
+def steps_without_dynamo(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `zero_grad_without_dynamo` and `step_without_dynamo` reach this optimizer's methods without importing
+    torch._dynamo (where nothing else imports it); False: they call its methods as torch made them, which import it."""
+    return _zero_grad_unwrapped(optimizer) is not None and _step_unwrapped(optimizer) is not None
+
+
+def zero_grad_without_dynamo(optimizer: torch.optim.Optimizer) -> None:
+    """`optimizer.zero_grad(set_to_none=True)`, without importing torch._dynamo where nothing has imported it (the
+    method its `torch._disable_dynamo` wrapper wraps, called as the wrapper calls it there); as torch made it where
+    torch._dynamo is imported, where the optimizer's own attribute replaces it, or where torch wraps it otherwise."""
+    zero_grad = None if _dynamo_imported() else _zero_grad_unwrapped(optimizer)
+    if zero_grad is None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        zero_grad(optimizer, set_to_none=True)
+
+
+def step_without_dynamo(optimizer: torch.optim.Optimizer) -> None:
+    """`optimizer.step()`, without importing torch._dynamo where nothing has imported it: torch's step with its hooks,
+    profiler label and grad mode (`_step_unwrapped`); as torch made it where torch._dynamo is imported, where the
+    optimizer's own attribute replaces it, or where torch makes it otherwise."""
+    step = None if _dynamo_imported() else _step_unwrapped(optimizer)
+    if step is None:
+        optimizer.step()
+    else:
+        step(optimizer)
 
 
 def make_adam(params, lr: float, device: torch.device, eps: float = 1e-5) -> torch.optim.Optimizer:

@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.algos.update import HAND_DERIVED
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
 from rlspeed.callbacks import CallbackLike
@@ -2173,9 +2172,10 @@ class Algorithm:
         """The one place that builds the optimisers and update steps a model made without them (`_setup` leaves them
         to `_setup_optimizer`), on the first read of one of `_optimizer_attributes` (the first learn, a gradient step,
         `model.optimizer`): a model loaded to act (predict, evaluate, export) or saved never builds them. They are
-        built without importing torch._dynamo (`optimizers_without_dynamo`); an update other than the hand-derived
-        one imports it here, apart, since its optimizer step would. What a `_setup` put in place of one stays, and
-        the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them then."""
+        built without importing torch._dynamo (`optimizers_without_dynamo`); where an update step imports it
+        (`UpdateStep.imports_dynamo`: compile, graph capture), it is imported here, apart. What a `_setup` put in
+        place of one stays, and the optimiser state a checkpoint gave (`_load_optimizer_state`) goes into them
+        then."""
         if not self.__dict__.get("_optimizer_deferred"):
             return
         object.__setattr__(self, "_optimizer_deferred", False)
@@ -2200,10 +2200,9 @@ class Algorithm:
             object.__setattr__(self, "_optimizer_deferred", True)
             raise
         steps = (self.__dict__.get("_update_step"), *self._further_update_steps().values())
-        chosen = {getattr(getattr(step, "choice", None), "implementation", HAND_DERIVED) for step in steps}
-        if chosen != {HAND_DERIVED}:
-            # (torch's optimizer step imports torch._dynamo: imported here, apart, the first step inside learn does
-            # not, and learn's frame is not kept by it: see `_import_apart`)
+        if any(getattr(step, "imports_dynamo", False) for step in steps):
+            # (imported here, apart, the first step inside learn does not, and learn's frame is not kept by it: see
+            # `_import_apart`)
             _import_apart("torch._dynamo")
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:

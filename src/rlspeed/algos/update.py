@@ -46,7 +46,7 @@ from rlspeed.accel.strategy import ENV_VAR, normalise_request
 from rlspeed.device import rules
 from rlspeed.fused import precision as fused_precision
 from rlspeed.fused.flat import plain_optimizer_reason
-from rlspeed.nn import clip_grad_norm
+from rlspeed.nn import clip_grad_norm, step_without_dynamo, steps_without_dynamo, zero_grad_without_dynamo
 
 HAND_DERIVED, AUTOGRAD, GRAPHS = "hand-derived", "autograd", "autograd+graphs"
 
@@ -106,6 +106,15 @@ class UpdateStep:
         timed = getattr(self.fn, "timed", None)
         return fn(*args) if timed is None else timed(fn, *args)
 
+    @property
+    def imports_dynamo(self) -> bool:
+        """Whether its calls import torch._dynamo: the acceleration layer's steps (compile, graph capture) do, and
+        the fp32 eager autograd step where torch steps its optimizer otherwise than `step_without_dynamo` covers;
+        the hand-derived update does not."""
+        if self.choice.implementation == HAND_DERIVED:
+            return False
+        return not (isinstance(self.fn, _AutogradStep) and steps_without_dynamo(self.fn.optimizer))
+
 
 class _AutogradStep:
     """`autograd_step`'s update (a class, not a closure: a model holding it pickles, for multiprocessing)."""
@@ -116,12 +125,12 @@ class _AutogradStep:
 
     def __call__(self, *batch):
         loss, metrics = self.loss_fn(*batch)
-        self.optimizer.zero_grad(set_to_none=True)
+        zero_grad_without_dynamo(self.optimizer)
         loss.backward()
         self.strategy.all_reduce_gradients(self.params)  # no-op in a single process
         if self.max_grad_norm is not None:
             clip_grad_norm(self.params, self.max_grad_norm)
-        self.optimizer.step()
+        step_without_dynamo(self.optimizer)
         return loss.detach(), metrics
 
 
@@ -160,7 +169,8 @@ class WeakBoundLoss:
 
 def autograd_step(loss_fn: Callable[..., tuple[torch.Tensor, Any]], optimizer: torch.optim.Optimizer,
                   params: Sequence[torch.Tensor], max_grad_norm: float | None, strategy) -> Callable:
-    """The reference update in fp32 eager: zero_grad, `loss_fn(*batch)`, backward, all-reduce, clip, step."""
+    """The reference update in fp32 eager: zero_grad, `loss_fn(*batch)`, backward, all-reduce, clip, step (the
+    optimizer's methods reached without importing torch._dynamo where nothing has: `step_without_dynamo`)."""
     return _AutogradStep(loss_fn, optimizer, params, max_grad_norm, strategy)
 
 
