@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from conftest import needs_torch_2_9, update_summaries
@@ -574,3 +576,94 @@ def test_a_subclass_checkpoint_with_settings_of_its_own_names_the_class_that_loa
         PPO.load(path)
     assert "\n" not in str(error.value)
     assert KLPPO.load(path).config.kl_coef == 0.5
+
+
+@pytest.fixture
+def dynamo_not_imported(monkeypatch):
+    """rlspeed.nn as in a fresh process, where torch._dynamo is not imported (this one's tests import it)."""
+    import rlspeed.nn
+
+    monkeypatch.setattr(rlspeed.nn, "_dynamo_imported", lambda: False)
+    rlspeed.nn._wrapper_code.cache_clear()
+    yield
+    rlspeed.nn._wrapper_code.cache_clear()
+
+
+def _adam_pair(**options):
+    """Two Adams over equal parameters with equal gradients."""
+    torch.manual_seed(0)
+    weights = [torch.randn(3, 2), torch.randn(2)]
+    pairs = []
+    for _ in range(2):
+        params = [torch.nn.Parameter(weight.clone()) for weight in weights]
+        for param in params:
+            param.grad = torch.ones_like(param)
+        pairs.append((params, torch.optim.Adam(params, lr=0.1, **options)))
+    return pairs
+
+
+@pytest.mark.parametrize("options", [{}, {"fused": True}, {"foreach": True}], ids=["default", "fused", "foreach"])
+def test_the_optimizer_step_without_dynamo_is_torchs_step(dynamo_not_imported, options):
+    """The autograd update's optimizer step without torch._dynamo's import (a fresh process's TD3, DDPG,
+    RecurrentPPO) moves the parameters as torch's step does, runs the optimizer's step hooks, and leaves the grad
+    mode as it was."""
+    from rlspeed.nn import step_without_dynamo, steps_without_dynamo, zero_grad_without_dynamo
+
+    (reference, torch_adam), (params, adam) = _adam_pair(**options)
+    hooks = []
+    adam.register_step_pre_hook(lambda *_: hooks.append("pre"))
+    adam.register_step_post_hook(lambda *_: hooks.append("post"))
+    assert steps_without_dynamo(adam)
+    for _ in range(2):
+        torch_adam.step()
+        step_without_dynamo(adam)
+        assert torch.is_grad_enabled()
+    assert hooks == ["pre", "post"] * 2
+    assert all(torch.equal(a, b) for a, b in zip(reference, params, strict=True))
+    zero_grad_without_dynamo(adam)
+    assert all(param.grad is None for param in params)
+
+
+def test_a_torch_that_wraps_optimizer_methods_otherwise_steps_them_as_it_made_them(dynamo_not_imported,
+                                                                                   monkeypatch):
+    """Where a torch release has none of the private wrappers rlspeed reaches around (`torch._disable_dynamo`,
+    `_use_grad_for_differentiable`, the `__dynamo_disable` attribute), optimizers are built and stepped as that torch
+    makes them (importing torch._dynamo, as before) and an autograd update says it imports it: the same updates."""
+    from rlspeed.nn import (
+        optimizers_without_dynamo,
+        step_without_dynamo,
+        steps_without_dynamo,
+        zero_grad_without_dynamo,
+    )
+
+    monkeypatch.delattr(torch, "_disable_dynamo")
+    monkeypatch.delattr(sys.modules["torch.optim.optimizer"], "_use_grad_for_differentiable")
+    add_param_group = torch.optim.Optimizer.add_param_group
+    monkeypatch.setattr(torch.optim.Optimizer, "add_param_group", lambda self, group: add_param_group(self, group))
+    (reference, torch_adam), (params, adam) = _adam_pair()
+    with optimizers_without_dynamo():
+        rebuilt = torch.optim.Adam(params, lr=0.1)
+    assert rebuilt.param_groups[0]["params"] == params
+    assert not steps_without_dynamo(adam)
+    torch_adam.step()
+    step_without_dynamo(adam)
+    assert all(torch.equal(a, b) for a, b in zip(reference, params, strict=True))
+    zero_grad_without_dynamo(adam)
+    assert all(param.grad is None for param in params)
+    model = TD3("Pendulum-v1", device="cpu", seed=0, net_arch=[8])
+    assert model.update_summary()["implementation"] == "autograd" and model._update_step.imports_dynamo
+
+
+def test_optimizers_without_dynamo_leaves_torchs_wrappers_as_they_were(dynamo_not_imported, monkeypatch):
+    """The process-wide window `optimizers_without_dynamo` opens on torch's optimizer methods closes as the block
+    ends, also where it raises: a user's own optimizer made after it (and compiled) has torch's wrappers."""
+    from rlspeed.nn import _DYNAMO_DISABLED_OPTIMIZER_METHODS, optimizers_without_dynamo
+
+    methods = [getattr(torch.optim.Optimizer, name).__wrapped__ for name in _DYNAMO_DISABLED_OPTIMIZER_METHODS]
+    for method in methods:
+        monkeypatch.delattr(method, "__dynamo_disable", raising=False)
+    with pytest.raises(RuntimeError, match="inside"), optimizers_without_dynamo():
+        torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))]).state_dict()
+        assert all(vars(method)["__dynamo_disable"] is method for method in methods)
+        raise RuntimeError("inside")
+    assert not any("__dynamo_disable" in vars(method) for method in methods)
