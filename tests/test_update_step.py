@@ -667,3 +667,19 @@ def test_optimizers_without_dynamo_leaves_torchs_wrappers_as_they_were(dynamo_no
         assert all(vars(method)["__dynamo_disable"] is method for method in methods)
         raise RuntimeError("inside")
     assert not any("__dynamo_disable" in vars(method) for method in methods)
+
+
+def test_only_the_updates_that_compile_or_capture_have_torch_dynamo_imported_before_learn(dynamo_not_imported):
+    """A fresh process imports torch._dynamo apart, before learn (whose frame the import would keep), for an update
+    that compiles or captures (`accelerate_step`'s, as `--accelerate auto` makes for an autograd update); never for
+    the hand-derived or fp32 eager autograd ones."""
+    from rlspeed.algos.update import AUTOGRAD, UpdateChoice, UpdateStep
+
+    def imports_dynamo(algo):
+        model = algo("Pendulum-v1", device="cpu", seed=0, net_arch=[8])
+        return {model.update_summary()["implementation"]: model._update_step.imports_dynamo}
+
+    assert imports_dynamo(SAC) == {"hand-derived": False}
+    assert imports_dynamo(TD3) == {"autograd": False}
+    accelerated = UpdateStep(lambda *batch: None, UpdateChoice(AUTOGRAD, "--accelerate auto"))
+    assert accelerated.imports_dynamo
