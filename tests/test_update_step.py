@@ -683,3 +683,26 @@ def test_only_the_updates_that_compile_or_capture_have_torch_dynamo_imported_bef
     assert imports_dynamo(TD3) == {"autograd": False}
     accelerated = UpdateStep(lambda *batch: None, UpdateChoice(AUTOGRAD, "--accelerate auto"))
     assert accelerated.imports_dynamo
+
+
+def test_an_optimizer_subclass_with_its_own_step_is_stepped_as_it_made_it(dynamo_not_imported):
+    """An optimizer subclass's own `step` (which may call torch's, importing torch._dynamo) is called as it is, and
+    the update says it imports torch._dynamo; a subclass that keeps torch's step is stepped without the import."""
+    from rlspeed.nn import step_without_dynamo, steps_without_dynamo
+
+    calls = []
+
+    class CountingAdam(torch.optim.Adam):
+        @sys.modules["torch.optim.optimizer"]._use_grad_for_differentiable  # (as torch's own steps are wrapped)
+        def step(self, closure=None):
+            calls.append(1)
+            return super().step(closure)
+
+    class PlainAdam(torch.optim.Adam):
+        pass
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    counting = CountingAdam(params, lr=0.1)
+    assert not steps_without_dynamo(counting) and steps_without_dynamo(PlainAdam(params, lr=0.1))
+    step_without_dynamo(counting)
+    assert calls == [1]

@@ -1108,8 +1108,8 @@ def _step_unwrapped(optimizer: torch.optim.Optimizer) -> Callable[..., object] |
     """`optimizer`'s `step` made again as torch makes it (`Optimizer.profile_hook_step`: the step hooks and the
     profiler's label, around `_use_grad_for_differentiable`: the grad mode, around the step itself) but for
     `_use_grad`'s import of torch._dynamo, for graph breaks that do nothing where nothing is compiling; None where the
-    optimizer's own attribute replaces its class's (a learning-rate scheduler's counter), or where torch made the step
-    otherwise (another release, an optimizer whose `step` is not of torch's `_use_grad` kind)."""
+    optimizer's own attribute replaces its class's (a learning-rate scheduler's counter), or where the step is not
+    torch's own optimizer's as torch makes it (another release, a subclass's own `step`)."""
     hooked = getattr(type(optimizer), "step", None)
     if "step" in vars(optimizer) or not callable(hooked):
         return None
@@ -1119,7 +1119,9 @@ def _step_unwrapped(optimizer: torch.optim.Optimizer) -> Callable[..., object] |
     step = getattr(use_grad, "__wrapped__", None)
     profile_hook_step = getattr(torch.optim.Optimizer, "profile_hook_step", None)
     made = None
+    # (torch's own optimizers' steps only: a subclass's step may call torch's, which would import it after all)
     if (getattr(hooked, "hooked", False) and callable(step) and callable(profile_hook_step)
+            and str(getattr(step, "__module__", "")).startswith("torch.optim.")
             and _made_by(use_grad, "torch.optim.optimizer._use_grad_for_differentiable")):
 
         @functools.wraps(step)
