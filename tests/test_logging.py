@@ -634,6 +634,33 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     assert capsys.readouterr().err == "" and quick.bar.n == 1000
 
 
+def test_a_progress_bar_leaves_no_thread_and_the_start_method_unset(monkeypatch):
+    """learn's bar (shown by default) left tqdm's monitor thread running and made tqdm's multiprocessing lock, which
+    fixes the process's start method: a notebook's later `multiprocessing.set_start_method("spawn")` raised "context
+    has already been set". Now no thread and no multiprocessing lock, as in a process that tqdm never drew in."""
+    import multiprocessing
+    import threading
+
+    from tqdm.std import TqdmDefaultWriteLock, tqdm
+
+    from rlspeed.logging import ProgressBar
+
+    # (a process where no tqdm bar was made yet: no lock, no monitor; a multiprocessing lock made is recorded)
+    monkeypatch.delattr(TqdmDefaultWriteLock, "mp_lock", raising=False)
+    monkeypatch.delattr(tqdm, "_lock", raising=False)
+    monkeypatch.setattr(tqdm, "monitor", None)
+    made = []
+    monkeypatch.setattr(multiprocessing, "RLock", lambda *args, **kwargs: made.append(1) or threading.RLock())
+    before = set(threading.enumerate())
+    bar = ProgressBar(1000, desc="ppo CartPole-v1")
+    bar.update(1000, sps=10)
+    bar.close()
+    started = set(threading.enumerate()) - before
+    for thread in started:
+        thread.exit()  # (tqdm's monitor, which the bar started)
+    assert not started and not made
+
+
 def test_a_drawn_bar_keeps_its_elapsed_time_moving_between_episodes(monkeypatch):
     """After its first finished episode an evaluation's bar was not redrawn until the next (tqdm waits for as many
     steps again as the last redraw took): an Atari game's minutes showed one frozen elapsed time, as if hung."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import importlib.util
 import io
 import json
@@ -139,9 +140,7 @@ _DRAWN_LOCK = threading.Lock()
 def _show_warning_beside_bars(message, category, filename, lineno, file=None, line=None) -> None:
     """Python's display of a warning, on lines of its own above a drawn bar (the bar's line cleared first and drawn
     again after, as tqdm's `write` does), not glued to the end of the bar's line."""
-    from tqdm import tqdm
-
-    with tqdm.external_write_mode(file=file if file is not None else sys.stderr):
+    with _tqdm_class().external_write_mode(file=file if file is not None else sys.stderr):
         warnings._showwarning_orig(message, category, filename, lineno, file, line)
 
 
@@ -168,13 +167,32 @@ def print_beside_bars(*values, file=None, flush: bool = False) -> None:
     multiprocessing lock: that would fix the start method of a caller of `rlspeed.cli.main(argv)`)."""
     stream = file if file is not None else sys.stdout
     if _DRAWN_BARS and _is_terminal(stream):
-        from tqdm import tqdm
-
-        tqdm.write(" ".join(map(str, values)), file=stream)
+        _tqdm_class().write(" ".join(map(str, values)), file=stream)
     else:
         print(*values, file=stream)
     if flush:
         stream.flush()
+
+
+@functools.cache
+def _tqdm_class(auto: bool = False) -> type:
+    """tqdm's bar class (`auto`: tqdm.auto's, widgets in a notebook), made to leave the caller's process as it found
+    it: no monitor thread (tqdm starts one with its first bar and leaves it running; `ProgressBar.update` redraws its
+    bar itself), and tqdm's thread lock alone in place of its default lock, whose multiprocessing half fixes the
+    process's start method as it is made (the caller's later `multiprocessing.set_start_method("spawn")` then raises
+    "context has already been set"). Bars of this process still take turns with the caller's tqdm bars; worker
+    processes' bars sharing tqdm's multiprocessing lock do not wait for these."""
+    if auto:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    from tqdm.std import TqdmDefaultWriteLock
+
+    class Bar(tqdm):
+        monitor_interval = 0
+        _lock = TqdmDefaultWriteLock.th_lock or threading.RLock()
+
+    return Bar
 
 
 class ProgressBar:
@@ -195,17 +213,12 @@ class ProgressBar:
         self._null = open(os.devnull, "w") if self.lines else None
         # (imported here, not with rlspeed: tqdm.auto picks its bar on import, and in a notebook without ipywidgets
         # it falls back to the console bar with a TqdmWarning; there, the console bar without the warning)
-        if importlib.util.find_spec("ipywidgets") is None:
-            from tqdm.std import tqdm
-        else:
-            from tqdm.auto import tqdm
+        tqdm = _tqdm_class(auto=importlib.util.find_spec("ipywidgets") is not None)
         # (counts of thousands as 4.10k; below, whole numbers: 8/20 episodes, not tqdm's scaled 8.00/20.0; the
         # postfix, the returns, before the times: a line wider than the terminal is cut at its end, and at 80
         # columns tqdm's layout cut the returns off)
         counts = "{n}/{total}" if total < 1000 else "{n_fmt}/{total_fmt}"
-        # (no tqdm where no bar shows, progress_bar=False: even a disabled tqdm starts its monitor thread, left
-        # running, and makes a multiprocessing lock, which fixes the process's start method, so that the caller's
-        # later `multiprocessing.set_start_method` raises "context has already been set")
+        # (no tqdm at all where no bar shows, progress_bar=False)
         self.bar = tqdm(total=total, initial=initial, unit=unit, unit_scale=True, desc=desc,
                         dynamic_ncols=True, leave=True, file=self._null,
                         bar_format="{l_bar}{bar}| " + counts + "{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
