@@ -1049,6 +1049,40 @@ def test_checkpoints_are_not_training_time(tmp_path, monkeypatch):
     assert model.result.train_wall_s < 3600.0 and model.result.sps > 128 * 6 / 3600.0
 
 
+@pytest.mark.parametrize("where", ["evaluation", "callback"])
+def test_an_interrupt_during_a_pause_of_the_clock_leaves_the_pause_out_of_the_training_time(tmp_path, monkeypatch,
+                                                                                          where):
+    """Ctrl-C during one of learn's evaluations (the long pause of the training clock) or a callback: model.result
+    and the loop position that a checkpoint and the command's summary.json take (`_loop`) counted the time spent in
+    it as training time (an hour's evaluation: an hour of train_wall_s, and sps as low), the stretch before an
+    evaluation twice. Now they end where the clock stopped, as a run that is not interrupted counts them."""
+    import time
+    import types
+
+    from rlspeed import PPO
+    from rlspeed.algos import base
+
+    offset = [0.0]  # seconds the fake clock runs ahead of the real one: the pause takes an hour on it, then Ctrl-C
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64, n_epochs=1)
+
+    def an_hour_then_ctrl_c(*args, **kwargs):
+        if model.num_timesteps >= 256:
+            offset[0] += 3600.0
+            raise KeyboardInterrupt
+        return True
+
+    options = {"evaluation": {"target_return": 1e9, "eval_freq": 256},
+               "callback": {"callback": an_hour_then_ctrl_c}}[where]
+    if where == "evaluation":
+        monkeypatch.setattr(model, "evaluate", an_hour_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(128 * 4, progress_bar=False, log_interval_s=1e9, **options)  # (no row but those they make)
+    assert offset[0] == 3600.0 and model.num_timesteps == 256
+    assert model.result.train_wall_s < 3600.0 and model.result.sps > 256 / 3600.0
+    assert model._loop["train_wall_s"] == pytest.approx(model.result.train_wall_s)
+
+
 def test_metrics_rows_give_the_learning_rate_each_rows_last_update_took(tmp_path):
     """metrics.csv's learning_rate is the rate of the row's last update (SB3's train/learning_rate): with anneal_lr,
     the configured rate times the share of the run left before that update's rollout (docs/algorithms.md), falling

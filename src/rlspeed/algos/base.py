@@ -2992,6 +2992,9 @@ class Algorithm:
             timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
             train_clock = 0.0
             clock_start = time.perf_counter()
+            # where the training clock stopped (an evaluation, callbacks, a row's reading: not training time), None
+            # while it runs: an interruption there adds only the time up to it
+            paused_at = None
             # busy seconds from here until the note on envs that wait is decided (`waiting_advice`); None: not asked
             switch = self._waiting_switch(env)
             waiting_from = waiting.busy_seconds() if switch is not None else None
@@ -3045,9 +3048,9 @@ class Algorithm:
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
                 if not closing:
                     if callbacks is not None and main:
-                        paused = time.perf_counter()
+                        paused = paused_at = time.perf_counter()  # (as after the iteration: not training time)
                         callbacks.on_rollout_start()
-                        paused = time.perf_counter() - paused  # (as after the iteration: not training time)
+                        paused, paused_at = time.perf_counter() - paused, None
                         clock_start += paused
                         last_log_time += paused
                     steps, metrics = self._train_iteration()
@@ -3098,6 +3101,7 @@ class Algorithm:
                                 self._on_env_reset()
                             last_check_time = now
                     train_clock += now - clock_start
+                    clock_start = paused_at = now
                     if waiting_from is not None and train_clock >= waiting.MEASURED_S:
                         waiting.note_if_waiting(self.env_id, waiting.busy_seconds() - waiting_from, train_clock,
                                                 self.num_timesteps - start_steps, env.num_envs, switch)
@@ -3155,7 +3159,7 @@ class Algorithm:
                     logged = row
                     pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
-                    clock_start = time.perf_counter()
+                    clock_start, paused_at = time.perf_counter(), None
                 if closing:
                     closing_row = logged
                     break
@@ -3178,7 +3182,7 @@ class Algorithm:
                         last_log_time += checkpoint_cost
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
-                    paused = time.perf_counter()
+                    paused = paused_at = time.perf_counter()  # (callbacks' evaluations are not training time)
                     if callbacks is not None and main and not callbacks.on_rollout_end(
                             LearnLocals.of(locals(), total_timesteps=self._total_timesteps), logged):
                         callback_stop = True
@@ -3191,7 +3195,7 @@ class Algorithm:
                     asked = self.strategy.max_over_ranks(asked)
                     stop = stop or asked > 0
                     result.stop_requested = result.stop_requested or asked == 2
-                    paused = time.perf_counter() - paused  # (callbacks' evaluations are not training time)
+                    paused, paused_at = time.perf_counter() - paused, None
                     clock_start += paused
                     last_log_time += paused
                     closing = stop and iterations > 0  # (iterations since the last row)
@@ -3213,7 +3217,8 @@ class Algorithm:
         finally:
             self._end()
             self._env_moves = getattr(find_episode_statistics(env), "moves", None)
-            train_clock += time.perf_counter() - clock_start if iterations else 0.0
+            if iterations:  # (since the last row, up to where the clock stopped, if it did)
+                train_clock += (time.perf_counter() if paused_at is None else paused_at) - clock_start
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got; first,
             # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:
             # the checkpoint and summary.json an interruption writes then still hold the run's clock and schedule)
