@@ -300,3 +300,18 @@ def test_an_infinite_max_grad_norm_says_how_to_not_clip(tmp_path, capsys):
     model.learn(64, progress_bar=False)
     assert all(bool(torch.isfinite(p).all()) for p in model.policy.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+
+
+@pytest.mark.parametrize("algo", ["PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG"])
+def test_network_settings_are_refused_with_the_config_in_the_same_words(algo):
+    """An activation without a layer (SB3's activation_fn=nn.GELU) passed the config and was refused only when the
+    networks were built, after the envs were made; net_arch=[0] was written as a tuple, (0,), on-policy. One rule for
+    every algorithm, at the config."""
+    from rlspeed.algos.base import build_config
+
+    config_cls = getattr(rlspeed, algo).config_cls
+    with pytest.raises(UserError, match=r"^activation must be one of tanh, relu, elu, silu, got 'gelu'\.$"):
+        build_config(config_cls, {"activation": "gelu"})
+    with pytest.raises(UserError, match=r"^net_arch widths must be positive, got \[64, 0\]\.$"):
+        build_config(config_cls, {"net_arch": [64, 0]})
+    assert build_config(config_cls, {"net_arch": [], "activation": "ReLU"}).activation == "relu"

@@ -121,6 +121,7 @@ from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
 from rlspeed.nn import (
+    ACTIVATIONS,
     NATURE_CNN_MIN_SIDE,
     STRIDED_CNN_MIN_SIDE,
     acting,
@@ -930,6 +931,16 @@ def validate_normalization_clips(config) -> None:
         value = getattr(config, name)
         require(0 < value < math.inf, f"{name} must be a positive finite number (normalised values are clipped to "
                 f"[-{name}, {name}]), got {value}.")
+
+
+def validate_network(config) -> None:
+    """UserError for the hidden layers of a config's networks: a width below 1 in `net_arch` (an empty net_arch is
+    taken: linear heads on the encoder's features, SB3's CnnPolicy default), or an `activation` that is not a name of
+    `rlspeed.nn.ACTIVATIONS` (refused with the config, before any env or file is made)."""
+    require(all(width > 0 for width in config.net_arch),
+            f"net_arch widths must be positive, got {list(config.net_arch)}.")
+    require(config.activation in ACTIVATIONS,
+            f"activation must be one of {', '.join(ACTIVATIONS)}, got '{config.activation}'.")
 
 
 def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:

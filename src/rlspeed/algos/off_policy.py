@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.algos.base import Algorithm, require, success_totals, validate_normalization_clips
+from rlspeed.algos.base import Algorithm, require, success_totals, validate_network, validate_normalization_clips
 from rlspeed.buffers import (
     FrameStackReplayBuffer,
     HerReplayBuffer,
@@ -147,8 +147,7 @@ class OffPolicyConfig:
         require(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}.")
         require(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}.")
         require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")
-        # (an empty net_arch: linear heads on the encoder's features, SB3's CnnPolicy default)
-        require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {list(self.net_arch)}.")
+        validate_network(self)
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
         require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")

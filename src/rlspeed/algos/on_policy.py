@@ -20,7 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import auto_accelerate
-from rlspeed.algos.base import Algorithm, require, success_totals, validate_normalization_clips, warn_at_caller
+from rlspeed.algos.base import (
+    Algorithm,
+    require,
+    success_totals,
+    validate_network,
+    validate_normalization_clips,
+    warn_at_caller,
+)
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.buffers.rollout import check_rollout_bytes, rollout_step_bytes
@@ -92,7 +99,7 @@ class OnPolicyConfig(SDEConfig):
         require(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}.")
         require(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
-        require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
+        validate_network(self)
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
         require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")
