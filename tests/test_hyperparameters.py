@@ -255,16 +255,24 @@ def test_none_written_as_text_switches_an_optional_setting_off():
         build_config(PPOConfig, {"target_kl": "nope"})
 
 
-def test_exploration_fraction_zero_says_how_to_hold_epsilon_constant():
-    """exploration_fraction=0 (Stable-Baselines3: epsilon at its final value from the start) was refused without a
-    way on; the sentence names it, and equal epsilons hold epsilon there for the whole run."""
-    with pytest.raises(UserError, match=r"got 0\.0: for a constant epsilon .*give exploration_initial_eps equal to "
-                                        r"exploration_final_eps\.$"):
-        rlspeed.DQN("CartPole-v1", device="cpu", exploration_fraction=0)
-    model = rlspeed.DQN("CartPole-v1", device="cpu", exploration_initial_eps=0.05, exploration_final_eps=0.05,
-                        learning_starts=0, batch_size=8)
+def test_exploration_fraction_zero_and_above_one_follow_stable_baselines3s_schedule():
+    """exploration_fraction=0 (SB3: epsilon at exploration_final_eps from the start) and above 1 (SB3: a decay longer
+    than the run, which ends before epsilon reaches its final value) were refused; they train, with SB3's epsilons."""
+    from rlspeed.algos.dqn import collection_epsilons, scheduled_epsilon
+
+    utils = pytest.importorskip("stable_baselines3.common.utils")
+    total = 1000
+    for fraction in (0.0, 0.1, 1.0, 1.5, 4.0):
+        sb3 = utils.get_linear_fn(1.0, 0.05, fraction)  # (SB3 reads it at progress left: 1 - steps / total)
+        for step in (1, 50, 100, 500, 999, 1000):
+            assert scheduled_epsilon(step, 0, total, fraction, 1.0, 0.05) == pytest.approx(sb3(1 - step / total))
+        drawn = collection_epsilons(4, 1, 500, 0, total, fraction, 1.0, 0.05, "cpu")
+        assert drawn.tolist() == pytest.approx([sb3(1 - step / total) for step in range(500, 504)], abs=1e-6)
+    model = rlspeed.DQN("CartPole-v1", device="cpu", exploration_fraction=0, learning_starts=0, batch_size=8)
     model.learn(64, progress_bar=False)
     assert model.epsilon(0) == model.epsilon(63) == 0.05
+    with pytest.raises(UserError, match=r"^exploration_fraction must be >= 0 .*, got -0\.1\.$"):
+        rlspeed.DQN("CartPole-v1", device="cpu", exploration_fraction=-0.1)
 
 
 def test_a_nan_or_infinity_inside_a_set_value_is_one_sentence_naming_where(capsys):

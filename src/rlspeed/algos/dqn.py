@@ -52,8 +52,11 @@ TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 def scheduled_epsilon(timesteps: int, start: int, end: int, fraction: float, initial: float, final: float) -> float:
     """The exploration epsilon at env step `timesteps` of a learn call from `start` to `end`: linear from `initial`
     to `final` over `fraction` of the call, then `final` itself, as SB3's schedule gives it (initial + (final -
-    initial) is not: 1.0 + (0.05 - 1.0) is 0.05000000000000004). `DQN.epsilon`'s, and the first of
+    initial) is not: 1.0 + (0.05 - 1.0) is 0.05000000000000004). A `fraction` of 0 is `final` from the start, one
+    above 1 a line that ends past the call, as SB3's schedule. `DQN.epsilon`'s, and the first of
     `collection_epsilons`'s (a solo's and a population's collections)."""
+    if fraction == 0:
+        return final
     progress = (timesteps - start) / _exploration_steps(start, end, fraction)
     if progress >= 1.0:
         return final
@@ -71,7 +74,7 @@ def collection_epsilons(steps: int, envs: int, timesteps: int, start: int, end: 
     """The epsilons `[steps]` of the next `steps` collection steps from env step `timesteps`, each step advancing the
     count by `envs` (every rank's envs): `scheduled_epsilon`'s line continued step by step and held at `final`, as a
     float32 tensor for the epsilon-greedy draws made before a collection (`DQN`'s and a population's members')."""
-    slope = envs * (final - initial) / _exploration_steps(start, end, fraction)
+    slope = envs * (final - initial) / _exploration_steps(start, end, fraction) if fraction else 0.0
     return (torch.arange(steps, device=device, dtype=torch.float32).mul_(slope)
             .add_(scheduled_epsilon(timesteps, start, end, fraction, initial, final)).clamp_(min=final))
 
@@ -88,7 +91,7 @@ class DQNConfig(OffPolicyConfig):
     tau: float = 1.0
     net_arch: tuple[int, ...] = (64, 64)
     target_update_interval: int = 10_000  # env steps between target updates
-    exploration_fraction: float = 0.1  # share of the run over which epsilon decays linearly
+    exploration_fraction: float = 0.1  # share of the run over which epsilon decays linearly (0: final eps throughout)
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.05
     max_grad_norm: float = 10.0
@@ -105,11 +108,10 @@ class DQNConfig(OffPolicyConfig):
         super().validate()
         require(self.target_update_interval >= 1,
                 f"target_update_interval must be >= 1, got {self.target_update_interval}.")
-        # (0: Stable-Baselines3's epsilon at its final value from the start, which equal epsilons give here)
-        constant = (": for a constant epsilon (Stable-Baselines3's 0), give exploration_initial_eps equal to "
-                    "exploration_final_eps" if self.exploration_fraction == 0 else "")
-        require(0 < self.exploration_fraction <= 1,
-                f"exploration_fraction must be in (0, 1], got {self.exploration_fraction}{constant}.")
+        # (Stable-Baselines3's meaning: 0 holds epsilon at exploration_final_eps from the start, and above 1 the
+        # linear decay is longer than the learn call, which ends before epsilon reaches its final value)
+        require(self.exploration_fraction >= 0, f"exploration_fraction must be >= 0 (the share of each learn call "
+                f"over which epsilon decays), got {self.exploration_fraction}.")
         require(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
                 "exploration epsilons must satisfy 0 <= exploration_final_eps <= exploration_initial_eps <= 1.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
