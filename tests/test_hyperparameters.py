@@ -323,3 +323,22 @@ def test_network_settings_are_refused_with_the_config_in_the_same_words(algo):
     with pytest.raises(UserError, match=r"^net_arch widths must be positive, got \[64, 0\]\.$"):
         build_config(config_cls, {"net_arch": [64, 0]})
     assert build_config(config_cls, {"net_arch": [], "activation": "ReLU"}).activation == "relu"
+
+
+@pytest.mark.parametrize("algo", ["DQN", "SAC", "TD3", "DDPG"])
+def test_an_iteration_of_train_freq_or_gradient_steps_without_end_is_refused(algo):
+    """train_freq=1e9 or gradient_steps=1e9 passed the config, and learn(200) then ran its one iteration, a billion
+    env steps or updates, for days without a word (learn runs whole iterations, as SB3's); n_epochs has the same
+    kind of bound. Up to the bound, and gradient_steps=-1, are taken."""
+    from rlspeed.algos.base import build_config
+
+    config_cls = getattr(rlspeed, algo).config_cls
+    with pytest.raises(UserError, match=r"^train_freq must be from 1 to 1,000,000 \(env steps of every env between "
+                                        r"updates; .*\), got 1,000,000,000\.$"):
+        build_config(config_cls, {"train_freq": 1e9})
+    with pytest.raises(UserError, match=r"^gradient_steps must be from 1 to 1,000,000 \(updates per iteration\), "
+                                        r"or -1 for one per env step, got 1,000,000,000\.$"):
+        build_config(config_cls, {"gradient_steps": 1e9})
+    config = build_config(config_cls, {"train_freq": 1_000_000, "gradient_steps": 1_000_000})
+    assert (config.train_freq, config.gradient_steps) == (1_000_000, 1_000_000)
+    assert build_config(config_cls, {"gradient_steps": -1}).gradient_steps == -1

@@ -315,7 +315,7 @@ def test_predict_gives_env_actions():
 # --- configuration and CLI -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("algo", "key", "value", "message"), [
     (SAC, "tau", 1.5, "tau must be in (0, 1]"),
-    (SAC, "gradient_steps", 0, "gradient_steps must be >= 1, or -1"),
+    (SAC, "gradient_steps", 0, "gradient_steps must be from 1 to 1,000,000 (updates per iteration), or -1"),
     (DQN, "exploration_final_eps", 2.0, "exploration epsilons"),
     (TD3, "action_noise", "pink", "action_noise must be one of"),
     (DDPG, "buffer_size", 0, "buffer_size (0) must be at least num_envs"),

@@ -72,6 +72,10 @@ RAW_CONTENTS = {"observations": "raw", "rewards": "raw"}
 _NORMALISED_BY = {"observations": "normalize_obs", "rewards": "normalize_reward"}
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
+#: The most env steps of every env (`train_freq`) and updates (`gradient_steps`) one iteration takes that
+#: `OffPolicyConfig.validate` accepts: learn runs whole iterations, so a larger one ran a single iteration for days
+MAX_TRAIN_FREQ = 1_000_000
+MAX_GRADIENT_STEPS = 1_000_000
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
 # Images that are not frame stacks are stored once per transition (SharedObservationReplayBuffer) where storing them
 # twice would take this much: its step-by-step bookkeeping costs each env step more than the dense layout's staged
@@ -135,9 +139,11 @@ class OffPolicyConfig:
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
         require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
-        require(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}.")
-        require(self.gradient_steps >= 1 or self.gradient_steps == -1,
-                f"gradient_steps must be >= 1, or -1 for one per env step, got {self.gradient_steps}.")
+        require(1 <= self.train_freq <= MAX_TRAIN_FREQ, f"train_freq must be from 1 to {MAX_TRAIN_FREQ:,} (env steps "
+                f"of every env between updates; Stable-Baselines3's default is 1), got {self.train_freq:,}.")
+        require(1 <= self.gradient_steps <= MAX_GRADIENT_STEPS or self.gradient_steps == -1,
+                f"gradient_steps must be from 1 to {MAX_GRADIENT_STEPS:,} (updates per iteration), or -1 for one per "
+                f"env step, got {self.gradient_steps:,}.")
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}.")
         require(self.learning_starts >= 0, f"learning_starts must be >= 0, got {self.learning_starts}.")
         require(self.buffer_size >= self.num_envs,
