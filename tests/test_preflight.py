@@ -145,6 +145,20 @@ def test_a_long_population_build_says_how_far_it_is(monkeypatch, capsys):
     assert "building members" not in capsys.readouterr().err
 
 
+def test_networks_whose_weights_cannot_fit_are_refused_before_they_are_built(memory_of, tmp_path, capsys):
+    """net_arch [100000, 100000] raised torch's allocator error (from the CLI: advice to use fewer envs), and DQN's
+    net_arch [1e9] allocated for minutes; the layers are named in one sentence, before anything is built."""
+    import rlspeed
+
+    memory_of(2**30)
+    line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--set", "net_arch=[20000, 20000]"], capsys)
+    assert "net_arch [20000, 20000] (the weights of two of its networks) needs about 3.0 GiB" in line
+    assert "give smaller layers (net_arch=[64, 64] is usual)." in line and not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match=r"^net_arch \[64, 64\] with lstm_hidden_size 20,000 \(the weights"):
+        rlspeed.RecurrentPPO("CartPole-v1", device="cpu", lstm_hidden_size=20_000)
+    assert rlspeed.DQN("CartPole-v1", device="cpu", net_arch=[256, 256]).config.net_arch == (256, 256)
+
+
 def test_n_epochs_beyond_its_bound_is_one_sentence(tmp_path, capsys):
     line = refusal([*TRAIN, "--out", str(tmp_path / "run"), "--set", "n_epochs=1e9"], capsys)
     assert "n_epochs must be at most 10,000" in line and "got 1,000,000,000" in line

@@ -1920,6 +1920,7 @@ class Algorithm:
         # (float32 networks also where the caller made float64 torch's default; trainable ones also inside a caller's
         # torch.inference_mode(), whose inference tensors no later learn could update; built on the CPU and moved,
         # also where the caller made another device torch's default, whose generator drew other initial weights)
+        self._check_networks_fit()
         with training_threads(self.num_threads), float32_default(), torch.inference_mode(False), torch.device("cpu"):
             object.__setattr__(self, "_optimizer_deferred", True)
             object.__setattr__(self, "_optimizer_state", None)  # (a checkpoint's, until they are built)
@@ -2580,6 +2581,23 @@ class Algorithm:
             return ("a gymnasium.vector.AsyncVectorEnv of your env (or make_env(..., backend='gymnasium-async') "
                     "passed in)")
         return "--env-backend gymnasium-async (env_backend='gymnasium-async')"
+
+    def _check_networks_fit(self) -> None:
+        """UserError, naming net_arch (and RecurrentPPO's lstm_hidden_size), where the weights of two networks of the
+        config's hidden layers would not fit in the memory they are built in (the host) and trained on, refused
+        before any is built: net_arch [100000, 100000] raised torch's allocator error, net_arch [1e9] allocated for
+        minutes. A lower bound (float32 weights of the hidden layers and the first layer's inputs, two networks:
+        actor and critic, or Q and its target); the output layers and the optimiser's state come on top."""
+        cfg = self.config
+        widths = [int(width) for width in getattr(cfg, "net_arch", ())]
+        lstm = int(getattr(cfg, "lstm_hidden_size", 0))
+        inputs = self.spec.obs_dim if self.spec.float_vector_obs else int(getattr(cfg, "cnn_features_dim", 1))
+        weights = 4 * lstm * (inputs + lstm) + sum(a * b for a, b in zip([lstm or inputs, *widths], widths))
+        what = f"net_arch {widths}" + (f" with lstm_hidden_size {lstm:,}" if lstm else "")
+        for device in dict.fromkeys((torch.device("cpu"), self.device)):
+            refuse_unless_fits(2 * 4 * weights, device, f"{what} (the weights of two of its networks)",
+                               "give smaller layers (net_arch=[64, 64] and lstm_hidden_size=256 are usual)" if lstm
+                               else "give smaller layers (net_arch=[64, 64] is usual)")
 
     def _bytes_per_env(self) -> int:
         """The least memory one training env takes before anything of it exists (`_check_envs_fit`): its observation
