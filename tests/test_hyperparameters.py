@@ -342,3 +342,18 @@ def test_an_iteration_of_train_freq_or_gradient_steps_without_end_is_refused(alg
     config = build_config(config_cls, {"train_freq": 1_000_000, "gradient_steps": 1_000_000})
     assert (config.train_freq, config.gradient_steps) == (1_000_000, 1_000_000)
     assert build_config(config_cls, {"gradient_steps": -1}).gradient_steps == -1
+
+
+def test_a_refused_value_of_an_optional_or_auto_setting_names_what_is_taken():
+    """target_kl=0 and clip_range_vf=0 were refused without the value got or what null does; ent_coef=auto for PPO
+    or A2C (SB3's SAC spelling) was "not a valid float" alone."""
+    from rlspeed.algos.base import build_config
+
+    with pytest.raises(UserError, match=r"^target_kl must be > 0, or null for no early stop, got 0\.0\.$"):
+        build_config(rlspeed.PPO.config_cls, {"target_kl": 0})
+    with pytest.raises(UserError, match=r"^clip_range_vf must be > 0, or null for no value clipping, got -0\.1\.$"):
+        build_config(rlspeed.RecurrentPPO.config_cls, {"clip_range_vf": -0.1})
+    for algo in ("PPO", "A2C"):
+        with pytest.raises(UserError, match=r"got 'auto', which is not a valid float\. ent_coef is tuned "
+                                            r"automatically \(auto\) by SAC only; give a number\.$"):
+            build_config(getattr(rlspeed, algo).config_cls, {"ent_coef": "auto"})

@@ -461,7 +461,7 @@ def test_target_kl_is_refused_where_it_cannot_apply():
     from rlspeed.errors import UserError
     from rlspeed.population import Population
 
-    with pytest.raises(UserError, match="target_kl must be > 0 or null"):
+    with pytest.raises(UserError, match="target_kl must be > 0, or null for no early stop"):
         PPO("CartPole-v1", target_kl=0.0)
     with pytest.raises(UserError, match="Populations do not support target_kl"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], target_kl=0.01)

@@ -710,6 +710,8 @@ def coerce(key: str, value, hint):
               "(Stable-Baselines3's linear schedule)." if schedule else "")
     if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         advice = " Give auto for the automatically tuned value, or a number."
+    elif key in AUTO_VALUES and isinstance(value, str) and value.strip().lower().startswith("auto"):
+        advice = f" {key} is tuned automatically (auto) by SAC only; give a number."
     if hint is bool:
         advice = " Give true or false (yes or no, on or off, 1 or 0)."
     if origin in (tuple, list):

@@ -53,8 +53,10 @@ class PPOConfig(OnPolicyConfig):
         require(self.n_epochs <= MAX_EPOCHS, f"n_epochs must be at most {MAX_EPOCHS:,} (passes over each rollout "
                 f"per iteration; Stable-Baselines3's default is 10), got {self.n_epochs:,}.")
         require(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}.")
-        require(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be > 0 or null.")
-        require(self.target_kl is None or self.target_kl > 0, "target_kl must be > 0 or null.")
+        require(self.clip_range_vf is None or self.clip_range_vf > 0,
+                f"clip_range_vf must be > 0, or null for no value clipping, got {self.clip_range_vf}.")
+        require(self.target_kl is None or self.target_kl > 0,
+                f"target_kl must be > 0, or null for no early stop, got {self.target_kl}.")
         rollout = self.num_envs * self.num_steps
         if rollout % self.batch_size and self.batch_size < rollout:
             # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
