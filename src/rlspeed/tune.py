@@ -89,7 +89,7 @@ DEFAULT_SPACES: dict[str, dict] = {
     "dqn": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
         "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
-        "exploration_fraction": {"low": 0.01, "high": 0.5},  # (RL-Zoo: from 0; rlspeed refuses 0)
+        "exploration_fraction": {"low": 0.0, "high": 0.5},  # (RL-Zoo's range)
         "exploration_final_eps": {"low": 0.0, "high": 0.2},
     },
 }
