@@ -4,6 +4,7 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -339,8 +340,8 @@ def test_subprocess_envs_whose_wrappers_keep_a_lambda_stay_up_keep_their_time_li
 def test_subprocess_envs_are_asked_about_their_wrappers_once(kind):
     """A model made on subprocess envs, and evaluated on them, asked every worker for its wrappers (`str()`) five to
     twelve times over, a round trip to each worker every time: once for each question about them (reward wrappers,
-    recording, normalisation, filming, the time limit). Each question (their wrappers, their specs, their TimeLimit's
-    limit) goes to the workers once per vector env made."""
+    recording, normalisation, filming, the time limit). Their wrappers and their specs are asked once per vector env
+    made; their TimeLimit's limit, which `set_attr` changes, once per env made of it (the model's, the evaluation's)."""
     env = (_doubled_subprocess_cartpoles(kind.removesuffix("-lambda")) if kind.endswith("-lambda") else
            gym.make_vec("CartPole-v1", 2, vectorization_mode="async",
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "context": "fork"}))
@@ -361,9 +362,77 @@ def test_subprocess_envs_are_asked_about_their_wrappers_once(kind):
         warnings.simplefilter("ignore")  # (the lambda's doubled rewards: said, as another test checks)
         model = PPO(env, seed=0, num_steps=16, batch_size=32)
         rlspeed.evaluate(model, env, episodes=1, seed=0)
+    limits = {key: asked.pop(key) for key in list(asked) if key[1] == "_max_episode_steps"}
     assert asked and set(asked.values()) == {1}, asked
+    assert max(limits.values(), default=0) <= 2, limits
     model.close()
     env.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "async-lambda"])
+def test_a_time_limit_set_on_a_vector_envs_envs_is_the_one_a_model_takes(kind):
+    """`set_attr("_max_episode_steps", 50)` on a vector env a model had been made of: the next model took the old
+    limit (500, or the lambda-wrapped envs' 30) and, for CartPole's, the registered id (evaluated on 500-step envs
+    made of it): Gymnasium's TimeLimit keeps the spec it first gave, and rlspeed kept the workers' first answer."""
+    from rlspeed import make_env
+
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    vector_env = (_doubled_subprocess_cartpoles("gymnasium") if kind == "async-lambda" else
+                  (gym.vector.SyncVectorEnv if kind == "sync" else
+                   functools.partial(gym.vector.AsyncVectorEnv, context="fork"))(
+                      [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=same_step))
+    try:
+        first = make_env(vector_env).spec
+        assert (first.env_id, first.max_episode_steps) == (
+            ("user-vector-env", 30) if kind == "async-lambda" else ("CartPole-v1", 500))
+        vector_env.set_attr("_max_episode_steps", 50)
+        spec = make_env(vector_env).spec
+        assert (spec.env_id, spec.max_episode_steps) == ("user-vector-env", 50)
+    finally:
+        vector_env.close()
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "sb3"])
+def test_subprocess_envs_that_cannot_say_their_wrappers_are_refused_once_with_their_error(kind):
+    """Subprocess envs whose `str()` raises: the ask stopped the workers, rlspeed took them for envs that cannot
+    answer and asked them again at each question (8 times), made the model without a time limit, and its learn blamed
+    an interrupt (Gymnasium's: "workers 0, 1 stopped: an interrupt inside a step") or raised a BrokenPipeError (SB3's).
+    Asked once, the model is refused in one sentence naming the question and the workers' error."""
+    env = (gym.vector.AsyncVectorEnv([_unprintable_cartpole] * 2, context="fork",
+                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP) if kind == "gymnasium" else
+           pytest.importorskip("stable_baselines3.common.vec_env").SubprocVecEnv([_unprintable_cartpole] * 2,
+                                                                                 start_method="fork"))
+    asked = []
+
+    def counting(ask):
+        def counted(name, *args, **kwargs):
+            asked.append(name)
+            return ask(name, *args, **kwargs)
+        return counted
+
+    for method in ("call", "env_method", "get_attr"):
+        if hasattr(env, method):
+            setattr(env, method, counting(getattr(env, method)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Gymnasium's log of its workers' error)
+            for _ in range(2):
+                with pytest.raises(rlspeed.UserError, match=r"stopped when each env was asked for its str\(\).*"
+                                                            r"(RuntimeError: no str here|EOFError)"):
+                    PPO(env, seed=0, num_steps=16, batch_size=32)
+        assert asked == ["__str__"]
+    finally:
+        with contextlib.suppress(OSError, EOFError):  # (SB3's close asks its stopped workers)
+            env.close(**({"terminate": True} if kind == "gymnasium" else {}))
+
+
+class _Unprintable(gym.Wrapper):
+    def __str__(self):
+        raise RuntimeError("no str here")
+
+
+def _unprintable_cartpole():
+    return _Unprintable(gym.make("CartPole-v1"))
 
 
 class _ComparedAsyncVectorEnv(gym.vector.AsyncVectorEnv):  # (__eq__ without __hash__: no dict key)

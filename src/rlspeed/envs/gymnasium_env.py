@@ -13,6 +13,7 @@ import difflib
 import functools
 import math
 import multiprocessing
+import numbers
 import os
 import pickle
 import re
@@ -570,10 +571,16 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
 _FUNCTION_ARGUMENTS = ("TransformObservation", "TransformReward", "TransformAction", "RecordVideo")
 
 
-#: what the envs inside a subprocess vector env answered (`_worker_answer`), by that vector env: each question is
-#: asked of its workers once per vector env made (each ask is a round trip to every worker), as a worker's env and
-#: its wrappers stay as they were made
+#: what the envs inside a subprocess vector env answered (`_worker_answer`), by that vector env: their wrappers' names
+#: and their specs are asked of its workers once per vector env made (each ask is a round trip to every worker), as a
+#: worker's wrappers stay as they were made and Gymnasium's wrappers keep the spec they first gave; an ask that raised
+#: is kept too (a worker that raised has stopped: Gymnasium shuts it down, SB3's ends)
 _WORKER_ANSWERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+#: the questions whose answers are kept (`_WORKER_ANSWERS`); others (a TimeLimit's `_max_episode_steps`, which
+#: `set_attr` changes) are asked each time
+_KEPT_ANSWERS = ("__str__", "spec")
+_FAILED_ASK = ""  # (`_WORKER_ANSWERS`' key of an ask that raised: no attribute's name)
 
 
 def _subprocess_env(vector_env):
@@ -588,20 +595,55 @@ def _subprocess_env(vector_env):
 
 def _worker_answer(inner, name: str) -> list:
     """Each env's `str()` (`name` "__str__") or attribute `name`, inside subprocess vector env `inner`
-    (`_subprocess_env`): asked of its workers once per vector env (`_WORKER_ANSWERS`). What the ask raises is
-    raised (and asked again next time). A vector env that cannot key a `WeakKeyDictionary` (one whose class
-    defines `__eq__` without `__hash__`, or has no `__weakref__` slot) is asked every time."""
+    (`_subprocess_env`): `_KEPT_ANSWERS` asked of its workers once per vector env (`_WORKER_ANSWERS`). What an ask
+    raises is raised, then and at every later ask without asking again (the workers that raised have stopped). A
+    vector env that cannot key a `WeakKeyDictionary` (one whose class defines `__eq__` without `__hash__`, or has no
+    `__weakref__` slot) is asked every time."""
     try:
         answers = _WORKER_ANSWERS.setdefault(inner, {})
     except TypeError:  # (unhashable, or not weakly referenceable)
         answers = {}
+    failed = answers.get(_FAILED_ASK)
+    if failed is not None:
+        raise failed[1]
     if name not in answers:
-        if name == "__str__":
-            answer = (inner.call if isinstance(inner, gym.vector.AsyncVectorEnv) else inner.env_method)(name)
-        else:
-            answer = inner.get_attr(name)
+        try:
+            if name == "__str__":
+                answer = (inner.call if isinstance(inner, gym.vector.AsyncVectorEnv) else inner.env_method)(name)
+            else:
+                answer = inner.get_attr(name)
+        except (gym.error.ClosedEnvironmentError, gym.error.AlreadyPendingCallError):
+            raise  # (refused before asking: nothing reached the workers)
+        except Exception as error:
+            answers[_FAILED_ASK] = (name, error)
+            raise
+        if name not in _KEPT_ANSWERS:
+            return list(answer)
         answers[name] = list(answer)
     return list(answers[name])
+
+
+def failed_worker_ask(vector_env) -> tuple[str, Exception] | None:
+    """(the question, what it raised) where a question `_worker_answer` asked of `vector_env`'s subprocess envs (or
+    those it wraps) raised, which stopped the workers that raised; else None."""
+    inner = _subprocess_env(vector_env)
+    try:
+        return None if inner is None else _WORKER_ANSWERS.get(inner, {}).get(_FAILED_ASK)
+    except TypeError:  # (`_worker_answer`'s vector envs that cannot be keys)
+        return None
+
+
+def refuse_failed_asks(vector_env) -> None:
+    """UserError where a question asked of the subprocess envs of a user's vector env (`_worker_answer`) raised: the
+    workers that raised have stopped (Gymnasium shuts them down, SB3's end), so the envs cannot step."""
+    failed = failed_worker_ask(vector_env)
+    if failed is None:
+        return
+    name, error = failed
+    what = {"__str__": "its str(), which names its wrappers"}.get(name, f"its {name}")
+    told = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    raise UserError(f"The env subprocesses of this vector env stopped when each env was asked for {what} ({told}), "
+                    "and they cannot step now: make the envs answer it and pass a new vector env.") from None
 
 
 def _subprocess_chains(vector_env) -> list[str] | None:
@@ -803,21 +845,38 @@ def _time_limit_names() -> set[str]:
 
 
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
-    """The time limit of the envs inside a user's vector env (their specs': a TimeLimit wrapper or gym.make_vec's
-    max_episode_steps sets it there, while make_vec's own spec keeps the registered one; None in a spec of envs made
-    without one, gym.make_vec's max_episode_steps=-1), else `default` (envs without a spec). Subprocess envs whose
-    specs are not asked for (`_env_specs`) give their TimeLimit's (or a subclass's: `_time_limit_names`), where each
-    has one."""
+    """The time limit of the envs inside a user's vector env, else `default` (envs without a spec or TimeLimit).
+    Gymnasium's vector envs whose every env has a TimeLimit (or a subclass: `_time_limit_names`) give their
+    TimeLimit's own `_max_episode_steps`, which Gymnasium's `set_attr` changes while the spec a TimeLimit gave once
+    stays as it was. Other envs give their specs' (a TimeLimit wrapper or gym.make_vec's max_episode_steps sets it
+    there, while make_vec's own spec keeps the registered one; None in a spec of envs made without one, gym.make_vec's
+    max_episode_steps=-1); subprocess envs whose specs are not asked for (`_env_specs`) give their TimeLimit's, where
+    each has one. (SB3's `set_attr` sets the outermost wrapper's attribute, not a TimeLimit's.)"""
     chains = _subprocess_chains(vector_env)
-    specs = _env_specs(vector_env)
     limited = _time_limit_names()
-    if specs is None and chains and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains):
-        limits = _worker_answer(_subprocess_env(vector_env), "_max_episode_steps")  # (TimeLimit's: an int)
-        return int(limits[0]) if limits[0] is not None and limits[0] > 0 else None
+    timed = bool(chains) and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains)
+    inner = getattr(vector_env, "unwrapped", vector_env)
+    if isinstance(inner, gym.vector.VectorEnv) and chains is None and getattr(inner, "envs", None):
+        # (a SyncVectorEnv's envs are at hand: each one's outermost TimeLimit, which `set_attr` sets)
+        limits = [next((layer._max_episode_steps for layer in _env_chain(env) if type(layer).__name__ in limited),
+                       False) for env in inner.envs]
+        if all(limit is not False for limit in limits):
+            return _limit(limits[0])
+    elif isinstance(inner, gym.vector.AsyncVectorEnv) and timed:
+        return _limit(_worker_answer(inner, "_max_episode_steps")[0])  # (TimeLimit's: an int)
+    specs = _env_specs(vector_env)
+    if specs is None and timed:
+        return _limit(_worker_answer(_subprocess_env(vector_env), "_max_episode_steps")[0])
     if specs is None:
         return default
-    limit = specs[0].max_episode_steps
-    return limit if isinstance(limit, int) and limit > 0 else None
+    return _limit(specs[0].max_episode_steps)
+
+
+def _limit(steps) -> int | None:
+    """A TimeLimit's or a spec's `steps` as `EnvSpec.max_episode_steps` holds them: the steps after which an episode
+    is cut (a TimeLimit cuts at the first step count that reaches its limit), None where there is no limit."""
+    finite = isinstance(steps, numbers.Real) and not isinstance(steps, bool) and math.isfinite(steps)
+    return math.ceil(steps) if finite and steps > 0 else None
 
 
 def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
@@ -1411,10 +1470,12 @@ class GymnasiumEnv(BatchedEnv):
             check_vector_api(vector_env)
             check_same_step(vector_env)
             spec = _vector_env_spec(vector_env)
-            # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
-            registered = registered_vector_env_id(vector_env) is not None
-            env_id = env_id or (spec.id if registered else USER_VECTOR_ENV)
             max_steps = _envs_time_limit(vector_env, getattr(spec, "max_episode_steps", None))
+            # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id):
+            # not where set_attr("_max_episode_steps", N) gave the envs another time limit than their spec's
+            registered = registered_vector_env_id(vector_env) is not None and max_steps == spec.max_episode_steps
+            refuse_failed_asks(vector_env)
+            env_id = env_id or (spec.id if registered else USER_VECTOR_ENV)
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         inner = vector_env.unwrapped
         if isinstance(getattr(inner, "env_fns", None), types.GeneratorType):

@@ -33,6 +33,7 @@ from rlspeed.envs.gymnasium_env import (
     obs_and_final,
     probe_contract,
     records_episodes,
+    refuse_failed_asks,
     registered_vector_env_id,
     reward_wrappers,
     to_device,
@@ -148,6 +149,7 @@ class SB3VecEnv(BatchedEnv):
         self.spec = EnvSpec.from_spaces(spec.id if registered else USER_SB3_VEC_ENV, obs_space, action_space,
                                         spec.max_episode_steps if spec is not None else _envs_time_limit(vec_env, None),
                                         spec.reward_threshold if registered else None)
+        refuse_failed_asks(vec_env)
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
         # Action masks as sb3-contrib's MaskablePPO reads them, the envs' `action_masks()` method, or (Gymnasium's
