@@ -603,20 +603,39 @@ def test_env_options_are_held_to_the_rules_of_rlspeeds_own_settings():
     """An option an env declares an int (its annotation) given 2.5, or one it declares a number given true, is refused
     in one sentence as `--set n_epochs=2.5` and `--set learning_rate=true` are (both were passed to the env); whole
     numbers written as floats (1e3), ints for a float, and any number where the default is an int (MountainCar's
-    goal_velocity=0) pass."""
-    from rlspeed.env_options import refuse_mistyped
+    goal_velocity=0) pass. A whole float for an int and 0 or 1 for a bool reach the env as an int and a bool, as
+    rlspeed's own settings take them (2.0 reached the env as a float)."""
+    from rlspeed.env_options import typed_options
 
-    def creator(size: int = 8, scale: float = 1.0, velocity=0):
+    def creator(size: int = 8, scale: float = 1.0, velocity=0, flag: bool = False):
         """An env's entry point."""
 
     for options, expected in (({"size": 2.5}, "takes the option size as a whole number (int), got 2.5 (float)."),
                               ({"size": np.bool_(True)}, "takes the option size as a whole number (int), got "),
                               ({"scale": False}, "takes the option scale as a number (float), got False (bool)."),
-                              ({"velocity": True}, "takes the option velocity as a number (float), got True (bool).")):
+                              ({"velocity": True}, "takes the option velocity as a number (float), got True (bool)."),
+                              ({"max_episode_steps": 50.5},
+                               "takes the option max_episode_steps as a whole number (int), got 50.5 (float).")):
         with pytest.raises(rlspeed.UserError, match=f"^Env 'Mine-v0' {re.escape(expected)}"):
-            refuse_mistyped("Mine-v0", creator, options)
-    refuse_mistyped("Mine-v0", creator, {"size": 1e3, "scale": 2, "velocity": 0.05})
-    refuse_mistyped("Mine-v0", creator, {"size": np.int64(4), "scale": np.float32(0.5)})
+            typed_options("Mine-v0", creator, options)
+    typed = typed_options("Mine-v0", creator, {"size": 1e3, "scale": 2, "velocity": 0.05, "flag": 1,
+                                               "max_episode_steps": 50.0})
+    assert typed == {"size": 1000, "scale": 2, "velocity": 0.05, "flag": True, "max_episode_steps": 50}
+    assert [type(value) for value in typed.values()] == [int, int, float, bool, int]
+    assert typed_options("Mine-v0", creator, {"size": np.int64(4), "scale": np.float32(0.5)}) == {"size": 4,
+                                                                                                  "scale": 0.5}
+
+
+def test_a_whole_float_time_limit_is_the_envs_time_limit():
+    """`--env-kwargs max_episode_steps=200.0` (or env_kwargs={"max_episode_steps": 200.0}) was refused in Gymnasium's
+    words ("Expect the `max_episode_steps` to be an integer"), where rlspeed's own int settings take 200.0 as 200."""
+    options = {"max_episode_steps": 40.0}
+    assert env_spec("CartPole-v1", options).max_episode_steps == 40
+    env = rlspeed.make_env("CartPole-v1", num_envs=1, device="cpu", backend="gymnasium", env_kwargs=options)
+    try:
+        assert env.spec.max_episode_steps == 40 and type(env.spec.env_kwargs["max_episode_steps"]) is int
+    finally:
+        env.close()
 
 
 def test_an_option_value_the_env_cannot_use_is_named():

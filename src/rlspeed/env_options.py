@@ -61,23 +61,28 @@ def as_keywords(options: Mapping[str, Any]) -> str:
 _SCALARS = {bool: "true or false", int: "a whole number", float: "a number"}
 
 
-def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
-    """UserError in one sentence for an option of `env_kwargs` that `creator` (the env's entry point) declares a
-    bool, int or float (by its annotation, else by its default's type, an int default counting as a number) and that
-    is not one by the rules of rlspeed's own settings: text, a list or a mapping for any of them; for a bool, a
-    number other than 0 and 1 (`true_or_false`'s rule: `sutton_barto_reward=2` or `0.5` was taken as true); for a
-    number, true or false (`g=true` made Pendulum's gravity 1); for an int, a number that is not whole (1e3 is
-    one)."""
+def typed_options(env_id: str, creator: Callable, env_kwargs: dict) -> dict:
+    """`env_kwargs` with each option that `creator` (the env's entry point) declares a bool or an int (by its
+    annotation) given as that kind, as rlspeed's own settings take them: 0 or 1 for a bool as False or True, a whole
+    number written as a float for an int (2.0, 1e3) as an int; so too gymnasium.make's `max_episode_steps`. UserError
+    in one sentence for an option declared a bool, int or float (by its annotation, else by its default's type, an
+    int default counting as a number) that is not one by those rules: text, a list or a mapping for any of them; for
+    a bool, a number other than 0 and 1 (`true_or_false`'s rule: `sutton_barto_reward=2` or `0.5` was taken as true);
+    for a number, true or false (`g=true` made Pendulum's gravity 1); for an int, a number that is not whole."""
     try:
-        parameters = inspect.signature(creator).parameters
-    except (TypeError, ValueError):  # (a creator without a signature Python can read: nothing to check)
-        return
+        parameters = dict(inspect.signature(creator).parameters)
+    except (TypeError, ValueError):  # (a creator without a signature Python can read: only gymnasium.make's own)
+        parameters = {}
+    parameters.setdefault("max_episode_steps", inspect.Parameter("max_episode_steps", inspect.Parameter.KEYWORD_ONLY,
+                                                                 annotation=int))
+    typed = dict(env_kwargs)
     for name, value in env_kwargs.items():
         parameter = parameters.get(name)
         if parameter is None or value is None:
             continue
         annotation = parameter.annotation
         wanted = next((kind for kind in _SCALARS if annotation in (kind, kind.__name__)), None)
+        declared = wanted is not None
         if wanted is None and annotation is inspect.Parameter.empty and parameter.default is not None:
             # (`goal_velocity=0`: a default written as 0 is no promise of whole numbers)
             wanted = next((float if kind is int else kind for kind in _SCALARS if type(parameter.default) is kind),
@@ -85,10 +90,14 @@ def refuse_mistyped(env_id: str, creator: Callable, env_kwargs: dict) -> None:
         if wanted is not None and not _of_kind(wanted, value):
             raise UserError(f"Env '{env_id}' takes the option {name} as {_SCALARS[wanted]} ({wanted.__name__}), got "
                             f"{value!r:.60} ({type(value).__name__}).")
+        if declared and wanted is not float and isinstance(value, numbers.Real):  # (an annotation's kind, not a
+            # default's: an unannotated `size=8` may take 2.5 in another version of the env)
+            typed[name] = wanted(value)
+    return typed
 
 
 def _of_kind(kind: type, value: Any) -> bool:
-    """Whether `value` passes for a `kind` (bool, int or float) option: `refuse_mistyped`'s rule."""
+    """Whether `value` passes for a `kind` (bool, int or float) option: `typed_options`' rule."""
     if isinstance(value, (str, list, tuple, dict)):
         return False
     if kind is bool:

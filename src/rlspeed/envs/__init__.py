@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from rlspeed.device import resolve_device
-from rlspeed.env_options import refuse_mistyped
+from rlspeed.env_options import typed_options
 from rlspeed.envs import atari
 from rlspeed.envs.acrobot import Acrobot
 from rlspeed.envs.base import (
@@ -220,7 +220,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     _check_registered(env_id)
     spec = gym_spec(env_id)
     refuse_filming_envs(env_id)
-    _refuse_mistyped_options(spec, env_kwargs)
+    env_kwargs = _typed_options(spec, env_kwargs)
     atari_game = atari.preprocessed(env_id, env_kwargs)
     if atari_game and (known := atari.known_spec(env_id, env_kwargs)) is not None:
         return atari.with_options(known, env_kwargs)
@@ -258,17 +258,18 @@ def backend_for_options(env_kwargs: dict, backend: str) -> str:
                     f"--env-backend gymnasium on the command line), not '{backend}'.")
 
 
-def _refuse_mistyped_options(spec: gym.envs.registration.EnvSpec, env_kwargs: dict) -> None:
-    """UserError for an env option given as text, a list or a mapping where the env's entry point takes a bool or a
-    number (`rlspeed.env_options.refuse_mistyped`)."""
+def _typed_options(spec: gym.envs.registration.EnvSpec, env_kwargs: dict) -> dict:
+    """`env_kwargs` with the options the env's entry point declares a bool or an int given as one (2.0 as 2), and
+    UserError for one given as text, a list or a mapping where it takes a bool or a number
+    (`rlspeed.env_options.typed_options`)."""
     if not env_kwargs or spec.entry_point is None:
-        return
+        return env_kwargs
     try:
         creator = (gym.envs.registration.load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str)
                    else spec.entry_point)
     except Exception:  # (an entry point that does not load: gymnasium.make says so, as without options)  # noqa: BLE001
-        return
-    refuse_mistyped(spec.id, creator, env_kwargs)
+        return env_kwargs
+    return typed_options(spec.id, creator, env_kwargs)
 
 
 def check_env_kwargs(env_kwargs: object) -> dict[str, typing.Any]:
@@ -393,7 +394,7 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
             else:
                 vectorization = "async" if chosen == "gymnasium-async" else "sync"
                 kind = atari.AtariGymnasiumEnv if atari_game else GymnasiumEnv
-                _refuse_mistyped_options(gym_spec(env_id), env_kwargs)
+                env_kwargs = _typed_options(gym_spec(env_id), env_kwargs)
                 try:
                     env = kind(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
                                env_kwargs=env_kwargs)
