@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlspeed import A2C, DQN, PPO, SAC, TD3
+from rlspeed import A2C, DQN, PPO, SAC, TD3, make_env
 from rlspeed.errors import UserError
 from rlspeed.numerics import MAX_CONSECUTIVE_ROLLBACKS, DivergedError, NonFiniteEnvError
 
@@ -183,6 +183,28 @@ def test_masked_nan_and_inf_are_counted_and_the_weights_stay_finite(algo):
     assert report["nonfinite_env_rows_masked"] == injected and report["first_nonfinite_env"] == 0
     assert report["rollbacks"] == 0
     assert _weights_finite(model)
+
+
+def test_models_sharing_an_env_object_count_its_non_finite_values_each_in_its_own_guard():
+    """The NaN guard's counters sat on the env object (its EpisodeStatistics): a second model given the same env
+    counted the rows masked in the first one's learn as its own (13 after 64 steps, one of them its own), and a model
+    with another nan_policy replaced the counters, so the first one's count fell (15 to 2) at its next learn. Each
+    model's steps are counted in its own."""
+    env = make_env(_vector_env("CartPole-v1", faulty_env=1, probability=0.05))
+    faulty = env.unwrapped.vector_env.envs[1]
+    first = PPO(env, seed=0, device="cpu", nan_policy="mask", **SMALL[PPO])
+    first.learn(256, progress_bar=False)
+    counted = first._numerics.masked_env_rows
+    assert counted == faulty.injected > 0
+    injected = faulty.injected
+    second = PPO(env, seed=1, device="cpu", nan_policy="mask", **SMALL[PPO])
+    second.learn(256, progress_bar=False)
+    assert second._numerics.masked_env_rows == faulty.injected - injected
+    with pytest.raises(NonFiniteEnvError):  # (another policy, on the same env object)
+        PPO(env, seed=2, device="cpu", **SMALL[PPO]).learn(256, progress_bar=False)
+    injected = faulty.injected
+    first.learn(256, progress_bar=False, reset_num_timesteps=False)
+    assert first._numerics.masked_env_rows == counted + faulty.injected - injected
 
 
 def test_masked_nan_and_inf_in_dict_observations_are_counted_and_replaced_by_zero():

@@ -291,6 +291,7 @@ class NumericsGuard:
         self.env_checked = False
         self.wide_floats = False  # (the watched env's observation space has float64 parts: `attach`)
         self._source = None  # (the watched env, innermost, held weakly: `attach`)
+        self._guarded = None  # (the `EpisodeStatistics` that `env_guard` counts the steps of, held weakly: `attach`)
         self.rollbacks = 0
         self.consecutive_rollbacks = 0
         self.rolled_back_timesteps = 0
@@ -313,7 +314,8 @@ class NumericsGuard:
         self.scale_hinted = False  # (the hint shows once per model)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_source": None}  # (a weak reference does not pickle; `attach` sets it again)
+        # (a weak reference does not pickle; `attach` sets them again)
+        return {**self.__dict__, "_source": None, "_guarded": None}
 
     def attach(self, env, normalize_obs: bool = False, normalize_reward: bool = False) -> None:
         """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
@@ -327,9 +329,14 @@ class NumericsGuard:
         self.env_checked = stats is not None
         if stats is None:
             return
-        if stats.numerics is None or stats.numerics.policy != self.nan_policy:
-            stats.numerics = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
-        self.env_guard = stats.numerics
+        # (the counters are this model's own, set on the env for each learn: another model training on the same env
+        # object, with its own policy or not, counts its steps in its own)
+        if self.env_guard is None or self._guarded is None or self._guarded() is not stats:
+            if self.env_guard is not None:  # (another env: its counts start afresh, the rows masked so far stay)
+                self._masked_before = self.masked_env_rows
+            self.env_guard = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
+            self._guarded = weakref.ref(stats)
+        stats.numerics = self.env_guard
         self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
         # (its `rewards_overflowed`, named in a refusal; held weakly, so that a closed model's env goes and the model
         # pickles: a Gymnasium vector env holds local functions)
