@@ -667,6 +667,44 @@ def test_an_evaluation_freezes_gymnasiums_normalisation_inside_subprocess_envs_a
     model.close()
 
 
+class _OwnNormalizeObservation(gym.wrappers.NormalizeObservation):  # (a subclass of the caller's: str() names it)
+    pass
+
+
+class _OtherNormalizeObservation(gym.ObservationWrapper):  # (another package's wrapper of the same name: no obs_rms)
+    def observation(self, observation):
+        return observation
+
+
+_OtherNormalizeObservation.__name__ = "NormalizeObservation"
+
+
+@pytest.mark.parametrize("wrapper", [_OwnNormalizeObservation, _OtherNormalizeObservation], ids=["subclass", "other"])
+def test_subprocess_envs_normalisers_are_known_by_their_kind_not_their_name(wrapper):
+    """Subprocess envs' wrappers are known by their names (their `str()`): a subclass of Gymnasium's
+    NormalizeObservation went unrecognised, and the evaluation folded its observations into the workers' statistics
+    without a word (count 33 -> 44); another wrapper of that name, without `obs_rms`, would have been asked for it,
+    which stops Gymnasium's workers. The subclass is frozen (statistics as they were); the other wrapper is asked
+    first whether it has the statistics, and its envs go on."""
+    with pytest.warns(UserWarning, match="NormalizeObservation"):
+        model = PPO(_normalised_cartpoles(), seed=0, num_steps=16, batch_size=32)
+    env = _same_step_cartpoles([wrapper], mode="async")
+    try:
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+        if wrapper is _OwnNormalizeObservation:
+            before = _subprocess_statistics(env, ["obs_rms"])
+            rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+            assert _subprocess_statistics(env, ["obs_rms"]) == before
+        else:
+            with pytest.warns(UserWarning, match="cannot freeze"):
+                rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+            env.step(env.action_space.sample())  # (its workers still up)
+    finally:
+        env.close()
+        model.close()
+
+
 def _normalised_cartpole():  # (a function at module level: SB3's SubprocVecEnv pickles it for its workers)
     return gym.wrappers.NormalizeObservation(gym.make("CartPole-v1", max_episode_steps=30))
 

@@ -472,10 +472,20 @@ _GYMNASIUM_NORMALISERS = (gym.wrappers.NormalizeObservation, gym.wrappers.Normal
                           gym.wrappers.vector.NormalizeObservation, gym.wrappers.vector.NormalizeReward)
 
 
-#: the statistics of Gymnasium's single-env normalisers, by the wrapper's name: one attribute name each, which no other
-#: of them has, so that a subprocess env's `get_attr` / `set_attr` of it reaches that wrapper (the outermost that has
-#: the attribute)
-_NORMALISER_STATISTICS = {"NormalizeObservation": "obs_rms", "NormalizeReward": "return_rms"}
+def _normaliser_statistics() -> dict[str, str]:
+    """The statistics of Gymnasium's single-env normalisers, by the wrapper's class name, and of their subclasses in
+    this process (a subprocess env's wrappers are known by their names, from its `str()`: a subclass of the caller's
+    by its own): one attribute name each, which no other of them has, so that a subprocess env's `get_attr` /
+    `set_attr` of it reaches that wrapper (the outermost that has the attribute)."""
+    statistics = {}
+    wrappers = gym.wrappers
+    for base, attribute in ((wrappers.NormalizeObservation, "obs_rms"), (wrappers.NormalizeReward, "return_rms")):
+        classes = [base]
+        while classes:
+            cls = classes.pop()
+            statistics.setdefault(cls.__name__, attribute)
+            classes.extend(cls.__subclasses__())
+    return statistics
 
 
 def _passed_vector_env(env):
@@ -489,11 +499,11 @@ def _gymnasium_normalisers(env) -> tuple[list, list[str]]:
     this process, each once; and the names of those inside subprocess envs (read from their `str()`), which no call
     reaches one by one (`set_attr` sets only the outermost wrapper of each env that has the attribute)."""
     inner = _passed_vector_env(env)
-    found, unreached = {}, []
+    found, unreached, statistics = {}, [], _normaliser_statistics()
     for name, wrapper in _wrapper_layers(inner):
         if isinstance(wrapper, _GYMNASIUM_NORMALISERS):
             found[id(wrapper)] = wrapper
-        elif wrapper is None and name in _NORMALISER_STATISTICS and name not in unreached:
+        elif wrapper is None and name in statistics and name not in unreached:
             unreached.append(name)
     return list(found.values()), unreached
 
@@ -515,14 +525,19 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
     chains = _subprocess_chains(inner) if isinstance(workers, gym.vector.AsyncVectorEnv) else None
     if not chains:
         return [], False
-    layers = [[name for name in re.findall(r"<(\w+)", chain) if name in _NORMALISER_STATISTICS] for chain in chains]
-    # (a worker asked for an attribute its env lacks raises, and Gymnasium then shuts every worker down)
-    if any(len(set(names_in)) != len(names_in) or set(names_in) != set(names) for names_in in layers):
+    statistics = _normaliser_statistics()
+    layers = [[name for name in re.findall(r"<(\w+)", chain) if name in statistics] for chain in chains]
+    # (a worker asked for an attribute its env lacks raises, and Gymnasium then shuts every worker down: a wrapper of
+    # another package under a normaliser's name is asked first whether it has them)
+    if any(len({statistics[name] for name in names_in}) != len(names_in) or set(names_in) != set(names)
+           for names_in in layers):
         return [], False
     restore: list[typing.Callable[[], None]] = []
     try:
+        if not all(all(workers.call("has_wrapper_attr", statistics[name])) for name in names):
+            return [], False
         for name in names:
-            attribute = _NORMALISER_STATISTICS[name]
+            attribute = statistics[name]
             kept = list(workers.get_attr(attribute))
             restore.append(lambda attribute=attribute, kept=kept: workers.set_attr(attribute, kept))
         flags = list(workers.get_attr("update_running_mean"))
