@@ -129,6 +129,24 @@ def test_off_policy_members_whose_replay_buffers_cannot_fit_together_are_refused
     assert len(built) == 1 and not (tmp_path / "run").exists()
 
 
+def test_members_whose_replay_fits_as_check_fits_counts_it_are_not_refused_after_building_one(memory_of, tmp_path,
+                                                                                               capsys):
+    """The estimate after the first member counted FrozenLake's Discrete observations at 8 bytes (int64, as the env
+    gives them), where the members store them as float32 (4): 32 bytes per transition for check_fits' 24, so members
+    whose replays fit were refused after the first was built. It counts them as `check_fits` does."""
+    rows, per_row = 10_000_000, 24  # (each member's replay: observation and next as float32, action, 12 bytes more)
+    memory_of(int(4 * rows * 28 / 0.8))  # (room for 4 members' replays at 28 bytes per transition)
+    assert cli.main(["train", "dqn", "FrozenLake-v1", "--seeds", "0-3", "--num-envs", "1", "--set",
+                     f"buffer_size={rows}", "--total-timesteps", str(rows), "--dry-run", "--out",
+                     str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    memory_of(int(4 * rows * (per_row - 1) / 0.8))  # (then not: refused once the first member is built)
+    line = refusal(["train", "dqn", "FrozenLake-v1", "--seeds", "0-3", "--num-envs", "1", "--set",
+                    f"buffer_size={rows}", "--total-timesteps", str(rows), "--dry-run", "--out",
+                    str(tmp_path / "run")], capsys)
+    assert "A population of 4 members (--seeds)" in line and f"a replay buffer of {rows:,} transitions" in line
+
+
 def test_a_long_population_build_says_how_far_it_is(monkeypatch, capsys):
     """--seeds 0-100000 built CartPole's members for some 7 minutes without a word: a build whose second member says
     the rest would take longer than BUILD_PROGRESS_S counts them (a bar; where stderr is no terminal, as here, status

@@ -64,6 +64,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,7 @@ from rlspeed.algos.dqn import TD_LOSSES, collection_epsilons
 from rlspeed.algos.off_policy import (
     RAW_CONTENTS,
     OffPolicyAlgorithm,
+    OffPolicyConfig,
     allowed_uniform,
     clamped,
     next_masks,
@@ -83,7 +85,6 @@ from rlspeed.buffers.replay import (
     check_masks_given,
     count_unwritten_host_storage,
     frame_stacks,
-    layout_nbytes,
     refuse_unless_fits,
     storage_zeros,
     window_entry,
@@ -826,9 +827,14 @@ class OffPolicyPopulation(PopulationBase):
 
     @property
     def _frame_replay(self) -> bool:
-        """Whether the replay stores each frame once (`MemberFrameReplay`): frame-stacked Atari games, as the solo
-        run's buffer does (`frame_dedup`, on by default)."""
-        return bool(self._atari and self.config.frame_dedup and frame_stacks(self.spec.observation_space))
+        """Whether the replay stores each frame once (`MemberFrameReplay`, `stores_frames`)."""
+        return self.stores_frames(self.env_id, self.config, self.spec.observation_space)
+
+    @staticmethod
+    def stores_frames(env_id: str, config: OffPolicyConfig, observation_space: gym.Space) -> bool:
+        """Whether members of `config` on `env_id` store each frame once (`MemberFrameReplay`): frame-stacked Atari
+        games, as the solo run's buffer does (`frame_dedup`, on by default)."""
+        return bool(atari.is_atari(env_id) and config.frame_dedup and frame_stacks(observation_space))
 
     def _new_replay(self, capacity_steps: int, masks: bool) -> MemberReplay | MemberFrameReplay:
         """An empty replay for the members kept: `MemberFrameReplay` of `buffer_size` transitions each where frames are
@@ -849,19 +855,24 @@ class OffPolicyPopulation(PopulationBase):
     def _planned_replay(self, solo) -> tuple[int, float]:
         """Each member's replay for the planned steps (`planned_timesteps`; none without a plan), from the first
         member `solo`, before the population's own attributes exist: `MemberFrameReplay`'s bytes where frames are
-        stored once, else `MemberReplay`'s rows at the observations' own dtypes (never more than `check_fits` counts:
-        a population stores some as float32), without action masks (the env says whether it gives them later)."""
+        stored once, else `MemberReplay.bytes_per_row` at most as `check_fits` counts them (Dict observations packed
+        into float32 rows; others as float32, or in their own dtype where it is narrower: images a member's CNN
+        takes are stored so, other narrow ones as float32), without action masks (the env says whether it gives them
+        later)."""
         total = planned_total_timesteps()
         if total is None:
             return 0, 0
         cfg, space, discrete = solo.config, solo.spec.observation_space, solo.spec.discrete
-        if atari.is_atari(self.env_id) and cfg.frame_dedup and frame_stacks(space):
+        if self.stores_frames(self.env_id, cfg, space):
             action_bytes = rules(self.device).index_dtype.itemsize if discrete else 4 * solo.spec.action_dim
             nbytes = FrameStackReplayBuffer.planned_nbytes(cfg.buffer_size, cfg.num_envs, space, action_bytes,
                                                            cfg.n_step)
             return cfg.buffer_size, nbytes / cfg.buffer_size
         rows = member_replay_steps(total, cfg.num_envs, cfg.buffer_size) * cfg.num_envs
-        return rows, 2 * layout_nbytes(observation_layout(space)) + 4 * (1 if discrete else solo.spec.action_dim) + 12
+        layout = observation_layout(space)
+        obs_dim, obs_dtype = ((packed_width(layout), torch.float32) if isinstance(layout, dict) else
+                              (solo.spec.obs_dim, min(layout[1], torch.float32, key=lambda dtype: dtype.itemsize)))
+        return rows, MemberReplay.bytes_per_row(obs_dim, 1 if discrete else solo.spec.action_dim, None, obs_dtype)
 
     def _summary(self, *args, **kwargs) -> dict:
         """`PopulationBase._summary` plus the replay's layout and footprint (`replay`, as a solo run's summary)."""
