@@ -1220,6 +1220,24 @@ def test_a_rollout_past_the_processs_own_memory_limit_names_that_limit(monkeypat
     rollout.check_rollout_bytes(209, 4, 1_000, device)
 
 
+def test_a_memory_refusal_under_a_mebibyte_says_its_sizes_as_they_are(monkeypatch):
+    """Sizes were said in MiB to one decimal below 1 GiB: with 16 KiB left (a nearly spent ulimit or cgroup), the
+    refusal said "more than the 0.0 MiB it may take (80% of the 0.0 MiB ...)". Small sizes are said in KiB or bytes
+    (`size_text`, also the CLI's disk warning's, which had its own copy)."""
+    from rlspeed.buffers import replay, rollout
+
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**14)
+    monkeypatch.setattr(replay, "_rlimit_available_bytes", lambda: None)
+    monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: None)
+    with pytest.raises(UserError, match=r"^A rollout of num_steps 10 x num_envs 4 steps needs about 39\.1 KiB, more "
+                                        r"than the 12\.8 KiB it may take \(80% of the 16\.0 KiB of available host "
+                                        r"memory\); lower num_steps or num_envs; with num_envs 4, num_steps up to 3 "
+                                        r"fits"):
+        rollout.check_rollout_bytes(10, 4, 1_000, torch.device("cpu"))
+    assert [replay.size_text(count) for count in (0, 1023, 2**17, 3 * 2**30)] == [
+        "0 bytes", "1,023 bytes", "0.1 MiB", "3.0 GiB"]
+
+
 def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypatch, tmp_path, capsys):
     """SM3 was reachable through the low-level save_checkpoint only (`model.save(path, digest="sm3")` was called
     "Stable-Baselines3's keywords"): `save` takes digest=, and `RLSPEED_CHECKPOINT_DIGEST=sm3` gives a run's files

@@ -2366,6 +2366,8 @@ def _warn_replay_disk(buffer_bytes: int, run_dir: Path) -> None:
     bytes, more than the current checkpoint's file; a finished run's model.replay.safetensors, which a --resume keeps
     until the new end, is on disk already). Said at the start: the checkpoint that does not fit stops the run hours
     later (`rlspeed.checkpoint`'s check before each write)."""
+    from rlspeed.buffers.replay import size_text
+
     free = free_disk_bytes(run_dir)
     if free is None:  # (a file system that does not say: each write checks for itself)
         return
@@ -2373,14 +2375,11 @@ def _warn_replay_disk(buffer_bytes: int, run_dir: Path) -> None:
     held = replay.stat().st_size if replay.is_file() else 0
     more = 2 * buffer_bytes - held
     if more > free:
-        print(f"rlspeed: warning: --save-replay-buffer needs {_size(more)} more disk once the replay buffer is full "
-              f"(each checkpoint writes its {_size(buffer_bytes)} replay file beside the previous one) and the disk "
-              f"holding '{run_dir}' has {_size(free)} free: the run stops at the first checkpoint that does not fit "
-              "unless space is freed there (or buffer_size is smaller).", file=sys.stderr, flush=True)
-
-
-def _size(count: int) -> str:
-    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+        print(f"rlspeed: warning: --save-replay-buffer needs {size_text(more)} more disk once the replay buffer "
+              f"is full (each checkpoint writes its {size_text(buffer_bytes)} replay file beside the previous one) "
+              f"and the disk holding '{run_dir}' has {size_text(free)} free: the run stops at the first checkpoint "
+              "that does not fit unless space is freed there (or buffer_size is smaller).", file=sys.stderr,
+              flush=True)
 
 
 def _warn_idle_accelerator(args: argparse.Namespace, device) -> None:

@@ -87,8 +87,13 @@ def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str
 
 
 def size_text(count: float) -> str:
-    """Bytes in words: '2.1 GiB' from 1 GiB, else '3.5 MiB' ('0.0 MiB' under 50 KiB)."""
-    return f"{count / 2**30:,.1f} GiB" if count >= 2**30 else f"{count / 2**20:,.1f} MiB"
+    """Bytes in words, never a size shown as 0.0 that is not nothing: '2.1 GiB' from 1 GiB, '3.5 MiB' from 0.1 MiB,
+    '12.8 KiB' from 1 KiB, else '512 bytes'."""
+    if count >= 2**30:
+        return f"{count / 2**30:,.1f} GiB"
+    if count >= 2**20 / 10:
+        return f"{count / 2**20:,.1f} MiB"
+    return f"{count / 2**10:,.1f} KiB" if count >= 2**10 else f"{count:,.0f} bytes"
 
 
 def memory_limit_text(device: torch.device, free: int) -> str:
