@@ -535,6 +535,26 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     assert env[cli.RUN_LOCKED_BY_LAUNCHER] == str((tmp_path / worker[worker.index("--out") + 1]).resolve())
 
 
+def test_nproc_workers_that_fail_before_writing_leave_no_directory_they_made(monkeypatch, tmp_path):
+    """Workers that fail before writing anything (torchrun's exit code 1) leave no run directory a rerun must
+    --overwrite, nor the empty directories the launcher made above it (it removed the run directory alone, where a
+    run without --nproc removes those too); a directory that was there before stays."""
+    import subprocess as subprocess_module
+
+    class Torchrun:  # (workers that failed at once)
+        def __init__(self, command, env, start_new_session, pass_fds):
+            pass
+
+        def wait(self):
+            return 1
+
+    monkeypatch.setattr(subprocess_module, "Popen", Torchrun)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress", "--out", "mine/deep/er/run"]) == 1
+    assert [path.name for path in tmp_path.iterdir()] == ["mine"] and not any((tmp_path / "mine").iterdir())
+
+
 def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_uses_it(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"

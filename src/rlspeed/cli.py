@@ -1714,6 +1714,14 @@ def _missing_parents(out: str | None) -> list[Path]:
     return missing
 
 
+def _remove_empty(directories: Sequence[Path]) -> None:
+    """Remove `directories` in order while each is empty: a run directory this command made, then the parents it made
+    for it (`_missing_parents`, deepest first); the first that holds anything (or cannot be removed) stops it."""
+    with contextlib.suppress(OSError):
+        for directory in directories:
+            directory.rmdir()
+
+
 @contextlib.contextmanager
 def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool, parents: Sequence[Path] = ()):
     """On an error escaping the block (a replay buffer that does not fit, an env that fails at its first step, ...),
@@ -1738,9 +1746,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool, parent
                 shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
-                    run_dir.rmdir()
-                    for parent in parents:  # (deepest first: one that holds something else stops it)
-                        parent.rmdir()
+                    _remove_empty([run_dir, *parents])
         elif (fresh and isinstance(error, UserError) and run_dir not in _overwritten()  # (which puts the old run back)
               and not {"checkpoint.safetensors", "model.safetensors"} & set(held)):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
@@ -2761,7 +2767,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
     tempfile.gettempdir()  # (torchrun's launcher needs one: none writable is one sentence now, not its traceback)
-    created = args.out is None or not Path(args.out).exists()
+    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
     run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
     _stage("starting torchrun", run_dir=run_dir)
     rest: list[str] = []
@@ -2831,7 +2837,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
         with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
             (run_dir / RUN_LOCK).unlink(missing_ok=True)
-            run_dir.rmdir()
+            _remove_empty([run_dir, *parents])
     return (130 if received[0] == signal.SIGINT else 143) if received else code
 
 
