@@ -555,6 +555,20 @@ def test_nproc_workers_that_fail_before_writing_leave_no_directory_they_made(mon
     assert [path.name for path in tmp_path.iterdir()] == ["mine"] and not any((tmp_path / "mine").iterdir())
 
 
+@pytest.mark.parametrize("out", [["--out", "run"], []])
+def test_train_in_a_working_directory_since_removed_is_one_sentence(monkeypatch, tmp_path, capsys, out):
+    """A working directory removed under the command (a test's tmp dir, `rm -rf` from another shell) made `rlspeed
+    train` end in a traceback (os.getcwd's FileNotFoundError, from the run's provenance and the directories noted above
+    the run directory) before the run directory's check could say it cannot be made there."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "1000", "--no-progress", *out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlspeed: error: Cannot create the run directory") and "Traceback" not in err, err
+
+
 def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_uses_it(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"

@@ -1707,7 +1707,11 @@ def _missing_parents(out: str | None) -> list[Path]:
     """The directories above a run directory at `out` (None: the default, under runs/) that do not exist yet, deepest
     first: `_prepare_run_dir` makes them with it, and a run that does not start removes them with it (while empty)."""
     missing = []
-    for parent in Path("runs/run" if out is None else out).absolute().parents:
+    try:
+        path = Path("runs/run" if out is None else out).absolute()
+    except OSError:  # (a working directory since removed: `_check_out_makeable` says so)
+        return missing
+    for parent in path.parents:
         if parent.exists():
             break
         missing.append(parent)

@@ -93,4 +93,4 @@ def provenance(argv: list[str] | None = None) -> dict:
             "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "versions": versions, "python": platform.python_version(), "platform": platform.platform(),
             "cpu": cpu_model(), "rlspeed_git": git_state(source.parent, tracked=source),
-            "working_directory_git": git_state(Path.cwd())}
+            "working_directory_git": git_state(os.curdir)}
