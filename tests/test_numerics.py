@@ -151,7 +151,8 @@ def test_float32_rewards_marks_only_a_finite_reward_past_float32s_range():
     from rlspeed.envs.gymnasium_env import float32_rewards
 
     for rewards, overflowed in [([1.0, -2.5], False), ([1.0, np.inf], False), ([np.nan, 0.0], False),
-                                ([1.0, 1e39], True), ([[1.0], [-1e39]], True), ([[np.inf], [1.0]], False)]:
+                                ([1.0, 1e39], True), ([[1.0], [-1e39]], True), ([[np.inf], [1.0]], False),
+                                ([0.0] * 4095 + [1e39], True), ([0.0] * 4095 + [np.nan], False)]:  # (EnvPool's)
         env = SimpleNamespace(rewards_overflowed=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (numpy's "overflow encountered in cast")

@@ -879,15 +879,21 @@ def _limit(steps) -> int | None:
     return math.ceil(steps) if finite and steps > 0 else None
 
 
+#: the most rewards `float32_rewards` checks in Python (more: in numpy)
+_FEW_REWARDS = 32
+
+
 def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed` (the NaN
     guard's refusal names it)."""
     stored = np.array(rewards, dtype=np.float32)  # (an overflow: numpy's RuntimeWarning, as numpy gives it)
-    # (checked in Python, on every step: a cost per env, as the envs' own steps have, without numpy's fixed cost per
-    # call, which the few envs of an in-process backend would pay mostly)
-    if not all(map(math.isfinite, stored.ravel().tolist())) and \
-            np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
+    # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it; in numpy
+    # for many, where Python's cost per reward would be: EnvPool's thousands of envs)
+    flat = stored.ravel()
+    finite = (all(map(math.isfinite, flat.tolist())) if flat.size <= _FEW_REWARDS
+              else bool(np.isfinite(flat).all()))
+    if not finite and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
         env.rewards_overflowed = True
     return stored
 
