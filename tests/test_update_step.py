@@ -706,3 +706,23 @@ def test_an_optimizer_subclass_with_its_own_step_is_stepped_as_it_made_it(dynamo
     assert not steps_without_dynamo(counting) and steps_without_dynamo(PlainAdam(params, lr=0.1))
     step_without_dynamo(counting)
     assert calls == [1]
+
+
+def test_an_optimizer_with_a_learning_rate_scheduler_is_stepped_as_the_scheduler_counts_it(dynamo_not_imported):
+    """A learning-rate scheduler a user attaches to a model's optimizer replaces its `step` with one that counts the
+    steps: the step without torch._dynamo's import calls that one, so the scheduler sees the optimizer stepped (no
+    "lr_scheduler.step() before optimizer.step()" warning) and moves the rate as torch's step would."""
+    import warnings
+
+    from rlspeed.nn import step_without_dynamo, steps_without_dynamo, zero_grad_without_dynamo
+
+    params, adam = _adam_pair()[1]
+    scheduler = torch.optim.lr_scheduler.StepLR(adam, step_size=1, gamma=0.5)
+    assert not steps_without_dynamo(adam)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the scheduler's warning where it saw no step)
+        step_without_dynamo(adam)
+        scheduler.step()
+    assert adam.param_groups[0]["lr"] == 0.05
+    zero_grad_without_dynamo(adam)
+    assert all(param.grad is None for param in params)
