@@ -585,8 +585,10 @@ def dynamo_not_imported(monkeypatch):
 
     monkeypatch.setattr(rlspeed.nn, "_dynamo_imported", lambda: False)
     rlspeed.nn._wrapper_code.cache_clear()
+    rlspeed.nn._STEPS_WITHOUT_DYNAMO.clear()  # (each step class's reading of torch's wrappers: as this test's torch)
     yield
     rlspeed.nn._wrapper_code.cache_clear()
+    rlspeed.nn._STEPS_WITHOUT_DYNAMO.clear()
 
 
 def _adam_pair(**options):
@@ -636,8 +638,9 @@ def test_a_torch_that_wraps_optimizer_methods_otherwise_steps_them_as_it_made_th
         zero_grad_without_dynamo,
     )
 
-    monkeypatch.delattr(torch, "_disable_dynamo")
     monkeypatch.delattr(sys.modules["torch.optim.optimizer"], "_use_grad_for_differentiable")
+    assert not steps_without_dynamo(_adam_pair()[1][1])  # (its step alone wrapped otherwise)
+    monkeypatch.delattr(torch, "_disable_dynamo")
     add_param_group = torch.optim.Optimizer.add_param_group
     monkeypatch.setattr(torch.optim.Optimizer, "add_param_group", lambda self, group: add_param_group(self, group))
     (reference, torch_adam), (params, adam) = _adam_pair()
