@@ -24,6 +24,12 @@ from rlspeed.files import process_running
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
+# The tests' subprocesses (the CLI, torchrun workers, fresh interpreters) import the rlspeed this process imported: a
+# relative PYTHONPATH, or an editable install of another checkout, would have them test other code than the suite.
+_SOURCE = Path(importlib.util.find_spec("rlspeed").origin).resolve().parents[1]
+if _SOURCE.name == "src":
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(_SOURCE), *filter(None, os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))])
 # The signal tests send SIGHUP to the CLI's processes, which keep a signal they were started ignoring ignored (nohup's
 # SIGHUP, as a user's `nohup rlspeed train` asks): a suite started under nohup gives its processes the default again.
 if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:

@@ -90,3 +90,16 @@ def test_a_public_name_whose_module_fails_to_import_says_why(tmp_path, monkeypat
     monkeypatch.setitem(rlspeed._SOURCES, "BrokenName", "rlspeed_broken_module")
     with pytest.raises(ImportError, match="importing rlspeed_broken_module .*no_such_backend"):
         from rlspeed import BrokenName  # noqa: F401
+
+
+def test_the_suites_subprocesses_find_the_rlspeed_the_suite_imported(tmp_path):
+    """The CLI and fresh-interpreter tests run rlspeed in subprocesses: with a relative PYTHONPATH (or an editable
+    install of another checkout) they imported other code than the suite's, and a test of a change passed without it."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = "import importlib.util; print(importlib.util.find_spec('rlspeed').origin)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=tmp_path).stdout
+    assert found.strip() == importlib.util.find_spec("rlspeed").origin
