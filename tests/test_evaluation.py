@@ -1133,3 +1133,20 @@ def test_learns_result_says_how_many_of_each_evaluations_episodes_were_cut_short
         warnings.simplefilter("ignore")
         model.learn(16, eval_freq=8, eval_episodes=2, progress_bar=False)
     assert len(model.result.evaluations) == 2 and model.result.unfinished == [2, 2]
+
+
+def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, monkeypatch):
+    """Subprocess envs are capped (one worker process each: 1,000 episodes forked 1,000); episodes over the cap run
+    in waves, each episode seeded as in one env of them all, so a deterministic evaluation's returns are unchanged."""
+    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+    sizes = []
+    make_env = rlspeed.evaluation.make_env
+    monkeypatch.setattr(rlspeed.evaluation, "make_env", lambda *args, **kwargs: sizes.append(kwargs["num_envs"])
+                        or make_env(*args, **kwargs))
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 3)
+    waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+    assert sizes == [3, 3, 1]
+    assert {key: waves[key] for key in whole} == whole
+    monkeypatch.undo()
+    assert rlspeed.evaluation.evaluation_env_cap("gymnasium-async") < 1000 < rlspeed.evaluation.evaluation_env_cap(
+        "gymnasium")

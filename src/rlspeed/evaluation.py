@@ -207,6 +207,9 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     if seed is None and size is None:  # (an env this call makes, from an id: seeded; a caller's env stays as it is)
         seed = secrets.randbelow(2**31)
+    if size is None and isinstance(env_id, str) and episodes > evaluation_env_cap(backend):
+        return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
+                                  env_kwargs, progress_bar)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
@@ -298,6 +301,61 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
         result["successes"] = succeeded.cpu().tolist()
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
+    return result
+
+
+#: subprocess envs an evaluation runs at once, per CPU core (and at least `MIN_SUBPROCESS_EVALUATION_ENVS`): more
+#: episodes run in waves of that many (`evaluation_env_cap`)
+SUBPROCESS_EVALUATION_ENVS_PER_CPU = 4
+MIN_SUBPROCESS_EVALUATION_ENVS = 16
+
+
+def evaluation_env_cap(backend: str) -> int | float:
+    """The envs an evaluation on `backend` makes at once at most: for subprocess envs (`gymnasium-async`, one worker
+    process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; no
+    cap for in-process envs (math.inf)."""
+    import os
+
+    if backend != "gymnasium-async":
+        return math.inf
+    return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
+
+
+def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
+                       max_steps: int | None, env_kwargs: dict | None, progress_bar: bool) -> dict:
+    """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs: in waves of at most that many envs, one
+    after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`), so each
+    episode starts as in one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
+    the unfinished ones of all waves)."""
+    import warnings
+
+    cap = int(evaluation_env_cap(backend))
+    returns, lengths, successes, unfinished, limit = [], [], [], 0, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for first in range(0, episodes, cap):
+            wave = evaluate(model, env_id, episodes=min(cap, episodes - first), seed=seed + first,
+                            deterministic=deterministic, backend=backend, device=device, max_steps=max_steps,
+                            env_kwargs=env_kwargs, progress_bar=progress_bar)
+            returns += wave["returns"]
+            lengths += wave["lengths"]
+            successes += wave.get("successes", [])
+            unfinished += wave["unfinished"]
+    for warning in {str(w.message): w for w in caught}.values():  # (each once; the unfinished ones' joined below)
+        if str(warning.message).startswith("evaluate: ") and " episodes were still running after " in str(
+                warning.message):
+            limit = int(re.search(r"after (\d+) steps", str(warning.message))[1])
+            continue
+        warn_at_caller(str(warning.message), warning.category)
+    if unfinished:
+        warn_unfinished(unfinished, episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
+    mean, std = return_statistics(returns)
+    result = {"mean": mean, "std": std, "episodes": episodes, "returns": returns, "lengths": lengths,
+              "unfinished": unfinished, "seed": seed}
+    if len(successes) == episodes:
+        result["successes"] = successes
+        if unfinished < episodes:
+            result["success_rate"] = sum(successes) / (episodes - unfinished)
     return result
 
 
