@@ -567,6 +567,26 @@ def test_an_interrupted_learn_leaves_its_result_and_loop_position(tmp_path):
     assert model._loop["train_wall_s"] == pytest.approx(model.result.train_wall_s)
 
 
+def test_a_ctrl_c_during_an_evaluation_keeps_the_metrics_row_of_the_steps_before_it(tmp_path, monkeypatch):
+    """Ctrl-C while learn evaluates: the steps trained since the last row (in num_timesteps and the checkpoint) keep
+    their row in metrics.csv, without the evaluation's columns (the first evaluation left an empty file)."""
+    import csv
+
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64, n_epochs=1)
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "evaluate", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(128 * 4, progress_bar=False, run_dir=tmp_path, eval_freq=256, log_interval_s=1e9)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(row["timesteps"]) for row in rows] == [model.num_timesteps] == [256]
+    assert not rows[0].get("eval_mean")
+
+
 def test_eval_freq_without_a_target_evaluates_and_the_header_has_the_column_from_the_start(tmp_path):
     """learn(eval_freq=N) without a target: an evaluation every N steps (an evaluation curve), nothing stops; the
     evaluation columns are in metrics.csv's header from its first row, so a reader following the file sees one

@@ -3150,33 +3150,41 @@ class Algorithm:
                         next_eval = self.num_timesteps + eval_freq
                         reached = False
                         if main:
-                            evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
-                            row["eval_mean"] = evaluation["mean"]
-                            # (the episodes still running at the step limit, counted with their return so far: the
-                            # warning of them shows once, each row says it of its evaluation)
-                            row["eval_unfinished"] = evaluation.get("unfinished", 0)
-                            result.unfinished.append(row["eval_unfinished"])
-                            if "success_rate" in evaluation:
-                                row["eval_success_rate"] = evaluation["success_rate"]
-                            result.evaluations.append((self.num_timesteps, clock_offset + train_clock,
-                                                       evaluation["mean"]))
-                            reached = target_return is not None and evaluation["mean"] >= target_return
-                            if reached and confirm_target:
-                                # The target holds only if fresh episodes (other seeds) also reach it: one lucky
-                                # evaluation does not end training with a model below the threshold.
-                                confirming = self.evaluate(episodes=eval_episodes,
-                                                           seed=self._eval_seed() + CONFIRM_SEED)
-                                row["eval_confirm_mean"] = confirming["mean"]
-                                row["eval_confirm_unfinished"] = confirming.get("unfinished", 0)
-                                result.confirmations.append((self.num_timesteps, confirming["mean"]))
-                                result.confirmations_unfinished.append(row["eval_confirm_unfinished"])
-                                reached = confirming["mean"] >= target_return
-                                if reached:
-                                    result.target_confirmation = {
-                                        "mean": confirming["mean"], "episodes": confirming["episodes"],
-                                        "unfinished": row["eval_confirm_unfinished"]}
-                            if callbacks is not None and not callbacks.on_evaluation(evaluation):
-                                callback_stop = True
+                            try:
+                                evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
+                                row["eval_mean"] = evaluation["mean"]
+                                # (the episodes still running at the step limit, counted with their return so far: the
+                                # warning of them shows once, each row says it of its evaluation)
+                                row["eval_unfinished"] = evaluation.get("unfinished", 0)
+                                result.unfinished.append(row["eval_unfinished"])
+                                if "success_rate" in evaluation:
+                                    row["eval_success_rate"] = evaluation["success_rate"]
+                                result.evaluations.append((self.num_timesteps, clock_offset + train_clock,
+                                                           evaluation["mean"]))
+                                reached = target_return is not None and evaluation["mean"] >= target_return
+                                if reached and confirm_target:
+                                    # The target holds only if fresh episodes (other seeds) also reach it: one lucky
+                                    # evaluation does not end training with a model below the threshold.
+                                    confirming = self.evaluate(episodes=eval_episodes,
+                                                               seed=self._eval_seed() + CONFIRM_SEED)
+                                    row["eval_confirm_mean"] = confirming["mean"]
+                                    row["eval_confirm_unfinished"] = confirming.get("unfinished", 0)
+                                    result.confirmations.append((self.num_timesteps, confirming["mean"]))
+                                    result.confirmations_unfinished.append(row["eval_confirm_unfinished"])
+                                    reached = confirming["mean"] >= target_return
+                                    if reached:
+                                        result.target_confirmation = {
+                                            "mean": confirming["mean"], "episodes": confirming["episodes"],
+                                            "unfinished": row["eval_confirm_unfinished"]}
+                                if callbacks is not None and not callbacks.on_evaluation(evaluation):
+                                    callback_stop = True
+                            except KeyboardInterrupt:
+                                # (a Ctrl-C while evaluating: the steps trained since the last row, which
+                                # num_timesteps and a checkpoint have, keep their row in metrics.csv, without the
+                                # columns of an evaluation that did not finish)
+                                if logger is not None:
+                                    logger.log(row)
+                                raise
                         if self.strategy.broadcast_flag(reached):
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
