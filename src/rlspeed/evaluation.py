@@ -133,8 +133,9 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict[str, typing.Any] | None = None,
              progress_bar: bool = False, **stable_baselines3: typing.Any) -> dict[str, typing.Any]:
-    """Run `episodes` episodes of `model` (in parallel, one per env row of an env this call makes) and return their
-    returns.
+    """Run `episodes` episodes of `model` (in parallel, one per env row of an env this call makes; in waves of
+    `evaluation_env_cap(backend)` envs where they are more, each episode seeded as in one env of them all) and return
+    their returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
@@ -308,14 +309,20 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
 #: episodes run in waves of that many (`evaluation_env_cap`)
 SUBPROCESS_EVALUATION_ENVS_PER_CPU = 4
 MIN_SUBPROCESS_EVALUATION_ENVS = 16
+#: Gymnasium's in-process envs an evaluation runs at once (tens of KiB each: a CartPole's about 20): more episodes
+#: run in waves of that many
+GYMNASIUM_EVALUATION_ENVS = 10_000
 
 
 def evaluation_env_cap(backend: str) -> int | float:
     """The envs an evaluation on `backend` makes at once at most: for subprocess envs (`gymnasium-async`, one worker
-    process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; no
-    cap for in-process envs (math.inf)."""
+    process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; for
+    Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; no cap for the other backends (math.inf), whose rows are
+    not seeded `seed + i` (native envs' rows draw from one seed's streams)."""
     import os
 
+    if backend == "gymnasium":
+        return GYMNASIUM_EVALUATION_ENVS
     if backend != "gymnasium-async":
         return math.inf
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
