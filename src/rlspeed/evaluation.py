@@ -338,16 +338,18 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
 
     cap = int(evaluation_env_cap(backend))
     returns, lengths, successes, unfinished, limit = [], [], [], 0, None
-    with warnings.catch_warnings(record=True) as caught:
+    bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
+    with warnings.catch_warnings(record=True) as caught, contextlib.closing(bar):
         warnings.simplefilter("always")
         for first in range(0, episodes, cap):
             wave = evaluate(model, env_id, episodes=min(cap, episodes - first), seed=seed + first,
                             deterministic=deterministic, backend=backend, device=device, max_steps=max_steps,
-                            env_kwargs=env_kwargs, progress_bar=progress_bar)
+                            env_kwargs=env_kwargs)
             returns += wave["returns"]
             lengths += wave["lengths"]
             successes += wave.get("successes", [])
             unfinished += wave["unfinished"]
+            bar.update(len(wave["returns"]))
     for warning in {str(w.message): w for w in caught}.values():  # (each once; the unfinished ones' joined below)
         if str(warning.message).startswith("evaluate: ") and " episodes were still running after " in str(
                 warning.message):
