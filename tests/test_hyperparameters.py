@@ -262,7 +262,7 @@ def test_exploration_fraction_zero_and_above_one_follow_stable_baselines3s_sched
 
     utils = pytest.importorskip("stable_baselines3.common.utils")
     total = 1000
-    for fraction in (0.0, 0.1, 1.0, 1.5, 4.0):
+    for fraction in (0.0, 1e-300, 0.1, 1.0, 1.5, 4.0):  # (1e-300: a decay within the first step)
         # (SB3 reads it at progress left: 1 - steps / total; LinearSchedule replaced the deprecated get_linear_fn)
         sb3 = getattr(utils, "LinearSchedule", None) or utils.get_linear_fn
         sb3 = sb3(1.0, 0.05, fraction)
@@ -270,6 +270,8 @@ def test_exploration_fraction_zero_and_above_one_follow_stable_baselines3s_sched
             assert scheduled_epsilon(step, 0, total, fraction, 1.0, 0.05) == pytest.approx(sb3(1 - step / total))
         drawn = collection_epsilons(4, 1, 500, 0, total, fraction, 1.0, 0.05, "cpu")
         assert drawn.tolist() == pytest.approx([sb3(1 - step / total) for step in range(500, 504)], abs=1e-6)
+        drawn = collection_epsilons(3, 1, 1, 0, total, fraction, 1.0, 0.05, "cpu")  # (SB3 asks from step 1)
+        assert drawn.tolist() == pytest.approx([sb3(1 - step / total) for step in range(1, 4)], abs=1e-6)
     model = rlspeed.DQN("CartPole-v1", device="cpu", exploration_fraction=0, learning_starts=0, batch_size=8)
     model.learn(64, progress_bar=False)
     assert model.epsilon(0) == model.epsilon(63) == 0.05

@@ -75,6 +75,9 @@ def collection_epsilons(steps: int, envs: int, timesteps: int, start: int, end: 
     count by `envs` (every rank's envs): `scheduled_epsilon`'s line continued step by step and held at `final`, as a
     float32 tensor for the epsilon-greedy draws made before a collection (`DQN`'s and a population's members')."""
     slope = envs * (final - initial) / _exploration_steps(start, end, fraction) if fraction else 0.0
+    # (a line steeper than one step from initial to final gives the same epsilons held at final; an infinite
+    # slope, from a fraction as small as 1e-300, would make the first step's NaN: 0 * inf)
+    slope = max(slope, final - initial)
     return (torch.arange(steps, device=device, dtype=torch.float32).mul_(slope)
             .add_(scheduled_epsilon(timesteps, start, end, fraction, initial, final)).clamp_(min=final))
 
