@@ -717,18 +717,29 @@ def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
     with pytest.raises(rlspeed.UserError, match=r"give its id \('CartPole-v1'\), or wrap it as Stable-Baselines3's "
                                                 r"DummyVecEnv\(\[lambda: env\]\) or .*SyncVectorEnv\(\[lambda: env\]"):
         rlspeed.make_env(single, device="cpu")
-    # (the model, load and evaluate say the same; an env without a registered id is not given one)
+    # (the model and load say the same, evaluate takes it as evaluate_policy does; an env without a registered id is
+    # not given one)
     from gymnasium.envs.classic_control import CartPoleEnv
 
     with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(CartPoleEnv\): wrap it as "
                                                 r"Stable-Baselines3's DummyVecEnv"):
         rlspeed.PPO(CartPoleEnv(), device="cpu")
-    with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w*TimeLimit\): give its id "
-                                                r"\('CartPole-v1'\), or wrap it as Stable-Baselines3's DummyVecEnv"):
-        rlspeed.evaluate(rlspeed.PPO("CartPole-v1", device="cpu"), single)
     single.close()
     with pytest.raises(rlspeed.UserError, match="Gymnasium env id"):
         rlspeed.make_env(42, device="cpu")
+
+
+def test_a_refused_env_is_said_by_the_function_the_user_called(tmp_path):
+    """PPO(env), PPO.load(path, env=) and evaluate(model, env) name themselves in the sentence saying which envs they
+    take, not the make_env they call (which the user never called)."""
+    model = rlspeed.PPO("CartPole-v1", device="cpu")
+    with pytest.raises(rlspeed.UserError, match=r"^PPO takes a Gymnasium env id \(str\).*not a single gymnasium.Env"):
+        rlspeed.PPO(gym.make("CartPole-v1"), device="cpu")
+    with pytest.raises(rlspeed.UserError, match=r"^evaluate takes a Gymnasium env id \(str\).*not a function"):
+        rlspeed.evaluate(model, lambda: gym.make("CartPole-v1"))
+    model.save(tmp_path / "model")
+    with pytest.raises(rlspeed.UserError, match=r"^PPO.load takes a Gymnasium env id \(str\).*; got a int"):
+        rlspeed.PPO.load(tmp_path / "model", env=42)
 
 
 def _refused_as_a_single_env_to_wrap(env) -> None:

@@ -177,6 +177,18 @@ def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
     assert rlspeed.evaluation.episode_step_limit(unlimited, None) == rlspeed.evaluation.UNLIMITED_EPISODE_STEPS
 
 
+def test_a_single_env_is_evaluated_as_a_vector_env_of_one_as_stable_baselines3_does(ppo):
+    """evaluate(model, gym.make(id)) (Stable-Baselines3's evaluate_policy takes one env) runs its episodes in turn on
+    that env, as on a vector env of it, and leaves it open; it was refused with a sentence naming make_env."""
+    single, wrapped = gym.make("CartPole-v1"), gym.make("CartPole-v1")
+    single.reset(seed=3), wrapped.reset(seed=3)
+    alone = rlspeed.evaluate(ppo, single, episodes=3)
+    in_vector = rlspeed.evaluate(ppo, gym.vector.SyncVectorEnv(
+        [lambda: wrapped], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP), episodes=3)
+    assert alone["returns"] == in_vector["returns"] and alone["episodes"] == 3
+    single.reset()  # (still open: the caller's)
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_wrapped_vector_envs_time_limit_is_its_envs(mode):
     """Gymnasium's vector wrappers (RecordEpisodeStatistics here) have no `get_attr`: around envs made with

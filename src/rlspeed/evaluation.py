@@ -14,7 +14,7 @@ import torch
 
 import rlspeed
 from rlspeed.device import _current_index, float32_default, resolve_device, training_threads
-from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
+from rlspeed.envs import SeedOnFirstReset, _check_env_id, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import (
     BatchedEnv,
     EnvWrapper,
@@ -128,7 +128,14 @@ def warn_target_without_time_limit(spec, target_return: float | None) -> None:
                        UserWarning)
 
 
-def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
+def _one_env_vector(env: gym.Env) -> gym.vector.VectorEnv:
+    """A Gymnasium vector env of the one env `env` (as Stable-Baselines3's evaluate_policy wraps a single env in a
+    DummyVecEnv): it runs every episode in turn, unseeded as any env a caller passes, and stays open."""
+    return gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def evaluate(model: rlspeed.algos.Algorithm,
+             env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | gym.Env | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict[str, typing.Any] | None = None,
@@ -141,7 +148,8 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
     the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`; for the
     model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
-    are the env's own (no normalisation). `env_id` may also be a vector env you built, or an env `rlspeed.make_env` made
+    are the env's own (no normalisation). `env_id` may also be a vector env you built (or a single `gymnasium.Env`,
+    run as a vector env of one, as Stable-Baselines3's `evaluate_policy` takes it), or an env `rlspeed.make_env` made
     (its envs share the episodes as Stable-Baselines3's `evaluate_policy` spreads them: row i counts its first
     `(episodes + i) // num_envs`), which this call resets and leaves open: give a separate instance built
     as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
@@ -180,6 +188,11 @@ def evaluate(model: rlspeed.algos.Algorithm, env_id: str | BatchedEnv | gym.vect
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
+    if isinstance(env_id, gym.Env):  # (a single env, as Stable-Baselines3's evaluate_policy takes it: one env row)
+        env_id = _one_env_vector(env_id)
+    elif (env_id is not None and not isinstance(env_id, (BatchedEnv, gym.vector.VectorEnv))
+          and not is_sb3_vec_env(env_id)):
+        _check_env_id(env_id, "evaluate")  # (what evaluate takes, not what the make_env it calls does)
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: its envs run the episodes in parallel)
     # Episodes each env row counts, as Stable-Baselines3's evaluate_policy spreads them ((episodes + i) // size for
     # row i: every row's first episodes, so that short episodes are not over-counted); one each where `episodes` is

@@ -1841,7 +1841,7 @@ class Algorithm:
             raise UserError(f"{name} takes env_kwargs with an env id; this env is already built, so give its options "
                             "where it is made (rlspeed.make_env(env_id, **options) records them).")
         if not from_spec and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
-            _check_env_id(env)  # a str passes; other objects get the UserError that says which envs are accepted
+            _check_env_id(env, name)  # a str passes; other objects get the UserError that says which envs are accepted
         if (not isinstance(env, str) and not from_spec
                 and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}):
             given = env.num_envs
@@ -3777,6 +3777,8 @@ class Algorithm:
                                episodic_life=bool(config.get("episodic_life", True)),
                                clip_rewards=bool(config.get("clip_rewards", True)))
             elif not isinstance(env, BatchedEnv):
+                if not isinstance(env, gym.vector.VectorEnv) and not is_sb3_vec_env(env):
+                    _check_env_id(env, f"{cls.__name__}.load")  # (what load takes, not what make_env does)
                 env = make_env(env, device=device)
             else:
                 env = counted(env)  # (counted before a reward normalisation: the episode returns stay the env's)
