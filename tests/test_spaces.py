@@ -651,6 +651,28 @@ def test_a_tuple_of_eleven_elements_or_with_a_dropped_element_is_read_by_positio
     assert {key: int(value[0]) for key, value in batch.items()} == {"0": 2, "2": 3}
 
 
+def test_a_tuple_envs_space_is_said_as_the_tuple_it_gave(tmp_path):
+    """Sentences describe a Tuple env's observations as the Tuple the env gave, not as the Dict of positions rlspeed
+    keeps it as ("Dict('0': ..., '1': ...)"); an env's own Dict of digit keys stays a Dict."""
+    from rlspeed.envs.base import space_text
+
+    model = rlspeed.PPO("Blackjack-v1", seed=0, **ON_POLICY)
+    model.save(tmp_path / "blackjack")
+    tuple_text = "Tuple(Discrete(32), Discrete(11), Discrete(2))"
+    with pytest.raises(UserError, match=r"trained on Blackjack-v1 \(observations " + re.escape(tuple_text)):
+        rlspeed.PPO.load(tmp_path / "blackjack", env="FrozenLake-v1")
+    with pytest.raises(UserError, match=r"the model's " + re.escape(tuple_text)):
+        model.evaluate(env_id="FrozenLake-v1", episodes=1)
+    digits = check_observation_space(gym.spaces.Dict({"0": gym.spaces.Discrete(3), "1": gym.spaces.Discrete(4)}),
+                                     "Digits-v0")
+    assert space_text(digits).startswith("Dict(")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warning that the Text element is skipped)
+        dropped = check_observation_space(gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Text(4),
+                                                            gym.spaces.Discrete(4))), "Dropped-v0")
+    assert space_text(dropped) == "Tuple(0: Discrete(3), 2: Discrete(4))"
+
+
 def test_observation_normalisation_applies_to_float_keys_only():
     env = make_env(_pendulum("dict"), normalize_obs=True)
     model = rlspeed.PPO(env, seed=0, num_steps=8, batch_size=16, n_epochs=1, **SMALL)

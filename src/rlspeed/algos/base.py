@@ -2652,8 +2652,9 @@ class Algorithm:
             if type(made) is not type(self.spec.observation_space) or made.shape != self.spec.observation_space.shape:
                 self._env.close()
                 self._env = None
-                raise UserError(f"The {self.env_backend} backend's {self.env_id} gives its observations as {made}, not "
-                                f"as {self.spec.observation_space} (Gymnasium's env's), which the model was built for: "
+                raise UserError(f"The {self.env_backend} backend's {self.env_id} gives its observations as "
+                                f"{space_text(made)}, not as {space_text(self.spec.observation_space)} (Gymnasium's "
+                                "env's), which the model was built for: "
                                 "use --env-backend gymnasium (env_backend='gymnasium').")
         # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
         # iteration (`_sync_statistics`); also those of a normalising env passed in.

@@ -330,7 +330,14 @@ def recorded_env_kwargs(spec: EnvSpec) -> dict:
 def space_text(space: gym.Space) -> str:
     """A space as one line for a message: Gymnasium's repr, whose per-component bounds NumPy wraps over lines
     (shown as literal '\\n' in the command line's one-line errors); a Box of more than 8 components with bounds per
-    component says so instead of listing them (BipedalWalker's 24 observations)."""
+    component says so instead of listing them (BipedalWalker's 24 observations). A Tuple env's space, kept as a Dict of
+    its positions (`tuple_positions`), is the Tuple the env gave (an element no encoder takes, dropped, leaves its
+    position out: the others are said with theirs)."""
+    if tuple_positions(space):
+        parts = sorted(space.spaces.items(), key=lambda item: int(item[0]))
+        whole = [int(key) for key, _ in parts] == list(range(len(parts)))
+        return "Tuple(" + ", ".join(space_text(sub) if whole else f"{key}: {space_text(sub)}"
+                                    for key, sub in parts) + ")"
     if (isinstance(space, gym.spaces.Box) and space.low.size > 8
             and not (np.all(space.low == space.low.flat[0]) and np.all(space.high == space.high.flat[0]))):
         return f"Box({space.shape}, {space.dtype}, bounds per component)"
