@@ -686,6 +686,20 @@ def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_e
     assert len(resumed.buffer) == (64 - 2) * 2
 
 
+def test_resume_of_a_finished_run_without_a_checkpoint_follows_the_one_rule(tmp_path, capsys, finished_run):
+    """A finished population without checkpoint.safetensors (a run shorter than its checkpoint interval) is treated as
+    one with it: the same budget has nothing left to train, another is refused in the population's sentence. It was
+    refused both times with a single run's sentence ("holds a finished run (summary.json) but no checkpoint")."""
+    out = _copy_of(finished_run, tmp_path)
+    (out / "checkpoint.safetensors").unlink()
+    argv = [*FINISHED, "--out", str(out), "--resume"]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert "nothing left to train: the population run finished" in capsys.readouterr().out
+    assert "holds a finished population run (its summary.json)" in cli_error(capsys, [*argv, "--total-timesteps",
+                                                                                     "1024"])
+
+
 def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_in_its_final_save(tmp_path, capsys,
                                                                                                      monkeypatch,
                                                                                                      finished_run):
