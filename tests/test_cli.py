@@ -1802,12 +1802,17 @@ def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeyp
 
 
 def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_missing_directory(tmp_path,
-                                                                                               monkeypatch):
+                                                                                               monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]
-    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--checkpoint-freq", "256"]) == 0
     assert cli.main(["export", "run", "--format", "torchscript"]) == 0
     assert (tmp_path / "run" / "model.pt").exists() and (tmp_path / "run" / "model.pt.json").exists()
+    # --resume replaces the model, not the export beside it (deployed, it was the older policy, unsaid): it is named
+    capsys.readouterr()
+    assert cli.main([*argv, "--total-timesteps", "512", "--resume"]) == 0
+    assert ("run/model.pt is an export of the model at 256 steps, not of this model.safetensors at 512: redo it with "
+            "rlspeed export run --format torchscript --overwrite") in capsys.readouterr().err
     assert cli.main([*argv, "--overwrite"]) == 0
     assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
     assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2

@@ -1669,6 +1669,24 @@ def _write_config(run_dir: Path, config: dict) -> None:
     _write_text(run_dir / "config.yaml", yamlfile.dump_run_file(config))
 
 
+def _say_stale_exports(say, run_dir: Path, num_timesteps: int) -> None:
+    """A note naming each `rlspeed export RUN` file in `run_dir` made from a model of other steps than the
+    model.safetensors just saved (`num_timesteps`), with the command that redoes it: --resume replaces the model, not
+    the exports beside it, which a user deploying them would take for the new policy."""
+    from rlspeed.export import FORMATS
+
+    for format, suffix in FORMATS.items():
+        sidecar = run_dir / f"model{suffix}.json"
+        if not (run_dir / f"model{suffix}").exists() or not _export_sidecar(sidecar):
+            continue
+        exported = json.loads(sidecar.read_text(encoding="utf-8")).get("num_timesteps")
+        if exported != num_timesteps:
+            steps = f"{exported:,} steps" if isinstance(exported, int) else "other steps"
+            say(f"rlspeed: note: {run_dir / f'model{suffix}'} is an export of the model at {steps}, not of this "
+                f"model.safetensors at {num_timesteps:,}: redo it with rlspeed export {run_dir} --format {format} "
+                "--overwrite.", file=sys.stderr)
+
+
 def _export_sidecar(path: Path) -> bool:
     """Whether `path` is the `.json` metadata `rlspeed export` writes beside an exported policy."""
     try:
@@ -2572,6 +2590,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     _say_no_video(say, callbacks, model.num_timesteps)
+    _say_stale_exports(say, run_dir, model.num_timesteps)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     cut = _cut_short(final.get("unfinished"), episodes)
     _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{cut}, seed {eval_seed}): "
