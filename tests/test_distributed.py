@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -583,3 +584,19 @@ def yaml_config(run_dir: Path) -> dict:
     import yaml
 
     return yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+
+
+def test_an_off_policy_resume_under_torch_distributed_says_its_replay_buffer_refills_from_empty():
+    """Each process's replay buffer starts empty on a resume under torch.distributed (no file restores them): said, as
+    a single process's resume from a checkpoint without a replay buffer says it; it went unsaid (a SAC --nproc 2
+    --resume waited learning_starts steps for no stated reason)."""
+    from rlspeed import SAC
+
+    model = SAC("Pendulum-v1", device="cpu", strategy=TwinRanks(), num_envs=2)
+    resume = {"path": "run/checkpoint.safetensors", "meta": {"replay_buffer": None}}
+    with pytest.warns(UserWarning, match=r"under torch.distributed the replay buffer is not restored .* refills from "
+                                         "empty and updates wait for learning_starts"):
+        assert model._load_replay(resume) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a model saved before it trained: nothing to refill, nothing said)
+        assert model._load_replay({**resume, "untrained": True}) is False

@@ -644,7 +644,12 @@ class OffPolicyAlgorithm(Algorithm):
     def _load_replay(self, resume: dict) -> bool:
         """Fill the new replay buffer from the file the checkpoint names, when it was saved with one; a missing or
         mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
-        if self.strategy.enabled:
+        if self.strategy.enabled:  # (each process fills a buffer of its own: no one file restores them)
+            if not resume.get("untrained"):
+                warnings.warn(f"Resuming from '{resume['path']}': under torch.distributed the replay buffer is not "
+                              "restored (each process fills its own), so it refills from empty and updates wait for "
+                              "learning_starts new transitions: training is not identical to the uninterrupted "
+                              "run.", stacklevel=4)
             return False
         if not isinstance(resume["meta"].get("replay_buffer"), dict):  # (as a population's resume says it)
             if resume.get("untrained"):
