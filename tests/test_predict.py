@@ -121,3 +121,18 @@ def test_one_observations_predict_runs_the_policy_and_little_else(case):
     with calls:
         model.predict(obs, **arguments)
     assert len(calls.names) <= budget, f"{len(calls.names)} torch calls: {calls.names}"
+
+
+def test_a_raw_rgb_frame_for_a_frame_stack_model_says_what_to_pass():
+    """A user who predicts on what `gym.make("ALE/Pong-v5")` returns (210x160x3 RGB) is told the model takes the
+    preprocessed frame stacks and where they come from, not only that the shape is wrong."""
+    import gymnasium as gym
+
+    from rlspeed.algos.base import as_observation_batch
+    from rlspeed.errors import UserError
+    stacks = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    with pytest.raises(UserError, match=r"raw RGB frame.*rlspeed\.make_env"):
+        as_observation_batch(np.zeros((210, 160, 3), np.uint8), stacks, torch.device("cpu"))
+    with pytest.raises(UserError) as wrong_stack:  # (a stack of the wrong size is no RGB frame: no such hint)
+        as_observation_batch(np.zeros((2, 84, 84), np.uint8), stacks, torch.device("cpu"))
+    assert "RGB" not in str(wrong_stack.value)

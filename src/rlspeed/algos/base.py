@@ -1059,8 +1059,11 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device, la
     single = len(dims) == len(shape)
     if dims[1 - single:] != shape:
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
+        raw_frame = len(dims) in (3, 4) and dims[-1] in (3, 4) and len(shape) == 3 and shape[-1] not in (3, 4)
+        hint = (" That is an image's raw RGB frame: the model takes the observations its env gives after preprocessing "
+                "(an Atari id's are rlspeed.make_env(env_id)'s uint8 frame stacks).") if raw_frame else ""
         raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
-                        f"not {tuple(obs.shape)}.")
+                        f"not {tuple(obs.shape)}.{hint}")
     # (a numpy observation's values are checked in numpy, on the host: cheaper than torch's calls for a few values)
     values, count = (observation, observation.size) if as_numpy else (obs, obs.numel())
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and count:
