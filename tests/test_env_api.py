@@ -2432,3 +2432,15 @@ def test_an_env_option_no_checkpoint_holds_is_named_on_one_line_with_how_to_give
         assert loaded.spec.env_kwargs["table"].tolist() == [1.0, 1.0]
     finally:
         gym.registry.pop("rlspeed_test/TableOption-v0", None)
+
+
+def test_a_retired_mujoco_version_names_the_version_to_use():
+    """HalfCheetah-v3 needs the retired mujoco-py: the one sentence names the v5 id Gymnasium registers, with no
+    doubled full stop after Gymnasium's own message; an id with no newer version gets no such advice."""
+    import gymnasium as gym
+
+    from rlspeed.envs import _dependency_error
+    reason = gym.error.DependencyNotInstalled("The mujoco v2 and v3 based environments have been moved (url).")
+    message = str(_dependency_error("HalfCheetah-v3", reason))
+    assert message.endswith("moved (url); use HalfCheetah-v5, which Gymnasium registers.")
+    assert "use" not in str(_dependency_error("HalfCheetah-v5", reason)).split("(url)")[1]

@@ -135,7 +135,22 @@ def missing_dependency(error: BaseException) -> str | None:
 
 def _dependency_error(env_id: str, error: BaseException) -> UserError | None:
     reason = missing_dependency(error)
-    return None if reason is None else UserError(f"Cannot make '{env_id}': {reason}.")
+    if reason is None:
+        return None
+    return UserError(f"Cannot make '{env_id}': {reason.rstrip('.')}{_newer_version(env_id)}.")
+
+
+def _newer_version(env_id: str) -> str:
+    """'; NAME-vK is registered' when Gymnasium registers a newer version of `env_id` (a MuJoCo v2/v3 id, which needs
+    the retired mujoco-py, has a v5 that runs on the mujoco package); else ''."""
+    try:
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        newest = gym.envs.registration.find_highest_version(namespace, name)
+    except gym.error.Error:
+        return ""
+    if version is None or newest is None or newest <= version:
+        return ""
+    return f"; use {gym.envs.registration.get_env_id(namespace, name, newest)}, which Gymnasium registers"
 
 
 def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
