@@ -1,9 +1,9 @@
 """How long a fresh `rlspeed train` process takes, start to exit, and what of it is training.
 
-    python benchmarks/cold_start.py [--rounds 3] [--total-timesteps 2048] [--quick] [--no-write]
+    python benchmarks/cold_start.py [--rounds 3] [--total-timesteps 2048] [--threads 1] [--quick] [--no-write]
 
-Cases, each run as `rlspeed train ALGO ENV_ID --total-timesteps N --out <new directory>` in a fresh interpreter, the
-cases taking turns in `--rounds` rounds (so that a slow patch of the machine hits them all):
+Cases, each run as `rlspeed train ALGO ENV_ID --total-timesteps N --threads T --out <new directory>` in a fresh
+interpreter, the cases taking turns in `--rounds` rounds (so that a slow patch of the machine hits them all):
   - PPO CartPole-v1 and TD3 Pendulum-v1 at their shipped presets (the hand-derived update and the autograd one);
   - the floor under them: `import torch`, and `import torch, torch._dynamo` (what a process pays where something
     imports torch._dynamo: torch's optimizers do at their first use, rlspeed's training does not, docs/checkpoints.md).
@@ -14,6 +14,7 @@ whether the process imported torch._dynamo.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
@@ -37,12 +38,12 @@ TRAIN_CASES = {"ppo CartPole-v1": ("ppo", "CartPole-v1"), "td3 Pendulum-v1": ("t
 IMPORT_CASES = {"import torch": "import torch", "import torch, torch._dynamo": "import torch, torch._dynamo"}
 
 
-def run_train(algo: str, env_id: str, steps: int, root: Path, index: int) -> dict:
+def run_train(algo: str, env_id: str, steps: int, threads: int, root: Path, index: int) -> dict:
     """One fresh `rlspeed train` process: its wall time, training clock and whether it imported torch._dynamo."""
     out, marker = root / f"{algo}-{index}", root / f"{algo}-{index}.dynamo"
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", CHILD, str(marker), "train", algo, env_id, "--total-timesteps", str(steps),
-                    "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+                    "--threads", str(threads), "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
     process_s = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
     return {"process_s": process_s, "train_wall_s": summary["train_wall_s"], "dynamo": marker.read_text()}
@@ -64,10 +65,11 @@ def main() -> None:
     if args.quick:
         common.quick_settings(args, rounds=1, total_timesteps=256)
     root = Path(common.temporary_directory("rlspeed-cold-start-"))
-    counter = iter(range(10**6))
+    args.threads = common.set_threads(args.threads)  # (the children's count, as the machine block says it)
+    counter = itertools.count()
     runners = {name: (lambda code=code: run_import(code)) for name, code in IMPORT_CASES.items()}
-    runners.update({name: (lambda algo=algo, env_id=env_id: run_train(algo, env_id, args.total_timesteps, root,
-                                                                       next(counter)))
+    runners.update({name: (lambda algo=algo, env_id=env_id: run_train(algo, env_id, args.total_timesteps, args.threads,
+                                                                       root, next(counter)))
                     for name, (algo, env_id) in TRAIN_CASES.items()})
     results: dict[str, list[dict]] = {name: [] for name in runners}
     for round_index in range(args.rounds):
@@ -88,9 +90,9 @@ def main() -> None:
     lines = [
         "## Cold start of `rlspeed train` (`benchmarks/cold_start.py`)",
         "",
-        f"Fresh processes, {args.rounds} rounds of every case in turn, default threads. Seconds: the whole process "
-        "(median, range), the run's training clock (summary.json `train_wall_s`, median) and the rest (interpreter "
-        "and imports, set-up, final evaluation, plots; median).",
+        f"Fresh processes, {args.rounds} rounds of every case in turn, `--threads {args.threads}`. Seconds: the whole "
+        "process (median, range), the run's training clock (summary.json `train_wall_s`, median) and the rest "
+        "(interpreter and imports, set-up, final evaluation, plots; median).",
         "",
         common.markdown_table(["Process", "s (median)", "s (range)", "training s", "rest s",
                                "imported torch._dynamo"], rows),
