@@ -28,8 +28,8 @@ os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
 # relative PYTHONPATH, or an editable install of another checkout, would have them test other code than the suite.
 _SOURCE = Path(importlib.util.find_spec("rlspeed").origin).resolve().parents[1]
 if _SOURCE.name == "src":
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(_SOURCE), *filter(None, os.environ.get("PYTHONPATH", "").split(
-        os.pathsep))])
+    _PATHS = [str(_SOURCE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(_PATHS)
 # The signal tests send SIGHUP to the CLI's processes, which keep a signal they were started ignoring ignored (nohup's
 # SIGHUP, as a user's `nohup rlspeed train` asks): a suite started under nohup gives its processes the default again.
 if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
