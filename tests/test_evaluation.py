@@ -1162,3 +1162,16 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     monkeypatch.undo()
     assert rlspeed.evaluation.evaluation_env_cap("gymnasium-async") < 1000 < rlspeed.evaluation.evaluation_env_cap(
         "gymnasium")
+
+
+def test_episodes_on_another_env_id_run_in_waves_of_the_backend_auto_picks(ppo, monkeypatch):
+    """evaluate(model, other_id) with backend "auto" made all its episodes' envs at once: the cap was looked up for
+    "auto" (none), not for the Gymnasium envs auto then picked."""
+    sizes = []
+    make_env = rlspeed.evaluation.make_env
+    monkeypatch.setattr(rlspeed.evaluation, "make_env", lambda *args, **kwargs: sizes.append(kwargs["num_envs"])
+                        or make_env(*args, **kwargs))
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap",
+                        lambda backend: 3 if backend == "gymnasium" else math.inf)
+    assert rlspeed.evaluate(ppo, "CartPole-v0", episodes=7, seed=5)["episodes"] == 7
+    assert sizes == [3, 3, 1]

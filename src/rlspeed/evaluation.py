@@ -221,9 +221,6 @@ def evaluate(model: rlspeed.algos.Algorithm,
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     if seed is None and size is None:  # (an env this call makes, from an id: seeded; a caller's env stays as it is)
         seed = secrets.randbelow(2**31)
-    if size is None and isinstance(env_id, str) and episodes > evaluation_env_cap(backend):
-        return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
-                                  env_kwargs, progress_bar)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
@@ -241,6 +238,10 @@ def evaluate(model: rlspeed.algos.Algorithm,
                                 f"backend='gymnasium' (--env-backend gymnasium on the command line), not "
                                 f"'{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
+        backend = resolve_backend(env_id, backend, episodes, resolve_device(device)) if size is None else backend
+        if size is None and episodes > evaluation_env_cap(backend):  # (the backend make_env would run them on)
+            return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
+                                      env_kwargs, progress_bar)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
                                             seed=seed, backend=backend, evaluation=True, env_kwargs=options))
     limit = episode_step_limit(env, max_steps)
