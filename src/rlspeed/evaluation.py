@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import secrets
 import typing
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -308,15 +310,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
         lengths = torch.where(finished, lengths, running_lengths)
         warn_unfinished(unfinished, episodes, limit,
                         f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
-    values = returns.cpu().tolist()
-    mean, std = return_statistics(values)
-    result = {"mean": mean, "std": std, "episodes": episodes, "returns": values,
-              "lengths": [int(n) for n in lengths.cpu().tolist()], "unfinished": unfinished, "seed": seed}
-    if succeeded is not None:
-        result["successes"] = succeeded.cpu().tolist()
-        if unfinished < episodes:
-            result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
-    return result
+    return _result(returns.cpu().tolist(), [int(n) for n in lengths.cpu().tolist()], unfinished,
+                   None if succeeded is None else succeeded.cpu().tolist(), seed)
 
 
 #: subprocess envs an evaluation runs at once, per CPU core (and at least `MIN_SUBPROCESS_EVALUATION_ENVS`): more
@@ -333,8 +328,6 @@ def evaluation_env_cap(backend: str) -> int | float:
     process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; for
     Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; no cap for the other backends (math.inf), whose rows are
     not seeded `seed + i` (native envs' rows draw from one seed's streams)."""
-    import os
-
     if backend == "gymnasium":
         return GYMNASIUM_EVALUATION_ENVS
     if backend != "gymnasium-async":
@@ -348,8 +341,6 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`), so each
     episode starts as in one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
     the unfinished ones of all waves)."""
-    import warnings
-
     cap = int(evaluation_env_cap(backend))
     returns, lengths, successes, unfinished, limit = [], [], [], 0, None
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
@@ -372,14 +363,7 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
         warn_at_caller(str(warning.message), warning.category)
     if unfinished:
         warn_unfinished(unfinished, episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
-    mean, std = return_statistics(returns)
-    result = {"mean": mean, "std": std, "episodes": episodes, "returns": returns, "lengths": lengths,
-              "unfinished": unfinished, "seed": seed}
-    if len(successes) == episodes:
-        result["successes"] = successes
-        if unfinished < episodes:
-            result["success_rate"] = sum(successes) / (episodes - unfinished)
-    return result
+    return _result(returns, lengths, unfinished, successes if len(successes) == episodes else None, seed)
 
 
 def return_statistics(values: typing.Sequence[float]) -> tuple[float, float]:
@@ -462,13 +446,20 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
         warn_unfinished(unfinished, episodes, limit, RUN_LONGER, unstarted=episodes - len(values))
-    mean, std = return_statistics(values)
-    result = {"mean": mean, "std": std, "episodes": len(values), "returns": values, "lengths": spread["lengths"],
+    return _result(values, spread["lengths"], unfinished, spread["successes"], seed)
+
+
+def _result(returns: list[float], lengths: list[int], unfinished: int, successes: list[bool] | None,
+            seed: int | None) -> dict:
+    """`evaluate`'s result of the episodes of `returns` and `lengths` (`unfinished` of them still running at the step
+    limit); with `successes` and their share of the finished episodes where the env reports ``is_success``."""
+    mean, std = return_statistics(returns)
+    result = {"mean": mean, "std": std, "episodes": len(returns), "returns": returns, "lengths": lengths,
               "unfinished": unfinished, "seed": seed}
-    if spread["successes"] is not None:
-        result["successes"] = spread["successes"]
-        if unfinished < len(values):
-            result["success_rate"] = sum(result["successes"]) / (len(values) - unfinished)
+    if successes is not None:
+        result["successes"] = successes
+        if unfinished < len(returns):
+            result["success_rate"] = sum(successes) / (len(returns) - unfinished)
     return result
 
 
