@@ -182,11 +182,13 @@ def test_a_single_env_is_evaluated_as_a_vector_env_of_one_as_stable_baselines3_d
     that env, as on a vector env of it, and leaves it open; it was refused with a sentence naming make_env."""
     single, wrapped = gym.make("CartPole-v1"), gym.make("CartPole-v1")
     single.reset(seed=3), wrapped.reset(seed=3)
+    closed = []
+    single.close = lambda: closed.append(single)  # (a CartPole resets after a close: the call itself is watched)
     alone = rlspeed.evaluate(ppo, single, episodes=3)
     in_vector = rlspeed.evaluate(ppo, gym.vector.SyncVectorEnv(
         [lambda: wrapped], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP), episodes=3)
     assert alone["returns"] == in_vector["returns"] and alone["episodes"] == 3
-    single.reset()  # (still open: the caller's)
+    assert not closed  # (still open: the caller's)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
