@@ -735,7 +735,8 @@ def test_a_refused_env_is_said_by_the_function_the_user_called(tmp_path):
     model = rlspeed.PPO("CartPole-v1", device="cpu")
     with pytest.raises(rlspeed.UserError, match=r"^PPO takes a Gymnasium env id \(str\).*not a single gymnasium.Env"):
         rlspeed.PPO(gym.make("CartPole-v1"), device="cpu")
-    with pytest.raises(rlspeed.UserError, match=r"^evaluate takes a Gymnasium env id \(str\).*not a function"):
+    with pytest.raises(rlspeed.UserError, match=r"^evaluate takes a Gymnasium env id \(str\), a single gymnasium.Env, "
+                                                r"an env rlspeed.make_env made, .*not a function"):
         rlspeed.evaluate(model, lambda: gym.make("CartPole-v1"))
     model.save(tmp_path / "model")
     with pytest.raises(rlspeed.UserError, match=r"^PPO.load takes a Gymnasium env id \(str\).*; got a int"):

@@ -194,7 +194,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
         env_id = _one_env_vector(env_id)
     elif (env_id is not None and not isinstance(env_id, (BatchedEnv, gym.vector.VectorEnv))
           and not is_sb3_vec_env(env_id)):
-        _check_env_id(env_id, "evaluate")  # (what evaluate takes, not what the make_env it calls does)
+        _check_env_id(env_id, "evaluate", also=", a single gymnasium.Env, an env rlspeed.make_env made")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: its envs run the episodes in parallel)
     # Episodes each env row counts, as Stable-Baselines3's evaluate_policy spreads them ((episodes + i) // size for
     # row i: every row's first episodes, so that short episodes are not over-counted); one each where `episodes` is

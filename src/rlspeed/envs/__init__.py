@@ -460,13 +460,14 @@ def seeded(env: BatchedEnv, seed: int | None) -> BatchedEnv:
     return env
 
 
-def _check_env_id(env_id, caller: str = "make_env") -> None:
+def _check_env_id(env_id, caller: str = "make_env", also: str = "") -> None:
     """UserError unless `env_id` is a str, saying what `caller` (the function or class the user called: `PPO`, not the
-    `make_env` it calls) accepts instead of other kinds of envs."""
+    `make_env` it calls) accepts instead of other kinds of envs: an id, a vector env, and what `caller` takes `also`
+    (", a single gymnasium.Env")."""
     if isinstance(env_id, str):
         return
     kind = type(env_id).__name__
-    accepted = (f"{caller} takes a Gymnasium env id (str), a Gymnasium vector env made with "
+    accepted = (f"{caller} takes a Gymnasium env id (str){also}, a Gymnasium vector env made with "
                 "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP, or a Stable-Baselines3 VecEnv")
     if isinstance(env_id, BatchedEnv):
         raise UserError(f"{accepted}; this env ({kind}) is a batched env already (one make_env made, or your own "
