@@ -1468,7 +1468,7 @@ def _move_run_aside(run_dir: Path, held: list[str]) -> None:
     _check_writable(run_dir)  # (first: a read-only directory loses nothing)
     names = list(held)
     for suffix in FORMATS.values():
-        if _export_sidecar(run_dir / f"model{suffix}.json"):
+        if _export_metadata(run_dir / f"model{suffix}.json") is not None:
             names += [name for name in (f"model{suffix}", f"model{suffix}.json") if (run_dir / name).exists()]
     moved: list[str] = []
     aside = None
@@ -1676,10 +1676,10 @@ def _say_stale_exports(say, run_dir: Path, num_timesteps: int) -> None:
     from rlspeed.export import FORMATS
 
     for format, suffix in FORMATS.items():
-        sidecar = run_dir / f"model{suffix}.json"
-        if not (run_dir / f"model{suffix}").exists() or not _export_sidecar(sidecar):
+        metadata = _export_metadata(run_dir / f"model{suffix}.json")
+        if metadata is None or not (run_dir / f"model{suffix}").exists():
             continue
-        exported = json.loads(sidecar.read_text(encoding="utf-8")).get("num_timesteps")
+        exported = metadata.get("num_timesteps")
         if exported != num_timesteps:
             steps = f"{exported:,} steps" if isinstance(exported, int) else "other steps"
             say(f"rlspeed: note: {run_dir / f'model{suffix}'} is an export of the model at {steps}, not of this "
@@ -1687,13 +1687,14 @@ def _say_stale_exports(say, run_dir: Path, num_timesteps: int) -> None:
                 "--overwrite.", file=sys.stderr)
 
 
-def _export_sidecar(path: Path) -> bool:
-    """Whether `path` is the `.json` metadata `rlspeed export` writes beside an exported policy."""
+def _export_metadata(path: Path) -> dict | None:
+    """The `.json` metadata `rlspeed export` writes beside an exported policy, read from `path`; None where `path` holds
+    none (missing, unreadable, or another file)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "format" in data and "algo" in data
+        return None
+    return data if isinstance(data, dict) and "format" in data and "algo" in data else None
 
 
 def _ended_summary(path: Path) -> dict | None:
