@@ -1395,8 +1395,8 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
                             "continue it, or --overwrite to replace it.")
-        elif (finished and not (run_dir / "checkpoint.safetensors").exists() and seeds is None  # (a population's
-              # finished run, checkpoint or none: `_same_population_run`'s rule, nothing left to train or refused)
+        # (a population's finished run, with a checkpoint or none, is `_same_population_run`'s to judge)
+        elif (finished and not (run_dir / "checkpoint.safetensors").exists() and seeds is None
               and not (finished_enough is not None and "model.safetensors" in finished
                        and finished_enough(_ended_summary(run_dir / "summary.json") or {}))):
             raise UserError(f"--resume: '{run_dir}' holds a finished run ({', '.join(finished)}) but no "
