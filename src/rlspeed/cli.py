@@ -760,7 +760,7 @@ def _train_population(args: argparse.Namespace) -> int:
     if args.dry_run:
         with contextlib.closing(population):
             return _print_dry_run(args, config)
-    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
+    created, parents = _made_here(args.out)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     _stage("starting the run", run_dir=run_dir)
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -1723,6 +1723,13 @@ def _finished_summary(path: Path) -> bool:
     return _ended_summary(path) is not None
 
 
+def _made_here(out: str | None) -> tuple[bool, list[Path]]:
+    """Asked before `_prepare_run_dir`: whether this command makes the run directory at `out` (None: the default, a new
+    one under runs/), and the directories above it that it makes with it (`_missing_parents`): what a run that does not
+    start removes again (`_left_clean_if_not_started`, `_remove_empty`)."""
+    return out is None or not Path(out).exists(), _missing_parents(out)
+
+
 def _missing_parents(out: str | None) -> list[Path]:
     """The directories above a run directory at `out` (None: the default, under runs/) that do not exist yet, deepest
     first: `_prepare_run_dir` makes them with it, and a run that does not start removes them with it (while empty)."""
@@ -1981,7 +1988,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     # --overwrite deletes the run it would replace, and must leave no empty run directory behind
     _stage("building the envs and the model")
     model = _model(args, algo_cls, hyper, strategy)
-    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
+    created, parents = _made_here(args.out)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
     recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
@@ -2792,7 +2799,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
     tempfile.gettempdir()  # (torchrun's launcher needs one: none writable is one sentence now, not its traceback)
-    created, parents = args.out is None or not Path(args.out).exists(), _missing_parents(args.out)
+    created, parents = _made_here(args.out)
     run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
     _stage("starting torchrun", run_dir=run_dir)
     rest: list[str] = []
