@@ -204,9 +204,10 @@ def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
         return CheckpointKey(_parse_key(value.encode(), KEY_ENV), KEY_ENV)
     if file is not None:
         source = f"The key file '{file}' ({KEY_FILE_ENV})"
-        refuse_irregular_file(Path(file).expanduser(), source, "the file that holds the key")
+        path = Path(file).expanduser()
+        refuse_irregular_file(path, source, "the file that holds the key")
         try:
-            text = Path(file).expanduser().read_bytes()
+            text = path.read_bytes()
         except OSError as error:
             raise UserError(f"Cannot read the checkpoint key file '{file}' ({KEY_FILE_ENV}): "
                             f"{error.strerror or error}.") from None
