@@ -71,6 +71,8 @@ RAW_CONTENTS = {"observations": "raw", "rewards": "raw"}
 #: the config flag that normalises each kind of row per batch
 _NORMALISED_BY = {"observations": "normalize_obs", "rewards": "normalize_reward"}
 
+#: What a resume whose replay buffer is not restored says of it (`_load_replay`)
+_REFILLS = "the replay buffer refills from empty and updates wait for learning_starts new transitions"
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 #: The most env steps of every env (`train_freq`) and updates (`gradient_steps`) one iteration takes that
 #: `OffPolicyConfig.validate` accepts: learn runs whole iterations, so a larger one ran a single iteration for days
@@ -647,17 +649,15 @@ class OffPolicyAlgorithm(Algorithm):
         if self.strategy.enabled:  # (each process fills a buffer of its own: no one file restores them)
             if not resume.get("untrained"):
                 warnings.warn(f"Resuming from '{resume['path']}': under torch.distributed the replay buffer is not "
-                              "restored (each process fills its own), so it refills from empty and updates wait for "
-                              "learning_starts new transitions: training is not identical to the uninterrupted "
-                              "run.", stacklevel=4)
+                              f"restored (each process fills its own), so {_REFILLS}: training is not identical to "
+                              "the uninterrupted run.", stacklevel=4)
             return False
         if not isinstance(resume["meta"].get("replay_buffer"), dict):  # (as a population's resume says it)
             if resume.get("untrained"):
                 return False
             warnings.warn(f"Resuming from '{resume['path']}': it holds no replay buffer (save_replay_buffer=True, or "
-                          "--save-replay-buffer, saves one with each checkpoint), so the replay buffer refills from "
-                          "empty and updates wait for learning_starts new transitions: training is not identical to "
-                          "the uninterrupted run.", stacklevel=4)
+                          f"--save-replay-buffer, saves one with each checkpoint), so {_REFILLS}: training is not "
+                          "identical to the uninterrupted run.", stacklevel=4)
             return False
         normalisers = {"observations": getattr(self, "_obs_normaliser", None),
                        "rewards": getattr(self, "_reward_normaliser", None)}
@@ -666,8 +666,7 @@ class OffPolicyAlgorithm(Algorithm):
             flags = " and ".join(_NORMALISED_BY[rows] for rows in normalised)
             warnings.warn(f"Resuming from '{resume['path']}': an older rlspeed saved its replay buffer with the "
                           f"{' and '.join(normalised)} normalised as they were collected, and {flags} now stores them "
-                          "raw and normalises each batch, so the replay buffer refills from empty and updates wait "
-                          "for learning_starts new transitions.", stacklevel=4)
+                          f"raw and normalises each batch, so {_REFILLS}.", stacklevel=4)
             return False
         # (the file's tensors read as views of it mapped in memory, copied into the buffer and dropped: a copy of them
         # besides the buffer it fills, as large as the buffer when full, would not fit where the buffer fills memory)
