@@ -452,7 +452,7 @@ _TRAIN_FREQ_TUPLE = re.compile(r"[(\[]\s*(\d+)\s*,\s*['\"]?(\w+)['\"]?\s*[)\]]")
 @functools.cache
 def config_type_hints(config_cls: type) -> dict[str, typing.Any]:
     """`typing.get_type_hints(config_cls)`, resolved once per config class (a population builds a config per
-    member: resolving them again took a third of the time of building CartPole's)."""
+    member, and every learn reads them again in `coerce_in_place`)."""
     return typing.get_type_hints(config_cls)
 
 
@@ -2590,9 +2590,9 @@ class Algorithm:
     def _check_networks_fit(self) -> None:
         """UserError, naming net_arch (and RecurrentPPO's lstm_hidden_size), where the weights of two networks of the
         config's hidden layers would not fit in the memory they are built in (the host) and trained on, refused
-        before any is built: net_arch [100000, 100000] raised torch's allocator error, net_arch [1e9] allocated for
-        minutes. A lower bound (float32 weights of the hidden layers and the first layer's inputs, two networks:
-        actor and critic, or Q and its target); the output layers and the optimiser's state come on top."""
+        before any is built (in one sentence, not the allocator's error or minutes of allocating). A lower bound
+        (float32 weights of the hidden layers and the first layer's inputs, two networks: actor and critic, or Q and
+        its target); the output layers and the optimiser's state come on top."""
         cfg = self.config
         widths = [int(width) for width in getattr(cfg, "net_arch", ())]
         lstm = int(getattr(cfg, "lstm_hidden_size", 0))

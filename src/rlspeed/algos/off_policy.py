@@ -75,7 +75,8 @@ _NORMALISED_BY = {"observations": "normalize_obs", "rewards": "normalize_reward"
 _REFILLS = "the replay buffer refills from empty and updates wait for learning_starts new transitions"
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 #: The most env steps of every env (`train_freq`) and updates (`gradient_steps`) one iteration takes that
-#: `OffPolicyConfig.validate` accepts: learn runs whole iterations, so a larger one ran a single iteration for days
+#: `OffPolicyConfig.validate` accepts: learn runs whole iterations, so a count no iteration could finish is refused
+#: in one sentence, not run silently (PPO's `MAX_EPOCHS` is the same kind of bound)
 MAX_TRAIN_FREQ = 1_000_000
 MAX_GRADIENT_STEPS = 1_000_000
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
