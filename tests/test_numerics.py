@@ -208,6 +208,31 @@ def test_models_sharing_an_env_object_count_its_non_finite_values_each_in_its_ow
     assert first._numerics.masked_env_rows == counted + faulty.injected - injected
 
 
+def test_a_model_whose_envs_are_made_anew_keeps_counting_the_rows_masked_so_far():
+    """Envs a later learn makes anew (after `close`) get a guard of their own: the model's count goes on from the
+    rows masked on the envs before, which it does not lose."""
+    made = []
+
+    def faulty_cartpole(**kwargs):
+        made.append(InjectNonFinite(gym.make("CartPole-v1", **kwargs), probability=0.05, seed=len(made)))
+        return made[-1]
+
+    gym.register("rlspeed-test/FaultyCartPole-v0", entry_point=faulty_cartpole, max_episode_steps=500)
+    try:
+        model = PPO("rlspeed-test/FaultyCartPole-v0", seed=0, device="cpu", nan_policy="mask", num_envs=2,
+                    **SMALL[PPO])
+        model.learn(256, progress_bar=False)
+        counted = model._numerics.masked_env_rows
+        assert counted == sum(env.injected for env in made) > 0
+        model.close()
+        first_envs = len(made)
+        model.learn(256, progress_bar=False, reset_num_timesteps=False)
+        assert len(made) > first_envs and sum(env.injected for env in made[first_envs:]) > 0
+        assert model._numerics.masked_env_rows == sum(env.injected for env in made)
+    finally:
+        gym.registry.pop("rlspeed-test/FaultyCartPole-v0")
+
+
 def test_masked_nan_and_inf_in_dict_observations_are_counted_and_replaced_by_zero():
     """Dict observations (a float key beside an integer one): the float key's non-finite values are masked as a Box
     observation's are (counted, replaced by 0: none reaches the replay buffer, the weights stay finite); under the
