@@ -1069,18 +1069,20 @@ def test_checkpoints_are_not_training_time(tmp_path, monkeypatch):
     assert model.result.train_wall_s < 3600.0 and model.result.sps > 128 * 6 / 3600.0
 
 
-@pytest.mark.parametrize("where", ["evaluation", "callback"])
+@pytest.mark.parametrize("where", ["evaluation", "callback", "rollout start"])
 def test_an_interrupt_during_a_pause_of_the_clock_leaves_the_pause_out_of_the_training_time(tmp_path, monkeypatch,
                                                                                           where):
-    """Ctrl-C during one of learn's evaluations (the long pause of the training clock) or a callback: model.result
-    and the loop position that a checkpoint and the command's summary.json take (`_loop`) counted the time spent in
-    it as training time (an hour's evaluation: an hour of train_wall_s, and sps as low), the stretch before an
-    evaluation twice. Now they end where the clock stopped, as a run that is not interrupted counts them."""
+    """Ctrl-C during one of learn's evaluations (the long pause of the training clock) or a callback (after an
+    iteration, or its on_rollout_start before the next): model.result and the loop position that a checkpoint and
+    the command's summary.json take (`_loop`) counted the time spent in it as training time (an hour's evaluation:
+    an hour of train_wall_s, and sps as low), the stretch before an evaluation twice. Now they end where the clock
+    stopped, as a run that is not interrupted counts them."""
     import time
     import types
 
     from rlspeed import PPO
     from rlspeed.algos import base
+    from rlspeed.callbacks import BaseCallback
 
     offset = [0.0]  # seconds the fake clock runs ahead of the real one: the pause takes an hour on it, then Ctrl-C
     monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
@@ -1092,8 +1094,13 @@ def test_an_interrupt_during_a_pause_of_the_clock_leaves_the_pause_out_of_the_tr
             raise KeyboardInterrupt
         return True
 
+    class CtrlCAtRolloutStart(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            an_hour_then_ctrl_c()
+
     options = {"evaluation": {"target_return": 1e9, "eval_freq": 256},
-               "callback": {"callback": an_hour_then_ctrl_c}}[where]
+               "callback": {"callback": an_hour_then_ctrl_c},
+               "rollout start": {"callback": CtrlCAtRolloutStart()}}[where]
     if where == "evaluation":
         monkeypatch.setattr(model, "evaluate", an_hour_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
