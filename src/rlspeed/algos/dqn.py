@@ -64,8 +64,9 @@ def scheduled_epsilon(timesteps: int, start: int, end: int, fraction: float, ini
 
 
 def _exploration_steps(start: int, end: int, fraction: float) -> float:
-    """The env steps over which epsilon goes from initial to final: `fraction` of the learn call from `start` to
-    `end` (of one step at least)."""
+    """The env steps over which epsilon goes from initial to final: `fraction` of the learn call's steps from
+    `start` to `end` (a call counted as one step at least); less than one step where `fraction` is that small
+    (`collection_epsilons` holds its slope at one step)."""
     return fraction * max(end - start, 1)
 
 
