@@ -262,10 +262,10 @@ def test_exploration_fraction_zero_and_above_one_follow_stable_baselines3s_sched
 
     utils = pytest.importorskip("stable_baselines3.common.utils")
     total = 1000
+    # (SB3 reads it at progress left: 1 - steps / total; LinearSchedule replaced the deprecated get_linear_fn)
+    linear_schedule = getattr(utils, "LinearSchedule", None) or utils.get_linear_fn
     for fraction in (0.0, 1e-300, 0.1, 1.0, 1.5, 4.0):  # (1e-300: a decay within the first step)
-        # (SB3 reads it at progress left: 1 - steps / total; LinearSchedule replaced the deprecated get_linear_fn)
-        sb3 = getattr(utils, "LinearSchedule", None) or utils.get_linear_fn
-        sb3 = sb3(1.0, 0.05, fraction)
+        sb3 = linear_schedule(1.0, 0.05, fraction)
         for step in (1, 50, 100, 500, 999, 1000):
             assert scheduled_epsilon(step, 0, total, fraction, 1.0, 0.05) == pytest.approx(sb3(1 - step / total))
         drawn = collection_epsilons(4, 1, 500, 0, total, fraction, 1.0, 0.05, "cpu")
