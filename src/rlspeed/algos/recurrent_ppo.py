@@ -38,7 +38,6 @@ from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
-from rlspeed.buffers.rollout import rollout_step_bytes
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
@@ -283,13 +282,15 @@ class RecurrentPPO(PPO):
         return parts[0][0], parts[1][0]
 
     # --- rollout ----------------------------------------------------------------------------------------------
+    def _stores_next_obs(self) -> bool:
+        """The recurrent rollout keeps each step's next observation, whatever the observations."""
+        return True
+
     def _rollout_step_bytes(self) -> int:
-        """Bytes per step and env of the rollout `_start` allocates: next observations kept, and the LSTM states
-        (`RecurrentRolloutBuffer.state_step_bytes`), which the envs' memory check and a population's estimate count."""
-        action_shape, action_dtype = self._action_storage()
-        return rollout_step_bytes(self.spec.observation_space, action_shape, action_dtype, self.device,
-                                  extra_nbytes=RecurrentRolloutBuffer.state_step_bytes(
-                                      self.policy.initial_state(1).numel()))
+        """`OnPolicyAlgorithm._rollout_step_bytes` and the LSTM states (`RecurrentRolloutBuffer.state_step_bytes`),
+        which the envs' memory check and a population's estimate count."""
+        state_numel = self.policy.initial_state(1).numel()
+        return super()._rollout_step_bytes() + RecurrentRolloutBuffer.state_step_bytes(state_numel)
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         if self._continues_episodes(env):  # (the LSTM state and episode starts go on with the episodes)
