@@ -298,7 +298,8 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
 def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):
     from rlspeed.buffers import replay
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**14)  # (a fake 16 KiB)
+    # (a fake 256 KiB: the networks' weights fit, checked before anything is built; the members' replay does not)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**18)
     out = tmp_path / "run"
     argv = ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "5000", "--no-progress",
             "--out", str(out)]
