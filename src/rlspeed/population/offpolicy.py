@@ -836,6 +836,12 @@ class OffPolicyPopulation(PopulationBase):
         games, as the solo run's buffer does (`frame_dedup`, on by default)."""
         return bool(atari.is_atari(env_id) and config.frame_dedup and frame_stacks(observation_space))
 
+    @staticmethod
+    def _frame_action_bytes(device: torch.device, discrete: bool, action_dim: int) -> int:
+        """Bytes of one action in `MemberFrameReplay` (as `_new_replay` makes it): an index in the device's index
+        dtype for discrete actions, else `action_dim` float32s."""
+        return rules(device).index_dtype.itemsize if discrete else 4 * action_dim
+
     def _new_replay(self, capacity_steps: int, masks: bool) -> MemberReplay | MemberFrameReplay:
         """An empty replay for the members kept: `MemberFrameReplay` of `buffer_size` transitions each where frames are
         stored once, else `MemberReplay` of `capacity_steps` steps; with the actions' masks where `masks`."""
@@ -864,9 +870,9 @@ class OffPolicyPopulation(PopulationBase):
             return 0, 0
         cfg, space, discrete = solo.config, solo.spec.observation_space, solo.spec.discrete
         if self.stores_frames(self.env_id, cfg, space):
-            action_bytes = rules(self.device).index_dtype.itemsize if discrete else 4 * solo.spec.action_dim
-            nbytes = FrameStackReplayBuffer.planned_nbytes(cfg.buffer_size, cfg.num_envs, space, action_bytes,
-                                                           cfg.n_step)
+            nbytes = FrameStackReplayBuffer.planned_nbytes(
+                cfg.buffer_size, cfg.num_envs, space, self._frame_action_bytes(self.device, discrete,
+                                                                               solo.spec.action_dim), cfg.n_step)
             return cfg.buffer_size, nbytes / cfg.buffer_size
         rows = member_replay_steps(total, cfg.num_envs, cfg.buffer_size) * cfg.num_envs
         layout = observation_layout(space)
@@ -892,7 +898,7 @@ class OffPolicyPopulation(PopulationBase):
         masks = self.action_dim if self.discrete and getattr(cfg, "use_masking", False) else None
         if self._frame_replay:  # (each member's buffer holds buffer_size transitions, as the solo's)
             MemberFrameReplay.check_fits(cfg.buffer_size, len(self.alive), cfg.num_envs, self.spec.observation_space,
-                                         self._index_dtype.itemsize if self.discrete else 4 * self.action_dim,
+                                         self._frame_action_bytes(self.device, self.discrete, self.action_dim),
                                          cfg.n_step, masks, self.device)
             return
         row_bytes = MemberReplay.bytes_per_row(self.obs_dim, 1 if self.discrete else self.action_dim, masks,
