@@ -127,6 +127,22 @@ def test_off_policy_members_whose_replay_buffers_cannot_fit_together_are_refused
     assert re.search(r"train at most 2 members at once \(for example --seeds 0-1\), or give buffer_size [\d,]+ or "
                      r"less \(--set buffer_size=\d+\)\.$", line), line
     assert len(built) == 1 and not (tmp_path / "run").exists()
+    memory_of(2**28)  # (205 MiB may go: not even one member's replay fits)
+    line = refusal(["train", "sac", "Pendulum-v1", "--seeds", "0", "--set", "buffer_size=1e7", "--total-timesteps",
+                    "1e8", "--dry-run", "--out", str(tmp_path / "run")], capsys)
+    assert line.startswith("rlspeed: error: A population of 1 member (--seeds) at "), line
+
+
+def test_a_members_replay_refusal_counts_its_members_in_words(memory_of):
+    """`check_member_replay_fits` of one member said 'The replay of 1 members'."""
+    import torch
+
+    from rlspeed.population.offpolicy import check_member_replay_fits
+
+    memory_of(2**20)
+    for size, members in ((1, "1 member"), (2, "2 members")):
+        with pytest.raises(UserError, match=rf"^The replay of {members} \(1,000,000 transitions each, 40 bytes per "):
+            check_member_replay_fits(10**6, size, 1, 40, torch.device("cpu"))
 
 
 def test_members_whose_replay_fits_as_check_fits_counts_it_are_not_refused_after_building_one(memory_of, tmp_path,

@@ -387,8 +387,9 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
         return ", or ".join(ways) or "not even one member fits: free memory"
 
     stored = f", and a replay buffer of {transitions:,} transitions" if transitions else ""
+    members = f"{size:,} member{'' if size == 1 else 's'}"
     refuse_unless_fits(size * per_member, device,
-                       f"A population of {size:,} members (--seeds) at {replay_buffers.size_text(per_member)} each "
+                       f"A population of {members} (--seeds) at {replay_buffers.size_text(per_member)} each "
                        f"(networks, their gradients and Adam's moments, {num_envs:,} envs and their storage{stored})",
                        advice)
 

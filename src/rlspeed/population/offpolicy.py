@@ -276,9 +276,10 @@ def check_member_replay_fits(rows: int, size: int, num_envs: int, row_bytes: flo
                 "at once" if fits >= num_envs else "not even one step of every member's envs fits: train fewer "
                 "members at once, or free memory")
 
+    members = f"{size} member{'' if size == 1 else 's'}"
     refuse_unless_fits(int(size * (rows * row_bytes + fixed_bytes)), device,
-                       f"The replay of {size} members ({rows:,} transitions each, {row_bytes:,.0f} bytes per "
-                       f"transition)", advice)
+                       f"The replay of {members} ({rows:,} transitions each, {row_bytes:,.0f} bytes per transition)",
+                       advice)
 
 
 def member_replay_steps(timesteps: int, num_envs: int, buffer_size: int) -> int:
