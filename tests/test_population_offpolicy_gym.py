@@ -295,6 +295,22 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
         Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=fits + 2, num_envs=2).check_fits(1)
 
 
+@needs_atari
+def test_the_buffer_size_the_estimate_of_frame_members_names_is_not_refused(monkeypatch):
+    """The estimate after the first member (`rlspeed train --seeds`, which plans the steps) spread the frame pool's
+    reserve over buffer_size's transitions: the smaller buffer_size it named was refused by the same estimate."""
+    from rlspeed.buffers import replay
+    from rlspeed.population import base
+
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**30)  # (a fake 1 GiB)
+    with base.planned_timesteps(10**6, progress_bar=False):
+        with pytest.raises(UserError, match=r"^A population of 2 members .* or give buffer_size [\d,]+ or less "
+                                            r"\(--set buffer_size=(\d+)\)\.$") as info:
+            Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1], buffer_size=100_000, num_envs=2)
+        fits = int(info.value.args[0].rsplit("buffer_size=", 1)[1].rstrip(").").strip())
+        Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1], buffer_size=fits, num_envs=2).check_fits(10**6)
+
+
 def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):
     from rlspeed.buffers import replay
 

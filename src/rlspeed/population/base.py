@@ -333,14 +333,14 @@ def planned_total_timesteps() -> int | None:
 
 
 def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
-                replay: Callable[[Any], tuple[int, float]] | None = None,
+                replay: Callable[[Any], tuple[int, float, int]] | None = None,
                 **kwargs) -> tuple[list, list[torch.Generator]]:
     """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's
     members start from, and for each a generator in the state the solo run's global generator has when its training
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
-    the transitions and bytes per transition of each member's replay buffer, counted in `check_members_fit`. Where the
-    second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar counts them (unless
-    `planned_timesteps` says no bar)."""
+    each member's replay buffer (transitions, bytes per transition, bytes whatever its size), counted in
+    `check_members_fit`. Where the second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar
+    counts them (unless `planned_timesteps` says no bar)."""
     solos, generators, bar = [], [], None
     with _forked_generators(device), warnings.catch_warnings(), contextlib.ExitStack() as closing:
         for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
@@ -351,7 +351,7 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
-                check_members_fit(solos[0], len(seeds), device, replay(solos[0]) if replay else (0, 0))
+                check_members_fit(solos[0], len(seeds), device, replay(solos[0]) if replay else (0, 0, 0))
             elif bar is not None:
                 bar.update(1)
             elif (k == 1 and _BUILD_PLAN.get()[1]
@@ -362,18 +362,19 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     return solos, generators
 
 
-def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float] = (0, 0)) -> None:
+def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float, int] = (0, 0, 0)) -> None:
     """UserError, naming --seeds (and buffer_size where the members keep replay buffers), where `size` members like
-    `solo` would not fit in the memory available: each its networks four times over (weights, gradients and Adam's
-    two moments), its envs, what is stored per env (a rollout) and `replay` (transitions, bytes per transition: an
-    off-policy member's replay buffer). --seeds 0-100000 made members for hours before it ran out of memory."""
+    `solo` would not fit in the memory available: each its networks four times over (weights, gradients and Adam's two
+    moments), its envs, what is stored per env (a rollout) and `replay` (an off-policy member's replay buffer:
+    transitions, bytes per transition, bytes whatever its size, such as a frame pool's reserve). --seeds 0-100000 made
+    members for hours before it ran out of memory."""
     parameters = {id(p): p for value in solo._modules().values()
                   for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
     num_envs = solo.config.num_envs
     fixed = (4 * sum(p.numel() * p.element_size() for p in parameters.values())
              + solo._storage_bytes_estimate(num_envs))
-    transitions, row_bytes = replay
-    per_member = fixed + int(transitions * row_bytes)
+    transitions, row_bytes, replay_fixed = replay
+    per_member = fixed + int(transitions * row_bytes) + replay_fixed
     if fixed > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory_bytes(torch.device(device)) or 0):
         return  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
 
@@ -381,7 +382,7 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
         fits = int(usable) // per_member
         ways = [f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds 0-{fits - 1})"
                 ] if fits >= 1 else []
-        buffer = int((usable / size - fixed) // row_bytes) // num_envs * num_envs if transitions else 0
+        buffer = int((usable / size - fixed - replay_fixed) // row_bytes) // num_envs * num_envs if transitions else 0
         if buffer >= num_envs:
             ways.append(f"give buffer_size {buffer:,} or less (--set buffer_size={buffer})")
         return ", or ".join(ways) or "not even one member fits: free memory"
@@ -959,10 +960,11 @@ class PopulationBase:
         raise NotImplementedError
 
     # --- members -----------------------------------------------------------------------------------------------
-    def _planned_replay(self, solo) -> tuple[int, float]:
-        """The transitions and bytes per transition of the replay buffer each member like `solo` (the first) will
-        hold for the planned steps (`planned_timesteps`), for `check_members_fit`: none here (no replay buffer)."""
-        return 0, 0
+    def _planned_replay(self, solo) -> tuple[int, float, int]:
+        """The transitions, bytes per transition and bytes whatever its size of the replay buffer each member like
+        `solo` (the first) will hold for the planned steps (`planned_timesteps`), for `check_members_fit`: none here
+        (no replay buffer)."""
+        return 0, 0, 0
 
     def _solo_members(self, algo_cls: type, env_id: str, seeds: Sequence[int], member_overrides,
                       device: str | torch.device, env_backend: str, hyperparameters: dict) -> list:

@@ -859,27 +859,26 @@ class OffPolicyPopulation(PopulationBase):
         """Stored steps the replay needs for `total_timesteps` more env steps per member (at most buffer_size's)."""
         return member_replay_steps(self.num_timesteps + total_timesteps, self.config.num_envs, self.config.buffer_size)
 
-    def _planned_replay(self, solo) -> tuple[int, float]:
-        """Each member's replay for the planned steps (`planned_timesteps`; none without a plan), from the first
-        member `solo`, before the population's own attributes exist: `MemberFrameReplay`'s bytes where frames are
-        stored once, else `MemberReplay.bytes_per_row` at most as `check_fits` counts them (Dict observations packed
-        into float32 rows; others as float32, or in their own dtype where it is narrower: images a member's CNN
-        takes are stored so, other narrow ones as float32), without action masks (the env says whether it gives them
-        later)."""
+    def _planned_replay(self, solo) -> tuple[int, float, int]:
+        """Each member's replay for the planned steps (`planned_timesteps`; none without a plan), from the first member
+        `solo`, before the population's own attributes exist: `MemberFrameReplay`'s bytes where frames are stored once
+        (per transition, and its frame pool's reserve whatever its size: `MemberFrameReplay.check_fits`), else
+        `MemberReplay.bytes_per_row` at most as `check_fits` counts them (Dict observations packed into float32 rows;
+        others as float32, or in their own dtype where it is narrower: images a member's CNN takes are stored so, other
+        narrow ones as float32), without action masks (the env says whether it gives them later)."""
         total = planned_total_timesteps()
         if total is None:
-            return 0, 0
+            return 0, 0, 0
         cfg, space, discrete = solo.config, solo.spec.observation_space, solo.spec.discrete
         if self.stores_frames(self.env_id, cfg, space):
-            nbytes = FrameStackReplayBuffer.planned_nbytes(
-                cfg.buffer_size, cfg.num_envs, space, self._frame_action_bytes(self.device, discrete,
-                                                                               solo.spec.action_dim), cfg.n_step)
-            return cfg.buffer_size, nbytes / cfg.buffer_size
+            row_bytes, fixed = FrameStackReplayBuffer.planned_terms(
+                cfg.num_envs, space, self._frame_action_bytes(self.device, discrete, solo.spec.action_dim), cfg.n_step)
+            return cfg.buffer_size, row_bytes, fixed
         rows = member_replay_steps(total, cfg.num_envs, cfg.buffer_size) * cfg.num_envs
         layout = observation_layout(space)
         obs_dim, obs_dtype = ((packed_width(layout), torch.float32) if isinstance(layout, dict) else
                               (solo.spec.obs_dim, min(layout[1], torch.float32, key=lambda dtype: dtype.itemsize)))
-        return rows, MemberReplay.bytes_per_row(obs_dim, 1 if discrete else solo.spec.action_dim, None, obs_dtype)
+        return rows, MemberReplay.bytes_per_row(obs_dim, 1 if discrete else solo.spec.action_dim, None, obs_dtype), 0
 
     def _summary(self, *args, **kwargs) -> dict:
         """`PopulationBase._summary` plus the replay's layout and footprint (`replay`, as a solo run's summary)."""
