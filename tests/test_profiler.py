@@ -300,3 +300,25 @@ def test_profile_of_a_sleeping_env_reports_idle_cores_and_advises_subprocesses(m
     assert result.cores_busy is not None and result.cores_busy < profiler.WAITING_CORES
     assert any("--env-backend gymnasium-async" in line for line in result.advice)
     assert result.to_dict()["cores_busy"] == result.cores_busy
+
+
+def test_update_advice_names_accelerate_auto_only_where_it_has_a_faster_precision_to_try():
+    """On a CPU without AMX a hand-derived update has nothing but fp32 for --accelerate auto to choose: the advice
+    names what can help there instead, and where auto has candidates it names them."""
+    update_bound = [PhaseTime("update", 1, 0.8), PhaseTime("other", 1, 0.2)]
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=[]))
+    assert "no faster precision" in line and "try --accelerate auto" not in line
+    assert "fewer gradient steps per env step" in line
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=["bf16"]))
+    assert "try --accelerate auto" in line and "bf16 against fp32" in line
+
+
+def test_auto_candidates_are_those_the_hand_derived_update_would_time(monkeypatch):
+    import rlspeed.fused.precision as precision
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, **SMALL_PPO)
+    assert model.update_summary()["implementation"] == "hand-derived"
+    monkeypatch.setattr(precision, "reduced_matmul_supported", lambda device, p: False)  # (x86 without AMX)
+    assert profiler.auto_candidates(model) == []
+    monkeypatch.setattr(precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")  # (with AMX)
+    assert profiler.auto_candidates(model) == ["bf16-matmul"]

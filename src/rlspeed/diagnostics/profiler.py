@@ -107,6 +107,9 @@ class Profile:
     advice: list[str] = field(default_factory=list)
     #: what makes the figures less telling (a profiled run shorter than the default's: `too_few_steps`)
     caveats: list[str] = field(default_factory=list)
+    #: what `--accelerate auto` would time against fp32 eager for this run's update on its device (strategy labels,
+    #: `auto_candidates`); empty where it has nothing else to try, None where not known (the device type's usual ones)
+    auto_candidates: list[str] | None = None
     #: cores the unprofiled run kept busy on average (CPU time of this process and its subprocesses over the wall
     #: time: `cores_busy`); None where it could not be read
     cores_busy: float | None = None
@@ -305,7 +308,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      num_envs=int(model.config.num_envs), parameters=parameter_count(model),
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
-                     top_ops=top_ops, update_lever=update_lever(model.config),
+                     top_ops=top_ops, update_lever=update_lever(model.config), auto_candidates=auto_candidates(model),
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
                      host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy)
     result.advice = advise(result)
@@ -327,6 +330,22 @@ def too_few_steps(model, profiled: int) -> list[str]:
             f"fewer than the {default:,} of the default run: the learn call's start (env reset, a host sync) and "
             "its closing metrics read weigh on every figure here; profile without --steps, or with "
             f"--steps {default} or more, for figures to compare."]
+
+
+def auto_candidates(model) -> list[str]:
+    """The strategies besides fp32 eager that `--accelerate auto` would time for `model`'s update on its device: the
+    reduced matmul precisions of a hand-derived update (`rlspeed.fused.precision.matmul_candidates`), else
+    `accelerate_step`'s candidates (`rlspeed.accel.strategy.candidates`). Empty where the device offers that update
+    none (an x86 CPU without AMX, for the hand-derived one): auto can only keep fp32 there."""
+    from rlspeed.accel.strategy import candidates, normalise_request
+    from rlspeed.algos.update import HAND_DERIVED
+    from rlspeed.fused.precision import matmul_candidates
+
+    if model.update_summary()["implementation"] == HAND_DERIVED:
+        return [precision for precision in matmul_candidates(model.device) if precision != "fp32"]
+    strategies, _ = candidates(normalise_request(), model.device, allow_fp16=True,
+                               whole_step_graphs=model.device.type == "cuda")
+    return [strategy.label for strategy in strategies if not strategy.is_plain]
 
 
 def update_lever(config) -> str:
@@ -425,6 +444,16 @@ def advise(result: Profile) -> list[str]:
                           "parameters they are bound by per-operation overhead, not arithmetic: reduced precision "
                           "seldom helps there (--accelerate auto measures it and keeps fp32 eager when nothing is "
                           f"faster); {result.update_lever} do, at the price of other learning dynamics.")
+        elif not result.accelerate and result.auto_candidates == []:
+            why = " (bf16 matrix products need AMX on an x86 CPU)" if device_type == "cpu" else ""
+            advice.append(f"gradient steps take {update_share:.0%} of the time, in fp32: --accelerate auto has no "
+                          f"faster precision to try for this update on {result.device}{why}, so "
+                          f"{result.update_lever} or a smaller network would speed it, at the price of other "
+                          "learning dynamics.")
+        elif not result.accelerate and result.auto_candidates:
+            advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it times "
+                          f"{', '.join(result.auto_candidates)} against fp32 eager for the update on this device "
+                          "and keeps fp32 eager where nothing is faster).")
         elif not result.accelerate:
             measured = {"cpu": "bf16 matrix products", "cuda": "TF32/bf16 and whole-step CUDA graphs"}.get(
                 device_type, "reduced precision and compilation")

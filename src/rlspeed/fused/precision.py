@@ -58,8 +58,7 @@ class AutoMatmulPrecision:
         self.reason = ""
         request = normalise_request()  # RLSPEED_ACCELERATE, parsed as accelerate_step does
         self._report = AccelReport(f"the hand-derived {name} update", describe(device), request.to_dict())
-        self._candidates = [EAGER_FP32] + [Strategy(p) for p in MATMUL_PRECISIONS[1:]
-                                           if reduced_matmul_supported(device, p)]
+        self._candidates = [Strategy(p) for p in matmul_candidates(device)]
         self._waiting: module_policy._Waiting | None = None  # (fp32 updates, timed, until a search pays for itself)
         self._first_key: str | None = None  # (the cache key of the first call's batch)
         #: a reduced precision chosen by a search or the cache, checked against fp32 again as training goes on
@@ -215,6 +214,12 @@ class AutoMatmulPrecision:
                                          type(t).__name__ for t in batch],
                                "options": {k: repr(v) for k, v in sorted(options.items())},
                                **cache.environment_key(self.device)})
+
+
+def matmul_candidates(device: torch.device) -> list[str]:
+    """The precisions `--accelerate auto` times for a hand-derived update on `device`: fp32 first, then each reduced
+    matmul precision the device computes (`reduced_matmul_supported`: bf16-matmul on x86 CPUs only with AMX)."""
+    return [p for p in MATMUL_PRECISIONS if p == "fp32" or reduced_matmul_supported(device, p)]
 
 
 def for_accelerate(update, accelerate: str, device: torch.device, name: str,
