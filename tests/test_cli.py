@@ -829,6 +829,19 @@ def test_a_budget_that_is_not_whole_iterations_says_what_it_trains(capsys, monke
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == total
 
 
+def test_a_population_budget_that_is_not_whole_iterations_says_what_each_member_trains(capsys, monkeypatch, tmp_path):
+    """As a solo run's start line: the members train whole rollouts too (before, 'up to 200 steps each', then
+    '256 steps per member')."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "200", "--num-envs", "4",
+                     "--set", "num_steps=32", "--set", "batch_size=64", "--env-backend", "torch", "--target-return",
+                     "none", "--eval-episodes", "1", "--out", "pop", "--no-progress"])
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "up to 200 steps each (256: whole iterations of 128)" in said.out + said.err
+    assert "256 steps per member" in said.out + said.err
+
+
 def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch, tmp_path):
     """`module:EnvId` and `--gym-packages MODULE` import the module that registers the env (as RL-Zoo does), and the
     run directory remembers it for `rlspeed eval`."""

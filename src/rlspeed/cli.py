@@ -663,6 +663,13 @@ def _refuse_member_values_without_seeds(args: argparse.Namespace) -> None:
                             f"together, or give {key} one value.")
 
 
+def _whole_iterations(total: int, per_iteration: int) -> str:
+    """The start line's " (N: whole iterations of M)" where a budget of `total` env steps is not whole iterations of
+    `per_iteration` (`learn` trains whole iterations, so it ends at N), else nothing."""
+    whole = -(-total // per_iteration) * per_iteration
+    return f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else ""
+
+
 def _train_population(args: argparse.Namespace) -> int:
     """`rlspeed train ALGO ENV --seeds ...`: train the seeds as one population (`rlspeed.population`) and write the
     run directory: config.yaml, summary.json (per-member entries and aggregates) and learning_curves.png."""
@@ -792,7 +799,7 @@ def _train_population(args: argparse.Namespace) -> int:
             "train; evaluating the members and saving them", flush=True)
     else:
         say(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
-            f"(device {device}), up to {total:,} steps each"
+            f"(device {device}), up to {total:,} steps each{_whole_iterations(total, population.steps_per_iteration)}"
             + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     _warn_idle_accelerator(args, device)
     learn_kwargs = {"target_return": target, "eval_episodes": _eval_episodes(args)}
@@ -2474,16 +2481,13 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         model.result.time_to_target_s = float(model._loop["time_to_target_s"])
         model.result.target_confirmation = model._loop.get("target_confirmation")  # (None from an older rlspeed)
     _say_preset(args, say)
-    per_iteration = model.steps_per_iteration
-    whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
     say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
     if trained:
         why = "its run reached the target" if reached else "the checkpoint holds the whole budget"
         say(f"rlspeed: {why}: nothing left to train; saving the model and evaluating it", flush=True)
     else:
         say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
-            f"device {model.device}), up to {total:,} steps"
-            + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
+            f"device {model.device}), up to {total:,} steps{_whole_iterations(total, model.steps_per_iteration)}"
             + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     if main:
         _warn_idle_accelerator(args, model.device)

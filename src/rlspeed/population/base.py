@@ -1013,6 +1013,9 @@ class PopulationBase:
         #: the solo models registered ale-py's ids where it is one, so from here `is_atari` can tell)
         self._atari = atari.is_atari(env_id)
         self.config = solos[0].config
+        #: env steps per member of one training iteration, as each member's solo model takes them
+        #: (`Algorithm.steps_per_iteration`): `learn` trains whole iterations
+        self.steps_per_iteration = solos[0].steps_per_iteration
         self.num_threads = solos[0].num_threads
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
