@@ -164,6 +164,33 @@ def test_atari_lost_lives_end_training_episodes_and_games_are_reported_whole():
 
 
 @needs_envpool
+def test_atari_evaluation_on_envpool_plays_whole_games_with_raw_scores_and_fire_under_sticky_actions():
+    """The evaluation env of an Atari id on EnvPool (what `rlspeed.evaluate` and `rlspeed eval --env-backend envpool`
+    build): EnvPool's own training transforms off (no episodic life, no reward clipping, no fire reset of its own),
+    the id's sticky actions kept, no `AtariTraining`, and FIRE pressed for the policy as on the Gymnasium backend
+    (two steps where actions are sticky: ALE/Breakout-v5's 0.25)."""
+    from rlspeed.envs import atari
+    from rlspeed.envs.base import EnvWrapper
+
+    env = atari.for_evaluation(make_env("ALE/Breakout-v5", num_envs=1, seed=0, backend="envpool", evaluation=True,
+                                        device="cpu"))
+    try:
+        assert isinstance(env, atari.FireToStart) and env.steps == atari.STICKY_FIRE_STEPS
+        layers, inner = [], env
+        while isinstance(inner, EnvWrapper):
+            layers.append(type(inner))
+            inner = inner.env
+        assert atari.AtariTraining not in layers and isinstance(inner, envpool_env.EnvPoolEnv)
+        config = inner.pool.spec.config
+        assert (config.episodic_life, config.reward_clip, config.use_fire_reset) == (False, False, False)
+        assert config.repeat_action_probability == pytest.approx(0.25)
+        assert (config.frame_skip, config.noop_max, config.stack_num) == (atari.FRAME_SKIP, atari.NOOP_MAX,
+                                                                          atari.FRAME_STACK)
+    finally:
+        env.close()
+
+
+@needs_envpool
 def test_auto_takes_envpool_for_atari_only():
     assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"
     assert resolve_backend("CartPole-v1", "auto", 64, "cpu") == "torch"
