@@ -20,6 +20,7 @@ from conftest import endless_pendulum_id
 import rlspeed
 from rlspeed import DQN, PPO, SAC
 from rlspeed.callbacks import BaseCallback
+from rlspeed.errors import warn_at_caller
 from rlspeed.logging import ProgressBar
 
 
@@ -1164,6 +1165,44 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     monkeypatch.undo()
     assert rlspeed.evaluation.evaluation_env_cap("gymnasium-async") < 1000 < rlspeed.evaluation.evaluation_env_cap(
         "gymnasium")
+
+
+def test_episodes_cut_in_waves_are_told_once_with_the_step_limit_the_waves_ran(ppo, monkeypatch):
+    """The waves' one warning of their unfinished episodes names all of them and the step limit: the waves read the
+    limit back from the text of each wave's warning (a second rule, gone with a change of its wording); each wave now
+    hands it over as data, and only the joined warning is given."""
+    said = []
+    warn = rlspeed.evaluation.warn_unfinished
+    monkeypatch.setattr(rlspeed.evaluation, "warn_unfinished", lambda *args, **kwargs: said.append(args[:3])
+                        or warn(*args, **kwargs))
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 3)
+    with pytest.warns(UserWarning, match="7 of 7 episodes were still running after 2 steps"):
+        assert rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium", max_steps=2)["unfinished"] == 7
+    assert said == [(7, 7, 2)]
+
+
+def test_a_warning_of_a_wave_goes_through_the_callers_filters_as_it_comes(ppo, monkeypatch):
+    """The waves recorded every warning (all shown) and gave each again after the last wave: a caller's
+    simplefilter("error") stopped the evaluation only after every wave had run. A wave's warning now meets the
+    caller's filters as it comes (an error stops the first wave), and Python's default shows it once."""
+    waves = []
+    make_env = rlspeed.evaluation.make_env
+
+    def made(*args, **kwargs):  # (a warning each wave gives as it makes its envs)
+        waves.append(kwargs["num_envs"])
+        warn_at_caller("a wave's warning", UserWarning)
+        return make_env(*args, **kwargs)
+
+    monkeypatch.setattr(rlspeed.evaluation, "make_env", made)
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 3)
+    with warnings.catch_warnings(), pytest.raises(UserWarning, match="a wave's warning"):
+        warnings.simplefilter("error")
+        rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+    assert waves == [3]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+    assert waves == [3, 3, 3, 1] and [str(w.message) for w in caught] == ["a wave's warning"]
 
 
 def test_episodes_on_another_env_id_run_in_waves_of_the_backend_auto_picks(ppo, monkeypatch):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 import re
 import secrets
 import typing
-import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -308,8 +308,12 @@ def evaluate(model: rlspeed.algos.Algorithm,
     if unfinished:
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
-        warn_unfinished(unfinished, episodes, limit,
-                        f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
+        wave = _WAVE_LIMITS.get()
+        if wave is not None:  # (a wave of `_evaluate_in_waves`: its one warning joins every wave's)
+            wave.append(limit)
+        else:
+            warn_unfinished(unfinished, episodes, limit,
+                            f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
     return _result(returns.cpu().tolist(), [int(n) for n in lengths.cpu().tolist()], unfinished,
                    None if succeeded is None else succeeded.cpu().tolist(), seed)
 
@@ -335,34 +339,37 @@ def evaluation_env_cap(backend: str) -> int | float:
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
 
 
+#: the step limits of `_evaluate_in_waves`' waves with unfinished episodes, where a wave's `evaluate` puts its limit
+#: in place of its own warning of them (None outside waves)
+_WAVE_LIMITS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_WAVE_LIMITS", default=None)
+
+
 def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
                        max_steps: int | None, env_kwargs: dict | None, progress_bar: bool) -> dict:
     """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs: in waves of at most that many envs, one
     after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`), so each
     episode starts as in one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
-    the unfinished ones of all waves)."""
+    the unfinished ones of all waves, whose step limit each wave hands over in `_WAVE_LIMITS`); the waves' other
+    warnings meet the caller's filters as each wave gives them."""
     cap = int(evaluation_env_cap(backend))
-    returns, lengths, successes, unfinished, limit = [], [], [], 0, None
+    returns, lengths, successes, unfinished, limits = [], [], [], 0, []
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
-    with warnings.catch_warnings(record=True) as caught, contextlib.closing(bar):
-        warnings.simplefilter("always")
-        for first in range(0, episodes, cap):
-            wave = evaluate(model, env_id, episodes=min(cap, episodes - first), seed=seed + first,
-                            deterministic=deterministic, backend=backend, device=device, max_steps=max_steps,
-                            env_kwargs=env_kwargs)
-            returns += wave["returns"]
-            lengths += wave["lengths"]
-            successes += wave.get("successes", [])
-            unfinished += wave["unfinished"]
-            bar.update(len(wave["returns"]))
-    for warning in {str(w.message): w for w in caught}.values():  # (each once; the unfinished ones' joined below)
-        if str(warning.message).startswith("evaluate: ") and " episodes were still running after " in str(
-                warning.message):
-            limit = int(re.search(r"after (\d+) steps", str(warning.message))[1])
-            continue
-        warn_at_caller(str(warning.message), warning.category)
+    waves = _WAVE_LIMITS.set(limits)
+    try:
+        with contextlib.closing(bar):
+            for first in range(0, episodes, cap):
+                wave = evaluate(model, env_id, episodes=min(cap, episodes - first), seed=seed + first,
+                                deterministic=deterministic, backend=backend, device=device, max_steps=max_steps,
+                                env_kwargs=env_kwargs)
+                returns += wave["returns"]
+                lengths += wave["lengths"]
+                successes += wave.get("successes", [])
+                unfinished += wave["unfinished"]
+                bar.update(len(wave["returns"]))
+    finally:
+        _WAVE_LIMITS.reset(waves)
     if unfinished:
-        warn_unfinished(unfinished, episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
+        warn_unfinished(unfinished, episodes, limits[0], f"{RUN_LONGER}; {TIME_LIMIT}")
     return _result(returns, lengths, unfinished, successes if len(successes) == episodes else None, seed)
 
 
