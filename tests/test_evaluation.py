@@ -777,16 +777,15 @@ def test_an_evaluation_that_stops_puts_back_every_normalisation_it_froze(monkeyp
     model.close()
 
 
-class _Unanswering(gym.Wrapper):  # (module level: the workers of a forked AsyncVectorEnv run it)
-    """An env whose `update_running_mean`, the outermost evaluate's `set_attr` reaches, cannot be read."""
-
-    @property
-    def update_running_mean(self):
-        raise RuntimeError("this env cannot say")
+def _cannot_say(wrapper):
+    raise RuntimeError("this env cannot say")
 
 
-def _unanswering_cartpole():
-    return _Unanswering(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1", max_episode_steps=30)))
+def _unanswering_cartpole(attribute="update_running_mean"):  # (module level: a forked AsyncVectorEnv's workers run it)
+    """A normalised CartPole whose `attribute` cannot be read: `update_running_mean`, which the outermost
+    evaluate's `set_attr` reaches, or `obs_rms`, the first statistics evaluate reads."""
+    unanswering = type("_Unanswering", (gym.Wrapper,), {attribute: property(_cannot_say)})
+    return unanswering(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1", max_episode_steps=30)))
 
 
 def test_subprocess_envs_that_cannot_answer_the_freezing_stop_the_evaluation_with_their_own_error(monkeypatch):
@@ -808,6 +807,23 @@ def test_subprocess_envs_that_cannot_answer_the_freezing_stop_the_evaluation_wit
     finally:
         env.close()
     assert len(closed) == 1
+
+
+def test_subprocess_envs_that_cannot_give_their_statistics_stop_the_evaluation_with_their_own_error():
+    """Workers that raised at the first read of their normalisers' statistics (nothing frozen yet) were taken for
+    envs whose statistics cannot be frozen: the evaluation warned so and went on with the workers Gymnasium had shut
+    down, failing with another error. The workers' own error now stops it, as where one raises later."""
+    env = gym.vector.AsyncVectorEnv([functools.partial(_unanswering_cartpole, "obs_rms")] * 2, context="fork",
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        env.reset(seed=0)
+        with warnings.catch_warnings(record=True) as caught, \
+                pytest.raises(RuntimeError, match="^this env cannot say$"):
+            warnings.simplefilter("always")
+            rlspeed.evaluate(PPO("CartPole-v1", device="cpu", seed=0), env, episodes=2, seed=0)
+        assert not [str(w.message) for w in caught if "cannot freeze" in str(w.message)]
+    finally:
+        env.close()
 
 
 def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():

@@ -594,9 +594,9 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
     every normaliser is frozen (one per env), else the inner ones' statistics move during the evaluation. ([], False)
     where they cannot be reached so (an SB3 SubprocVecEnv, whose `set_attr` sets the outermost wrapper whether it has
     the attribute or not; a name twice in one env, whose inner statistics no `set_attr` reaches; envs of other
-    wrappers than each other; envs that cannot answer, where what was changed could be put back). The error of envs
-    that cannot answer is raised where what was changed could not all be put back (a worker that raised is shut down
-    by Gymnasium, and the others' `set_attr` then fails too), with a warning of what was not put back."""
+    wrappers than each other). The error of envs that cannot answer is raised, at the first call as at a later one (a
+    worker that raised is shut down by Gymnasium: no evaluation runs on its envs), after what was changed is put back
+    where it can be (a warning says what was not: the others' `set_attr` fails too)."""
     from rlspeed.envs.gymnasium_env import _subprocess_chains, _subprocess_env
 
     inner = _passed_vector_env(env)
@@ -623,9 +623,8 @@ def _kept_subprocess_statistics(env, names: list[str]) -> tuple[list[typing.Call
         restore.append(lambda: workers.set_attr("update_running_mean", flags))
         workers.set_attr("update_running_mean", False)
     except BaseException as error:  # (envs that cannot answer, or a Ctrl-C: what was changed is put back)
-        if _put_back(list(reversed(restore)), error) or not isinstance(error, Exception):
-            raise
-        return [], False  # (and the warning that they are not frozen)
+        _put_back(list(reversed(restore)), error)
+        raise
     return restore, all(len(names_in) <= 1 for names_in in layers)
 
 
