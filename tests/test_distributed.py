@@ -392,6 +392,26 @@ def test_one_ranks_env_error_ends_an_nproc_run_in_its_sentence_and_one_line_per_
         assert noise not in done.stderr, done.stderr[-3000:]
 
 
+def test_a_refusal_every_nproc_worker_finds_is_printed_once_and_other_lines_stay(capsys, monkeypatch, tmp_path):
+    """Under `rlspeed train --nproc 2` every worker printed the same refusal (RecurrentPPO's default batch_size, one
+    sequence for two processes): the user read the sentence twice. A line another worker of the attempt printed
+    (claimed in the launcher's folder) is left out, its exit code stays 2; another line, or the same one in a
+    restarted attempt, is printed."""
+    from conftest import cli_error
+
+    from rlspeed import cli
+    from rlspeed.lifetime import SAID_FOLDER_VARIABLE
+
+    monkeypatch.setenv(SAID_FOLDER_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    command = ["tune", "ppo", "CartPole-v1"]
+    said = cli_error(capsys, command)  # (the first worker)
+    assert cli.main(command) == 2 and capsys.readouterr().err == ""  # (the second: the same line, once)
+    assert "runs in one process" in cli_error(capsys, ["profile", "ppo", "CartPole-v1"])  # (a line of its own)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert cli_error(capsys, command) == said
+
+
 def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_errors_stay(monkeypatch, tmp_path):
     """A collective whose peer ended (gloo's "Connection closed by peer") raises PeerEnded naming the process that said
     why it ended (`tell_launcher`, in the launcher's folder), or saying that one ended where none did; a collective's

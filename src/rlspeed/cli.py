@@ -60,6 +60,7 @@ from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.lifetime import (
     adopting_orphans,
     end_with_parent,
+    first_to_say,
     peers_said,
     stop_ending_with_parent,
     tell_launcher,
@@ -3579,6 +3580,14 @@ def main(argv: list[str] | None = None) -> int:
                     sys.modules["rlspeed.device"]._process_threads = process_threads_before
 
 
+def _print_error(line: str) -> None:
+    """Print the error line `line` to stderr, unless another process of the same `rlspeed train --nproc` run has
+    printed it (`first_to_say`): every process finds a bad input alike, and the user saw its sentence once per
+    process."""
+    if first_to_say(line):
+        print(line, file=sys.stderr)
+
+
 _OUTPUT_ERRORS = "rlspeed-output"
 
 
@@ -3968,19 +3977,19 @@ def _main(argv: list[str]) -> int:
     except UserError as error:
         if getattr(args, "debug", False):
             raise
-        print(f"rlspeed: error: {_one_line(str(error))}", file=sys.stderr)
+        _print_error(f"rlspeed: error: {_one_line(str(error))}")
         return 75 if isinstance(error, Busy) else 2  # (75: another process holds the run or study; again later)
     except EnvStepError as error:
         if getattr(args, "debug", False):
             raise
-        print(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).", file=sys.stderr)
+        _print_error(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).")
         return 1
     except Warning as error:  # (a warning raised as an error: `python -W error`, PYTHONWARNINGS=error)
         if getattr(args, "debug", False):
             raise
         text = _one_line(str(error)).removeprefix("rlspeed: ").rstrip(".")
-        print(f"rlspeed: error: {text} ({type(error).__name__}, an error by the warning filter, -W error or "
-              "PYTHONWARNINGS; --debug shows the traceback).", file=sys.stderr)
+        _print_error(f"rlspeed: error: {text} ({type(error).__name__}, an error by the warning filter, -W error or "
+                     "PYTHONWARNINGS; --debug shows the traceback).")
         return 1
     except PeerEnded as error:  # (the process that ended has said why: this one's line only names it)
         if getattr(args, "debug", False):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import signal
 import sys
@@ -156,6 +157,26 @@ def peers_said() -> dict[int, int]:
         return {}
     return {rank: code for attempt, rank, code, follows in workers_said(folder).values()
             if attempt == _attempt() and not follows}
+
+
+def first_to_say(line: str) -> bool:
+    """Whether this worker of `python -m rlspeed._torchrun` (`rlspeed train --nproc`) is the first of its attempt to
+    say `line`: each claims the line in the launcher's folder (`SAID_FOLDER_VARIABLE`) before it prints it, so that a
+    refusal every process finds alike (a bad input) is printed once, not once per process; lines that differ are all
+    printed. True elsewhere, and where the folder cannot be written."""
+    folder = os.environ.get(SAID_FOLDER_VARIABLE)
+    if not folder:
+        return True
+    lines = Path(folder, "lines")  # (beside the workers' files: `workers_said` reads none from a folder)
+    name = f"{_attempt()}-{hashlib.sha256(line.encode('utf-8', 'replace')).hexdigest()[:32]}"
+    try:
+        lines.mkdir(exist_ok=True)
+        Path(lines, name).open("x").close()
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 @contextlib.contextmanager
