@@ -412,6 +412,29 @@ def test_a_refusal_every_nproc_worker_finds_is_printed_once_and_other_lines_stay
     assert cli_error(capsys, command) == said
 
 
+def test_save_replay_buffer_with_nproc_is_refused_before_torchrun_starts(capsys, monkeypatch, tmp_path):
+    """`--save-replay-buffer --nproc 2` trained and wrote process 0's replay buffer beside each checkpoint (the other
+    process's transitions nowhere), and a --nproc resume ignored it with a warning (each process refilled its buffer
+    from empty): now one sentence, exit code 2, before torchrun starts or a directory is made; a resume that takes
+    the setting from its run says how to turn it off."""
+    from conftest import cli_error
+
+    from rlspeed import cli
+
+    def launched(args):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(cli, "_launch_torchrun", launched)
+    run = tmp_path / "run"
+    line = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--nproc", "2", "--save-replay-buffer", "--out", str(run)])
+    assert "--save-replay-buffer applies to a run in one process" in line and "drop --save-replay-buffer" in line
+    assert not run.exists()
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: dqn\nenv_id: CartPole-v1\nseed: 0\nsave_replay_buffer: true\n")
+    line = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--nproc", "2", "--resume", "--out", str(run)])
+    assert "resume with --no-save-replay-buffer" in line
+
+
 def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_errors_stay(monkeypatch, tmp_path):
     """A collective whose peer ended (gloo's "Connection closed by peer") raises PeerEnded naming the process that said
     why it ended (`tell_launcher`, in the launcher's folder), or saying that one ended where none did; a collective's
