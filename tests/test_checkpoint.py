@@ -1073,15 +1073,19 @@ for name, path in zip(("PPO", "SAC"), sys.argv[1:]):
     model = getattr(rlspeed, name).load(path, device="cpu")
     model.learn(16, progress_bar=False)
     assert model.update_summary()["implementation"] == "hand-derived"
-    getattr(rlspeed, name).load(model.save(path + "_trained"), device="cpu").learn(8, progress_bar=False)
+    steps = model._n_updates  # (the resumed model steps the optimizer its checkpoint's state went into)
+    resumed = getattr(rlspeed, name).load(model.save(path + "_trained"), device="cpu").learn(16, progress_bar=False)
+    assert steps > 0 and resumed._n_updates > steps, (name, steps, resumed._n_updates)
 trained = []
 off_policy = {"learning_starts": 4, "batch_size": 4}
+on_policy = {"num_steps": 4, "batch_size": 4, "n_epochs": 1}
 for name, env_id, settings in (("A2C", "CartPole-v1", {"num_steps": 4}), ("DQN", "CartPole-v1", off_policy),
                                ("TD3", "Pendulum-v1", off_policy), ("DDPG", "Pendulum-v1", off_policy),
-                               ("RecurrentPPO", "CartPole-v1", {"num_steps": 4, "batch_size": 4}),
-                               ("PPO", "CartPole-v1", {"num_steps": 4, "batch_size": 4, "fused_update": False})):
+                               ("RecurrentPPO", "CartPole-v1", on_policy),
+                               ("PPO", "CartPole-v1", {**on_policy, "fused_update": False})):
     model = getattr(rlspeed, name)(env_id, seed=0, device="cpu", num_envs=1, net_arch=[4], **settings)
     model.learn(8, progress_bar=False)
+    assert model._n_updates > 0, name  # (an optimizer step taken: the import it would make is what is checked)
     trained.append(f"{name} {model.update_summary()['implementation']}")
 print(trained)
 print(sorted(name for name in sys.modules if name.startswith("torch._dynamo")))
