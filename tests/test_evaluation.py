@@ -1179,8 +1179,15 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     assert sizes == [3, 3, 1]
     assert {key: waves[key] for key in whole} == whole
     monkeypatch.undo()
-    assert rlspeed.evaluation.evaluation_env_cap("gymnasium-async") < 1000 < rlspeed.evaluation.evaluation_env_cap(
-        "gymnasium")
+    # the cap: subprocess envs by CPU cores, at least a floor (a 1,000-episode evaluation on 2 cores forks that many,
+    # not 1,000); Gymnasium's in-process envs many more; none for the other backends
+    cap, module = rlspeed.evaluation.evaluation_env_cap, rlspeed.evaluation
+    per_cpu, least = module.SUBPROCESS_EVALUATION_ENVS_PER_CPU, module.MIN_SUBPROCESS_EVALUATION_ENVS
+    assert 2 * per_cpu <= least < 64 * per_cpu and least < 1000 < cap("gymnasium")  # (the cases below tell them apart)
+    for cores, expected in ((None, least), (1, least), (2, least), (64, 64 * per_cpu)):
+        monkeypatch.setattr(module.os, "cpu_count", lambda cores=cores: cores)
+        assert cap("gymnasium-async") == expected, cores
+    assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("torch") == cap("envpool") == math.inf
 
 
 def test_episodes_cut_in_waves_are_told_once_with_the_step_limit_the_waves_ran(ppo, monkeypatch):
