@@ -89,7 +89,8 @@ def test_an_images_sides_are_read_alike_in_either_layout():
     built on each, the side `cnn=auto` picks by and the CNN it picks follow it (20 rows: the strided CNN)."""
     first, last = _box((3, 20, 60)), _box((20, 60, 3))
     assert image_shape(first) == image_shape(last) == (3, 20, 60)
-    assert image_shape(_box((10, 10, 10), np.bool_, 0, 1)) == (10, 10, 10)  # (a tie: channels last)
+    # (a tie of the first and last sides: channels last, 4 rows of 20, where the smallest-first rule read 4 channels)
+    assert image_shape(_box((4, 20, 4), np.bool_, 0, 1)) == (4, 4, 20)
     assert image_shape(_box((20, 60))) is None and image_side(_box((20, 60))) is None
     assert image_side(first) == image_side(last) == 20
     cnn_first, cnn_last = CNNEncoder(first, 8), CNNEncoder(last, 8)
