@@ -1539,14 +1539,21 @@ def test_warnings_are_one_rlspeed_line_and_a_diverged_run_says_how_to_rerun(tmp_
     assert "give --overwrite to train there again" in lines[-1]
 
 
-def test_resume_without_seed_keeps_the_runs_own_seed(tmp_path, monkeypatch):
+def test_resume_without_seed_keeps_the_runs_own_seed(tmp_path, monkeypatch, capsys):
     """A run started with --seed 7 and resumed without --seed goes on with seed 7: config.yaml and summary.json keep
-    it, and the final evaluation's episodes are seed 7's (not the default seed 0's)."""
+    it, and the final evaluation's episodes are seed 7's (not the default seed 0's). The resumed run names the export
+    beside it, of the model it replaced (`_say_stale_exports`)."""
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "200", "--no-progress",
             "--set", "num_steps=16", "--out", "run"]
     assert cli.main([*argv, "--total-timesteps", "400", "--seed", "7"]) == 0
+    (tmp_path / "run" / "model.onnx").write_text("")  # (export's files, as `rlspeed export run` leaves them)
+    (tmp_path / "run" / "model.onnx.json").write_text(json.dumps({"format": "onnx", "algo": "PPO",
+                                                                  "num_timesteps": 400}))
+    capsys.readouterr()
     assert cli.main([*argv, "--total-timesteps", "800", "--resume"]) == 0
+    assert "run/model.onnx is an export of the model at 400 steps, not of this model.safetensors at" in (
+        capsys.readouterr().err)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 800
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == summary["seed"] == 7
@@ -1821,11 +1828,6 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert cli.main([*argv, "--checkpoint-freq", "256"]) == 0
     assert cli.main(["export", "run", "--format", "torchscript"]) == 0
     assert (tmp_path / "run" / "model.pt").exists() and (tmp_path / "run" / "model.pt.json").exists()
-    # --resume replaces the model, not the export beside it (deployed, it was the older policy, unsaid): it is named
-    capsys.readouterr()
-    assert cli.main([*argv, "--total-timesteps", "512", "--resume"]) == 0
-    assert ("run/model.pt is an export of the model at 256 steps, not of this model.safetensors at 512: redo it with "
-            "rlspeed export run --format torchscript --overwrite") in capsys.readouterr().err
     assert cli.main([*argv, "--overwrite"]) == 0
     assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
     assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2
@@ -1844,6 +1846,26 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert cli.main([*argv[:-1], "mine"]) == 0
     assert cli.main([*argv[:-1], "mine", "--overwrite"]) == 0
     assert (tmp_path / "mine" / "model.pt").read_text() == "the user's"
+
+
+def test_a_resumed_runs_note_names_each_export_of_a_model_of_other_steps(tmp_path, capsys):
+    """--resume replaces the model, not the exports beside it (deployed, one is the older policy, unsaid): the note
+    names each export `rlspeed export` made of a model of other steps, with the command that redoes it, and no other
+    file (the resumed run's own note: test_resume_without_seed_keeps_the_runs_own_seed)."""
+    for name, steps in (("model.pt", 256), ("model.onnx", 512), ("model.pt2", None)):
+        (tmp_path / name).write_text("")
+        (tmp_path / f"{name}.json").write_text(json.dumps({"format": "?", "algo": "PPO", "num_timesteps": steps}))
+    (tmp_path / "model.pt2").unlink()  # (its metadata left without it: no export there)
+    cli._say_stale_exports(print, tmp_path, 512)
+    assert capsys.readouterr().err.splitlines() == [
+        f"rlspeed: note: {tmp_path / 'model.pt'} is an export of the model at 256 steps, not of this "
+        f"model.safetensors at 512: redo it with rlspeed export {tmp_path} --format torchscript --overwrite."]
+    (tmp_path / "model.pt2").write_text("")  # (an export whose metadata holds no step count: of other steps)
+    (tmp_path / "model.onnx.json").write_text("{}")  # (a user's own file, not export's metadata: not named)
+    cli._say_stale_exports(print, tmp_path, 1_024)
+    assert [line.split(" is an export of the model at ")[1].split(":")[0] for line in
+            capsys.readouterr().err.splitlines()] == ["256 steps, not of this model.safetensors at 1,024",
+                                                       "other steps, not of this model.safetensors at 1,024"]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
