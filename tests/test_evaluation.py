@@ -1190,6 +1190,21 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("torch") == cap("envpool") == math.inf
 
 
+def test_a_seed_near_the_limit_is_taken_or_refused_alike_in_one_batch_and_in_waves(ppo, monkeypatch):
+    """Episode i is seeded seed + i: one batch took a seed whose episodes' seeds passed 2**63 (Gymnasium seeds any
+    integer) while waves refused it (a wave's seed over the limit). Both now take seeds whose episodes stay below
+    2**63, equal, and refuse the others up front in one sentence."""
+    seed = 2**63 - 3
+    whole = rlspeed.evaluate(ppo, episodes=3, seed=seed, backend="gymnasium")
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 2)
+    waves = rlspeed.evaluate(ppo, episodes=3, seed=seed, backend="gymnasium")
+    assert {key: waves[key] for key in whole} == whole
+    for cap in (2, math.inf):  # (in waves, its third wave seeded 2**63 + 1; in one batch)
+        monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend, cap=cap: cap)
+        with pytest.raises(rlspeed.UserError, match=r"leaves room for 3 episodes, not 5\.$"):
+            rlspeed.evaluate(ppo, episodes=5, seed=seed, backend="gymnasium")
+
+
 def test_episodes_cut_in_waves_are_told_once_with_the_step_limit_the_waves_ran(ppo, monkeypatch):
     """The waves' one warning of their unfinished episodes names all of them and the step limit: the waves read the
     limit back from the text of each wave's warning (a second rule, gone with a change of its wording); each wave now

@@ -180,8 +180,9 @@ def evaluate(model: rlspeed.algos.Algorithm,
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
-    so the training that follows) as they were. Without a seed one is drawn; the result's ``"seed"`` repeats it
-    (None for a vector env you built, which this call does not seed then).
+    so the training that follows) as they were. Episode i of an env this call makes is seeded `seed + i` (in one batch
+    or in waves alike), so `seed + episodes` may be at most 2**63. Without a seed one is drawn; the result's
+    ``"seed"`` repeats it (None for a vector env you built, which this call does not seed then).
     """
     refuse_evaluate_keywords(stable_baselines3)
     check_evaluated_model(model)
@@ -196,6 +197,9 @@ def evaluate(model: rlspeed.algos.Algorithm,
           and not is_sb3_vec_env(env_id)):
         _check_env_id(env_id, "evaluate", also=", a single gymnasium.Env, an env rlspeed.make_env made")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: its envs run the episodes in parallel)
+    if seed is not None and size is None and seed + episodes > 2**63:  # (in one batch or in waves alike)
+        raise UserError(f"evaluate seeds episode i with seed + i, below 2**63: a seed of {seed} leaves room for "
+                        f"{2**63 - seed} episodes, not {episodes}.")
     # Episodes each env row counts, as Stable-Baselines3's evaluate_policy spreads them ((episodes + i) // size for
     # row i: every row's first episodes, so that short episodes are not over-counted); one each where `episodes` is
     # the env's size, the only case of an env this call makes.
