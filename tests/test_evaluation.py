@@ -1166,15 +1166,21 @@ def test_learns_result_says_how_many_of_each_evaluations_episodes_were_cut_short
     assert len(model.result.evaluations) == 2 and model.result.unfinished == [2, 2]
 
 
-def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, monkeypatch):
-    """Subprocess envs are capped (one worker process each: 1,000 episodes forked 1,000); episodes over the cap run
-    in waves, each episode seeded as in one env of them all, so a deterministic evaluation's returns are unchanged."""
-    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+def _cap_of_3_recording_sizes(monkeypatch) -> list[int]:
+    """Evaluations run at most 3 envs at once; returned: the sizes of the envs they make, as they make them."""
     sizes = []
     make_env = rlspeed.evaluation.make_env
     monkeypatch.setattr(rlspeed.evaluation, "make_env", lambda *args, **kwargs: sizes.append(kwargs["num_envs"])
                         or make_env(*args, **kwargs))
     monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 3)
+    return sizes
+
+
+def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, monkeypatch):
+    """Subprocess envs are capped (one worker process each: 1,000 episodes forked 1,000); episodes over the cap run
+    in waves, each episode seeded as in one env of them all, so a deterministic evaluation's returns are unchanged."""
+    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
+    sizes = _cap_of_3_recording_sizes(monkeypatch)
     waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
     assert sizes == [3, 3, 1]
     assert {key: waves[key] for key in whole} == whole
@@ -1187,7 +1193,19 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     for cores, expected in ((None, least), (1, least), (2, least), (64, 64 * per_cpu)):
         monkeypatch.setattr(module.os, "cpu_count", lambda cores=cores: cores)
         assert cap("gymnasium-async") == expected, cores
-    assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("torch") == cap("envpool") == math.inf
+    assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("envpool") == math.inf
+    assert cap("torch") == module.NATIVE_EVALUATION_ENVS
+
+
+def test_native_episodes_over_the_cap_run_in_waves_drawing_as_the_rows_of_one_batch(ppo, monkeypatch):
+    """Native torch envs were uncapped (1e6 episodes made 1e6 env rows at once). Their row i draws from (seed, i), not
+    from seed + i: each wave's rows now draw as rows k .. of one env of all the episodes, so the returns are those of
+    one batch, digit for digit."""
+    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="torch")
+    sizes = _cap_of_3_recording_sizes(monkeypatch)
+    waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="torch")
+    assert sizes == [3, 3, 1] and len(set(whole["returns"])) > 1  # (episodes that differ: rows told apart)
+    assert {key: waves[key] for key in whole} == whole
 
 
 def test_a_seed_near_the_limit_is_taken_or_refused_alike_in_one_batch_and_in_waves(ppo, monkeypatch):

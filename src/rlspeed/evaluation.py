@@ -248,8 +248,12 @@ def evaluate(model: rlspeed.algos.Algorithm,
         if size is None and episodes > evaluation_env_cap(backend):  # (the backend make_env would run them on)
             return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
                                       env_kwargs, progress_bar)
+        first_row = _WAVE_FIRST_ROW.get() if backend == "torch" else 0  # (a native wave: rows `first_row ..`)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
-                                            seed=seed, backend=backend, evaluation=True, env_kwargs=options))
+                                            seed=None if first_row else seed, backend=backend, evaluation=True,
+                                            env_kwargs=options))
+        if first_row:  # (row i of the wave draws as row `first_row + i` of one env of all the episodes)
+            env.unwrapped.seed_row_blocks([seed], first_row=first_row)
     limit = episode_step_limit(env, max_steps)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)
@@ -329,15 +333,20 @@ MIN_SUBPROCESS_EVALUATION_ENVS = 16
 #: Gymnasium's in-process envs an evaluation runs at once (tens of KiB each: a CartPole's about 20): more episodes
 #: run in waves of that many
 GYMNASIUM_EVALUATION_ENVS = 10_000
+#: native torch env rows an evaluation runs at once (a few KiB each with the policy's batch: a CartPole's about 2):
+#: more episodes run in waves of that many
+NATIVE_EVALUATION_ENVS = 1_000_000
 
 
 def evaluation_env_cap(backend: str) -> int | float:
     """The envs an evaluation on `backend` makes at once at most: for subprocess envs (`gymnasium-async`, one worker
     process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; for
-    Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; no cap for the other backends (math.inf), whose rows are
-    not seeded `seed + i` (native envs' rows draw from one seed's streams)."""
+    Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; for native torch envs `NATIVE_EVALUATION_ENVS`; no cap
+    for EnvPool's (math.inf), whose rows are seeded from one seed in an order of EnvPool's own."""
     if backend == "gymnasium":
         return GYMNASIUM_EVALUATION_ENVS
+    if backend == "torch":
+        return NATIVE_EVALUATION_ENVS
     if backend != "gymnasium-async":
         return math.inf
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
@@ -346,13 +355,16 @@ def evaluation_env_cap(backend: str) -> int | float:
 #: the step limits of `_evaluate_in_waves`' waves with unfinished episodes, where a wave's `evaluate` puts its limit
 #: in place of its own warning of them (None outside waves)
 _WAVE_LIMITS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_WAVE_LIMITS", default=None)
+#: the first episode of a native wave of `_evaluate_in_waves`, whose rows draw as those rows of one env (0 outside)
+_WAVE_FIRST_ROW: contextvars.ContextVar[int] = contextvars.ContextVar("_WAVE_FIRST_ROW", default=0)
 
 
 def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
                        max_steps: int | None, env_kwargs: dict | None, progress_bar: bool) -> dict:
     """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs: in waves of at most that many envs, one
-    after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`), so each
-    episode starts as in one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
+    after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`; a native
+    env's wave with `seed`, its rows drawing as rows k .. of one env, `_WAVE_FIRST_ROW`), so each episode starts as in
+    one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
     the unfinished ones of all waves, whose step limit each wave hands over in `_WAVE_LIMITS`); the waves' other
     warnings meet the caller's filters as each wave gives them."""
     cap = int(evaluation_env_cap(backend))
@@ -362,9 +374,14 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     try:
         with contextlib.closing(bar):
             for first in range(0, episodes, cap):
-                wave = evaluate(model, env_id, episodes=min(cap, episodes - first), seed=seed + first,
-                                deterministic=deterministic, backend=backend, device=device, max_steps=max_steps,
-                                env_kwargs=env_kwargs)
+                native = backend == "torch"
+                rows = _WAVE_FIRST_ROW.set(first if native else 0)
+                try:
+                    wave = evaluate(model, env_id, episodes=min(cap, episodes - first),
+                                    seed=seed if native else seed + first, deterministic=deterministic,
+                                    backend=backend, device=device, max_steps=max_steps, env_kwargs=env_kwargs)
+                finally:
+                    _WAVE_FIRST_ROW.reset(rows)
                 returns += wave["returns"]
                 lengths += wave["lengths"]
                 successes += wave.get("successes", [])
