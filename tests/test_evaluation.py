@@ -1193,17 +1193,21 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     for cores, expected in ((None, least), (1, least), (2, least), (64, 64 * per_cpu)):
         monkeypatch.setattr(module.os, "cpu_count", lambda cores=cores: cores)
         assert cap("gymnasium-async") == expected, cores
-    assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("envpool") == math.inf
+    assert cap("gymnasium") == module.GYMNASIUM_EVALUATION_ENVS and cap("envpool") == module.ENVPOOL_EVALUATION_ENVS
     assert cap("torch") == module.NATIVE_EVALUATION_ENVS
 
 
-def test_native_episodes_over_the_cap_run_in_waves_drawing_as_the_rows_of_one_batch(ppo, monkeypatch):
-    """Native torch envs were uncapped (1e6 episodes made 1e6 env rows at once). Their row i draws from (seed, i), not
-    from seed + i: each wave's rows now draw as rows k .. of one env of all the episodes, so the returns are those of
-    one batch, digit for digit."""
-    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="torch")
+@pytest.mark.parametrize("backend", ["torch", "envpool"])
+def test_native_and_envpool_episodes_over_the_cap_run_in_waves_as_one_batch(ppo, monkeypatch, backend):
+    """Native torch and EnvPool envs were uncapped (1e6 episodes made 1e6 env rows at once; an EnvPool Atari env is
+    about a MiB). A native row i draws from (seed, i), not from seed + i: each wave's rows now draw as rows k .. of one
+    env of all the episodes; EnvPool seeds env i with seed + i, as Gymnasium. Either way the returns are those of one
+    batch, digit for digit."""
+    if backend == "envpool":
+        pytest.importorskip("envpool")
+    whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend)
     sizes = _cap_of_3_recording_sizes(monkeypatch)
-    waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="torch")
+    waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend)
     assert sizes == [3, 3, 1] and len(set(whole["returns"])) > 1  # (episodes that differ: rows told apart)
     assert {key: waves[key] for key in whole} == whole
 

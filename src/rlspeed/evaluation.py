@@ -336,17 +336,22 @@ GYMNASIUM_EVALUATION_ENVS = 10_000
 #: native torch env rows an evaluation runs at once (a few KiB each with the policy's batch: a CartPole's about 2):
 #: more episodes run in waves of that many
 NATIVE_EVALUATION_ENVS = 1_000_000
+#: EnvPool's envs an evaluation runs at once (in-process C++ envs, an Atari game's about a MiB each with its buffers):
+#: more episodes run in waves of that many (EnvPool seeds env i with `seed + i`, as Gymnasium)
+ENVPOOL_EVALUATION_ENVS = 1_000
 
 
 def evaluation_env_cap(backend: str) -> int | float:
     """The envs an evaluation on `backend` makes at once at most: for subprocess envs (`gymnasium-async`, one worker
     process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; for
-    Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; for native torch envs `NATIVE_EVALUATION_ENVS`; no cap
-    for EnvPool's (math.inf), whose rows are seeded from one seed in an order of EnvPool's own."""
+    Gymnasium's in-process envs `GYMNASIUM_EVALUATION_ENVS`; for native torch envs `NATIVE_EVALUATION_ENVS`; for
+    EnvPool's `ENVPOOL_EVALUATION_ENVS`; no cap for other backends (math.inf)."""
     if backend == "gymnasium":
         return GYMNASIUM_EVALUATION_ENVS
     if backend == "torch":
         return NATIVE_EVALUATION_ENVS
+    if backend == "envpool":
+        return ENVPOOL_EVALUATION_ENVS
     if backend != "gymnasium-async":
         return math.inf
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
