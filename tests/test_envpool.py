@@ -132,6 +132,10 @@ def test_seeds_make_runs_repeatable_and_reset_seed_restarts_the_streams():
     assert torch.equal(first_obs(0, reset_seed=6), first_obs(6))
     one = first_obs(5)
     assert len({tuple(row.tolist()) for row in one}) == 4  # each env its own stream
+    # EnvPool's seeds are C++ ints: a model's seed from 2**31 (below 2**32) or an evaluation's stopped it on an
+    # AssertionError; now one sentence
+    with pytest.raises(UserError, match=r"^EnvPool takes seeds from 0 to 2\*\*31 - 1, not 2147483648: give"):
+        first_obs(2**31)
 
 
 @needs_envpool

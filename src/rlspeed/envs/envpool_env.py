@@ -95,8 +95,9 @@ class EnvPoolEnv(BatchedEnv):
 
     `env_id`: the Gymnasium id of a task EnvPool has (UserError otherwise); `num_threads`: EnvPool's, the threads
     that step the envs (0: EnvPool's default).
-    `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`); `reset(seed=s)` with another seed
-    makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids add `info["lives"]`.
+    `seed` (below 2**31: EnvPool's are C++ ints) seeds the pool when it is made (EnvPool seeds env i with `seed + i`);
+    `reset(seed=s)` with another seed makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids
+    add `info["lives"]`.
     """
 
     backend = "envpool"
@@ -140,6 +141,9 @@ class EnvPoolEnv(BatchedEnv):
                               else np.asarray(self.pool.action_space.sample()).dtype)
 
     def _make_pool(self, seed: int):
+        if not 0 <= seed < 2**31:  # (EnvPool's seeds are C++ ints: a larger one stopped it on an AssertionError)
+            raise UserError(f"EnvPool takes seeds from 0 to 2**31 - 1, not {seed}: give a smaller seed, or another env "
+                            "backend (gymnasium, or torch where the env has a native one).")
         envpool = import_envpool()
         with warnings.catch_warnings():
             # EnvPool builds float32 Boxes from float64 bounds, and Gymnasium warns about the cast on every make
