@@ -133,9 +133,11 @@ def test_seeds_make_runs_repeatable_and_reset_seed_restarts_the_streams():
     one = first_obs(5)
     assert len({tuple(row.tolist()) for row in one}) == 4  # each env its own stream
     # EnvPool's seeds are C++ ints: a model's seed from 2**31 (below 2**32) or an evaluation's stopped it on an
-    # AssertionError; now one sentence
-    with pytest.raises(UserError, match=r"^EnvPool takes seeds from 0 to 2\*\*31 - 1, not 2147483648: give"):
-        first_obs(2**31)
+    # AssertionError, and env seeds past 2**31 wrapped round; now one sentence
+    for seed, room in ((2**31, 0), (2**31 - 3, 3)):
+        with pytest.raises(UserError, match=rf"^EnvPool seeds .* a seed of {seed} leaves room for {room} envs, not 4;"):
+            first_obs(seed)
+    first_obs(2**31 - 4)
 
 
 @needs_envpool

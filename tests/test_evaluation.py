@@ -1210,6 +1210,10 @@ def test_native_and_envpool_episodes_over_the_cap_run_in_waves_as_one_batch(ppo,
     waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend)
     assert sizes == [3, 3, 1] and len(set(whole["returns"])) > 1  # (episodes that differ: rows told apart)
     assert {key: waves[key] for key in whole} == whole
+    if backend == "envpool":  # (EnvPool's seeds are C++ ints: refused up front, not at the wave that passes 2**31)
+        with pytest.raises(rlspeed.UserError, match="leaves room for 5 envs, not 7"):
+            rlspeed.evaluate(ppo, episodes=7, seed=2**31 - 5, backend=backend)
+        assert sizes == [3, 3, 1]
 
 
 def test_a_seed_near_the_limit_is_taken_or_refused_alike_in_one_batch_and_in_waves(ppo, monkeypatch):

@@ -27,6 +27,7 @@ from rlspeed.envs.base import (
     space_text,
     space_to_json,
 )
+from rlspeed.envs.envpool_env import check_envpool_seeds
 from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
@@ -245,6 +246,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
                                 f"'{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         backend = resolve_backend(env_id, backend, episodes, resolve_device(device)) if size is None else backend
+        if backend == "envpool" and size is None:  # (up front: in waves, a later wave's seeds would pass the limit)
+            check_envpool_seeds(seed, episodes)
         if size is None and episodes > evaluation_env_cap(backend):  # (the backend make_env would run them on)
             return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
                                       env_kwargs, progress_bar)

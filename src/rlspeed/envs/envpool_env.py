@@ -77,6 +77,15 @@ def envpool_task(env_id: str) -> str | None:
     return env_id if env_id in ids else None
 
 
+def check_envpool_seeds(seed: int, count: int) -> None:
+    """UserError unless `count` EnvPool envs seeded `seed` (env i with `seed + i`) all get seeds EnvPool takes, C++
+    ints below 2**31 (a larger seed stopped EnvPool on a bare AssertionError; env seeds past it wrapped round)."""
+    if not 0 <= seed <= 2**31 - count:
+        raise UserError(f"EnvPool seeds env i with seed + i, below 2**31: a seed of {seed} leaves room for "
+                        f"{max(0, 2**31 - seed)} envs, not {count}; give a smaller seed, or another env backend "
+                        "(gymnasium, or torch where the env has a native one).")
+
+
 def _atari_game(env_id: str) -> str | None:
     """The game's CamelCase name in an Atari id: ALE/Breakout-v5, BreakoutNoFrameskip-v4, Breakout-v4 -> Breakout."""
     match = re.match(r"^(?:ALE/)?([A-Za-z0-9]+?)(?:NoFrameskip|Deterministic)?-v\d+$", env_id)
@@ -95,7 +104,7 @@ class EnvPoolEnv(BatchedEnv):
 
     `env_id`: the Gymnasium id of a task EnvPool has (UserError otherwise); `num_threads`: EnvPool's, the threads
     that step the envs (0: EnvPool's default).
-    `seed` (below 2**31: EnvPool's are C++ ints) seeds the pool when it is made (EnvPool seeds env i with `seed + i`);
+    `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`, below 2**31: `check_envpool_seeds`);
     `reset(seed=s)` with another seed makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids
     add `info["lives"]`.
     """
@@ -141,9 +150,7 @@ class EnvPoolEnv(BatchedEnv):
                               else np.asarray(self.pool.action_space.sample()).dtype)
 
     def _make_pool(self, seed: int):
-        if not 0 <= seed < 2**31:  # (EnvPool's seeds are C++ ints: a larger one stopped it on an AssertionError)
-            raise UserError(f"EnvPool takes seeds from 0 to 2**31 - 1, not {seed}: give a smaller seed, or another env "
-                            "backend (gymnasium, or torch where the env has a native one).")
+        check_envpool_seeds(seed, self.num_envs)
         envpool = import_envpool()
         with warnings.catch_warnings():
             # EnvPool builds float32 Boxes from float64 bounds, and Gymnasium warns about the cast on every make
@@ -215,4 +222,4 @@ class EnvPoolEnv(BatchedEnv):
         self.pool.close()
 
 
-__all__ = ["EnvPoolEnv", "envpool_installed", "envpool_task", "INSTALL"]
+__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_task", "INSTALL"]
