@@ -212,6 +212,23 @@ def test_a_wrapped_vector_envs_time_limit_is_its_envs(mode):
         env.close()
 
 
+def test_nested_time_limits_give_the_soonest_cut():
+    """TimeLimit(gym.make("CartPole-v1"), 1000) ends its episodes at the registered 500 steps: the model took the
+    outer 1000 (its spec's) as the envs' time limit, which evaluation's step cap and the report name."""
+    from rlspeed import make_env
+
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+    for outer, inner, soonest in ((1000, None, 500), (30, None, 30), (1000, 40, 40)):
+        def made(outer=outer, inner=inner):
+            return gym.wrappers.TimeLimit(gym.make("CartPole-v1", max_episode_steps=inner), outer)
+
+        for vector_env in (gym.vector.SyncVectorEnv([made], autoreset_mode=same_step), sb3.DummyVecEnv([made])):
+            env = make_env(vector_env)
+            assert env.spec.max_episode_steps == soonest, (type(vector_env).__name__, outer, inner)
+            env.close()
+
+
 def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
     """SAC trained on RescaleAction(-1, 1) scales its actions to [-1, 1]: evaluated on the stock Pendulum they are half
     the torques (evaluate warns); a reward wrapper around the training env changes the logged returns (the model

@@ -857,11 +857,9 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     timed = bool(chains) and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains)
     inner = getattr(vector_env, "unwrapped", vector_env)
     if isinstance(inner, gym.vector.VectorEnv) and chains is None and getattr(inner, "envs", None):
-        # (a SyncVectorEnv's envs are at hand: each one's outermost TimeLimit, which `set_attr` sets)
-        limits = [next((layer._max_episode_steps for layer in _env_chain(env) if type(layer).__name__ in limited),
-                       False) for env in inner.envs]
-        if all(limit is not False for limit in limits):
-            return _limit(limits[0])
+        limit = _in_process_time_limit(inner)
+        if limit is not False:
+            return limit
     elif isinstance(inner, gym.vector.AsyncVectorEnv) and timed:
         return _limit(_worker_answer(inner, "_max_episode_steps")[0])  # (TimeLimit's: an int)
     specs = _env_specs(vector_env)
@@ -870,6 +868,21 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     if specs is None:
         return default
     return _limit(specs[0].max_episode_steps)
+
+
+def _in_process_time_limit(inner) -> int | None | bool:
+    """The time limit of the envs of an in-process vector env (`envs` at hand: Gymnasium's SyncVectorEnv, SB3's
+    DummyVecEnv), as its first env's episodes are cut: the smallest among the TimeLimits (or subclasses:
+    `_time_limit_names`) of its wrapper chain, as the soonest cut ends the episode whatever the others say (a
+    spec gives the outermost's alone; `set_attr` sets the outermost's); None where they set no limit, False where an
+    env has no TimeLimit."""
+    limited, found = _time_limit_names(), []
+    for env in getattr(inner, "envs", None) or []:
+        limits = [_limit(layer._max_episode_steps) for layer in _env_chain(env) if type(layer).__name__ in limited]
+        if not limits:
+            return False
+        found.append(min((limit for limit in limits if limit is not None), default=None))
+    return found[0] if found else False
 
 
 def _limit(steps) -> int | None:

@@ -22,6 +22,7 @@ from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     HostObservations,
     _envs_time_limit,
+    _in_process_time_limit,
     _to_numpy_actions,
     _vector_env_spec,
     add_success,
@@ -145,10 +146,14 @@ class SB3VecEnv(BatchedEnv):
         self.num_envs = int(vec_env.num_envs)
         obs_space, action_space = vec_env.observation_space, vec_env.action_space
         spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
-        registered = registered_vector_env_id(vec_env) is not None  # see GymnasiumEnv: the id only if it rebuilds
+        max_steps = _in_process_time_limit(getattr(vec_env, "unwrapped", vec_env))  # (nested TimeLimits: the soonest)
+        if max_steps is False:
+            max_steps = spec.max_episode_steps if spec is not None else _envs_time_limit(vec_env, None)
+        # see GymnasiumEnv: the id only if it rebuilds, with the envs' time limit
+        registered = (registered_vector_env_id(vec_env) is not None and spec is not None
+                      and max_steps == spec.max_episode_steps)
         self.spec = EnvSpec.from_spaces(spec.id if registered else USER_SB3_VEC_ENV, obs_space, action_space,
-                                        spec.max_episode_steps if spec is not None else _envs_time_limit(vec_env, None),
-                                        spec.reward_threshold if registered else None)
+                                        max_steps, spec.reward_threshold if registered else None)
         refuse_failed_asks(vec_env)
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
