@@ -176,8 +176,11 @@ def test_fire_reset_serves_the_ball_in_hidden_steps_as_sb3s_atari_wrapper():
 def test_fire_reset_is_refused_where_it_cannot_apply():
     with pytest.raises(rlspeed.UserError, match="MsPacmanNoFrameskip-v4 has no FIRE"):
         make_env("MsPacmanNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": True})
-    with pytest.raises(rlspeed.UserError, match="fire_reset is true or false, got 'yes'"):
-        make_env("BreakoutNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": "yes"})
+    for value in ("yes", 0.5):
+        with pytest.raises(rlspeed.UserError, match=f"fire_reset is true or false, got {value!r}"):
+            make_env("BreakoutNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": value})
+    # (rlspeed's one rule for switches, as its hyperparameters' and other env options': 0 and 1.0 too)
+    assert [atari.fire_reset_option("BreakoutNoFrameskip-v4", value) for value in (1.0, 0, True)] == [True, False, True]
 
 
 def test_fire_reset_under_sticky_actions_still_gets_fire_to_start_in_evaluation():

@@ -626,6 +626,30 @@ def test_env_options_are_held_to_the_rules_of_rlspeeds_own_settings():
                                                                                                   "scale": 0.5}
 
 
+def test_a_bool_option_and_rlspeeds_own_switches_take_the_same_values():
+    """One rule for true or false: an env's bool option given 1.0 was refused ("takes the option flag as true or
+    false (bool), got 1.0") while a hyperparameter (normalize_advantage=1.0) took it, as did neither make_env's own
+    switches; a number equal to 0 or 1 is one everywhere, any other number none."""
+    from rlspeed.algos.base import coerce
+    from rlspeed.env_options import typed_options
+    from rlspeed.errors import true_or_false
+
+    def creator(flag: bool = False):
+        """An env's entry point."""
+
+    for value, expected in ((1.0, True), (np.float64(0.0), False), (1, True), (False, False)):
+        typed = typed_options("Mine-v0", creator, {"flag": value})["flag"]
+        assert typed is expected and true_or_false("x", value) is expected
+        assert coerce("normalize_advantage", value, bool) is expected
+    for value in (0.5, 2, -1.0, float("nan")):
+        with pytest.raises(rlspeed.UserError, match="true or false"):
+            typed_options("Mine-v0", creator, {"flag": value})
+        with pytest.raises(rlspeed.UserError, match="True or False"):
+            true_or_false("x", value)
+        with pytest.raises(rlspeed.UserError, match="not a valid bool"):
+            coerce("normalize_advantage", value, bool)
+
+
 def test_a_whole_float_time_limit_is_the_envs_time_limit():
     """`--env-kwargs max_episode_steps=200.0` (or env_kwargs={"max_episode_steps": 200.0}) was refused in Gymnasium's
     words ("Expect the `max_episode_steps` to be an integer"), where rlspeed's own int settings take 200.0 as 200."""

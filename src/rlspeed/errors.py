@@ -150,13 +150,16 @@ def is_bool(value) -> bool:
 
 
 def is_true_or_false(value) -> bool:
-    """Whether `value` is one `true_or_false` takes: a bool, numpy's, or the integer 0 or 1."""
-    return is_bool(value) or (isinstance(value, numbers.Integral) and value in (0, 1))
+    """Whether `value` is one `true_or_false` takes: a bool, numpy's, or a number equal to 0 or 1 (1.0 too, as a
+    YAML file or a computed setting gives it). The one rule for rlspeed's own switches, its hyperparameters' and the
+    bool options of an env."""
+    return is_bool(value) or (isinstance(value, numbers.Real) and value in (0, 1))
 
 
 def true_or_false(name: str, value) -> bool:
-    """`value` (True or False: a bool, numpy's, or the integer 0 or 1) as a bool; UserError naming `name` otherwise
-    (a string, None, a float, a list), whose truth value would be taken silently: "False" is true, None false."""
+    """`value` (True or False: a bool, numpy's, or a number equal to 0 or 1) as a bool; UserError naming `name`
+    otherwise (a string, None, another number, a list), whose truth value would be taken silently: "False" is true,
+    None false."""
     if is_true_or_false(value):
         return bool(value)
     raise UserError(f"{name} is True or False, got {value!r}"[:200] + ".")

@@ -110,6 +110,7 @@ from rlspeed.errors import (
     UserError,
     first_line,
     infinite_advice,
+    is_true_or_false,
     no_such_keyword,
     positive_whole,
     seconds,
@@ -658,7 +659,7 @@ def coerce(key: str, value, hint):
                     raise ValueError
                 return _BOOL_TEXT[value.strip().lower()]
             # (a list, a mapping or 2.5 is no on/off value: bool() would take it as one)
-            if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and value in (0, 1)):
+            if is_true_or_false(value):
                 return bool(value)
             raise ValueError
         if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole

@@ -28,7 +28,7 @@ import torch
 
 from rlspeed.envs.base import NO_TIME_LIMIT, BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, is_true_or_false
 
 #: The standard preprocessing (Mnih et al. 2015; Machado et al. 2018 for the v5 ids' sticky actions).
 NOOP_MAX = 30
@@ -145,7 +145,7 @@ class FireReset(gym.Wrapper):
 def fire_reset_option(env_id: str, value) -> bool:
     """The `fire_reset` option's `value` as a bool; UserError unless it is one, or for a game without FIRE as its
     second action."""
-    if not isinstance(value, (bool, np.bool_)):
+    if not is_true_or_false(value):  # (rlspeed's one rule for switches: 1 and 1.0 too)
         raise UserError(f"The Atari option fire_reset is true or false, got {value!r}.")
     if value and fire_action(env_id) is None:
         raise UserError(f"{env_id} has no FIRE as its second action, so fire_reset does not apply: leave it out.")
