@@ -650,6 +650,28 @@ def test_a_bool_option_and_rlspeeds_own_switches_take_the_same_values():
             coerce("normalize_advantage", value, bool)
 
 
+def test_a_whole_number_past_int64_is_refused_not_given_to_the_env():
+    """`--env-kwargs frame_skip=1e300` reached the env as a 301-digit int (and 10**400 failed with OverflowError, as
+    did n_epochs=10**400): a whole number more than 2**63 - 1 in size, for an env's int option or an int
+    hyperparameter, is refused in one sentence; int64's own largest still passes."""
+    from rlspeed.algos.base import coerce
+    from rlspeed.env_options import typed_options
+
+    def creator(frame_skip: int = 5):
+        """An env's entry point."""
+
+    for value, shown in ((1e300, "1e+300"), (10**400, "a 401-digit number"), (-2.0**64, "-1.8446744073709552e+19")):
+        with pytest.raises(rlspeed.UserError, match=rf"^Env 'Mine-v0' takes the option frame_skip as a whole "
+                                                    rf"number \(int\) of at most 2\*\*63 - 1 .* in size, got "
+                                                    rf"{re.escape(shown)}\.$"):
+            typed_options("Mine-v0", creator, {"frame_skip": value})
+        with pytest.raises(rlspeed.UserError, match=rf"^Hyperparameter 'n_epochs' takes a whole number of at most "
+                                                    rf"2\*\*63 - 1 .* got {re.escape(shown)}\.$"):
+            coerce("n_epochs", value, int)
+    assert typed_options("Mine-v0", creator, {"frame_skip": 2**63 - 1}) == {"frame_skip": 2**63 - 1}
+    assert coerce("n_epochs", 1e18, int) == 10**18
+
+
 def test_a_whole_float_time_limit_is_the_envs_time_limit():
     """`--env-kwargs max_episode_steps=200.0` (or env_kwargs={"max_episode_steps": 200.0}) was refused in Gymnasium's
     words ("Expect the `max_episode_steps` to be an integer"), where rlspeed's own int settings take 200.0 as 200."""

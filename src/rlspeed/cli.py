@@ -38,6 +38,7 @@ from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.env_options import as_keywords
 from rlspeed.errors import (
+    MAX_COUNT,
     Busy,
     EnvStepError,
     OtherEnvOptionsWarning,
@@ -173,9 +174,6 @@ def _eval_command(path, seed: int, episodes: int) -> str:
     only where it is not rlspeed eval's default)."""
     return f"rlspeed eval {path} --seed {seed}" + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else "")
 
-
-#: the largest count an option takes: int64's largest, what an index or a step counter holds
-MAX_COUNT = 2**63 - 1
 
 
 def _whole(minimum: int, maximum: int | None = MAX_COUNT):

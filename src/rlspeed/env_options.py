@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlspeed.errors import UserError, is_bool, is_true_or_false
+from rlspeed.errors import UserError, is_bool, is_true_or_false, refuse_past_int64
 
 
 def rebuild(value: Any, sequence: Callable[[list, tuple, bool], Any], path: tuple = ()) -> Any:
@@ -92,6 +92,8 @@ def typed_options(env_id: str, creator: Callable, env_kwargs: dict) -> dict:
                             f"{value!r:.60} ({type(value).__name__}).")
         if declared and wanted is not float and isinstance(value, numbers.Real):  # (an annotation's kind, not a
             # default's: an unannotated `size=8` may take 2.5 in another version of the env)
+            if wanted is int:
+                refuse_past_int64(f"Env '{env_id}' takes the option {name} as a whole number (int)", value)
             typed[name] = wanted(value)
     return typed
 
@@ -104,4 +106,5 @@ def _of_kind(kind: type, value: Any) -> bool:
         return is_true_or_false(value)
     if is_bool(value):
         return False
-    return kind is float or not isinstance(value, numbers.Real) or float(value).is_integer()
+    return (kind is float or not isinstance(value, numbers.Real) or isinstance(value, numbers.Integral)
+            or float(value).is_integer())

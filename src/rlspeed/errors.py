@@ -122,6 +122,19 @@ def infinite_advice(key: str) -> str:
     return ""
 
 
+#: the largest whole number an int setting or an env's int option takes: int64's largest, what an index, a step
+#: counter or an env's C integer holds (1e300 taken as an int is a 301-digit number no env can use)
+MAX_COUNT = 2**63 - 1
+
+
+def refuse_past_int64(what: str, value) -> None:
+    """UserError in one sentence where whole number `value` is more than `MAX_COUNT` in size; `what` begins it
+    ("Hyperparameter 'n_epochs' takes a whole number", "Env 'X' takes the option frame_skip as ...")."""
+    if abs(value) > MAX_COUNT:
+        shown = repr(value) if len(repr(value)) <= 24 else f"a {len(str(abs(int(value))))}-digit number"
+        raise UserError(f"{what} of at most 2**63 - 1 ({MAX_COUNT:.3g}) in size, got {shown}.")
+
+
 def positive_whole(name: str, value, needed_by: str | None = None, minimum: int = 1):
     """`value` (None, or a whole number >= `minimum`, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool,
     a string, 2.5, NaN or infinity), and for None where `needed_by` (what needs the value, "evaluate") is given."""
