@@ -435,6 +435,28 @@ def test_save_replay_buffer_with_nproc_is_refused_before_torchrun_starts(capsys,
     assert "resume with --no-save-replay-buffer" in line
 
 
+def test_save_replay_buffer_under_several_processes_is_refused_from_python(tmp_path):
+    """`DQN(..., strategy=<2 processes>, save_replay_buffer=True)` from Python (torchrun running a user's script)
+    trained and wrote process 0's replay buffer beside each checkpoint, which a resume ignored with a warning: the
+    keyword, assigning `model.save_replay_buffer = True` later and a `CheckpointCallback(save_replay_buffer=True)`
+    are refused in the CLI's sentence; one process still takes it."""
+    from rlspeed import DQN
+    from rlspeed.callbacks import CheckpointCallback
+    from rlspeed.errors import UserError
+
+    with pytest.raises(UserError, match=r"save_replay_buffer=True applies to a run in one process: under torchrun"):
+        DQN("CartPole-v1", device="cpu", strategy=TwinRanks(), num_envs=2, net_arch=(8,), save_replay_buffer=True)
+    model = DQN("CartPole-v1", device="cpu", strategy=TwinRanks(), num_envs=2, net_arch=(8,))
+    with pytest.raises(UserError, match="applies to a run in one process"):
+        model.save_replay_buffer = True
+    assert model.save_replay_buffer == False  # noqa: E712  (a ReplayBufferSaving: compares as its bool)
+    model.save_replay_buffer = False  # (turning it off is no question of processes)
+    checkpoints = CheckpointCallback(save_freq=8, save_path=tmp_path / "saves", save_replay_buffer=True)
+    with pytest.raises(UserError, match=r"CheckpointCallback\(save_replay_buffer=True\) applies to a run in one"):
+        checkpoints.init_callback(model)  # (as learn starts: not at its first save, hours in)
+    assert DQN("CartPole-v1", device="cpu", num_envs=2, net_arch=(8,), save_replay_buffer=True).save_replay_buffer
+
+
 def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_errors_stay(monkeypatch, tmp_path):
     """A collective whose peer ended (gloo's "Connection closed by peer") raises PeerEnded naming the process that said
     why it ended (`tell_launcher`, in the launcher's folder), or saying that one ended where none did; a collective's

@@ -28,7 +28,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed.env_options import as_keywords
-from rlspeed.errors import UserError, positive_whole, true_or_false
+from rlspeed.errors import UserError, positive_whole, refuse_replay_saving, true_or_false
 from rlspeed.files import given_path, local_path, unwritable, write_atomic
 from rlspeed.logging import cut_short, format_return, print_beside_bars, tensorboard_tag
 
@@ -945,6 +945,9 @@ class CheckpointCallback(BaseCallback):
         self._period = _Period(self.save_freq)
 
     def _init_callback(self) -> None:
+        strategy = getattr(self.model, "strategy", None)  # (a population has none: one process)
+        if self.save_replay_buffer and strategy is not None:  # (as learn starts, not at the first save)
+            refuse_replay_saving(strategy.world_size, "CheckpointCallback(save_replay_buffer=True)")
         _made_folder("CheckpointCallback's save_path", self.save_path)
 
     def _on_training_start(self) -> None:

@@ -46,6 +46,7 @@ from rlspeed.errors import (
     UserError,
     infinite_advice,
     peer_algorithm_advice,
+    refuse_replay_saving,
 )
 from rlspeed.files import (
     forget_ended_processes_folders,
@@ -493,14 +494,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         _resume_settings(args)
     if args.video_every == 0:  # (no videos, also where the resumed run recorded some)
         args.video_every = None
-    if args.save_replay_buffer and ((args.nproc or 1) > 1 or _under_torchrun()):
-        # (rank 0 wrote its own buffer beside each checkpoint, which a --nproc resume ignored: each process refills)
+    if args.save_replay_buffer:  # (refused before torchrun starts, with the library's rule)
         inherited = args.resume and "save_replay_buffer" not in _given_options(getattr(args, "argv", []), "train")
         drop = ("resume with --no-save-replay-buffer (the run in --out saves its buffer)" if inherited
                 else "drop --save-replay-buffer")
-        raise UserError("--save-replay-buffer applies to a run in one process: under --nproc each process fills a "
-                        "replay buffer of its own, a checkpoint would hold process 0's alone and a resume restores "
-                        f"none: {drop}, or train without --nproc.")
+        processes = max(args.nproc or 1, int(os.environ.get("WORLD_SIZE", "1")))
+        refuse_replay_saving(processes, "--save-replay-buffer", "--nproc", f"{drop}, or train without --nproc")
     if args.seeds is None:
         _refuse_member_values_without_seeds(args)
         if args.nproc is not None:  # (the launcher writes no summary: each worker takes its own provenance)

@@ -194,6 +194,18 @@ def no_such_keyword(function: str, key: str, taken: Sequence[str] | Callable, na
                      + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 
+def refuse_replay_saving(processes: int, option: str = "save_replay_buffer=True", under: str = "torchrun",
+                         remedy: str = "drop it, or train in one process") -> None:
+    """The rule for saving the replay buffer with checkpoints (`save_replay_buffer`, `--save-replay-buffer`): a run
+    in one process only. UserError where `processes` (the run's process count) is above 1: each process fills a
+    replay buffer of its own, which no one checkpoint file holds. `option` names the setting, `under` what started
+    the processes and `remedy` what to do, as the caller words them."""
+    if processes > 1:
+        raise UserError(f"{option} applies to a run in one process: under {under} each process fills a replay "
+                        f"buffer of its own, a checkpoint would hold process 0's alone and a resume restores none: "
+                        f"{remedy}.")
+
+
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:
     """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
     frame, level = inspect.currentframe(), 1

@@ -114,6 +114,7 @@ from rlspeed.errors import (
     no_such_keyword,
     positive_whole,
     refuse_past_int64,
+    refuse_replay_saving,
     seconds,
     true_or_false,
     warn_at_caller,
@@ -1695,6 +1696,8 @@ class _SaveReplayBuffer:
         return self if model is None else ReplayBufferSaving(model)
 
     def __set__(self, model: Algorithm, value: bool) -> None:
+        if value:  # (refused under several processes, as the keyword is)
+            refuse_replay_saving(getattr(model, "strategy", single_process()).world_size)
         model._checkpoint_replay = bool(value)
 
 
@@ -1827,8 +1830,7 @@ class Algorithm:
         #: callbacks' own scalars (`BaseCallback.logger.record`), written with the next metrics row
         self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
-        self.save_replay_buffer = bool(save_replay_buffer)
-        if self.save_replay_buffer and not self.keeps_replay_buffer:
+        if save_replay_buffer and not self.keeps_replay_buffer:
             raise UserError(f"save_replay_buffer applies to off-policy algorithms (DQN, SAC, TD3, DDPG): "
                             f"{type(self).__name__} keeps no replay buffer; drop it.")
         #: a function telling whether this process was asked to stop (the CLI's signals): learn stops at the end of
@@ -1857,6 +1859,7 @@ class Algorithm:
         self.config = build_config(self.config_cls, hyperparameters)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
+        self.save_replay_buffer = bool(save_replay_buffer)  # (refused under several processes, before any env)
         self.device: torch.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
         self.accelerate = accelerate
