@@ -1856,16 +1856,63 @@ def test_a_resumed_runs_note_names_each_export_of_a_model_of_other_steps(tmp_pat
         (tmp_path / name).write_text("")
         (tmp_path / f"{name}.json").write_text(json.dumps({"format": "?", "algo": "PPO", "num_timesteps": steps}))
     (tmp_path / "model.pt2").unlink()  # (its metadata left without it: no export there)
-    cli._say_stale_exports(print, tmp_path, 512)
+    cli._say_stale_exports(print, tmp_path / "model.safetensors", 512)
     assert capsys.readouterr().err.splitlines() == [
         f"rlspeed: note: {tmp_path / 'model.pt'} is an export of the model at 256 steps, not of this "
         f"model.safetensors at 512: redo it with rlspeed export {tmp_path} --format torchscript --overwrite."]
     (tmp_path / "model.pt2").write_text("")  # (an export whose metadata holds no step count: of other steps)
     (tmp_path / "model.onnx.json").write_text("{}")  # (a user's own file, not export's metadata: not named)
-    cli._say_stale_exports(print, tmp_path, 1_024)
+    cli._say_stale_exports(print, tmp_path / "model.safetensors", 1_024)
     assert [line.split(" is an export of the model at ")[1].split(":")[0] for line in
             capsys.readouterr().err.splitlines()] == ["256 steps, not of this model.safetensors at 1,024",
                                                        "other steps, not of this model.safetensors at 1,024"]
+
+
+def test_an_interrupted_run_and_a_populations_members_name_their_exports_of_other_steps(tmp_path, capsys, monkeypatch):
+    """The stale-export note came only with a finished run's closing lines: Ctrl-C or SIGTERM saved
+    model.safetensors over a model exported beside it, and a population wrote members/seed_<S>.safetensors over
+    one `rlspeed export` had exported, without a word. Every model file the CLI writes names its exports of other
+    steps."""
+    from rlspeed.distributed import single_process
+
+    class Model:
+        _resume, _env = None, None
+
+        def __init__(self, steps):
+            self.num_timesteps = steps
+
+        def save(self, path):
+            Path(path).write_text("")
+
+    def exported(path, steps):
+        path.write_text("")
+        path.with_name(f"{path.name}.json").write_text(json.dumps({"format": "onnx", "algo": "PPO",
+                                                                   "num_timesteps": steps}))
+
+    exported(tmp_path / "model.onnx", 256)
+    monkeypatch.setattr(cli, "_summary", lambda run, final, interrupted: {"total_timesteps": 768})
+    monkeypatch.setattr(cli, "_write_summary", lambda run_dir, summary: None)
+    monkeypatch.setattr(cli, "_draw_learning_curve", lambda run_dir, steps: None)
+    run = {"strategy": single_process(), "model": Model(768), "tracker": None}
+    assert cli._save_interrupted(run, tmp_path, KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rlspeed: note: {tmp_path / 'model.onnx'} is an export of the model at 256 steps, not of this "
+        f"model.safetensors at 768: redo it with rlspeed export {tmp_path} --format onnx --overwrite.")
+
+    class Population:
+        seeds, num_timesteps = [3, 4], 512
+
+        def member_model(self, k):
+            return Model(0)
+
+    (tmp_path / "members").mkdir()
+    exported(tmp_path / "members" / "seed_3.onnx", 512)  # (of these steps: no note)
+    exported(tmp_path / "members" / "seed_4.onnx", 256)
+    cli._save_member_models(Population(), {"members": [{}, {}]}, tmp_path)
+    assert capsys.readouterr().err.splitlines() == [
+        f"rlspeed: note: {tmp_path / 'members' / 'seed_4.onnx'} is an export of the model at 256 steps, not of "
+        f"this seed_4.safetensors at 512: redo it with rlspeed export {tmp_path / 'members' / 'seed_4.safetensors'} "
+        f"--format onnx --overwrite."]
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")

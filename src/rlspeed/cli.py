@@ -1000,6 +1000,7 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
                 left_at = member.get("steps_to_target")
             model.num_timesteps = int(left_at if left_at is not None else population.num_timesteps)
             model.save(run_dir / name)
+        _say_stale_exports(print, run_dir / name, model.num_timesteps)
         saved[str(population.seeds[k])] = name
     return saved
 
@@ -1682,22 +1683,26 @@ def _write_config(run_dir: Path, config: dict) -> None:
     _write_text(run_dir / "config.yaml", yamlfile.dump_run_file(config))
 
 
-def _say_stale_exports(say, run_dir: Path, num_timesteps: int) -> None:
-    """A note naming each `rlspeed export RUN` file in `run_dir` made from a model of other steps than the
-    model.safetensors just saved (`num_timesteps`), with the command that redoes it: --resume replaces the model, not
-    the exports beside it, which a user deploying them would take for the new policy."""
+def _say_stale_exports(say, model_file: Path, num_timesteps: int) -> None:
+    """A note naming each `rlspeed export` file beside `model_file` (its name with an export format's suffix) made
+    from a model of other steps than the `num_timesteps` of the model just saved there, with the command that redoes
+    it. The rule for every model file the CLI writes over (a finished, interrupted or resumed run's
+    model.safetensors, a population's members/seed_<S>.safetensors): the exports beside it are not replaced, and a
+    user deploying one would take it for the new policy."""
     from rlspeed.export import FORMATS
 
+    source = model_file.parent if model_file.name == "model.safetensors" else model_file  # (as `rlspeed export RUN`)
     for format, suffix in FORMATS.items():
-        metadata = _export_metadata(run_dir / f"model{suffix}.json")
-        if metadata is None or not (run_dir / f"model{suffix}").exists():
+        export = model_file.with_suffix(suffix)
+        metadata = _export_metadata(export.with_name(f"{export.name}.json"))
+        if metadata is None or not export.exists():
             continue
         exported = metadata.get("num_timesteps")
         if exported != num_timesteps:
             steps = f"{exported:,} steps" if isinstance(exported, int) else "other steps"
-            say(f"rlspeed: note: {run_dir / f'model{suffix}'} is an export of the model at {steps}, not of this "
-                f"model.safetensors at {num_timesteps:,}: redo it with rlspeed export {run_dir} --format {format} "
-                "--overwrite.", file=sys.stderr)
+            say(f"rlspeed: note: {export} is an export of the model at {steps}, not of this {model_file.name} at "
+                f"{num_timesteps:,}: redo it with rlspeed export {source} --format {format} --overwrite.",
+                file=sys.stderr)
 
 
 def _export_metadata(path: Path) -> dict | None:
@@ -2565,6 +2570,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"({_eval_command(run_dir, eval_seed, episodes)} evaluates it)", file=sys.stderr, flush=True)
+        _say_stale_exports(print, run_dir / "model.safetensors", model.num_timesteps)
         if undrawn:
             with contextlib.suppress(KeyboardInterrupt):  # (as after a stop mid-run: last, a second signal cuts it)
                 _draw_learning_curve(run_dir, model.num_timesteps)
@@ -2608,7 +2614,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     _say_no_video(say, callbacks, model.num_timesteps)
-    _say_stale_exports(say, run_dir, model.num_timesteps)
+    _say_stale_exports(say, run_dir / "model.safetensors", model.num_timesteps)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     cut = _cut_short(final.get("unfinished"), episodes)
     _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{cut}, seed {eval_seed}): "
@@ -2727,6 +2733,8 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
              "it), and saved summary.json")
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
+    if run["model"]._resume is None:  # (the model it saved: exports beside it of other steps are named)
+        _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
     # (last: the slow part, which a second signal cuts short, the run saved)
     with contextlib.suppress(KeyboardInterrupt):
         _draw_learning_curve(run_dir, run["model"].num_timesteps)
