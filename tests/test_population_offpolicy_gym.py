@@ -428,3 +428,25 @@ def test_member_n_step_returns_stop_at_episode_ends_with_each_members_gamma(end)
             assert buffer.rewards[row, k, 0].item() == sum(gamma ** i * (t + 1 + i) for i in range(steps))
             assert buffer.discounts[row, k, 0].item() == gamma ** steps
             assert buffer.terminated[row, k, 0].item() == float(end is not None and t + steps == end)
+
+
+def test_a_first_learn_refuses_member_replays_that_do_not_fit_before_it_builds_envs_or_writes(monkeypatch, tmp_path):
+    """`Population(...)` from Python has no planned budget, so its replays were counted only as learn allocated them:
+    after the members' envs were built and metrics.csv written. The first learn now refuses first, in the sentence
+    `check_fits` gives the CLI."""
+    from rlspeed.buffers import replay
+    from rlspeed.population.base import PopulationBase
+
+    population = Population(DQN, "CartPole-v1", seeds=[0, 1], env_backend="torch", buffer_size=100_000, **SMALL)
+
+    def built(self):
+        raise AssertionError("the envs were built")
+
+    monkeypatch.setattr(PopulationBase, "_start_env", built)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (a fake 1 MiB)
+    with pytest.raises(UserError) as refused:
+        population.learn(1_000_000, run_dir=tmp_path / "run")
+    with pytest.raises(UserError) as said:
+        population.check_fits(1_000_000)
+    assert str(refused.value) == str(said.value) and "the largest buffer_size that fits is" in str(said.value)
+    assert not (tmp_path / "run" / "metrics.csv").exists()

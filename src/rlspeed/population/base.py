@@ -786,6 +786,11 @@ class PopulationBase:
                 f"num_timesteps={getattr(self, 'num_timesteps', 0)})")
 
     # --- what a population class provides ----------------------------------------------------------------------
+    def _check_start_fits(self, total_timesteps: int) -> None:
+        """UserError where what the coming `learn(total_timesteps)` allocates as it starts does not fit (`check_fits`),
+        asked before that learn writes or builds anything; populations without a replay buffer have nothing to
+        check."""
+
     def _begin(self, total_timesteps: int, schedule_start: int) -> None:
         """Before the loop of a `learn` call of `total_timesteps` more env steps per member, whose schedules run from
         `schedule_start` (this call's first step, or 0 with `reset_num_timesteps=False`) to its end."""
@@ -1596,6 +1601,7 @@ class PopulationBase:
         # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
         # gives back)
         with float32_default(), torch.inference_mode(False):
+            self._check_start_fits(int(total_timesteps))  # (before metrics.csv and the envs)
             logger = self._metrics_logger(run_dir, evaluating)
             saved = self.progress if self._resumed else None
             if eval_freq is None:  # (a model's rule; a resumed loop keeps its own, as a resumed model's does)

@@ -1174,6 +1174,12 @@ class OffPolicyPopulation(PopulationBase):
         return torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
+    def _check_start_fits(self, total_timesteps: int) -> None:
+        """The first learn (no replay yet): the members' replay is refused, in `check_fits`' sentence (the CLI's),
+        before the envs are built; a later learn's growth is checked as it grows."""
+        if self.buffer is None and self.alive:
+            self.check_fits(total_timesteps)
+
     def _begin(self, total_timesteps: int, schedule_start: int) -> None:
         self._start(total_timesteps, schedule_start)
 
