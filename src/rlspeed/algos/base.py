@@ -1810,7 +1810,8 @@ class Algorithm:
         (`rlspeed.numerics.NonFiniteEnvError`, naming the env index and step) or "mask" (replaced by 0, counted).
         `numerics_guard=False` turns the whole guard off (env checks and the rollback of non-finite parameters; see
         `rlspeed.numerics`). `save_replay_buffer`: off-policy checkpoints also write the replay buffer, beside them
-        (`<name>.replay.safetensors`), so that a resumed run continues with it.
+        (`<name>.replay.safetensors`), so that a resumed run continues with it (a run in one process only: refused
+        with a `strategy` of several, `rlspeed.errors.refuse_replay_saving`).
 
         `env_kwargs`: options of the Gymnasium env an id names (`gymnasium.make(env, **env_kwargs)`, as
         Stable-Baselines3's `make_vec_env(env_kwargs=...)`); its envs are then Gymnasium's. The model records them
