@@ -1799,7 +1799,8 @@ class Algorithm:
         "envpool". `accelerate`: "off", or "auto"
         (precision, compilation and graph capture of the update step chosen by measuring, `rlspeed.auto_accelerate`'s
         choice; `acceleration_summary()` says what ran). `strategy`: a `rlspeed.distributed.DistributedStrategy` for
-        data-parallel training under torchrun (None: made from the environment when torchrun started the process).
+        data-parallel training under torchrun (None: one process, a no-op strategy, also under torchrun, where each
+        process then trains on its own: pass `DistributedStrategy()` there, docs/distributed.md).
 
         `num_threads`: torch's intra-op threads while this model is built (its initial weights: the same on any
         machine) and while it trains (`learn`, its evaluations included); the caller's count holds again after each,
