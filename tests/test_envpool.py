@@ -141,6 +141,21 @@ def test_seeds_make_runs_repeatable_and_reset_seed_restarts_the_streams():
 
 
 @needs_envpool
+def test_an_evaluation_without_a_seed_draws_one_its_envpool_envs_take(monkeypatch):
+    """evaluate draws a seed where none is given; drawn below 2**31, episode i's seed + i could pass EnvPool's limit,
+    and an evaluation the user gave no seed was refused by chance."""
+    import secrets
+
+    import rlspeed
+
+    model = rlspeed.PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=8, batch_size=16,
+                        env_backend="envpool")
+    monkeypatch.setattr(secrets, "randbelow", lambda bound: bound - 1)  # (the largest draw)
+    result = rlspeed.evaluate(model, "CartPole-v1", episodes=3, backend="envpool", max_steps=5)
+    assert len(result["returns"]) == 3 and result["seed"] + 3 <= 2**31
+
+
+@needs_envpool
 @pytest.mark.skipif(not (_has("ale_py") and _has("cv2")), reason="ale-py or OpenCV is not installed")
 def test_atari_lost_lives_end_training_episodes_and_games_are_reported_whole():
     env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="envpool", device="cpu")

@@ -2996,8 +2996,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
                             "FILE.")
         check_video_support(env_id, args.video, env_kwargs=options)
-    if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
-        args.seed = secrets.randbelow(2**31)
+    if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation; episode i gets
+        args.seed = secrets.randbelow(max(1, 2**31 - args.episodes))  # seed + i, below 2**31: EnvPool's limit)
         seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
     else:
         seed_note = f", seed {args.seed}"

@@ -227,7 +227,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     if seed is None and size is None:  # (an env this call makes, from an id: seeded; a caller's env stays as it is)
-        seed = secrets.randbelow(2**31)
+        seed = secrets.randbelow(max(1, 2**31 - episodes))  # (episode i gets seed + i, below 2**31: EnvPool's limit)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
