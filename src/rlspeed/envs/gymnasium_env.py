@@ -876,13 +876,12 @@ def _in_process_time_limit(inner) -> int | None | bool:
     `_time_limit_names`) of its wrapper chain, as the soonest cut ends the episode whatever the others say (a
     spec gives the outermost's alone; `set_attr` sets the outermost's); None where they set no limit, False where an
     env has no TimeLimit."""
-    limited, found = _time_limit_names(), []
-    for env in getattr(inner, "envs", None) or []:
-        limits = [_limit(layer._max_episode_steps) for layer in _env_chain(env) if type(layer).__name__ in limited]
-        if not limits:
-            return False
-        found.append(min((limit for limit in limits if limit is not None), default=None))
-    return found[0] if found else False
+    limited = _time_limit_names()
+    chains = [[_limit(layer._max_episode_steps) for layer in _env_chain(env) if type(layer).__name__ in limited]
+              for env in getattr(inner, "envs", None) or []]
+    if not chains or not all(chains):
+        return False
+    return min((limit for limit in chains[0] if limit is not None), default=None)
 
 
 def _limit(steps) -> int | None:
