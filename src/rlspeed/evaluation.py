@@ -381,8 +381,8 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     waves = _WAVE_LIMITS.set(limits)
     try:
         with contextlib.closing(bar):
+            native = backend == "torch"
             for first in range(0, episodes, cap):
-                native = backend == "torch"
                 rows = _WAVE_FIRST_ROW.set(first if native else 0)
                 try:
                     wave = evaluate(model, env_id, episodes=min(cap, episodes - first),
