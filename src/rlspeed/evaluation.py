@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 import os
 import re
@@ -251,7 +252,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
         if size is None and episodes > evaluation_env_cap(backend):  # (the backend make_env would run them on)
             return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
                                       env_kwargs, progress_bar)
-        first_row = _WAVE_FIRST_ROW.get() if backend == "torch" else 0  # (a native wave: rows `first_row ..`)
+        wave = _WAVE.get()
+        first_row = wave.first_row if wave is not None and backend == "torch" else 0  # (a native wave's rows)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
                                             seed=None if first_row else seed, backend=backend, evaluation=True,
                                             env_kwargs=options))
@@ -319,9 +321,9 @@ def evaluate(model: rlspeed.algos.Algorithm,
     if unfinished:
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
-        wave = _WAVE_LIMITS.get()
+        wave = _WAVE.get()
         if wave is not None:  # (a wave of `_evaluate_in_waves`: its one warning joins every wave's)
-            wave.append(limit)
+            wave.limits.append(limit)
         else:
             warn_unfinished(unfinished, episodes, limit,
                             f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
@@ -360,43 +362,45 @@ def evaluation_env_cap(backend: str) -> int | float:
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
 
 
-#: the step limits of `_evaluate_in_waves`' waves with unfinished episodes, where a wave's `evaluate` puts its limit
-#: in place of its own warning of them (None outside waves)
-_WAVE_LIMITS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_WAVE_LIMITS", default=None)
-#: the first episode of a native wave of `_evaluate_in_waves`, whose rows draw as those rows of one env (0 outside)
-_WAVE_FIRST_ROW: contextvars.ContextVar[int] = contextvars.ContextVar("_WAVE_FIRST_ROW", default=0)
+@dataclasses.dataclass
+class _Wave:
+    """What `_evaluate_in_waves` tells the `evaluate` of one wave (through `_WAVE`, None outside waves): the first
+    episode of a native env's wave, whose rows draw as those rows of one env, and the step limits of the waves with
+    unfinished episodes, where a wave's `evaluate` puts its limit in place of its own warning of them."""
+
+    first_row: int
+    limits: list[int]
+
+
+_WAVE: contextvars.ContextVar[_Wave | None] = contextvars.ContextVar("_WAVE", default=None)
 
 
 def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
                        max_steps: int | None, env_kwargs: dict | None, progress_bar: bool) -> dict:
     """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs: in waves of at most that many envs, one
     after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`; a native
-    env's wave with `seed`, its rows drawing as rows k .. of one env, `_WAVE_FIRST_ROW`), so each episode starts as in
+    env's wave with `seed`, its rows drawing as rows k .. of one env, `_Wave.first_row`), so each episode starts as in
     one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
-    the unfinished ones of all waves, whose step limit each wave hands over in `_WAVE_LIMITS`); the waves' other
+    the unfinished ones of all waves, whose step limit each wave hands over in `_Wave.limits`); the waves' other
     warnings meet the caller's filters as each wave gives them."""
     cap = int(evaluation_env_cap(backend))
     returns, lengths, successes, unfinished, limits = [], [], [], 0, []
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
-    waves = _WAVE_LIMITS.set(limits)
-    try:
-        with contextlib.closing(bar):
-            native = backend == "torch"
-            for first in range(0, episodes, cap):
-                rows = _WAVE_FIRST_ROW.set(first if native else 0)
-                try:
-                    wave = evaluate(model, env_id, episodes=min(cap, episodes - first),
-                                    seed=seed if native else seed + first, deterministic=deterministic,
-                                    backend=backend, device=device, max_steps=max_steps, env_kwargs=env_kwargs)
-                finally:
-                    _WAVE_FIRST_ROW.reset(rows)
-                returns += wave["returns"]
-                lengths += wave["lengths"]
-                successes += wave.get("successes", [])
-                unfinished += wave["unfinished"]
-                bar.update(len(wave["returns"]))
-    finally:
-        _WAVE_LIMITS.reset(waves)
+    with contextlib.closing(bar):
+        native = backend == "torch"
+        for first in range(0, episodes, cap):
+            told = _WAVE.set(_Wave(first if native else 0, limits))
+            try:
+                wave = evaluate(model, env_id, episodes=min(cap, episodes - first),
+                                seed=seed if native else seed + first, deterministic=deterministic,
+                                backend=backend, device=device, max_steps=max_steps, env_kwargs=env_kwargs)
+            finally:
+                _WAVE.reset(told)
+            returns += wave["returns"]
+            lengths += wave["lengths"]
+            successes += wave.get("successes", [])
+            unfinished += wave["unfinished"]
+            bar.update(len(wave["returns"]))
     if unfinished:
         warn_unfinished(unfinished, episodes, limits[0], f"{RUN_LONGER}; {TIME_LIMIT}")
     return _result(returns, lengths, unfinished, successes if len(successes) == episodes else None, seed)
