@@ -335,14 +335,15 @@ def evaluate(model: rlspeed.algos.Algorithm,
 #: episodes run in waves of that many (`evaluation_env_cap`)
 SUBPROCESS_EVALUATION_ENVS_PER_CPU = 4
 MIN_SUBPROCESS_EVALUATION_ENVS = 16
-#: Gymnasium's in-process envs an evaluation runs at once (tens of KiB each: a CartPole's about 20): more episodes
-#: run in waves of that many
+#: Gymnasium's in-process envs an evaluation runs at once (each holds Python objects, tens of KiB): more episodes
+#: run in waves of that many, so that a wave's envs take hundreds of MiB at most
 GYMNASIUM_EVALUATION_ENVS = 10_000
-#: native torch env rows an evaluation runs at once (a few KiB each with the policy's batch: a CartPole's about 2):
-#: more episodes run in waves of that many
+#: native torch env rows an evaluation runs at once (a row is its state tensors' and the policy batch's row): more
+#: episodes run in waves of that many, so that a wave's rows take a few GiB at most for small observations
 NATIVE_EVALUATION_ENVS = 1_000_000
-#: EnvPool's envs an evaluation runs at once (in-process C++ envs, an Atari game's about a MiB each with its buffers):
-#: more episodes run in waves of that many (EnvPool seeds env i with `seed + i`, as Gymnasium)
+#: EnvPool's envs an evaluation runs at once (in-process C++ envs, each with its emulator and frame buffers): more
+#: episodes run in waves of that many, so that an Atari wave's envs take about a GiB at most (EnvPool seeds env i
+#: with `seed + i`, as Gymnasium)
 ENVPOOL_EVALUATION_ENVS = 1_000
 
 
