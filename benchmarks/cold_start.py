@@ -65,7 +65,7 @@ def main() -> None:
     if args.quick:
         common.quick_settings(args, rounds=1, total_timesteps=256)
     root = Path(common.temporary_directory("rlspeed-cold-start-"))
-    args.threads = common.set_threads(args.threads)  # (the children's count, as the machine block says it)
+    args.threads = common.set_threads(args.threads)  # (the count the children train with: the machine block names it)
     counter = itertools.count()
     runners = {name: (lambda code=code: run_import(code)) for name, code in IMPORT_CASES.items()}
     runners.update({name: (lambda algo=algo, env_id=env_id: run_train(algo, env_id, args.total_timesteps, args.threads,
