@@ -667,9 +667,11 @@ def coerce(key: str, value, hint):
         if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole
             if isinstance(value, (bool, np.bool_)):
                 raise ValueError
-            number = value if isinstance(value, numbers.Integral) else float(value)  # (NumPy and torch scalars,
-            if not isinstance(number, numbers.Integral) and not number.is_integer():  # fractions: whole ones only,
-                raise ValueError  # never truncated)
+            number = value
+            if not isinstance(value, numbers.Integral):
+                number = float(value)  # (NumPy and torch scalars, fractions: whole ones only, never truncated)
+                if not number.is_integer():
+                    raise ValueError
             refuse_past_int64(f"Hyperparameter '{key}' takes a whole number", number)
             return int(number)
         if hint is float:
