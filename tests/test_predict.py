@@ -133,6 +133,7 @@ def test_a_raw_rgb_frame_for_a_frame_stack_model_says_what_to_pass():
     stacks = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     with pytest.raises(UserError, match=r"raw RGB frame.*rlspeed\.make_env"):
         as_observation_batch(np.zeros((210, 160, 3), np.uint8), stacks, torch.device("cpu"))
-    with pytest.raises(UserError) as wrong_stack:  # (a stack of the wrong size is no RGB frame: no such hint)
-        as_observation_batch(np.zeros((2, 84, 84), np.uint8), stacks, torch.device("cpu"))
-    assert "RGB" not in str(wrong_stack.value)
+    for wrong_stack in ((2, 84, 84), (84, 84, 4)):  # (a stack of the wrong size or channel-last is no RGB frame)
+        with pytest.raises(UserError) as refused:
+            as_observation_batch(np.zeros(wrong_stack, np.uint8), stacks, torch.device("cpu"))
+        assert "RGB" not in str(refused.value), wrong_stack

@@ -1063,7 +1063,8 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device, la
     single = len(dims) == len(shape)
     if dims[1 - single:] != shape:
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
-        raw_frame = len(dims) in (3, 4) and dims[-1] in (3, 4) and len(shape) == 3 and shape[-1] not in (3, 4)
+        raw_frame = (len(dims) in (3, 4) and dims[-1] in (3, 4) and len(shape) == 3 and shape[-1] not in (3, 4)
+                     and dims[-3:] != (*shape[1:], shape[0]))  # (a channel-last stack is no RGB frame)
         hint = (" That is an image's raw RGB frame: the model takes the observations its env gives after preprocessing "
                 "(an Atari id's are rlspeed.make_env(env_id)'s uint8 frame stacks).") if raw_frame else ""
         raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
