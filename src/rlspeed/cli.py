@@ -495,8 +495,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.video_every == 0:  # (no videos, also where the resumed run recorded some)
         args.video_every = None
     if args.save_replay_buffer:  # (refused before torchrun starts, with the library's rule)
-        inherited = args.resume and "save_replay_buffer" not in _given_options(getattr(args, "argv", []), "train")
-        drop = ("resume with --no-save-replay-buffer (the run in --out saves its buffer)" if inherited
+        drop = ("resume with --no-save-replay-buffer (the run in --out saves its buffer)"
+                if getattr(args, "save_replay_buffer_from_run", False)
                 else "drop --save-replay-buffer")
         processes = max(args.nproc or 1, int(os.environ.get("WORLD_SIZE", "1")))
         refuse_replay_saving(processes, "--save-replay-buffer", "--nproc", f"{drop}, or train without --nproc")
@@ -2278,6 +2278,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
         args.init_from = config["init_from"]
     if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
         args.save_replay_buffer = True  # would stay at the rows of the first attempt)
+        args.save_replay_buffer_from_run = True
     threads = config.get("threads")
     if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
