@@ -2717,8 +2717,9 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     code, name = (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
     if not run["strategy"].is_main:
         return code
+    trained = run["model"]._resume is None  # (else it stopped before training: the checkpoint it resumed from stays)
     with _signals_ignored():
-        if run["model"]._resume is None:  # (else it stopped before training: the checkpoint it resumed from stays)
+        if trained:
             run["model"].save(run_dir / "model.safetensors")
             run["model"].save(run_dir / "checkpoint.safetensors")
         training_env = getattr(run["model"], "_env", None)
@@ -2730,11 +2731,11 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
         if run["tracker"] is not None:
             run["tracker"].finish(summary, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
-             if run["model"]._resume is None else
+             if trained else
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
              "it), and saved summary.json")
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
-    if run["model"]._resume is None:  # (the model it saved: exports beside it of other steps are named)
+    if trained:  # (the model it saved: exports beside it of other steps are named)
         _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
     # (last: the slow part, which a second signal cuts short, the run saved)
     with contextlib.suppress(KeyboardInterrupt):
