@@ -35,18 +35,26 @@ def test_profile_splits_a_ppo_run_into_the_phases_of_its_loop():
 
 def test_the_profiled_run_records_at_most_a_bounded_number_of_steps(monkeypatch):
     """The profiler keeps every operation in memory: the unprofiled timing runs the steps asked for, the profiled run
-    at most PROFILED_MAX_STEPS, whole iterations, at least one."""
+    at most PROFILED_MAX_STEPS, whole iterations, at least one. What `--accelerate auto` would time (a device probe)
+    is looked up only for the advice that names it: an update-bound run of a large network without acceleration."""
     from rlspeed.diagnostics import profiler
 
     model = PPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)  # 128 steps per iteration
     monkeypatch.setattr(profiler, "PROFILED_MAX_STEPS", 200)
-    learned = []
+    learned, looked_up = [], []
     learn = model.learn
     monkeypatch.setattr(model, "learn", lambda steps, **kwargs: learned.append(steps) or learn(steps, **kwargs))
+    monkeypatch.setattr(profiler, "auto_candidates", lambda model: looked_up.append(model) or ["bf16-matmul"])
     result = profile_run(model, steps=1024, warmup_steps=0)
     assert learned == [1024, 128] and result.steps == 128  # (whole iterations within the cap)
+    assert looked_up == [] and result.auto_candidates is None  # (a small network)
     monkeypatch.setattr(profiler, "PROFILED_MAX_STEPS", 10)
-    assert profile_run(model, steps=1024, warmup_steps=0).steps == 128  # (one iteration)
+    monkeypatch.setattr(profiler, "SMALL_NETWORK", 0)
+    monkeypatch.setattr(profiler, "UPDATE_SHARE", 0.0)
+    result = profile_run(model, steps=1024, warmup_steps=0)
+    assert result.steps == 128  # (one iteration)
+    assert looked_up == [model] and result.auto_candidates == ["bf16-matmul"]
+    assert any("try --accelerate auto (it times bf16-matmul" in line for line in result.advice)
 
 
 def test_profile_times_off_policy_gradient_steps_and_rounds_steps_to_iterations():
@@ -68,6 +76,24 @@ def test_dqn_profile_covers_staged_collection_over_several_steps():
     assert result.steps == 64
     assert all(result.share(name) > 0 for name in ("act", "env", "buffer", "update"))
     assert sum(p.share for p in result.phases) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_auto_candidates_of_an_autograd_update_follow_its_optimizer_as_accelerate_step_does(monkeypatch):
+    """On CUDA `accelerate_step` captures an Adam step as a whole-step graph and leaves torch.compile out, while a
+    step a graph cannot capture (A2C's RMSprop) keeps the compiled candidates (their graphs cover the forward and
+    backward passes): the profile names what auto would time for this model's optimizer. (It named no compile
+    candidate for RMSprop.) The device is CUDA by name only: nothing runs there."""
+    import rlspeed.accel.strategy as strategy
+    from rlspeed import A2C
+
+    monkeypatch.setattr(strategy, "compile_backend", lambda device, name="on": "inductor")
+    rmsprop = A2C("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=4, fused_update=False, net_arch=(8,))
+    adam = PPO("CartPole-v1", device="cpu", seed=0, fused_update=False, **SMALL_PPO)
+    for model in (rmsprop, adam):
+        assert model.update_summary()["implementation"] == "autograd"
+        monkeypatch.setattr(model, "device", torch.device("cuda"))
+    assert any("compile" in label for label in profiler.auto_candidates(rmsprop))
+    assert not any("compile" in label for label in profiler.auto_candidates(adam))
 
 
 def test_a_users_own_torch_profiler_sees_the_phases():
@@ -132,10 +158,11 @@ def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one(mo
 
 def test_advice_on_update_bound_runs_depends_on_network_size_and_acceleration():
     update_bound = [PhaseTime("update", 1, 0.8), PhaseTime("other", 1, 0.2)]
-    [line] = advise(_profile(parameters=200_000, phases=update_bound))
-    assert "--accelerate auto" in line and "80%" in line and "bf16 matrix products" in line
-    [line] = advise(_profile(parameters=200_000, phases=update_bound, device="cuda:0"))
-    assert "whole-step CUDA graphs" in line
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=["bf16-matmul"]))
+    assert "--accelerate auto (it times bf16-matmul against fp32 eager" in line and "80%" in line
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, device="cuda:0",
+                             auto_candidates=["tf32", "bf16"]))
+    assert "it times tf32, bf16 against fp32 eager" in line
     [line] = advise(_profile(parameters=200_000, phases=update_bound, accelerate={"precision": "bf16-matmul"}))
     assert "80%" in line and "bf16-matmul" in line and "--accelerate auto" not in line
     [line] = advise(_profile(phases=update_bound))  # a tiny network: precision is not the lever

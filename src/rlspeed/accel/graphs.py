@@ -40,7 +40,7 @@ import contextlib
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,14 +64,15 @@ CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)  # whose step stat
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's warning in sync debug mode "warn"
 
 
-def capture_blocker(step: AcceleratedStep, precision: str) -> str | None:
-    """Why `step` (on CUDA) cannot be captured as a whole-step CUDA graph with `precision` (None: it can)."""
+def capture_blocker(optimizers: Sequence[torch.optim.Optimizer], precision: str) -> str | None:
+    """Why a step of `optimizers` (on CUDA) cannot be captured as a whole-step CUDA graph with `precision` (None: it
+    can)."""
     if precision == "fp16":
         return "fp16's GradScaler reads the skipped-step decision on the host"
-    return optimizer_capture_blocker(step.optimizers)
+    return optimizer_capture_blocker(optimizers)
 
 
-def optimizer_capture_blocker(optimizers: list[torch.optim.Optimizer]) -> str | None:
+def optimizer_capture_blocker(optimizers: Sequence[torch.optim.Optimizer]) -> str | None:
     """Why a step of `optimizers` cannot be captured as a whole-step CUDA graph (None: it can)."""
     for optimizer in optimizers:
         if type(optimizer) not in CAPTURABLE_OPTIMIZERS:

@@ -122,6 +122,26 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
                            fused_optimizer=fused_optimizer, name=name)
 
 
+def step_candidates(request: Request, device: torch.device, optimizers: Sequence[torch.optim.Optimizer],
+                    float_dtype: torch.dtype) -> tuple[list[Strategy], list[str], str | None]:
+    """What an `AcceleratedStep` of `optimizers`, whose parameters are `float_dtype`, considers for `request` on
+    `device`: its strategies (`rlspeed.accel.strategy.candidates`, simplest first), the notes on what was left out,
+    and why the whole step cannot be captured as a CUDA graph (None: it can, or no graph is asked for there).
+    `rlspeed profile` names the same strategies as those `--accelerate auto` would time.
+
+    Whole-step CUDA graphs need a step that can be captured, known before the first call (the optimizers, a forced
+    fp16): a step that cannot be keeps the compiled candidates, whose graphs then cover its forward and backward
+    passes; with graphs=True it is refused.
+    """
+    blocker = (capture_blocker(optimizers, request.precision)
+               if device.type == "cuda" and request.graphs in ("auto", "on") else None)
+    if blocker is not None and request.graphs == "on" and request.forced_by_env is None:
+        raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {blocker}.")
+    strategies, notes = candidates(request, device, allow_fp16=True, whole_step_graphs=blocker is None,
+                                   float_dtype=float_dtype)
+    return strategies, notes, blocker
+
+
 class AcceleratedStep:
     """A callable update step; made by `accelerate_step`. Call it with `loss_fn`'s arguments.
 
@@ -170,15 +190,8 @@ class AcceleratedStep:
         self.counter = CompileCounter()
         self.report: AccelReport = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
                                   notes=list(self.request.notes))
-        # Whole-step CUDA graphs need a step that can be captured, known now (the optimizers, a forced fp16): a step
-        # that cannot be keeps the compiled candidates, whose graphs then cover its forward and backward passes.
-        self._graph_blocker = (capture_blocker(self, self.request.precision)
-                               if self.device.type == "cuda" and self.request.graphs in ("auto", "on") else None)
-        if self._graph_blocker is not None and self.request.graphs == "on" and self.request.forced_by_env is None:
-            raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {self._graph_blocker}.")
-        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
-                                             whole_step_graphs=self._graph_blocker is None,
-                                             float_dtype=self.converter.float_dtype)
+        self._candidates, notes, self._graph_blocker = step_candidates(self.request, self.device, self.optimizers,
+                                                                       self.converter.float_dtype)
         for note in notes:
             self.report.note(note)
         self._fused_request = _fused_request(fused_optimizer)
@@ -272,8 +285,7 @@ class AcceleratedStep:
         dtype, old = floating_dtype(self.params), self.converter.float_dtype
         self.converter = InputConverter(self.device, dtype)
         # (the candidates for that dtype: reduced precisions for float32 parameters only)
-        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
-                                             whole_step_graphs=self._graph_blocker is None, float_dtype=dtype)
+        self._candidates, notes, _ = step_candidates(self.request, self.device, self.optimizers, dtype)
         for note in notes:
             self.report.note(note)
         if self._forward is None:  # (nothing decided yet)

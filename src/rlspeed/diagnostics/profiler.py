@@ -108,7 +108,8 @@ class Profile:
     #: what makes the figures less telling (a profiled run shorter than the default's: `too_few_steps`)
     caveats: list[str] = field(default_factory=list)
     #: what `--accelerate auto` would time against fp32 eager for this run's update on its device (strategy labels,
-    #: `auto_candidates`); empty where it has nothing else to try, None where not known (the device type's usual ones)
+    #: `auto_candidates`); empty where it has nothing else to try; looked up only where the advice names them
+    #: (`needs_auto_candidates`), None elsewhere
     auto_candidates: list[str] | None = None
     #: cores the unprofiled run kept busy on average (CPU time of this process and its subprocesses over the wall
     #: time: `cores_busy`); None where it could not be read
@@ -308,9 +309,11 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      num_envs=int(model.config.num_envs), parameters=parameter_count(model),
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
-                     top_ops=top_ops, update_lever=update_lever(model.config), auto_candidates=auto_candidates(model),
+                     top_ops=top_ops, update_lever=update_lever(model.config),
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
                      host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy)
+    if needs_auto_candidates(result):
+        result.auto_candidates = auto_candidates(model)
     result.advice = advise(result)
     result.caveats = too_few_steps(model, steps_done)
     return result
@@ -334,18 +337,30 @@ def too_few_steps(model, profiled: int) -> list[str]:
 
 def auto_candidates(model) -> list[str]:
     """The strategies besides fp32 eager that `--accelerate auto` would time for `model`'s update on its device: the
-    reduced matmul precisions of a hand-derived update (`rlspeed.fused.precision.matmul_candidates`), else
-    `accelerate_step`'s candidates (`rlspeed.accel.strategy.candidates`). Empty where the device offers that update
-    none (an x86 CPU without AMX, for the hand-derived one): auto can only keep fp32 there."""
-    from rlspeed.accel.strategy import candidates, normalise_request
+    reduced matmul precisions of a hand-derived update (`rlspeed.fused.precision.matmul_candidates`), else those of
+    `accelerate_step` for the update's optimizer and parameters (`rlspeed.accel.step.step_candidates`: an optimizer
+    a CUDA graph cannot capture keeps the compiled candidates, parameters other than float32 no reduced precision).
+    Empty where the device offers that update none (an x86 CPU without AMX, for the hand-derived one): auto can only
+    keep fp32 there."""
+    from rlspeed.accel.inputs import floating_dtype
+    from rlspeed.accel.step import step_candidates
+    from rlspeed.accel.strategy import normalise_request
     from rlspeed.algos.update import HAND_DERIVED
     from rlspeed.fused.precision import matmul_candidates
 
     if model.update_summary()["implementation"] == HAND_DERIVED:
         return [precision for precision in matmul_candidates(model.device) if precision != "fp32"]
-    strategies, _ = candidates(normalise_request(), model.device, allow_fp16=True,
-                               whole_step_graphs=model.device.type == "cuda")
+    optimizer = model.optimizer
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    strategies, _, _ = step_candidates(normalise_request(), model.device, [optimizer], floating_dtype(params))
     return [strategy.label for strategy in strategies if not strategy.is_plain]
+
+
+def needs_auto_candidates(result: Profile) -> bool:
+    """Whether `advise` names what `--accelerate auto` would time (`Profile.auto_candidates`): for a run without
+    acceleration whose gradient steps take most of the time with a network large enough for precision to matter."""
+    return (result.share("update") >= UPDATE_SHARE and result.parameters >= SMALL_NETWORK
+            and not result.accelerate)
 
 
 def update_lever(config) -> str:
@@ -444,25 +459,23 @@ def advise(result: Profile) -> list[str]:
                           "parameters they are bound by per-operation overhead, not arithmetic: reduced precision "
                           "seldom helps there (--accelerate auto measures it and keeps fp32 eager when nothing is "
                           f"faster); {result.update_lever} do, at the price of other learning dynamics.")
-        elif not result.accelerate and result.auto_candidates == []:
+        elif result.accelerate:
+            advice.append(f"gradient steps take {update_share:.0%} of the time with the acceleration layer's choice "
+                          f"({_describe(result.accelerate)}): what is left is the update's own arithmetic; fewer "
+                          "gradient steps per env step or a smaller network would change it, and the learning too.")
+        elif result.auto_candidates is None:  # (`needs_auto_candidates`)
+            raise ValueError("advise needs the profile's auto_candidates for an update-bound run without "
+                             "acceleration (profile_run looks them up for such a run)")
+        elif not result.auto_candidates:
             why = " (bf16 matrix products need AMX on an x86 CPU)" if device_type == "cpu" else ""
             advice.append(f"gradient steps take {update_share:.0%} of the time, in fp32: --accelerate auto has no "
                           f"faster precision to try for this update on {result.device}{why}, so "
                           f"{result.update_lever} or a smaller network would speed it, at the price of other "
                           "learning dynamics.")
-        elif not result.accelerate and result.auto_candidates:
+        else:
             advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it times "
                           f"{', '.join(result.auto_candidates)} against fp32 eager for the update on this device "
                           "and keeps fp32 eager where nothing is faster).")
-        elif not result.accelerate:
-            measured = {"cpu": "bf16 matrix products", "cuda": "TF32/bf16 and whole-step CUDA graphs"}.get(
-                device_type, "reduced precision and compilation")
-            advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it measures "
-                          f"{measured} for the update on this device and keeps fp32 eager where nothing is faster).")
-        else:
-            advice.append(f"gradient steps take {update_share:.0%} of the time with the acceleration layer's choice "
-                          f"({_describe(result.accelerate)}): what is left is the update's own arithmetic; fewer "
-                          "gradient steps per env step or a smaller network would change it, and the learning too.")
     if device_type != "cpu" and result.parameters < SMALL_NETWORK and result.num_envs < SMALL_NETWORK_ENVS:
         advice.append(f"a small network ({result.parameters:,} parameters) with {result.num_envs} envs on "
                       f"{result.device}: every step is a chain of tiny kernels, so launch latency rather than "
