@@ -97,6 +97,20 @@ def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
         rlspeed.evaluate(ppo, episodes=2, max_steps=2.5)  # (a TypeError deep in the loop)
 
 
+def test_a_count_past_2_63_is_refused_in_one_sentence(ppo):
+    """`episodes=1e300` raised OverflowError ("cannot fit 'int' into an index-sized integer") from inside evaluate;
+    learn's `eval_freq=1e300` was taken as a 301-digit count, and `checkpoint_freq=1e300` refused with all 301 digits.
+    Counts (`errors.positive_whole`) stop at `errors.MAX_COUNT`, as hyperparameters do."""
+    from rlspeed.errors import MAX_COUNT, positive_whole
+
+    too_big = r"takes a whole number of at most 2\*\*63 - 1 \(9.22e\+18\) in size, got "
+    with pytest.raises(rlspeed.UserError, match=rf"^episodes {too_big}1e\+300\.$"):
+        rlspeed.evaluate(ppo, episodes=1e300)
+    with pytest.raises(rlspeed.UserError, match=rf"^eval_freq {too_big}a 41-digit number\.$"):
+        ppo.learn(64, eval_freq=10**40)
+    assert positive_whole("eval_freq", MAX_COUNT) == MAX_COUNT and positive_whole("eval_freq", 1e18) == 10**18
+
+
 def _same_step_cartpoles(wrappers=(), mode="sync"):
     return gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, wrappers=wrappers,
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})

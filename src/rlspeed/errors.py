@@ -136,8 +136,9 @@ def refuse_past_int64(what: str, value) -> None:
 
 
 def positive_whole(name: str, value, needed_by: str | None = None, minimum: int = 1):
-    """`value` (None, or a whole number >= `minimum`, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool,
-    a string, 2.5, NaN or infinity), and for None where `needed_by` (what needs the value, "evaluate") is given."""
+    """`value` (None, or a whole number >= `minimum` and at most `MAX_COUNT`, e.g. 1e4) as an int; UserError naming
+    `name` otherwise (a bool, a string, 2.5, NaN, infinity or 1e300), and for None where `needed_by` (what needs the
+    value, "evaluate") is given."""
     if value is None:
         if needed_by is not None:
             raise UserError(f"{needed_by} needs {name}, a whole number >= {minimum}, not None.")
@@ -145,6 +146,7 @@ def positive_whole(name: str, value, needed_by: str | None = None, minimum: int 
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer()
             or value < minimum):
         raise UserError(f"{name} must be a whole number >= {minimum}, got {value!r}.")
+    refuse_past_int64(f"{name} takes a whole number", value)
     return int(value)
 
 
