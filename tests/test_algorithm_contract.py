@@ -495,7 +495,7 @@ def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monke
     import rlspeed
     from rlspeed.buffers import replay
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**20, replay.HOST))
     model = rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=100_000)
     with pytest.raises(UserError, match=r"^A sampled batch of batch_size=100,000 needs about .*, more than .* it may "
                                         r"take .*; lower batch_size\.$"):

@@ -695,7 +695,7 @@ def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(
     from rlspeed.buffers import replay
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**20, replay.HOST))
     made = run_logging.RunLogger.__init__
 
     def with_tensorboard(self, run_dir, *args, **kwargs):

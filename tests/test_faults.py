@@ -1051,7 +1051,7 @@ def test_a_replay_buffer_too_big_for_memory_is_refused_with_what_fits(monkeypatc
     from rlspeed.buffers import replay
 
     budget = 64 * 2**20  # a fake 64 MiB of available host memory
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (budget, replay.HOST))
     shape = (40, 60, 3)  # the image env of the report: 57.6 kB per transition as float32 observations
     with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
         ReplayBuffer(500_000, 4, shape, (), torch.int64, "cpu")
@@ -1068,7 +1068,7 @@ def test_the_frame_layouts_largest_buffer_that_fits_is_accepted(monkeypatch):
     from rlspeed.buffers import replay
 
     budget = 64 * 2**20
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (budget, replay.HOST))
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
         replay.FrameStackReplayBuffer(1_000_000, 8, frames, (), torch.int64, "cpu", n_step=3)
@@ -1122,9 +1122,9 @@ def test_an_allocation_torch_refuses_is_one_line_that_keeps_its_reason(monkeypat
 
 
 def test_host_memory_is_read_from_the_system():
-    from rlspeed.buffers.replay import available_memory_bytes
+    from rlspeed.buffers.replay import available_memory
 
-    available = available_memory_bytes(torch.device("cpu"))
+    available = available_memory(torch.device("cpu"))[0]
     assert available is None or available > 0
 
 
@@ -1143,9 +1143,9 @@ def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatc
         (tmp_path / name).write_text(text)
     monkeypatch.setattr(replay, "CGROUP_ROOT", str(tmp_path))
     monkeypatch.setattr(replay, "_HOST_BUFFERS", weakref.WeakSet())  # (no other test's buffer still alive counted)
-    assert replay.available_memory_bytes(torch.device("cpu")) == 2**30 - (2**29 - 2**27)  # (page cache reclaimable)
+    assert replay.available_memory(torch.device("cpu"))[0] == 2**30 - (2**29 - 2**27)  # (page cache reclaimable)
     (tmp_path / next(iter(files))).write_text("max" if version == 2 else str(2**63 - 4096))  # no limit
-    assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)
+    assert replay.available_memory(torch.device("cpu"))[0] > 2**30 - (2**29 - 2**27)
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -1190,7 +1190,7 @@ def test_a_replay_buffer_past_the_processs_ulimit_is_refused_with_what_fits(monk
     real = resource.getrlimit
     monkeypatch.setattr(resource, "getrlimit", lambda which: (size + 64 * 2**20, resource.RLIM_INFINITY)
                         if which == resource.RLIMIT_AS else real(which))  # (64 MiB of address space left)
-    assert replay.available_memory_bytes(torch.device("cpu")) <= 64 * 2**20
+    assert replay.available_memory(torch.device("cpu"))[0] <= 64 * 2**20
     with pytest.raises(UserError, match=r"ulimit \(-v or -d\).*largest replay buffer that fits is") as info:
         ReplayBuffer(100_000, 1, (40, 60, 3), (), torch.int64, "cpu")  # (2.1 GiB)
     fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
@@ -1220,13 +1220,30 @@ def test_a_rollout_past_the_processs_own_memory_limit_names_that_limit(monkeypat
     rollout.check_rollout_bytes(209, 4, 1_000, device)
 
 
+def test_a_memory_refusal_names_the_limit_of_the_measurement_it_refused_by(monkeypatch):
+    """The limit named came from a second reading: a process whose ulimit left 1 MiB at the check and more by the
+    time the words were chosen (it shrank between) was told "of available host memory". One measurement gives the
+    bytes and the limit that set them (`available_memory`)."""
+    import weakref
+
+    from rlspeed.buffers import replay, rollout
+
+    readings = iter([2**20])  # (the ulimit's first reading; later ones leave 1 TiB)
+    monkeypatch.setattr(replay, "_rlimit_available_bytes", lambda: next(readings, 2**40))
+    monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: None)
+    monkeypatch.setattr(replay, "_unwritten_host_bytes", lambda: 0)
+    monkeypatch.setattr(replay, "_HOST_BUFFERS", weakref.WeakSet())  # (no collection and second measurement)
+    with pytest.raises(UserError, match=r"\(80% of the 1\.0 MiB that this process's ulimit \(-v or -d\) leaves\)"):
+        rollout.check_rollout_bytes(1_000, 4, 1_000, torch.device("cpu"))
+
+
 def test_a_memory_refusal_under_a_mebibyte_says_its_sizes_as_they_are(monkeypatch):
     """Sizes were said in MiB to one decimal below 1 GiB: with 16 KiB left (a nearly spent ulimit or cgroup), the
     refusal said "more than the 0.0 MiB it may take (80% of the 0.0 MiB ...)". Small sizes are said in KiB or bytes
     (`size_text`, also the CLI's disk warning's, which had its own copy)."""
     from rlspeed.buffers import replay, rollout
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**14)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**14, replay.HOST))
     monkeypatch.setattr(replay, "_rlimit_available_bytes", lambda: None)
     monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: None)
     with pytest.raises(UserError, match=r"^A rollout of num_steps 10 x num_envs 4 steps needs about 39\.1 KiB, more "

@@ -188,7 +188,8 @@ def test_a_rollout_refused_for_its_memory_names_the_size_that_fits(monkeypatch):
     buffer_size that fits: it names the num_steps that fits at the given num_envs, else the num_envs one step fits."""
     from rlspeed.buffers import replay, rollout
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**24)  # (13.4 MB may go)
+    # (13.4 MB may go)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**24, replay.HOST))
     space, cpu = gym.make("CartPole-v1").observation_space, torch.device("cpu")
     with pytest.raises(UserError, match=r"lower num_steps or num_envs; with num_envs 4, num_steps up to [\d,]+ fits "
                                         r"\(num_steps=(\d+), on the command line --set num_steps=\1\)\.$") as refused:

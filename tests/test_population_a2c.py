@@ -202,7 +202,8 @@ def test_a_population_rollout_that_would_not_fit_is_refused_naming_the_num_steps
     from rlspeed.buffers import replay
     from rlspeed.population import base
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    # (0.8 MiB may go)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**20, replay.HOST))
     monkeypatch.setattr(base, "check_members_fit", lambda *args: None)  # (the members' own estimate, with networks)
     population = Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=10**9, env_backend="torch")
     with pytest.raises(UserError, match=r"^The rollout of 2 members of num_steps 1,000,000,000 x num_envs 4 steps "
@@ -226,7 +227,8 @@ def test_a_population_rollout_that_would_not_fit_is_refused_before_the_run_direc
     from rlspeed import cli
     from rlspeed.buffers import replay
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    # (0.8 MiB may go)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**20, replay.HOST))
     out = tmp_path / "run"
     for algo in ("ppo", "a2c"):
         assert cli.main(["train", algo, "CartPole-v1", "--seeds", "0-1", "--env-backend", "torch", "--num-envs", "4",

@@ -283,7 +283,7 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
     from rlspeed.buffers import replay
 
     budget = 2 * 2**30  # a fake 2 GiB of available host memory
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (budget, replay.HOST))
     population = Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=100_000, num_envs=2)
     with pytest.raises(UserError, match=r"4 members \(100,000 transitions each, 7,[0-9]{3} bytes per transition\) "
                                         r".* the largest buffer_size that fits is ([\d,]+)") as info:
@@ -302,7 +302,7 @@ def test_the_buffer_size_the_estimate_of_frame_members_names_is_not_refused(monk
     from rlspeed.buffers import replay
     from rlspeed.population import base
 
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**30)  # (a fake 1 GiB)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**30, replay.HOST))  # (a fake 1 GiB)
     with base.planned_timesteps(10**6, progress_bar=False):
         with pytest.raises(UserError, match=r"^A population of 2 members .* or give buffer_size [\d,]+ or less "
                                             r"\(--set buffer_size=(\d+)\)\.$") as info:
@@ -315,7 +315,7 @@ def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp
     from rlspeed.buffers import replay
 
     # (a fake 256 KiB: the networks' weights fit, checked before anything is built; the members' replay does not)
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**18)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**18, replay.HOST))
     out = tmp_path / "run"
     argv = ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "5000", "--no-progress",
             "--out", str(out)]
@@ -331,7 +331,7 @@ def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_f
     from rlspeed.population import offpolicy
 
     budget = 64 * 2**20  # a fake 64 MiB of available host memory
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (budget, replay.HOST))
     gammas = torch.tensor([0.99, 0.99, 0.99])
     image = 4 * 84 * 84  # (a uint8 stack of four Atari frames, stored whole)
     with pytest.raises(UserError, match=r"3 members .* the largest buffer_size that fits is ([\d,]+)") as info:
@@ -443,7 +443,7 @@ def test_a_first_learn_refuses_member_replays_that_do_not_fit_before_it_builds_e
         raise AssertionError("the envs were built")
 
     monkeypatch.setattr(PopulationBase, "_start_env", built)
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**20)  # (a fake 1 MiB)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**20, replay.HOST))  # (a fake 1 MiB)
     with pytest.raises(UserError) as refused:
         population.learn(1_000_000, run_dir=tmp_path / "run")
     with pytest.raises(UserError) as said:

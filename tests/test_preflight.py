@@ -51,7 +51,7 @@ def memory_of(monkeypatch):
     from rlspeed.buffers import replay
 
     def set_available(nbytes: int) -> None:
-        monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: nbytes)
+        monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (nbytes, replay.HOST))
     return set_available
 
 

@@ -492,7 +492,7 @@ def test_a_rollout_whose_lstm_states_do_not_fit_in_memory_is_refused_before_allo
     from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 
     # a fake 512 MiB: 410 MiB may go
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: 2**29)
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**29, replay.HOST))
     space, cpu = gym.make(ENV_ID).observation_space, torch.device("cpu")
     # 64 envs x 1,024 steps: 4 MiB without the states, 0.5 GiB with those of an LSTM of 256 (what learn() makes for
     # RecurrentPPO(num_envs=64, num_steps=1024, lstm_hidden_size=256))

@@ -51,39 +51,46 @@ from rlspeed.errors import UserError
 REPLAY_MEMORY_SHARE = 0.8
 
 
-def available_memory_bytes(device: torch.device, needed: int | None = None) -> int | None:
-    """Memory that `device` can still give, in bytes, or None when it cannot tell: the device's free memory
-    (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the kernel
-    can reclaim: page cache), else the free physical pages, less what the live host replay buffers have yet to fill;
-    on the host, no more than this process's memory cgroup (a container's limit: Docker's --memory, Kubernetes'
-    limits) has left, nor than its own limits on address space and data (`ulimit -v`, `ulimit -d`: an allocation past
-    them fails however much memory is free). Where `needed` bytes would not fit in `REPLAY_MEMORY_SHARE` of it, the
-    buffers of models no longer referenced (which reference cycles keep until a collection: a sweep's earlier
-    models) are collected first and the memory measured again."""
-    available = _available_memory_bytes(device)
+#: the limits `available_memory` names, in words following the amount ("80% of the 1.0 GiB <limit>"); on the host, the
+#: first of the limits that leave the least (a tie goes to the one the user set for this process)
+ULIMIT = "that this process's ulimit (-v or -d) leaves"
+CGROUP = "that this process's memory cgroup (a container's or job's memory limit) leaves"
+HOST = "of available host memory"
+
+
+def available_memory(device: torch.device, needed: int | None = None) -> tuple[int | None, str]:
+    """Memory that `device` can still give, in bytes, or None when it cannot tell, and which limit sets it, in words
+    following the amount (`ULIMIT`, `CGROUP`, `HOST` or 'free on cuda:0'), from one measurement: the device's free
+    memory (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the
+    kernel can reclaim: page cache), else the free physical pages, less what the live host replay buffers have yet to
+    fill; on the host, no more than this process's memory cgroup (a container's limit: Docker's --memory,
+    Kubernetes' limits) has left, nor than its own limits on address space and data (`ulimit -v`, `ulimit -d`: an
+    allocation past them fails however much memory is free). Where `needed` bytes would not fit in
+    `REPLAY_MEMORY_SHARE` of it, the buffers of models no longer referenced (which reference cycles keep until a
+    collection: a sweep's earlier models) are collected first and the memory measured again."""
+    device = torch.device(device)
+    available, limit = _measure_available_memory(device)
     if (needed is not None and available is not None and needed > REPLAY_MEMORY_SHARE * available
             and device.type == "cpu" and len(_HOST_BUFFERS)):
         gc.collect()
-        available = _available_memory_bytes(device)
-    return available
+        available, limit = _measure_available_memory(device)
+    return available, limit
 
 
 def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str | Callable[[int], str]) -> None:
     """The memory rule every check before an allocation follows (replay buffers, rollouts, envs, populations, sampled
-    batches): UserError where `needed` bytes exceed the share of `device`'s available memory (`available_memory_bytes`)
+    batches): UserError where `needed` bytes exceed the share of `device`'s available memory (`available_memory`)
     that one such allocation may take (`REPLAY_MEMORY_SHARE`), in one sentence: '`what` needs about X GiB, more than
-    the Y GiB it may take (80% of the Z GiB <which limit>); `advice`.' The limit named is the one that sets Z
-    (`memory_limit_text`): the device's free memory, this process's ulimit, its memory cgroup, or the host's available
+    the Y GiB it may take (80% of the Z GiB <which limit>); `advice`.' The limit named is the one that set Z in
+    the same measurement: the device's free memory, this process's ulimit, its memory cgroup, or the host's available
     memory. `advice` says what to change; a function of the Y bytes (an int) where it names what would fit."""
-    device = torch.device(device)
-    free = available_memory_bytes(device, needed=needed)
+    free, limit = available_memory(torch.device(device), needed=needed)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
     budget = int(REPLAY_MEMORY_SHARE * free)
     advice = advice(budget) if callable(advice) else advice
     raise UserError(f"{what} needs about {size_text(needed)}, more than the {size_text(budget)} it may take "
-                    f"({REPLAY_MEMORY_SHARE:.0%} of the {size_text(free)} {memory_limit_text(device, free)}); "
-                    f"{advice}.")
+                    f"({REPLAY_MEMORY_SHARE:.0%} of the {size_text(free)} {limit}); {advice}.")
 
 
 def size_text(count: float) -> str:
@@ -96,44 +103,31 @@ def size_text(count: float) -> str:
     return f"{count / 2**10:,.1f} KiB" if count >= 2**10 else f"{count:,.0f} bytes"
 
 
-def memory_limit_text(device: torch.device, free: int) -> str:
-    """Which limit leaves `free` bytes (what `available_memory_bytes` measured) on `device`, in words following the
-    amount: 'free on cuda:0' for a device; on the host, 'that this process's ulimit (-v or -d) leaves' where its
-    address-space or data limit is what leaves no more, 'that this process's memory cgroup (a container's or job's
-    memory limit) leaves' where that is, else 'of available host memory'."""
-    device = torch.device(device)
+def _measure_available_memory(device: torch.device) -> tuple[int | None, str]:
+    """`available_memory` as it stands, without a collection."""
     if device.type != "cpu":
-        return f"free on {device}"
-    limited = _rlimit_available_bytes()
-    if limited is not None and limited <= free:
-        return "that this process's ulimit (-v or -d) leaves"
-    cgroup = _cgroup_minus(_unwritten_host_bytes())
-    if cgroup is not None and cgroup <= free:
-        return "that this process's memory cgroup (a container's or job's memory limit) leaves"
-    return "of available host memory"
-
-
-def _available_memory_bytes(device: torch.device) -> int | None:
-    """`available_memory_bytes` as it stands, without a collection."""
-    if device.type == "cpu":
-        available = None
-        try:
-            with open("/proc/meminfo") as handle:
-                for line in handle:
-                    if line.startswith("MemAvailable:"):
-                        available = int(line.split()[1]) * 1024
-                        break
-        except (OSError, ValueError, IndexError):
-            pass
-        if available is None:
-            available = free_memory_bytes(device)
-        # (the rows live host buffers have yet to write: their pages are committed as they fill, `host_zeros`, so the
-        # machine's free memory and the cgroup's count them only later; the address-space limit counts them now)
-        promised = _unwritten_host_bytes()
-        limits = [value for value in (None if available is None else available - promised,
-                                      _cgroup_minus(promised), _rlimit_available_bytes()) if value is not None]
-        return max(min(limits), 0) if limits else None
-    return free_memory_bytes(device)
+        return free_memory_bytes(device), f"free on {device}"
+    available = None
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        available = free_memory_bytes(device)
+    # (the rows live host buffers have yet to write: their pages are committed as they fill, `host_zeros`, so the
+    # machine's free memory and the cgroup's count them only later; the address-space limit counts them now)
+    promised = _unwritten_host_bytes()
+    measured = ((_rlimit_available_bytes(), ULIMIT), (_cgroup_minus(promised), CGROUP),
+                (None if available is None else available - promised, HOST))
+    limits = [(value, limit) for value, limit in measured if value is not None]
+    if not limits:
+        return None, HOST
+    value, limit = min(limits, key=lambda pair: pair[0])  # (the first of equals)
+    return max(value, 0), limit
 
 
 #: live replay storage in unpinned host memory (`host_zeros`): a solo `ReplayBuffer`, a population's `MemberReplay`;
@@ -143,7 +137,7 @@ _HOST_BUFFERS: weakref.WeakSet = weakref.WeakSet()
 
 def count_unwritten_host_storage(owner) -> None:
     """Count what `owner` (replay storage made by `host_zeros`) has yet to write, its `unwritten_bytes()`, as taken in
-    later memory checks (`available_memory_bytes`), for as long as `owner` lives."""
+    later memory checks (`available_memory`), for as long as `owner` lives."""
     _HOST_BUFFERS.add(owner)
 
 
@@ -366,7 +360,7 @@ class ReplayBuffer:
         self.bytes_per_transition = int(per_row) if per_row.is_integer() else per_row
         if storage_device is None:
             storage_device = self.device
-            free = available_memory_bytes(self.device)
+            free = available_memory(self.device)[0]
             if self.device.type != "cpu" and free is not None and self.nbytes > REPLAY_MEMORY_SHARE * free:
                 storage_device = torch.device("cpu")
                 warnings.warn(f"Replay buffer of {self.nbytes / 2**30:.2f} GiB does not fit in {self.device}'s "
