@@ -424,9 +424,8 @@ def saved_networks(algo_cls: type, meta: dict) -> SavedNetworks:
     """The networks of a model file of `algo_cls` (`meta`: its checkpoint metadata)."""
     space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     config = saved_config(algo_cls.config_cls, meta["config"], space)
-    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
     return SavedNetworks(config, space, {key: getattr(config, key) for key in _weights_keys(config, space)
-                                         if key in fields})
+                                         if key in _config_names(algo_cls)})
 
 
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint

@@ -508,14 +508,13 @@ class MemberFrameReplay:
                  mask_size: int | None = None):
         self.capacity, self.num_envs, self.device = int(capacity), num_envs, device
         action_bytes = torch.empty((), dtype=action_dtype).element_size() * int(torch.Size(action_shape).numel())
-        #: bytes one transition takes on average (the frame pool's share included), as the solo buffer reports it
-        self.row_bytes = FrameStackReplayBuffer.planned_nbytes(self.capacity, num_envs, observation, action_bytes,
-                                                               n_step, mask_size) / self.capacity
         self.check_fits(self.capacity, size, num_envs, observation, action_bytes, n_step, mask_size, device)
         self.buffers = [FrameStackReplayBuffer(self.capacity, num_envs, observation, action_shape, action_dtype,
                                                device, n_step=n_step, gamma=float(gamma), storage_device=device,
                                                mask_size=mask_size)
                         for gamma in gammas.tolist()]  # (a float32 gamma, as the solo's buffer computes with it)
+        #: bytes one transition takes on average (the frame pool's share included), as the solo buffer reports it
+        self.row_bytes = self.buffers[0].nbytes / self.capacity
 
     @staticmethod
     def check_fits(capacity: int, size: int, num_envs: int, observation, action_bytes: int, n_step: int,
