@@ -514,8 +514,9 @@ def test_a_replay_buffer_the_disk_has_no_room_for_is_refused_before_anything_is_
     with pytest.raises(UserError) as raised:
         model.save(run / "checkpoint.safetensors")
     replay = re.escape(str(run / "checkpoint.replay.safetensors"))
-    assert re.fullmatch(rf"Cannot write the checkpoint '{replay}': it needs {free + 1:,} bytes and the disk holding it "
-                        rf"has {free:,} bytes free; an earlier checkpoint there is unchanged\.", str(raised.value))
+    assert re.fullmatch(rf"Cannot write the checkpoint '{replay}': it needs {free + 1:,} bytes \(7\.4 KiB\) and the "
+                        rf"disk holding it has {free:,} bytes \(7\.4 KiB\) free; an earlier checkpoint there is "
+                        r"unchanged\.", str(raised.value))
     assert opened == [] and {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == before
 
 
@@ -1240,19 +1241,22 @@ def test_a_memory_refusal_names_the_limit_of_the_measurement_it_refused_by(monke
 def test_a_memory_refusal_under_a_mebibyte_says_its_sizes_as_they_are(monkeypatch):
     """Sizes were said in MiB to one decimal below 1 GiB: with 16 KiB left (a nearly spent ulimit or cgroup), the
     refusal said "more than the 0.0 MiB it may take (80% of the 0.0 MiB ...)". Small sizes are said in KiB or bytes
-    (`size_text`, also the CLI's disk warning's, which had its own copy)."""
+    (`size_text`, also the CLI's disk warning's, which had its own copy, and the checkpoint's disk refusal's, which
+    had another wording)."""
     from rlspeed.buffers import replay, rollout
+    from rlspeed.files import size_text
 
     monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**14, replay.HOST))
-    monkeypatch.setattr(replay, "_rlimit_available_bytes", lambda: None)
-    monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: None)
     with pytest.raises(UserError, match=r"^A rollout of num_steps 10 x num_envs 4 steps needs about 39\.1 KiB, more "
                                         r"than the 12\.8 KiB it may take \(80% of the 16\.0 KiB of available host "
                                         r"memory\); lower num_steps or num_envs; with num_envs 4, num_steps up to 3 "
                                         r"fits"):
         rollout.check_rollout_bytes(10, 4, 1_000, torch.device("cpu"))
-    assert [replay.size_text(count) for count in (0, 1023, 2**17, 3 * 2**30)] == [
+    assert [size_text(count) for count in (0, 1023, 2**17, 3 * 2**30)] == [
         "0 bytes", "1,023 bytes", "0.1 MiB", "3.0 GiB"]
+    # (where a byte decides, as for a disk one byte short of a checkpoint: the whole count, then the same words)
+    assert [size_text(count, exact=True) for count in (1023, 2**17, 3 * 2**30)] == [
+        "1,023 bytes", "131,072 bytes (0.1 MiB)", "3,221,225,472 bytes (3.0 GiB)"]
 
 
 def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypatch, tmp_path, capsys):

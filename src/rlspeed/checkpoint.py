@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from rlspeed.device import training_threads
 from rlspeed.errors import UserError
-from rlspeed.files import free_disk_bytes, local_path, process_running, refuse_irregular_file
+from rlspeed.files import free_disk_bytes, local_path, process_running, refuse_irregular_file, size_text
 
 FORMAT = "rlspeed-checkpoint"
 #: 2: the metadata carries a digest. Format-1 files (no digest) still load, with a warning.
@@ -703,12 +703,8 @@ def _check_free_space(path: Path, needed: int) -> None:
     writers, metrics.csv say, then failed) before it was refused."""
     free = free_disk_bytes(path.parent)
     if free is not None and needed > free:  # (a file system that does not say: the write itself finds out)
-        raise UserError(f"Cannot write the checkpoint '{_unstaged(path)}': it needs {_bytes(needed)} and the disk "
-                        f"holding it has {_bytes(free)} free; {_what_stays(path)}.")
-
-
-def _bytes(count: int) -> str:
-    return f"{count:,} bytes" + (f" ({count / 2**30:.1f} GiB)" if count >= 2**30 else "")
+        raise UserError(f"Cannot write the checkpoint '{_unstaged(path)}': it needs {size_text(needed, exact=True)} "
+                        f"and the disk holding it has {size_text(free, exact=True)} free; {_what_stays(path)}.")
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", verify: bool = True,

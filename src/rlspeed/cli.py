@@ -56,6 +56,7 @@ from rlspeed.files import (
     refuse_special_file,
     refuse_symlinks,
     remove_stale_temporaries,
+    size_text,
     unwritable,
 )
 from rlspeed.files import write_text_atomic as _write_text
@@ -2422,8 +2423,6 @@ def _warn_replay_disk(buffer_bytes: int, run_dir: Path) -> None:
     bytes, more than the current checkpoint's file; a finished run's model.replay.safetensors, which a --resume keeps
     until the new end, is on disk already). Said at the start: the checkpoint that does not fit stops the run hours
     later (`rlspeed.checkpoint`'s check before each write)."""
-    from rlspeed.buffers.replay import size_text
-
     free = free_disk_bytes(run_dir)
     if free is None:  # (a file system that does not say: each write checks for itself)
         return

@@ -96,6 +96,19 @@ def _temporaries(path: Path) -> list[Path]:
     return list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
+def size_text(count: float, exact: bool = False) -> str:
+    """Bytes in words, never a size shown as 0.0 that is not nothing: '2.1 GiB' from 1 GiB, '3.5 MiB' from 0.1 MiB,
+    '12.8 KiB' from 1 KiB, else '512 bytes'. `exact` (where a byte more or less decides, as a disk one byte short):
+    the whole count first, its size in words after it from 1 KiB on ('1,040,001 bytes (1.0 MiB)')."""
+    if exact:
+        return f"{count:,} bytes" + (f" ({size_text(count)})" if count >= 2**10 else "")
+    if count >= 2**30:
+        return f"{count / 2**30:,.1f} GiB"
+    if count >= 2**20 / 10:
+        return f"{count / 2**20:,.1f} MiB"
+    return f"{count / 2**10:,.1f} KiB" if count >= 2**10 else f"{count:,.0f} bytes"
+
+
 def free_disk_bytes(directory: str | os.PathLike) -> int | None:
     """The bytes free to this user on the disk holding `directory`, or None where the file system does not say: it
     refuses (OSError), or it reports no total or nothing free, as some FUSE file systems do while writes succeed (a

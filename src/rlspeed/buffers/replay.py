@@ -46,6 +46,7 @@ import torch
 from rlspeed.device import cgroup_directories, free_memory_bytes, synchronize
 from rlspeed.envs.base import map_obs, obs_batch_size, observation_layout
 from rlspeed.errors import UserError
+from rlspeed.files import size_text
 
 # Leave this share of the free memory (device or host) to the networks, the batch activations and everything else.
 REPLAY_MEMORY_SHARE = 0.8
@@ -91,16 +92,6 @@ def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str
     advice = advice(budget) if callable(advice) else advice
     raise UserError(f"{what} needs about {size_text(needed)}, more than the {size_text(budget)} it may take "
                     f"({REPLAY_MEMORY_SHARE:.0%} of the {size_text(free)} {limit}); {advice}.")
-
-
-def size_text(count: float) -> str:
-    """Bytes in words, never a size shown as 0.0 that is not nothing: '2.1 GiB' from 1 GiB, '3.5 MiB' from 0.1 MiB,
-    '12.8 KiB' from 1 KiB, else '512 bytes'."""
-    if count >= 2**30:
-        return f"{count / 2**30:,.1f} GiB"
-    if count >= 2**20 / 10:
-        return f"{count / 2**20:,.1f} MiB"
-    return f"{count / 2**10:,.1f} KiB" if count >= 2**10 else f"{count:,.0f} bytes"
 
 
 def _measure_available_memory(device: torch.device) -> tuple[int | None, str]:

@@ -46,7 +46,7 @@ from rlspeed.evaluation import (
     warn_target_without_time_limit,
     warn_unfinished,
 )
-from rlspeed.files import write_atomic
+from rlspeed.files import size_text, write_atomic
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics, refuse_other_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.numerics import DIVERGED_ADVICE
@@ -390,7 +390,7 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
     stored = f", and a replay buffer of {transitions:,} transitions" if transitions else ""
     members = f"{size:,} member{'' if size == 1 else 's'}"
     refuse_unless_fits(size * per_member, device,
-                       f"A population of {members} (--seeds) at {replay_buffers.size_text(per_member)} each "
+                       f"A population of {members} (--seeds) at {size_text(per_member)} each "
                        f"(networks, their gradients and Adam's moments, {num_envs:,} envs and their storage{stored})",
                        advice)
 
