@@ -690,7 +690,7 @@ def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(
     TensorBoard's directory, which the logger makes before the first step where tensorboard is installed: made here as
     it would be) removed and the directory it created too, with the empty directories it made above it (runs/ for
     the default: they were left behind); a directory that existed before is kept; then the same command with a buffer
-    that fits trains."""
+    that fits trains, in the directory `--out made/../new` names, making no made/ on the way (it was left empty)."""
     from rlspeed import logging as run_logging
     from rlspeed.buffers import replay
 
@@ -716,7 +716,9 @@ def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(
     assert cli.main([*argv, "--out", "mine/deep/er/new"]) == 2 and cli.main(argv) == 2
     assert sorted(path.name for path in tmp_path.iterdir()) == ["mine"]  # (no runs/ either)
     assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["notes.txt"]
-    assert cli.main([*argv, "--out", "new", "--set", "buffer_size=100"]) == 0  # (not "already holds a run")
+    # (not "already holds a run"; `made/../new` is `new`, and made/ was made on the way and left empty)
+    assert cli.main([*argv, "--out", "made/../new", "--set", "buffer_size=100"]) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mine", "new"]
 
 
 def test_integer_hyperparameters_take_float_notation(monkeypatch, tmp_path):

@@ -473,6 +473,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         except RuntimeError as error:  # ("~nosuchuser/x")
             raise UserError(f"--out '{args.out}': {str(error).rstrip('.')}.") from None
         try:
+            args.out = str(_without_missing_steps_back(Path(args.out)))
             exists = Path(args.out).exists()
         except OSError as error:  # (a name longer than the filesystem takes, ...)
             raise UserError(f"--out '{args.out}': {error.strerror or error}.") from None
@@ -1740,6 +1741,19 @@ def _run_summary(path: Path) -> dict | None:
 def _finished_summary(path: Path) -> bool:
     """Whether `path` holds the summary.json of a run that ended (`_ended_summary`)."""
     return _ended_summary(path) is not None
+
+
+def _without_missing_steps_back(path: Path) -> Path:
+    """`path` less each 'X/..' whose X does not exist (`new/../run` is `run`): the directory the system reaches, which
+    making the path with its parents (`mkdir(parents=True)`) would reach only after making X, left behind empty. An
+    X that exists keeps its '..' (X may be a link elsewhere, whose '..' is not X's parent)."""
+    kept: list[str] = []
+    for part in path.parts:
+        if part == ".." and kept and kept[-1] != ".." and not Path(*kept).exists():
+            kept.pop()
+        else:
+            kept.append(part)
+    return Path(*kept) if kept else Path(".")
 
 
 def _made_here(out: str | None) -> tuple[bool, list[Path]]:
