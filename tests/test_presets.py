@@ -620,8 +620,11 @@ def test_a_users_train_freq_in_episodes_is_refused_saying_what_to_write_not_what
 
 
 def test_a_missing_preset_file_names_the_choices(tmp_path):
-    with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
+    """The sentence names the file as a preset file, which a Python caller (`load_preset`'s source) and the command
+    line (`--preset`) both gave: it named `--preset` to a Python caller."""
+    with pytest.raises(UserError, match=r"^The preset file .*missing\.yaml: no such file.*auto, rlspeed") as refused:
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))
+    assert "--preset" not in str(refused.value)
     if os.path.exists(os.devnull) and not os.path.isfile(os.devnull):  # (a device: it said "no such file")
         with pytest.raises(UserError, match=r"is a device or a pipe, not a regular file: give a YAML file"):
             load_preset("ppo", "CartPole-v1", os.devnull)

@@ -424,12 +424,26 @@ def test_a_search_space_that_is_not_a_regular_file_is_refused_as_such_not_as_mis
 
     fifo = tmp_path / "space.yaml"
     os.mkfifo(fifo)
-    with pytest.raises(UserError, match=r"--search-space .* is a device or a pipe, not a regular file: give a YAML"):
+    with pytest.raises(UserError, match=r"^The search space file .* is a device or a pipe, not a regular file: give"):
         load_search_space(fifo, PPO, {})
-    with pytest.raises(UserError, match=r"--search-space .* is a directory, not a regular file: give a YAML file"):
+    with pytest.raises(UserError, match=r"^The search space file .* is a directory, not a regular file: give a YAML"):
         load_search_space(tmp_path, PPO, {})
-    with pytest.raises(UserError, match=r"--search-space .*: no such file; give a YAML file"):
+    with pytest.raises(UserError, match=r"^The search space file .*: no such file; give a YAML file"):
         load_search_space(tmp_path / "missing.yaml", PPO, {})
+
+
+def test_a_search_space_file_from_python_is_found_at_home_and_named_as_given(tmp_path, monkeypatch):
+    """`tune(search_space="~/space.yaml")` was "no such file" where `rlspeed tune --search-space ~/space.yaml` (the
+    shell expands it) read the file; and a missing file was named "--search-space" to a Python caller, who gave
+    `search_space=`. The file is what both gave: `~` is expanded, and the sentence names the file."""
+    from rlspeed.tune import load_search_space
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "space.yaml").write_text("gamma: {low: 0.9, high: 0.99}\n")
+    assert load_search_space("~/space.yaml", PPO, {})[0] == {"gamma": {"low": 0.9, "high": 0.99}}
+    with pytest.raises(UserError, match=rf"^The search space file {tmp_path}/gone\.yaml: no such file") as refused:
+        load_search_space("~/gone.yaml", PPO, {})
+    assert "--search-space" not in str(refused.value)
 
 
 def test_a_dqn_preset_trains_its_exploration_over_the_trials_budget(tmp_path):

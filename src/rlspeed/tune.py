@@ -50,7 +50,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
-from rlspeed.files import refuse_irregular_file, unwritable, write_atomic
+from rlspeed.files import local_path, refuse_irregular_file, unwritable, write_atomic
 from rlspeed.locks import let_go
 from rlspeed.logging import cut_short, format_return
 
@@ -137,11 +137,12 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
         space = {key: value for key, value in space.items() if key in member_keys}
         where = f"the default {algo_cls.name} search space"
     else:
-        path = Path(path)
+        path = local_path(path)  # (`~` expanded, as the shell expands it on the command line)
         give = "a YAML file mapping hyperparameters to ranges (see docs/tune.md)"
-        refuse_irregular_file(path, f"--search-space {path}", give)
+        # (named as the search space, not as `--search-space` or `search_space=`: the file is what either caller gave)
+        refuse_irregular_file(path, f"The search space file {path}", give)
         if not path.is_file():
-            raise UserError(f"--search-space {path}: no such file; give {give}.")
+            raise UserError(f"The search space file {path}: no such file; give {give}.")
         space = yamlfile.read_file(path)[1]
         if not isinstance(space, dict) or not space:
             raise UserError(f"{path} must map hyperparameter names to ranges ({{low, high}}, {{choices}}) or values.")

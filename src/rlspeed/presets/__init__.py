@@ -173,9 +173,10 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     from rlspeed.algos.base import MODEL_ARGUMENTS, build_config
 
     path = local_path(path)
-    refuse_irregular_file(path, f"--preset {path}", f"a YAML file, or one of {', '.join(SOURCES)}")
+    # (named as the preset file, not as `--preset` or `load_preset`'s `source`: the file is what either caller gave)
+    refuse_irregular_file(path, f"The preset file {path}", f"a YAML file, or one of {', '.join(SOURCES)}")
     if not path.is_file():
-        raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
+        raise UserError(f"The preset file {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     text, data = yamlfile.read_file(path)
     tuned_for = _tuned_algorithm(text)
     if tuned_for is not None and tuned_for != algo:
