@@ -163,6 +163,8 @@ def test_advice_on_update_bound_runs_depends_on_network_size_and_acceleration():
     [line] = advise(_profile(parameters=200_000, phases=update_bound, device="cuda:0",
                              auto_candidates=["tf32", "bf16"]))
     assert "it times tf32, bf16 against fp32 eager" in line
+    with pytest.raises(ValueError, match="auto_candidates"):  # (profile_run looks them up for such a run)
+        advise(_profile(parameters=200_000, phases=update_bound))
     [line] = advise(_profile(parameters=200_000, phases=update_bound, accelerate={"precision": "bf16-matmul"}))
     assert "80%" in line and "bf16-matmul" in line and "--accelerate auto" not in line
     [line] = advise(_profile(phases=update_bound))  # a tiny network: precision is not the lever
