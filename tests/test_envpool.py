@@ -23,6 +23,7 @@ def _has(module: str) -> bool:
 
 
 IDS = ["CartPole-v1", "Pendulum-v1", "FrozenLake-v1",  # (a Discrete observation: int64 indices, EnvPool's int32)
+       "CliffWalking-v1",  # (no time limit: EnvPool's 2**31 - 1 was reported as the env's time limit)
        pytest.param("BreakoutNoFrameskip-v4", marks=pytest.mark.skipif(not (_has("ale_py") and _has("cv2")),
                                                                         reason="ale-py or OpenCV is not installed"))]
 

@@ -64,6 +64,12 @@ def _all_envpool_ids() -> frozenset[str]:
     return frozenset(import_envpool().list_all_envs())
 
 
+#: EnvPool's time limit for an env without one (C++'s INT_MAX): Blackjack, CliffWalking and its slippery version,
+#: which Gymnasium registers without a time limit; `EnvPoolEnv` reports it as none (None), as Gymnasium does, so
+#: an evaluation caps such episodes at `evaluation.UNLIMITED_EPISODE_STEPS` steps, not 2**31 - 1
+NO_TIME_LIMIT = 2**31 - 1
+
+
 def envpool_task(env_id: str) -> str | None:
     """EnvPool's task id for a Gymnasium id (Atari image ids as `<Game>-v5`; others by their own name), or None
     when EnvPool lacks it or is not installed."""
@@ -136,6 +142,7 @@ class EnvPoolEnv(BatchedEnv):
         self.pool = self._make_pool(self._seed)
         if max_steps is None:
             max_steps = int(self.pool.spec.config.max_episode_steps)
+            max_steps = None if max_steps == NO_TIME_LIMIT else max_steps
         registered_spec = gym.registry.get(env_id)
         threshold = registered_spec.reward_threshold if registered_spec is not None else None
         if isinstance(self.pool.observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
@@ -222,4 +229,4 @@ class EnvPoolEnv(BatchedEnv):
         self.pool.close()
 
 
-__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_task", "INSTALL"]
+__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_task", "INSTALL", "NO_TIME_LIMIT"]
