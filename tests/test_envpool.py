@@ -270,11 +270,35 @@ def test_an_envpool_env_with_dict_observations_is_refused_in_one_sentence():
 
 
 @needs_envpool
-def test_an_envpool_env_whose_observations_differ_from_gymnasiums_is_refused_in_one_sentence():
-    """EnvPool's Blackjack-v1 gives a Box(0, 31, (3,), int32) where Gymnasium's gives a Tuple, which the model was
-    built for: `--env-backend envpool` failed deep in the encoder (TypeError: new(): invalid data type 'str')."""
+def test_an_envpool_env_whose_task_differs_from_gymnasiums_is_refused_when_the_backend_is_chosen():
+    """EnvPool's Blackjack-v1 gives a Box(0, 31, (3,), int32) where Gymnasium's gives a Tuple, and plays sab=True where
+    Gymnasium's plays sab=False: `make_env(..., backend="envpool")` gave it without a word, and a model was refused
+    only once it had made the pool. `auto` keeps Gymnasium's."""
+    with pytest.raises(UserError, match=r"EnvPool's Blackjack-v1 gives its observations as Box.*Tuple.*sab=True.*"
+                                        r"--env-backend gymnasium\.$"):
+        resolve_backend("Blackjack-v1", "envpool")
+    with pytest.raises(UserError, match="sab=True"):
+        envpool_env.EnvPoolEnv("Blackjack-v1", num_envs=2)
+    assert resolve_backend("Blackjack-v1", "auto", 2, "cpu") == "gymnasium"
+
+
+@needs_envpool
+def test_an_envpool_id_gymnasium_has_in_another_version_is_refused_naming_envpools():
+    """Gymnasium 1.3 renamed Taxi-v3 Taxi-v4 (the same task by default, with action masks), and EnvPool has Taxi-v3:
+    the refusal named neither."""
+    with pytest.raises(UserError, match=r"EnvPool has no env for 'Taxi-v4' .*it has Taxi-v3, another version of it, "
+                                        r"the same task by default but without the action masks"):
+        resolve_backend("Taxi-v4", "envpool")
+
+
+@needs_envpool
+def test_an_envpool_env_whose_observations_differ_from_gymnasiums_is_refused_in_one_sentence(monkeypatch):
+    """A model made from Gymnasium's env refuses an EnvPool env whose observations have another type or shape (as
+    Blackjack-v1's did before `OTHER_TASKS` refused it up front): `--env-backend envpool` failed deep in the encoder
+    (TypeError: new(): invalid data type 'str')."""
     from rlspeed import PPO
 
+    monkeypatch.setattr(envpool_env, "OTHER_TASKS", {})
     model = PPO("Blackjack-v1", env_backend="envpool", num_envs=2, num_steps=16, batch_size=32, device="cpu")
     with pytest.raises(UserError, match=r"envpool backend's Blackjack-v1 gives its observations as Box.*"
                                         r"--env-backend gymnasium"):

@@ -27,7 +27,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
-from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
+from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_refusal, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
@@ -215,10 +215,8 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
         if env_id in NATIVE_ENVS and not few_on_cpu:
             return "torch"
         return "envpool" if _envpool_for_auto(env_id) else "gymnasium"
-    if backend == "envpool":
-        if envpool_task(env_id) is None:
-            raise UserError(f"EnvPool has no env for '{env_id}' (`envpool.list_all_envs()` lists its ids); use "
-                            "--env-backend gymnasium.")
+    if backend == "envpool" and (refusal := envpool_refusal(env_id)) is not None:
+        raise UserError(refusal)
     if backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"No device-native version of '{env_id}' exists (native: {', '.join(NATIVE_ENVS)}); "
                         "use --env-backend gymnasium.")

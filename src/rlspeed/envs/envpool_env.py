@@ -69,6 +69,36 @@ def _all_envpool_ids() -> frozenset[str]:
 #: an evaluation caps such episodes at `evaluation.UNLIMITED_EPISODE_STEPS` steps, not 2**31 - 1
 NO_TIME_LIMIT = 2**31 - 1
 
+#: ids EnvPool has under Gymnasium's name whose task is another one: what differs, named when the envpool backend is
+#: refused for them (a model built from Gymnasium's env would train on another task, or not take its observations)
+OTHER_TASKS = {
+    "Blackjack-v1": "EnvPool's Blackjack-v1 gives its observations as Box(0, 31, (3,), int32), not as Gymnasium's "
+                    "Tuple of three Discretes, and plays Sutton and Barto's rules (sab=True: a natural beats a "
+                    "dealer's 21 of three or more cards), where Gymnasium's plays sab=False",
+}
+
+#: what a neighbouring EnvPool version lacks beside the Gymnasium id, said where the id is refused and it is named
+_NEIGHBOUR_NOTES = {"Taxi-v4": "the same task by default but without the action masks in info['action_mask'] that "
+                               "Gymnasium's Taxi-v4 gives"}
+
+
+def envpool_refusal(env_id: str) -> str | None:
+    """The one sentence refusing `--env-backend envpool` for `env_id` (EnvPool installed), or None where EnvPool gives
+    it: EnvPool lacks the id (naming the other versions of it EnvPool has, which the backend does not swap in), or
+    has a task of that name that differs from Gymnasium's (`OTHER_TASKS`)."""
+    if env_id in OTHER_TASKS:
+        return f"{OTHER_TASKS[env_id]}; use --env-backend gymnasium."
+    if envpool_task(env_id) is not None:
+        return None
+    name = env_id.rsplit("-v", 1)[0]
+    others = sorted(task for task in _all_envpool_ids() if task.rsplit("-v", 1)[0] == name and task != env_id)
+    versions = ""
+    if others and not atari.is_atari(env_id):
+        versions = (f"; it has {', '.join(others)}, {'another version' if len(others) == 1 else 'other versions'} "
+                    f"of it, {_NEIGHBOUR_NOTES.get(env_id, 'not taken in its place')}")
+    return (f"EnvPool has no env for '{env_id}' (`envpool.list_all_envs()` lists its ids{versions}); use "
+            "--env-backend gymnasium.")
+
 
 def envpool_task(env_id: str) -> str | None:
     """EnvPool's task id for a Gymnasium id (Atari image ids as `<Game>-v5`; others by their own name), or None
@@ -121,9 +151,10 @@ class EnvPoolEnv(BatchedEnv):
                  num_threads: int = 0):
         if not envpool_installed():
             raise UserError(f"The envpool backend needs EnvPool: {INSTALL}.")
+        refusal = envpool_refusal(env_id)
+        if refusal is not None:
+            raise UserError(refusal)
         task = envpool_task(env_id)
-        if task is None:
-            raise UserError(f"EnvPool has no env for '{env_id}'; use --env-backend gymnasium (or auto).")
         self.env_id, self.task, self.num_envs, self.device = env_id, task, num_envs, torch.device(device)
         self.num_threads = num_threads
         self.atari = atari.is_atari(env_id)
@@ -229,4 +260,5 @@ class EnvPoolEnv(BatchedEnv):
         self.pool.close()
 
 
-__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_task", "INSTALL", "NO_TIME_LIMIT"]
+__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_refusal", "envpool_task", "INSTALL",
+           "NO_TIME_LIMIT", "OTHER_TASKS"]
