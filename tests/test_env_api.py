@@ -2245,6 +2245,24 @@ def test_an_id_whose_envs_normalise_their_rewards_says_the_returns_are_not_the_e
         del gym.registry["RewardNormalisingCartPole-v0"]
 
 
+def test_an_id_registered_with_a_vector_entry_point_only_is_one_sentence_naming_entry_point():
+    """`gymnasium.register(id, vector_entry_point=...)` without an entry_point: rlspeed makes envs with
+    gymnasium.make, and the user got Gymnasium's own "registered but entry_point is not specified" (exit 1 from the
+    CLI), which did not say that rlspeed needs an entry_point."""
+    from rlspeed.envs import env_spec
+
+    gym.register("VectorOnlyCartPole-v0", max_episode_steps=50,
+                 vector_entry_point="gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv")
+    said = r"'VectorOnlyCartPole-v0' is registered with a vector_entry_point only.*register .* with entry_point="
+    try:
+        with pytest.raises(rlspeed.UserError, match=said):
+            env_spec("VectorOnlyCartPole-v0")
+        with pytest.raises(rlspeed.UserError, match=said):
+            rlspeed.make_env("VectorOnlyCartPole-v0", num_envs=2, backend="gymnasium", device="cpu")
+    finally:
+        del gym.registry["VectorOnlyCartPole-v0"]
+
+
 def _filmed_cartpole(video_folder):  # (an entry point that films each env it makes)
     env = gym.make("CartPole-v1", render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, video_folder=video_folder, disable_logger=True)

@@ -91,9 +91,14 @@ def _looks_like_atari(env_id: str) -> bool:
 
 def _check_registered(env_id: str) -> None:
     """Register ale-py's envs on the first Atari id (`atari.register_atari`) and the envs of a `PACKAGE_FAMILIES`
-    family on its first id; UserError saying what to install for an unregistered id of a known family."""
+    family on its first id; UserError saying what to install for an unregistered id of a known family, or that an id
+    registered with a vector_entry_point only needs an entry_point."""
     register_family(env_id)
     if env_id in gym.registry:
+        if gym.registry[env_id].entry_point is None:  # (gymnasium.make's "entry_point is not specified", exit 1)
+            raise UserError(f"'{env_id}' is registered with a vector_entry_point only, and rlspeed makes its envs one "
+                            "by one with gymnasium.make (and batches them itself), which needs an entry_point: "
+                            f"register '{env_id}' with entry_point= a single env's class too.")
         route_mujoco_messages(env_id)
         import_box2d(env_id)
         return
