@@ -7,6 +7,8 @@ initial states (and, for Atari, other no-op counts) than Gymnasium's; the tests 
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -280,6 +282,20 @@ def test_an_envpool_env_whose_task_differs_from_gymnasiums_is_refused_when_the_b
     with pytest.raises(UserError, match="sab=True"):
         envpool_env.EnvPoolEnv("Blackjack-v1", num_envs=2)
     assert resolve_backend("Blackjack-v1", "auto", 2, "cpu") == "gymnasium"
+
+
+@needs_envpool
+def test_an_envpool_env_whose_values_differ_from_gymnasiums_is_warned_of_once(monkeypatch):
+    """EnvPool's Humanoid-v4 gives its contact forces as 0 (Gymnasium's gives the simulated ones), with Gymnasium's
+    spaces: `--env-backend envpool` trained on it without a word. Said once per id in a process."""
+    monkeypatch.setattr(envpool_env, "_WARNED_VALUES", set())
+    with pytest.warns(UserWarning, match=r"EnvPool's Humanoid-v4 gives its 84 contact forces \(cfrc_ext\) as 0.*"
+                                         r"Humanoid-v5 is the same on both.*--env-backend gymnasium"):
+        envpool_env.EnvPoolEnv("Humanoid-v4", num_envs=1).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        envpool_env.EnvPoolEnv("Humanoid-v4", num_envs=1).close()
+        envpool_env.EnvPoolEnv("Humanoid-v5", num_envs=1).close()
 
 
 @needs_envpool

@@ -26,7 +26,7 @@ import torch
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, numpy_dtype, observation_layout
 from rlspeed.envs.gymnasium_env import float32_rewards
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, warn_at_caller
 
 INSTALL = "pip install envpool"
 
@@ -76,6 +76,17 @@ OTHER_TASKS = {
                     "Tuple of three Discretes, and plays Sutton and Barto's rules (sab=True: a natural beats a "
                     "dealer's 21 of three or more cards), where Gymnasium's plays sab=False",
 }
+
+#: ids whose EnvPool env has Gymnasium's spaces but gives other observations or rewards: what differs, warned of once
+#: per id in a process when an `EnvPoolEnv` is made (the model trains, on EnvPool's version of the task)
+OTHER_VALUES = {
+    "Humanoid-v4": "EnvPool's Humanoid-v4 gives its 84 contact forces (cfrc_ext) as 0 at every step, where "
+                   "Gymnasium's gives the simulated ones; Humanoid-v5 is the same on both",
+    "HumanoidStandup-v4": "EnvPool's HumanoidStandup-v4 gives its 84 contact forces (cfrc_ext) as 0 at every step, "
+                          "where Gymnasium's gives the simulated ones, so its rewards lack the impact cost (up to 1.3 "
+                          "a step in Gymnasium's); HumanoidStandup-v5 is the same on both",
+}
+_WARNED_VALUES: set[str] = set()
 
 #: what a neighbouring EnvPool version lacks beside the Gymnasium id, said where the id is refused and it is named
 _NEIGHBOUR_NOTES = {"Taxi-v4": "the same task by default but without the action masks in info['action_mask'] that "
@@ -154,6 +165,10 @@ class EnvPoolEnv(BatchedEnv):
         refusal = envpool_refusal(env_id)
         if refusal is not None:
             raise UserError(refusal)
+        if env_id in OTHER_VALUES and env_id not in _WARNED_VALUES:
+            _WARNED_VALUES.add(env_id)
+            warn_at_caller(f"{OTHER_VALUES[env_id]}: a model learns there from other values than on --env-backend "
+                           "gymnasium (env_backend='gymnasium').", UserWarning)
         task = envpool_task(env_id)
         self.env_id, self.task, self.num_envs, self.device = env_id, task, num_envs, torch.device(device)
         self.num_threads = num_threads
@@ -261,4 +276,4 @@ class EnvPoolEnv(BatchedEnv):
 
 
 __all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_refusal", "envpool_task", "INSTALL",
-           "NO_TIME_LIMIT", "OTHER_TASKS"]
+           "NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
