@@ -299,6 +299,18 @@ def test_an_envpool_env_whose_values_differ_from_gymnasiums_is_warned_of_once(mo
 
 
 @needs_envpool
+def test_envpool_observations_lie_in_the_space_it_reports():
+    """EnvPool bounds LunarLander's (and BipedalWalker's) observations below by float32's smallest positive number:
+    the space rlspeed reported held none of the observations the env gave."""
+    env = envpool_env.EnvPoolEnv("LunarLander-v3", num_envs=2, seed=0)
+    space = env.spec.observation_space
+    observations = [env.reset()[0]] + [env.step(torch.tensor([0, 2]))[0] for _ in range(3)]
+    env.close()
+    assert all(space.contains(row.numpy()) for obs in observations for row in obs)
+    assert any(bool((obs < 0).any()) for obs in observations)
+
+
+@needs_envpool
 def test_an_envpool_id_gymnasium_has_in_another_version_is_refused_naming_envpools():
     """Gymnasium 1.3 renamed Taxi-v3 Taxi-v4 (the same task by default, with action masks), and EnvPool has Taxi-v3:
     the refusal named neither."""

@@ -146,6 +146,18 @@ def _float32(space: gym.Space) -> gym.Space:
     return space
 
 
+def _observation_bounds(space: gym.Space) -> gym.Space:
+    """`space` unbounded where EnvPool bounds it by float32's smallest positive number below and its largest above
+    (its Box2D envs' observations, LunarLander's and BipedalWalker's: every negative observation was outside the
+    space the env reported, at every step)."""
+    if not isinstance(space, gym.spaces.Box) or space.dtype != np.float32:
+        return space
+    low, high = space.low.copy(), space.high.copy()
+    low[low == np.finfo(np.float32).tiny] = -np.inf
+    high[high == np.finfo(np.float32).max] = np.inf
+    return gym.spaces.Box(low, high, space.shape, np.float32)
+
+
 class EnvPoolEnv(BatchedEnv):
     """`num_envs` EnvPool envs of one task, stepped together (EnvPool's sync mode), SAME_STEP autoreset.
 
@@ -195,7 +207,7 @@ class EnvPoolEnv(BatchedEnv):
             self.pool.close()  # (EnvPool's MiniGrid ids: a dict of arrays, its mission as bytes)
             raise UserError(f"EnvPool's '{env_id}' gives {type(self.pool.observation_space).__name__} observations, "
                             "which the envpool backend does not take; use --env-backend gymnasium (or auto).")
-        self.spec = EnvSpec.from_spaces(env_id, _float32(self.pool.observation_space),
+        self.spec = EnvSpec.from_spaces(env_id, _observation_bounds(_float32(self.pool.observation_space)),
                                         _float32(self.pool.action_space), max_steps, threshold)
         # (the contract's dtypes: float32 vectors, int64 indices where EnvPool gives int32, uint8 images)
         self._obs_dtype = numpy_dtype(observation_layout(self.spec.observation_space)[1])
