@@ -220,6 +220,9 @@ def test_auto_takes_envpool_for_atari_only():
     assert resolve_backend("CartPole-v1", "auto", 64, "cpu") == "torch"
     if _has("ale_py"):
         assert resolve_backend("BreakoutNoFrameskip-v4", "auto", 8, "cpu") == "envpool"
+        # (ale-py's TicTacToe3D is EnvPool's TicTacToe3d: it was "EnvPool has no env" and Gymnasium's for auto)
+        assert resolve_backend("ALE/TicTacToe3D-v5", "auto", 8, "cpu") == "envpool"
+        assert envpool_env.envpool_task("ALE/TicTacToe3D-v5") == "TicTacToe3d-v5"
     if _has("mujoco"):
         assert resolve_backend("HalfCheetah-v5", "auto", 1, "cpu") == "gymnasium"
 

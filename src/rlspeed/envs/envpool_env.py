@@ -120,7 +120,9 @@ def envpool_task(env_id: str) -> str | None:
     if atari.atari_image_id(env_id):
         game = _atari_game(env_id)
         task = f"{game}-v5" if game else None
-        return task if task in ids else None
+        if task is not None and task not in ids:  # (ale-py's TicTacToe3D is EnvPool's TicTacToe3d)
+            task = next((other for other in ids if other.lower() == task.lower()), None)
+        return task
     return env_id if env_id in ids else None
 
 
