@@ -10,6 +10,10 @@ frame skip 4 with max-pooling, 84x84 grey, 4 stacked frames, the id's sticky-act
 and full games; the training-only transforms (episodic life, reward clipping) are `AtariTraining`, as for the
 Gymnasium backend, fed by `info["lives"]`. What still differs from the Gymnasium backend: EnvPool's own random
 streams (the same seed gives other games and no-op counts) and its own resize code (pixels may differ by one level).
+
+Other ids are EnvPool's env of the same name. Where that env is another task than Gymnasium's id, it is refused
+(`OTHER_TASKS`, in `envpool_refusal`); where it has Gymnasium's spaces but other values, it is warned of once
+(`OTHER_VALUES`).
 """
 
 from __future__ import annotations
@@ -163,8 +167,8 @@ def _observation_bounds(space: gym.Space) -> gym.Space:
 class EnvPoolEnv(BatchedEnv):
     """`num_envs` EnvPool envs of one task, stepped together (EnvPool's sync mode), SAME_STEP autoreset.
 
-    `env_id`: the Gymnasium id of a task EnvPool has (UserError otherwise); `num_threads`: EnvPool's, the threads
-    that step the envs (0: EnvPool's default).
+    `env_id`: the Gymnasium id of a task EnvPool has (UserError otherwise, or where EnvPool's is another task:
+    `envpool_refusal`); `num_threads`: EnvPool's, the threads that step the envs (0: EnvPool's default).
     `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`, below 2**31: `check_envpool_seeds`);
     `reset(seed=s)` with another seed makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids
     add `info["lives"]`.
