@@ -1209,11 +1209,13 @@ def _cap_of_3_recording_sizes(monkeypatch) -> list[int]:
 
 def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, monkeypatch):
     """Subprocess envs are capped (one worker process each: 1,000 episodes forked 1,000); episodes over the cap run
-    in waves, each episode seeded as in one env of them all, so a deterministic evaluation's returns are unchanged."""
+    in waves, each episode seeded as in one env of them all, so a deterministic evaluation's returns are unchanged.
+    The full waves share one env (each wave made its own: subprocess workers started again per wave), reset with the
+    next wave's seed; the last, smaller wave gets one of its size."""
     whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
     sizes = _cap_of_3_recording_sizes(monkeypatch)
     waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
-    assert sizes == [3, 3, 1]
+    assert sizes == [3, 1]
     assert {key: waves[key] for key in whole} == whole
     monkeypatch.undo()
     # the cap: subprocess envs by CPU cores, at least a floor (a 1,000-episode evaluation on 2 cores forks that many,
@@ -1228,6 +1230,17 @@ def test_more_episodes_than_envs_at_once_run_in_waves_seeded_as_one_batch(ppo, m
     assert cap("torch") == module.NATIVE_EVALUATION_ENVS
 
 
+def test_a_stochastic_policys_waves_draw_as_evaluations_of_their_own_episodes(ppo, monkeypatch):
+    """A stochastic policy in waves draws from a stream seeded by each wave's seed, as an evaluation of that wave's
+    episodes alone draws (so its returns repeat for a seed, and depend on the cap: documented); the full waves sharing
+    one env, reset with each wave's seed, changes none of them."""
+    alone = [rlspeed.evaluate(ppo, episodes=count, seed=5 + first, backend="gymnasium", deterministic=False)["returns"]
+             for first, count in ((0, 3), (3, 3), (6, 1))]
+    sizes = _cap_of_3_recording_sizes(monkeypatch)
+    waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium", deterministic=False)
+    assert sizes == [3, 1] and waves["returns"] == alone[0] + alone[1] + alone[2]
+
+
 @pytest.mark.parametrize("backend", ["torch", "envpool"])
 def test_native_and_envpool_episodes_over_the_cap_run_in_waves_as_one_batch(ppo, monkeypatch, backend):
     """Native torch and EnvPool envs were uncapped (1e6 episodes made 1e6 env rows at once; an EnvPool Atari env is
@@ -1239,12 +1252,12 @@ def test_native_and_envpool_episodes_over_the_cap_run_in_waves_as_one_batch(ppo,
     whole = rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend)
     sizes = _cap_of_3_recording_sizes(monkeypatch)
     waves = rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend)
-    assert sizes == [3, 3, 1] and len(set(whole["returns"])) > 1  # (episodes that differ: rows told apart)
+    assert sizes == [3, 1] and len(set(whole["returns"])) > 1  # (episodes that differ: rows told apart)
     assert {key: waves[key] for key in whole} == whole
     if backend == "envpool":  # (EnvPool's seeds are C++ ints: refused up front, not at the wave that passes 2**31)
         with pytest.raises(rlspeed.UserError, match="leaves room for 5 envs, not 7"):
             rlspeed.evaluate(ppo, episodes=7, seed=2**31 - 5, backend=backend)
-        assert sizes == [3, 3, 1]
+        assert sizes == [3, 1]
 
 
 def test_a_seed_near_the_limit_is_taken_or_refused_alike_in_one_batch_and_in_waves(ppo, monkeypatch):
@@ -1297,7 +1310,7 @@ def test_a_warning_of_a_wave_goes_through_the_callers_filters_as_it_comes(ppo, m
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         rlspeed.evaluate(ppo, episodes=7, seed=5, backend="gymnasium")
-    assert waves == [3, 3, 3, 1] and [str(w.message) for w in caught] == ["a wave's warning"]
+    assert waves == [3, 3, 1] and [str(w.message) for w in caught] == ["a wave's warning"]
 
 
 def test_episodes_on_another_env_id_run_in_waves_of_the_backend_auto_picks(ppo, monkeypatch):
@@ -1310,4 +1323,4 @@ def test_episodes_on_another_env_id_run_in_waves_of_the_backend_auto_picks(ppo, 
     monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap",
                         lambda backend: 3 if backend == "gymnasium" else math.inf)
     assert rlspeed.evaluate(ppo, "CartPole-v0", episodes=7, seed=5)["episodes"] == 7
-    assert sizes == [3, 3, 1]
+    assert sizes == [3, 1]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 import math
 import os
 import re
@@ -182,9 +180,11 @@ def evaluate(model: rlspeed.algos.Algorithm,
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
-    so the training that follows) as they were. Episode i of an env this call makes is seeded `seed + i` (in one batch
-    or in waves alike), so `seed + episodes` may be at most 2**63. Without a seed one is drawn; the result's
-    ``"seed"`` repeats it (None for a vector env you built, which this call does not seed then).
+    so the training that follows) as they were; in waves, each wave draws from a stream seeded by the wave's own seed,
+    so those samples also depend on the cap (`evaluation_env_cap`), not on the seed alone. Episode i of an env this
+    call makes is seeded `seed + i` (in one batch or in waves alike), so `seed + episodes` may be at most 2**63.
+    Without a seed one is drawn; the result's ``"seed"`` repeats it (None for a vector env you built, which this call
+    does not seed then).
     """
     refuse_evaluate_keywords(stable_baselines3)
     check_evaluated_model(model)
@@ -229,8 +229,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     if seed is None and size is None:  # (an env this call makes, from an id: seeded; a caller's env stays as it is)
         seed = secrets.randbelow(max(1, 2**31 - episodes))  # (episode i gets seed + i, below 2**31: EnvPool's limit)
-    # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
-    # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
+    # Atari games that wait for FIRE get it at every start and lost life (`atari.for_evaluation`; an env made here:
+    # `_evaluation_env`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
         check_evaluation_env(model, env_id)
         env = counted(env_id)  # (a batched env of the user's own: checked and counted as in training)
@@ -251,25 +251,10 @@ def evaluate(model: rlspeed.algos.Algorithm,
             check_envpool_seeds(seed, episodes)
         if size is None and episodes > evaluation_env_cap(backend):  # (the backend make_env would run them on)
             return _evaluate_in_waves(model, env_id, episodes, seed, deterministic, backend, device, max_steps,
-                                      env_kwargs, progress_bar)
-        wave = _WAVE.get()
-        first_row = wave.first_row if wave is not None and backend == "torch" else 0  # (a native wave's rows)
-        env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
-                                            seed=None if first_row else seed, backend=backend, evaluation=True,
-                                            env_kwargs=options))
-        if first_row:  # (row i of the wave draws as row `first_row + i` of one env of all the episodes)
-            env.unwrapped.seed_row_blocks([seed], first_row=first_row)
+                                      options, progress_bar)
+        env = _evaluation_env(env_id, episodes if size is None else size, device, seed, backend, options)
     limit = episode_step_limit(env, max_steps)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
-    returns = torch.zeros(episodes, device=env.device)
-    lengths = torch.zeros(episodes, device=env.device, dtype=torch.int64)
-    finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
-    running, running_lengths = returns, lengths
-    succeeded = None  # (an env reporting info["is_success"]: each first episode's)
-    # a stochastic policy samples from a stream of its own, seeded by `seed`: the caller's generators (training's)
-    # are left as they were
-    sampling = (_own_random_stream(model, env.device, seed, env.num_envs) if not deterministic
-                else contextlib.nullcontext())
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
     # the normalisation statistics of an env the caller passed stay as they were (`_frozen_normalization`)
     thaw = failure = None
@@ -278,36 +263,11 @@ def evaluate(model: rlspeed.algos.Algorithm,
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
         _warn_life_episodes(env_id)
-        # (on the model's thread count, as `model.evaluate` and learn's evaluations: a CPU's sums depend on it, and
-        # torch's default count starts OpenMP threads a process forked afterwards hangs on; float32 tensors where
-        # the caller made float64 torch's default dtype)
-        with sampling, training_threads(getattr(model, "num_threads", None)), float32_default():
+        with _evaluating(model, env, seed, deterministic):
             if spread:
                 spread = _spread_episodes(model, env, quotas, limit, deterministic, bar)
                 return _spread_result(spread, episodes, limit, seed)
-            obs, info = env.reset()
-            check_every = 64 if env.backend == "torch" else 1
-            acting = _Acting(model, env, deterministic)
-            for step in range(1, limit + 1):
-                obs, info = acting.step(obs, info)
-                newly_done = info["done"] & ~finished
-                returns = torch.where(newly_done, info["episode_return"], returns)
-                lengths = torch.where(newly_done, info["episode_length"], lengths)
-                if "is_success" in info:
-                    succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                        newly_done & info["is_success"])
-                finished |= info["done"]
-                # the running return and length of rows still in their first episode
-                running, running_lengths = info["episode_return"], info["episode_length"]
-                # Device-native envs are checked every few steps only, to avoid a host sync per step.
-                if step % check_every == 0:
-                    done = int(finished.sum())  # (one host read, as `finished.all()` was)
-                    # (the steps toward the limit: episodes that end late, or never, left the bar at 0/N as if hung)
-                    bar.update(done - bar.bar.n, step=f"{step:,}/{limit:,}" if progress_bar else None)
-                    if done == episodes:
-                        break
-            # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
-            bar.update(int(finished.sum()) - bar.bar.n)
+            played = _first_episodes(model, env, limit, deterministic, bar, progress_bar)
     except BaseException as error:
         failure = error
         raise
@@ -317,18 +277,75 @@ def evaluate(model: rlspeed.algos.Algorithm,
             thaw(failure)
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
+    if played["unfinished"]:
+        warn_unfinished(played["unfinished"], episodes, limit,
+                        f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
+    return _result(**played, seed=seed)
+
+
+def _evaluation_env(env_id, num_envs: int, device, seed: int | None, backend: str, options: dict) -> BatchedEnv:
+    """The env `evaluate` plays on: `num_envs` envs of `env_id` (or the caller's vector env) on `backend`, already
+    resolved, seeded by `seed` on their first reset. Atari: whole games with raw rewards (`evaluation=True`: no
+    training transforms), and games that wait for FIRE get it at every start and lost life
+    (`rlspeed.envs.atari.FireToStart`)."""
+    return atari.for_evaluation(make_env(env_id, num_envs=num_envs, device=device, seed=seed, backend=backend,
+                                         evaluation=True, env_kwargs=options))
+
+
+def _evaluating(model, env: BatchedEnv, seed: int | None, deterministic: bool) -> contextlib.ExitStack:
+    """What an evaluation's episodes run under: a stochastic policy's own random stream, seeded by `seed` (the
+    caller's generators, training's, are left as they were); the model's thread count, as `model.evaluate` and learn's
+    evaluations (a CPU's sums depend on it, and torch's default count starts OpenMP threads a process forked afterwards
+    hangs on); float32 tensors where the caller made float64 torch's default dtype."""
+    stack = contextlib.ExitStack()
+    if not deterministic:
+        stack.enter_context(_own_random_stream(model, env.device, seed, env.num_envs))
+    stack.enter_context(training_threads(getattr(model, "num_threads", None)))
+    stack.enter_context(float32_default())
+    return stack
+
+
+def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar: ProgressBar, progress_bar: bool,
+                    reset_seed: int | None = None) -> dict:
+    """Each env row's first episode of `model` on `env` (reset here, with `reset_seed` where given), for `limit` steps
+    at most: `_result`'s keywords ("returns", "lengths", "unfinished": the episodes still running at `limit` steps,
+    counted with the return and length they had then; "successes": where the env reports ``is_success``, each
+    episode's, else None). `bar` counts the finished episodes (with the steps run toward the limit: `progress_bar`)."""
+    episodes = env.num_envs
+    returns = torch.zeros(episodes, device=env.device)
+    lengths = torch.zeros(episodes, device=env.device, dtype=torch.int64)
+    finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
+    running, running_lengths = returns, lengths
+    succeeded = None  # (an env reporting info["is_success"]: each first episode's)
+    obs, info = env.reset(seed=reset_seed)
+    check_every = 64 if env.backend == "torch" else 1
+    acting = _Acting(model, env, deterministic)
+    for step in range(1, limit + 1):
+        obs, info = acting.step(obs, info)
+        newly_done = info["done"] & ~finished
+        returns = torch.where(newly_done, info["episode_return"], returns)
+        lengths = torch.where(newly_done, info["episode_length"], lengths)
+        if "is_success" in info:
+            succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
+                newly_done & info["is_success"])
+        finished |= info["done"]
+        # the running return and length of rows still in their first episode
+        running, running_lengths = info["episode_return"], info["episode_length"]
+        # Device-native envs are checked every few steps only, to avoid a host sync per step.
+        if step % check_every == 0:
+            done = int(finished.sum())  # (one host read, as `finished.all()` was)
+            # (the steps toward the limit: episodes that end late, or never, left the bar at 0/N as if hung)
+            bar.update(done - bar.bar.n, step=f"{step:,}/{limit:,}" if progress_bar else None)
+            if done == episodes:
+                break
+    # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
+    bar.update(int(finished.sum()) - bar.bar.n)
     unfinished = int((~finished).sum())
     if unfinished:
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
-        wave = _WAVE.get()
-        if wave is not None:  # (a wave of `_evaluate_in_waves`: its one warning joins every wave's)
-            wave.limits.append(limit)
-        else:
-            warn_unfinished(unfinished, episodes, limit,
-                            f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
-    return _result(returns.cpu().tolist(), [int(n) for n in lengths.cpu().tolist()], unfinished,
-                   None if succeeded is None else succeeded.cpu().tolist(), seed)
+    return {"returns": returns.cpu().tolist(), "lengths": [int(n) for n in lengths.cpu().tolist()],
+            "unfinished": unfinished, "successes": None if succeeded is None else succeeded.cpu().tolist()}
 
 
 #: subprocess envs an evaluation runs at once, per CPU core (and at least `MIN_SUBPROCESS_EVALUATION_ENVS`): more
@@ -363,48 +380,49 @@ def evaluation_env_cap(backend: str) -> int | float:
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
 
 
-@dataclasses.dataclass
-class _Wave:
-    """What `_evaluate_in_waves` tells the `evaluate` of one wave (through `_WAVE`, None outside waves): the first
-    episode of a native env's wave, whose rows draw as those rows of one env, and the step limits of the waves with
-    unfinished episodes, where a wave's `evaluate` puts its limit in place of its own warning of them."""
-
-    first_row: int
-    limits: list[int]
-
-
-_WAVE: contextvars.ContextVar[_Wave | None] = contextvars.ContextVar("_WAVE", default=None)
-
-
 def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
-                       max_steps: int | None, env_kwargs: dict | None, progress_bar: bool) -> dict:
-    """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs: in waves of at most that many envs, one
-    after the other, the wave from episode k made with seed `seed + k` (Gymnasium seeds env i with `seed + i`; a native
-    env's wave with `seed`, its rows drawing as rows k .. of one env, `_Wave.first_row`), so each episode starts as in
-    one env of `episodes` rows. Its result joins the waves' in episode order (one warning for
-    the unfinished ones of all waves, whose step limit each wave hands over in `_Wave.limits`); the waves' other
-    warnings meet the caller's filters as each wave gives them."""
+                       max_steps: int | None, options: dict, progress_bar: bool) -> dict:
+    """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs on `backend` (resolved): in waves of at
+    most that many envs, one after the other, the wave from episode k reset with seed `seed + k` (Gymnasium and EnvPool
+    seed env i with `seed + i`; a native env's rows restart as rows k .. of one env seeded `seed`,
+    `seed_row_blocks`), so each episode starts as in one env of `episodes` rows, and a stochastic policy draws from a
+    stream seeded as the wave's seed. The full waves share one env (subprocess workers started once), the last, smaller
+    one gets its own: every wave's envs and draws are those of an env of its size. The result joins the waves' in
+    episode order, with one warning for the unfinished episodes of all waves."""
     cap = int(evaluation_env_cap(backend))
-    returns, lengths, successes, unfinished, limits = [], [], [], 0, []
+    native = backend == "torch"
+    played = {"returns": [], "lengths": [], "unfinished": 0, "successes": []}
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
-    with contextlib.closing(bar):
-        native = backend == "torch"
+    env = limit = None
+    try:
         for first in range(0, episodes, cap):
-            told = _WAVE.set(_Wave(first if native else 0, limits))
-            try:
-                wave = evaluate(model, env_id, episodes=min(cap, episodes - first),
-                                seed=seed if native else seed + first, deterministic=deterministic,
-                                backend=backend, device=device, max_steps=max_steps, env_kwargs=env_kwargs)
-            finally:
-                _WAVE.reset(told)
-            returns += wave["returns"]
-            lengths += wave["lengths"]
-            successes += wave.get("successes", [])
-            unfinished += wave["unfinished"]
-            bar.update(len(wave["returns"]))
-    if unfinished:
-        warn_unfinished(unfinished, episodes, limits[0], f"{RUN_LONGER}; {TIME_LIMIT}")
-    return _result(returns, lengths, unfinished, successes if len(successes) == episodes else None, seed)
+            count = min(cap, episodes - first)
+            wave_seed = seed if native else seed + first
+            if env is None or env.num_envs != count:
+                if env is not None:
+                    env.close()
+                env = None  # (closed: not closed again where the next one fails to start)
+                env = _evaluation_env(env_id, count, device, None if native else wave_seed, backend, options)
+                limit = episode_step_limit(env, max_steps)
+                _check_compatible(model, env)
+            if native:  # (row i of the wave draws as row `first + i` of one env of all the episodes)
+                env.unwrapped.seed_row_blocks([seed], first_row=first)
+            with _evaluating(model, env, wave_seed, deterministic):
+                wave = _first_episodes(model, env, limit, deterministic, ProgressBar(count, enabled=False), False,
+                                       reset_seed=None if native else wave_seed)
+            for key in ("returns", "lengths", "unfinished"):
+                played[key] += wave[key]
+            played["successes"] += wave["successes"] or []
+            bar.update(count)
+    finally:
+        bar.close()
+        if env is not None:
+            env.close()
+    if played["unfinished"]:
+        warn_unfinished(played["unfinished"], episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
+    if len(played["successes"]) < episodes:
+        played["successes"] = None
+    return _result(**played, seed=seed)
 
 
 def return_statistics(values: typing.Sequence[float]) -> tuple[float, float]:
