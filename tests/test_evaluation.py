@@ -226,9 +226,10 @@ def test_a_wrapped_vector_envs_time_limit_is_its_envs(mode):
         env.close()
 
 
-def test_nested_time_limits_give_the_soonest_cut():
+def test_nested_time_limits_give_the_soonest_cut_or_say_that_they_cannot():
     """TimeLimit(gym.make("CartPole-v1"), 1000) ends its episodes at the registered 500 steps: the model took the
-    outer 1000 (its spec's) as the envs' time limit, which evaluation's step cap and the report name."""
+    outer 1000 (its spec's) as the envs' time limit, which evaluation's step cap and the report name. In-process envs
+    give the soonest; subprocess envs, whose inner limits no call reaches, are warned of."""
     from rlspeed import make_env
 
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
@@ -241,6 +242,22 @@ def test_nested_time_limits_give_the_soonest_cut():
             env = make_env(vector_env)
             assert env.spec.max_episode_steps == soonest, (type(vector_env).__name__, outer, inner)
             env.close()
+    # subprocess envs: their workers answer from the outermost TimeLimit alone (get_attr, call, spec), which the model
+    # took for the limit without a word; now it says so (and where an env has one TimeLimit, nothing)
+    def nested():
+        return gym.wrappers.TimeLimit(gym.make("CartPole-v1"), 1000)
+
+    for built in (lambda fn: gym.vector.AsyncVectorEnv([fn], context="fork", autoreset_mode=same_step),
+                  lambda fn: sb3.SubprocVecEnv([fn], start_method="fork")):
+        with pytest.warns(UserWarning, match=r"2 time limits each \(TimeLimit, TimeLimit\), and only the outermost's "
+                                             r"\(1000 steps\) can be read"):
+            env = make_env(built(nested))
+        env.close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            env = make_env(built(functools.partial(gym.make, "CartPole-v1")))
+        assert env.spec.max_episode_steps == 500
+        env.close()
 
 
 def test_other_action_bounds_or_reward_wrappers_in_training_are_said():

@@ -845,29 +845,48 @@ def _time_limit_names() -> set[str]:
 
 
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
-    """The time limit of the envs inside a user's vector env, else `default` (envs without a spec or TimeLimit).
-    Gymnasium's vector envs whose every env has a TimeLimit (or a subclass: `_time_limit_names`) give their
-    TimeLimit's own `_max_episode_steps`, which Gymnasium's `set_attr` changes while the spec a TimeLimit gave once
-    stays as it was. Other envs give their specs' (a TimeLimit wrapper or gym.make_vec's max_episode_steps sets it
-    there, while make_vec's own spec keeps the registered one; None in a spec of envs made without one, gym.make_vec's
-    max_episode_steps=-1); subprocess envs whose specs are not asked for (`_env_specs`) give their TimeLimit's, where
-    each has one. (SB3's `set_attr` sets the outermost wrapper's attribute, not a TimeLimit's.)"""
+    """The time limit of the envs inside a user's vector env (Gymnasium's or Stable-Baselines3's), else `default`
+    (envs without a spec or TimeLimit). In-process envs give the soonest cut of each wrapper chain
+    (`_in_process_time_limit`). Subprocess envs give their outermost TimeLimit's (or a subclass's:
+    `_time_limit_names`), the only one their workers reach (`get_attr` and `call` each answer from the outermost
+    wrapper that has the name), with a warning where an env has more than one (`_warn_nested_subprocess_limits`):
+    Gymnasium's `AsyncVectorEnv` its TimeLimit's own `_max_episode_steps`, which its `set_attr` changes while the spec
+    a TimeLimit gave once stays as it was; SB3's `SubprocVecEnv` its specs' first, as its `set_attr` sets the
+    outermost wrapper's attribute, not a TimeLimit's. Other envs give their specs' (a TimeLimit wrapper or
+    gym.make_vec's max_episode_steps sets it there, while make_vec's own spec keeps the registered one; None in a spec
+    of envs made without one, gym.make_vec's max_episode_steps=-1); subprocess envs whose specs are not asked for
+    (`_env_specs`) give their TimeLimit's, where each has one."""
     chains = _subprocess_chains(vector_env)
-    limited = _time_limit_names()
-    timed = bool(chains) and all(limited.intersection(re.findall(r"<(\w+)", chain)) for chain in chains)
     inner = getattr(vector_env, "unwrapped", vector_env)
-    if isinstance(inner, gym.vector.VectorEnv) and chains is None and getattr(inner, "envs", None):
+    if chains is None and getattr(inner, "envs", None):  # (Gymnasium's SyncVectorEnv, SB3's DummyVecEnv)
         limit = _in_process_time_limit(inner)
         if limit is not False:
             return limit
-    elif isinstance(inner, gym.vector.AsyncVectorEnv) and timed:
-        return _limit(_worker_answer(inner, "_max_episode_steps")[0])  # (TimeLimit's: an int)
-    specs = _env_specs(vector_env)
-    if specs is None and timed:
-        return _limit(_worker_answer(_subprocess_env(vector_env), "_max_episode_steps")[0])
-    if specs is None:
+    limited = _time_limit_names()
+    layers = [[name for name in re.findall(r"<(\w+)", chain) if name in limited] for chain in chains or ()]
+    timed = bool(layers) and all(layers)
+    specs = None if isinstance(inner, gym.vector.AsyncVectorEnv) and timed else _env_specs(vector_env)
+    if specs is None and not timed:
         return default
-    return _limit(specs[0].max_episode_steps)
+    limit = (_limit(specs[0].max_episode_steps) if specs is not None
+             else _limit(_worker_answer(_subprocess_env(vector_env), "_max_episode_steps")[0]))  # (an int)
+    _warn_nested_subprocess_limits(layers, limit)
+    return limit
+
+
+def _warn_nested_subprocess_limits(layers: list[list[str]], limit: int | None) -> None:
+    """The warning of subprocess envs with more than one TimeLimit each (`layers`: each env's, outermost first), whose
+    inner limits no call to their workers reaches: `limit`, the outermost's, is taken for the envs' time limit, where
+    an inner, sooner one ends their episodes (`TimeLimit(gym.make("CartPole-v1"), 1000)` ends them at 500)."""
+    nested = next((names for names in layers if len(names) > 1), None)
+    if nested is None:
+        return
+    warn_at_caller(f"This vector env's subprocess envs have {len(nested)} time limits each ({', '.join(nested)}), and "
+                   f"only the outermost's ({limit} steps) can be read from their processes: it is taken for the envs' "
+                   "time limit (evaluation's step cap, the model's spec and summary), where an inner, sooner one ends "
+                   "their episodes: give each env one TimeLimit (gymnasium.make(id, max_episode_steps=N) sets it), or "
+                   "build the vector env in this process (SyncVectorEnv, DummyVecEnv), whose soonest limit is read.",
+                   UserWarning)
 
 
 def _in_process_time_limit(inner) -> int | None | bool:

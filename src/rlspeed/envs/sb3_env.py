@@ -22,7 +22,6 @@ from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     HostObservations,
     _envs_time_limit,
-    _in_process_time_limit,
     _to_numpy_actions,
     _vector_env_spec,
     add_success,
@@ -146,9 +145,7 @@ class SB3VecEnv(BatchedEnv):
         self.num_envs = int(vec_env.num_envs)
         obs_space, action_space = vec_env.observation_space, vec_env.action_space
         spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
-        max_steps = _in_process_time_limit(getattr(vec_env, "unwrapped", vec_env))  # (nested TimeLimits: the soonest)
-        if max_steps is False:
-            max_steps = spec.max_episode_steps if spec is not None else _envs_time_limit(vec_env, None)
+        max_steps = _envs_time_limit(vec_env, spec.max_episode_steps if spec is not None else None)
         # see GymnasiumEnv: the id only if it rebuilds, with the envs' time limit
         registered = (registered_vector_env_id(vec_env) is not None and spec is not None
                       and max_steps == spec.max_episode_steps)
