@@ -352,8 +352,9 @@ def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar
 #: episodes run in waves of that many (`evaluation_env_cap`)
 SUBPROCESS_EVALUATION_ENVS_PER_CPU = 4
 MIN_SUBPROCESS_EVALUATION_ENVS = 16
-#: Gymnasium's in-process envs an evaluation runs at once (each holds Python objects, tens of KiB): more episodes
-#: run in waves of that many, so that a wave's envs take hundreds of MiB at most
+#: Gymnasium's in-process envs an evaluation runs at once: more episodes run in waves of that many. A count, not a
+#: size: a wave of small envs (tens of KiB each, classic control) takes hundreds of MiB at most, one of larger envs
+#: (an Atari game's frame buffers) that many times their size
 GYMNASIUM_EVALUATION_ENVS = 10_000
 #: native torch env rows an evaluation runs at once (a row is its state tensors' and the policy batch's row): more
 #: episodes run in waves of that many, so that a wave's rows take a few GiB at most for small observations
