@@ -1313,7 +1313,7 @@ def test_a_warning_of_a_wave_goes_through_the_callers_filters_as_it_comes(ppo, m
     waves = []
     make_env = rlspeed.evaluation.make_env
 
-    def made(*args, **kwargs):  # (a warning each wave gives as it makes its envs)
+    def made(*args, **kwargs):  # (a warning a wave gives as it makes its envs: the first, and the last, smaller one)
         waves.append(kwargs["num_envs"])
         warn_at_caller("a wave's warning", UserWarning)
         return make_env(*args, **kwargs)
