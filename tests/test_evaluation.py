@@ -1258,6 +1258,20 @@ def test_a_stochastic_policys_waves_draw_as_evaluations_of_their_own_episodes(pp
     assert sizes == [3, 1] and waves["returns"] == alone[0] + alone[1] + alone[2]
 
 
+def test_each_wave_of_a_stochastic_native_evaluation_draws_from_a_stream_of_its_own(ppo, monkeypatch):
+    """A native env's waves are all seeded `seed` (their rows drawing as rows k .. of one env), and so was each wave's
+    sampling stream: every wave repeated the first wave's samples. Each wave's stream is now seeded by the seed of
+    its first episode, `seed + k`, as Gymnasium's waves' are."""
+    seeds = []
+    stream = rlspeed.evaluation._own_random_stream
+    monkeypatch.setattr(rlspeed.evaluation, "_own_random_stream", lambda model, device, seed, num_envs:
+                        seeds.append(seed) or stream(model, device, seed, num_envs))
+    monkeypatch.setattr(rlspeed.evaluation, "evaluation_env_cap", lambda backend: 3)
+    for backend in ("torch", "gymnasium"):
+        rlspeed.evaluate(ppo, episodes=7, seed=5, backend=backend, deterministic=False)
+    assert seeds == [5, 8, 11] * 2
+
+
 @pytest.mark.parametrize("backend", ["torch", "envpool"])
 def test_native_and_envpool_episodes_over_the_cap_run_in_waves_as_one_batch(ppo, monkeypatch, backend):
     """Native torch and EnvPool envs were uncapped (1e6 episodes made 1e6 env rows at once; an EnvPool Atari env is

@@ -180,11 +180,11 @@ def evaluate(model: rlspeed.algos.Algorithm,
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
-    so the training that follows) as they were; in waves, each wave draws from a stream seeded by the wave's own seed,
-    so those samples also depend on the cap (`evaluation_env_cap`), not on the seed alone. Episode i of an env this
-    call makes is seeded `seed + i` (in one batch or in waves alike), so `seed + episodes` may be at most 2**63.
-    Without a seed one is drawn; the result's ``"seed"`` repeats it (None for a vector env you built, which this call
-    does not seed then).
+    so the training that follows) as they were; in waves, the wave from episode k draws from a stream seeded
+    `seed + k`, so those samples also depend on the cap (`evaluation_env_cap`), not on the seed alone. Episode i of
+    an env this call makes is seeded `seed + i` (in one batch or in waves alike), so `seed + episodes` may be at most
+    2**63. Without a seed one is drawn; the result's ``"seed"`` repeats it (None for a vector env you built, which
+    this call does not seed then).
     """
     refuse_evaluate_keywords(stable_baselines3)
     check_evaluated_model(model)
@@ -387,9 +387,9 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     most that many envs, one after the other, the wave from episode k reset with seed `seed + k` (Gymnasium and EnvPool
     seed env i with `seed + i`; a native env's rows restart as rows k .. of one env seeded `seed`,
     `seed_row_blocks`), so each episode starts as in one env of `episodes` rows, and a stochastic policy draws from a
-    stream seeded as the wave's seed. The full waves share one env (subprocess workers started once), the last, smaller
-    one gets its own: every wave's envs and draws are those of an env of its size. The result joins the waves' in
-    episode order, with one warning for the unfinished episodes of all waves."""
+    stream seeded `seed + k` (on every backend). The full waves share one env (subprocess workers started once), the
+    last, smaller one gets its own: every wave's envs and draws are those of an env of its size. The result joins the
+    waves' in episode order, with one warning for the unfinished episodes of all waves."""
     cap = int(evaluation_env_cap(backend))
     native = backend == "torch"
     played = {"returns": [], "lengths": [], "unfinished": 0, "successes": []}
@@ -398,7 +398,7 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     try:
         for first in range(0, episodes, cap):
             count = min(cap, episodes - first)
-            wave_seed = seed if native else seed + first
+            wave_seed = seed + first  # (its stream's; a native env's rows draw from `seed`, as rows `first` ..)
             if env is None or env.num_envs != count:
                 if env is not None:
                     env.close()
