@@ -665,3 +665,43 @@ def test_an_off_policy_resume_under_torch_distributed_says_its_replay_buffer_ref
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (a model saved before it trained: nothing to refill, nothing said)
         assert model._load_replay({**resume, "untrained": True}) is False
+
+
+def test_a_model_or_population_without_a_strategy_under_torchrun_is_told_once_on_rank_0(monkeypatch):
+    """A user's script under `torchrun --nproc-per-node 2` that built `PPO(...)` without `strategy=` trained the same
+    run in each process on its own, without a word: rank 0 warns once, naming `strategy=` and docs/distributed.md
+    (a population: that it trains in one process); the other ranks, a single process and a model given a strategy
+    of several processes (the CLI's under torchrun) say nothing."""
+    from rlspeed import PPO, distributed
+    from rlspeed.population import Population
+
+    def tiny():
+        return PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=8, batch_size=16, net_arch=(8,))
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(distributed, "_TOLD_ALONE", False, raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a strategy of several processes, as the CLI's under torchrun: no word)
+        PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=8, batch_size=16, net_arch=(8,),
+            strategy=TwinRanks()).learn(32, progress_bar=False)
+    with pytest.warns(UserWarning, match=r"one of 2 processes torchrun started, and PPO without a strategy trains in "
+                                         r"each of them on its own .*strategy=rlspeed.distributed.DistributedStrategy"
+                                         r"\(\) .*docs/distributed.md"):
+        tiny().learn(16, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny().learn(16, progress_bar=False)  # (once per process)
+        monkeypatch.setattr(distributed, "_TOLD_ALONE", False, raising=False)
+        monkeypatch.setenv("RANK", "1")
+        tiny().learn(16, progress_bar=False)  # (rank 0's word only)
+        monkeypatch.setattr(distributed, "_TOLD_ALONE", False, raising=False)
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        tiny().learn(16, progress_bar=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_envs=2, num_steps=8, batch_size=16,
+                            net_arch=(8,))
+    with pytest.warns(UserWarning, match="a population trains in each of them on its own .* start this script "
+                                         "without torchrun"):
+        population.learn(16, progress_bar=False)

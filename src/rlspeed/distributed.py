@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlspeed.device import device_count, resolve_device
-from rlspeed.errors import PeerEnded, UserError
+from rlspeed.errors import PeerEnded, UserError, warn_at_caller
 from rlspeed.lifetime import SAID_FOLDER_VARIABLE, peers_said, tell_launcher
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
@@ -231,6 +231,21 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
 
 
 _SINGLE = None
+_TOLD_ALONE = False  # (`warn_training_alone` has spoken in this process)
+
+
+def warn_training_alone(what: str, remedy: str) -> None:
+    """Where this process is one of several that torchrun started (WORLD_SIZE above 1) and `what` ("PPO without a
+    strategy", a population) is about to train in it alone: warn once per process, on rank 0 only, that every
+    process trains the same run on its own, and `remedy`. Nothing in a single process."""
+    global _TOLD_ALONE
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes <= 1 or _TOLD_ALONE:
+        return
+    _TOLD_ALONE = True
+    if os.environ.get("RANK", "0") == "0":
+        warn_at_caller(f"This is one of {processes} processes torchrun started, and {what} trains in each of them on "
+                       f"its own (the same run {processes} times): {remedy} (docs/distributed.md).", UserWarning)
 
 
 def single_process() -> DistributedStrategy:

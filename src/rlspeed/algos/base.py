@@ -58,7 +58,7 @@ from rlspeed.device import (
 )
 from rlspeed.diagnostics import waiting
 from rlspeed.diagnostics.phases import phase
-from rlspeed.distributed import DistributedStrategy, single_process
+from rlspeed.distributed import DistributedStrategy, single_process, warn_training_alone
 from rlspeed.env_options import tuple_paths, with_tuples
 from rlspeed.envs import (
     BACKENDS,
@@ -1802,7 +1802,8 @@ class Algorithm:
         (precision, compilation and graph capture of the update step chosen by measuring, `rlspeed.auto_accelerate`'s
         choice; `acceleration_summary()` says what ran). `strategy`: a `rlspeed.distributed.DistributedStrategy` for
         data-parallel training under torchrun (None: one process, a no-op strategy, also under torchrun, where each
-        process then trains on its own: pass `DistributedStrategy()` there, docs/distributed.md).
+        process then trains on its own, which learn's first call warns of on rank 0: pass `DistributedStrategy()`
+        there, docs/distributed.md).
 
         `num_threads`: torch's intra-op threads while this model is built (its initial weights: the same on any
         machine) and while it trains (`learn`, its evaluations included); the caller's count holds again after each,
@@ -2931,6 +2932,9 @@ class Algorithm:
                 # (the step its rows there end at; a model pickled before the attribute has none)
                 self.__dict__.setdefault("_left_runs", {})[self._run_dir] = self.num_timesteps
             self._run_dir = Path(run_dir).resolve()
+        if not self.strategy.enabled:  # (a user's script under torchrun that left strategy= out)
+            warn_training_alone(f"{type(self).__name__} without a strategy",
+                                "pass strategy=rlspeed.distributed.DistributedStrategy() to train one run across them")
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
         result = self.result = LearnResult(target_return=target_return)
         # float32 tensors while it trains, also where the caller made float64 torch's default dtype, and gradients

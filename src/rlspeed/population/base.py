@@ -35,6 +35,7 @@ from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, refuse_unless_fits
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.diagnostics import waiting
+from rlspeed.distributed import warn_training_alone
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import EncoderWarning, UnusedSettingWarning, UserError, positive_whole, seconds
@@ -1597,6 +1598,8 @@ class PopulationBase:
             self.summary = self._summary(_LoopProgress.start(self.size, self.num_timesteps, interval, None),
                                          target_return, eval_episodes, stop, evaluate=False)
             return self.summary
+        warn_training_alone("a population", "a population trains all its members in one process, so start this "
+                            "script without torchrun")
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
         # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
         # gives back)
