@@ -412,6 +412,33 @@ def test_a_refusal_every_nproc_worker_finds_is_printed_once_and_other_lines_stay
     assert cli_error(capsys, command) == said
 
 
+def test_a_refusal_every_worker_of_torchrun_started_by_hand_finds_is_printed_once(capsys, monkeypatch, tmp_path):
+    """Under `torchrun --nproc-per-node 2 -m rlspeed train ...` (no rlspeed launcher, so no launcher's folder) every
+    worker printed the same refusal: the workers of an attempt claim the line in the attempt's folder of torchrun's
+    log directory (above each one's TORCHELASTIC_ERROR_FILE), so it is printed once; another line, or a folder that
+    is not torchrun's, is printed."""
+    from conftest import cli_error
+
+    from rlspeed import cli
+    from rlspeed.lifetime import SAID_FOLDER_VARIABLE
+
+    monkeypatch.delenv(SAID_FOLDER_VARIABLE, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    attempt = tmp_path / "run_x" / "attempt_0"
+    attempt.mkdir(parents=True)
+    command = ["tune", "ppo", "CartPole-v1"]
+    for rank in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(attempt / str(rank) / "error.json"))
+        if rank == 0:
+            said = cli_error(capsys, command)
+        else:
+            assert cli.main(command) == 2 and capsys.readouterr().err == ""  # (the same line, once)
+    assert "runs in one process" in cli_error(capsys, ["profile", "ppo", "CartPole-v1"])  # (a line of its own)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "elsewhere" / "error.json"))
+    assert cli_error(capsys, command) == said
+
+
 def test_save_replay_buffer_with_nproc_is_refused_before_torchrun_starts(capsys, monkeypatch, tmp_path):
     """`--save-replay-buffer --nproc 2` trained and wrote process 0's replay buffer beside each checkpoint (the other
     process's transitions nowhere), and a --nproc resume ignored it with a warning (each process refilled its buffer

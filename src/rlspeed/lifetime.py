@@ -159,23 +159,39 @@ def peers_said() -> dict[int, int]:
             if attempt == _attempt() and not follows}
 
 
-def first_to_say(line: str) -> bool:
-    """Whether this worker of `python -m rlspeed._torchrun` (`rlspeed train --nproc`) is the first of its attempt to
-    say `line`: each claims the line in the launcher's folder (`SAID_FOLDER_VARIABLE`) before it prints it, so that a
-    refusal every process finds alike (a bad input) is printed once, not once per process; lines that differ are all
-    printed. True elsewhere, and where the folder cannot be written."""
+def _shared_folder() -> Path | None:
+    """A folder that the workers of this attempt on this machine share: the launcher's (`SAID_FOLDER_VARIABLE`, for
+    `rlspeed train --nproc`), else, under torchrun started by hand, the attempt's folder in torchrun's log directory
+    (the folder above each worker's own, which torchrun names in TORCHELASTIC_ERROR_FILE:
+    `.../attempt_N/LOCAL_RANK/error.json`); None where neither is known."""
     folder = os.environ.get(SAID_FOLDER_VARIABLE)
-    if not folder:
+    if folder:
+        return Path(folder)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and "TORCHELASTIC_RUN_ID" in os.environ:
+        attempt = Path(error_file).parent.parent
+        if attempt.name.startswith("attempt_"):
+            return attempt
+    return None
+
+
+def first_to_say(line: str) -> bool:
+    """Whether this worker of torchrun (`rlspeed train --nproc`, or torchrun started by hand) is the first of its
+    attempt on this machine to say `line`: each claims the line in a folder they share (`_shared_folder`) before it
+    prints it, so that a refusal every process finds alike (a bad input) is printed once, not once per process;
+    lines that differ are all printed. True elsewhere, and where the folder cannot be written."""
+    folder = _shared_folder()
+    if folder is None:
         return True
-    lines = Path(folder, "lines")  # (beside the workers' files: `workers_said` reads none from a folder)
+    lines = folder / "lines"  # (beside the workers' files: `workers_said` reads none from a folder)
     name = f"{_attempt()}-{hashlib.sha256(line.encode('utf-8', 'replace')).hexdigest()[:32]}"
     try:
         lines.mkdir(exist_ok=True)
         Path(lines, name).open("x").close()
     except FileExistsError:
         return False
-    except OSError:
-        return True
+    except OSError:  # (a folder that cannot be written, or gone: the line is printed)
+        pass
     return True
 
 
