@@ -564,15 +564,21 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
     """As `--save-replay-buffer` on the command line: an on-policy model refuses it in one sentence (it was taken and
-    did nothing)."""
+    did nothing), by the keyword and by assigning `model.save_replay_buffer = True` later (which was taken while the
+    keyword refused); False is taken."""
     algo = ALGORITHMS[name]
     env_id = "CartPole-v1" if algo.supports_discrete else "Pendulum-v1"
     if algo.keeps_replay_buffer:
         assert algo(env_id, device="cpu", save_replay_buffer=True).save_replay_buffer
     else:
-        with pytest.raises(UserError, match=f"save_replay_buffer applies to off-policy algorithms .*{algo.__name__} "
-                                            "keeps no replay buffer"):
+        refusal = f"save_replay_buffer applies to off-policy algorithms .*{algo.__name__} keeps no replay buffer"
+        with pytest.raises(UserError, match=refusal):
             algo(env_id, device="cpu", save_replay_buffer=True)
+        model = algo(env_id, device="cpu")
+        with pytest.raises(UserError, match=refusal):
+            model.save_replay_buffer = True
+        model.save_replay_buffer = False
+        assert model.save_replay_buffer == False  # noqa: E712  (a ReplayBufferSaving: compares as its bool)
 
 
 def _assert_a_deep_copy_trains_apart(model, steps: int) -> None:

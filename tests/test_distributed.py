@@ -176,6 +176,9 @@ class TwinRanks(DistributedStrategy):
     def broadcast_flag(self, flag):
         return flag
 
+    def max_over_ranks(self, value):
+        return value
+
     def barrier(self):
         pass
 
@@ -482,6 +485,23 @@ def test_save_replay_buffer_under_several_processes_is_refused_from_python(tmp_p
     with pytest.raises(UserError, match=r"CheckpointCallback\(save_replay_buffer=True\) applies to a run in one"):
         checkpoints.init_callback(model)  # (as learn starts: not at its first save, hours in)
     assert DQN("CartPole-v1", device="cpu", num_envs=2, net_arch=(8,), save_replay_buffer=True).save_replay_buffer
+
+
+def test_checkpoint_callback_with_save_replay_buffer_saves_a_model_without_one(tmp_path):
+    """`CheckpointCallback(save_replay_buffer=True)` on PPO (a Stable-Baselines3 script's, where it means nothing for
+    a model without a replay buffer) saves the model, in one process and under several (where it was refused as if
+    PPO had a replay buffer to save): the callback asks the model for replay saving only where it keeps one."""
+    from rlspeed import PPO
+    from rlspeed.callbacks import CheckpointCallback
+
+    for strategy in (None, TwinRanks()):
+        model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=8, batch_size=16, net_arch=(8,),
+                    strategy=strategy)
+        callback = CheckpointCallback(save_freq=16, save_path=tmp_path / str(bool(strategy)), save_replay_buffer=True)
+        model.learn(32, callback=callback, progress_bar=False)
+        assert [path.name for path in callback.saved] == ["rl_model_16_steps.safetensors",
+                                                          "rl_model_32_steps.safetensors"]
+        assert not model.save_replay_buffer
 
 
 def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_errors_stay(monkeypatch, tmp_path):

@@ -946,9 +946,14 @@ class CheckpointCallback(BaseCallback):
 
     def _init_callback(self) -> None:
         strategy = getattr(self.model, "strategy", None)  # (a population has none: one process)
-        if self.save_replay_buffer and strategy is not None:  # (as learn starts, not at the first save)
+        if self._saves_replay() and strategy is not None:  # (as learn starts, not at the first save)
             refuse_replay_saving(strategy.world_size, "CheckpointCallback(save_replay_buffer=True)")
         _made_folder("CheckpointCallback's save_path", self.save_path)
+
+    def _saves_replay(self) -> bool:
+        """Whether the saves write a replay buffer: `save_replay_buffer` given and the model keeps one (for one that
+        keeps none, PPO, A2C, RecurrentPPO, the setting means nothing, as in Stable-Baselines3)."""
+        return self.save_replay_buffer and getattr(self.model, "keeps_replay_buffer", False)
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
@@ -958,7 +963,7 @@ class CheckpointCallback(BaseCallback):
             return True
         path = self.save_path / f"{self.name_prefix}_{self.num_timesteps}_steps.safetensors"
         before = bool(self.model.save_replay_buffer)
-        self.model.save_replay_buffer = before or self.save_replay_buffer
+        self.model.save_replay_buffer = before or self._saves_replay()
         try:
             self.model.save(path)
             replay = None

@@ -1698,7 +1698,10 @@ class _SaveReplayBuffer:
         return self if model is None else ReplayBufferSaving(model)
 
     def __set__(self, model: Algorithm, value: bool) -> None:
-        if value:  # (refused under several processes, as the keyword is)
+        if value:  # (the keyword's rule too: the constructor assigns it)
+            if not model.keeps_replay_buffer:
+                raise UserError(f"save_replay_buffer applies to off-policy algorithms (DQN, SAC, TD3, DDPG): "
+                                f"{type(model).__name__} keeps no replay buffer; drop it.")
             refuse_replay_saving(getattr(model, "strategy", single_process()).world_size)
         model._checkpoint_replay = bool(value)
 
@@ -1835,9 +1838,6 @@ class Algorithm:
         #: callbacks' own scalars (`BaseCallback.logger.record`), written with the next metrics row
         self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
-        if save_replay_buffer and not self.keeps_replay_buffer:
-            raise UserError(f"save_replay_buffer applies to off-policy algorithms (DQN, SAC, TD3, DDPG): "
-                            f"{type(self).__name__} keeps no replay buffer; drop it.")
         #: a function telling whether this process was asked to stop (the CLI's signals): learn stops at the end of
         #: the iteration where it was, under torch.distributed every rank where any one was
         self.stop_requested: Callable[[], bool] | None = None
@@ -1864,7 +1864,8 @@ class Algorithm:
         self.config = build_config(self.config_cls, hyperparameters)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
-        self.save_replay_buffer = bool(save_replay_buffer)  # (refused under several processes, before any env)
+        # (refused for a model without a replay buffer or under several processes, before any env)
+        self.save_replay_buffer = bool(save_replay_buffer)
         self.device: torch.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
         self.accelerate = accelerate
