@@ -752,3 +752,22 @@ def test_a_model_or_population_without_a_strategy_under_torchrun_is_told_once_on
     with pytest.warns(UserWarning, match="a population trains in each of them on its own .* start this script "
                                          "without torchrun"):
         population.learn(16, progress_bar=False)
+
+
+def test_a_single_process_resume_says_a_replay_buffer_of_process_0s_envs_alone_is_restored(tmp_path):
+    """An older rlspeed took save_replay_buffer under torch.distributed: process 0 saved its own envs' transitions
+    alone (its 2 of the run's 4 envs). A resume in one process restored them as the run's buffer without a word: now
+    a warning names the envs that filled it and the transitions restored."""
+    from rlspeed import DQN
+
+    settings = {"device": "cpu", "env_backend": "torch", "seed": 0, "num_envs": 4, "learning_starts": 16,
+                "buffer_size": 1000, "net_arch": (8,), "train_freq": 4}
+    old = DQN("CartPole-v1", strategy=TwinRanks(), **settings)
+    old._checkpoint_replay = True  # (as an older rlspeed took save_replay_buffer=True here)
+    old.learn(64, run_dir=tmp_path, checkpoint_freq=64, progress_bar=False)
+    model = DQN("CartPole-v1", save_replay_buffer=True, **settings)
+    model.resume(tmp_path / "checkpoint.safetensors")
+    with pytest.warns(UserWarning, match=r"its replay buffer was filled by 2 envs and this run steps 4 \(process 0's "
+                                         r"share of a run in several processes .*the 32 transitions of those envs are "
+                                         "restored"):
+        model.learn(16, progress_bar=False)

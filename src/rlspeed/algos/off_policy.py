@@ -687,6 +687,13 @@ class OffPolicyAlgorithm(Algorithm):
             warnings.warn(f"'{file}' cannot fill this model's replay buffer: {reason}; it refills from empty.",
                           stacklevel=4)
             return False
+        filled_by = info.get("num_envs")
+        if isinstance(filled_by, int) and filled_by != self.buffer.num_envs:  # (an older rlspeed took
+            # save_replay_buffer under torch.distributed: rank 0 saved its own envs' transitions alone)
+            warnings.warn(f"Resuming from '{resume['path']}': its replay buffer was filled by {filled_by} envs and "
+                          f"this run steps {self.buffer.num_envs} (process 0's share of a run in several processes "
+                          f"saved alone, or other num_envs): the {self.buffer.size:,} transitions of those envs are "
+                          "restored, not the whole run's.", stacklevel=4)
         return True
 
     def write_replay_buffer(self, path: str | os.PathLike[str], digest: str | None = None) -> Path:
