@@ -1922,6 +1922,30 @@ def test_an_interrupted_run_and_a_populations_members_name_their_exports_of_othe
         f"--format onnx --overwrite."]
 
 
+def test_a_run_interrupted_in_its_final_evaluation_names_its_exports_of_other_steps(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C during the final evaluation (training done, model.safetensors saved over a model exported beside it)
+    ends the run with its "after training finished" line, and the note naming the export of other steps follows, as
+    after a finished run."""
+    from rlspeed.algos.base import Algorithm
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.onnx").write_text("")
+    (run / "model.onnx.json").write_text(json.dumps({"format": "onnx", "algo": "PPO", "num_timesteps": 256}))
+
+    def interrupted(model, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Algorithm, "evaluate", interrupted)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "32", "--num-envs", "2", "--set",
+                     "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device",
+                     "cpu", "--out", str(run)]) == 130
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-2].startswith("rlspeed: interrupted (Ctrl-C) after training finished: model.safetensors and ")
+    assert lines[-1] == (f"rlspeed: note: {run / 'model.onnx'} is an export of the model at 256 steps, not of this "
+                         f"model.safetensors at 32: redo it with rlspeed export {run} --format onnx --overwrite.")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
 def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     """Another process is refused the directory while a run trains there (tested from outside elsewhere): here, that
