@@ -61,6 +61,19 @@ def test_round_trip_gives_identical_deterministic_actions(request, tmp_path, whi
     assert not all(torch.equal(fresh_state[k], loaded_state[k]) for k in fresh_state)
 
 
+@pytest.mark.parametrize(("algo", "env_id", "activation"), [
+    ("sac", "Pendulum-v1", "gelu"), ("dqn", "CartPole-v1", "leaky_relu"), ("ppo", "Pendulum-v1", "mish"),
+    ("td3", "Pendulum-v1", "hardswish"), ("recurrent_ppo", "Pendulum-v1", "softplus")])
+def test_every_activation_round_trips_with_identical_actions(tmp_path, algo, env_id, activation):
+    """The activations SB3 users bring (nn.GELU, nn.LeakyReLU, ...) are saved by name and rebuilt as they trained:
+    the loaded model acts as the saved one (the same weights through another activation would not)."""
+    model = ALGORITHMS[algo](env_id, seed=0, device="cpu", activation=activation, net_arch=[16, 16])
+    obs = observation_batch(model)
+    loaded = rlspeed.load(model.save(tmp_path / "model"), device="cpu")
+    assert loaded.config.activation == activation
+    assert torch.equal(deterministic_actions(loaded, obs), deterministic_actions(model, obs))
+
+
 def test_round_trip_restores_observation_statistics(tmp_path, pendulum_model):
     rms = pendulum_model.obs_rms
     assert rms is not None

@@ -143,6 +143,20 @@ def test_exported_policy_matches_predict(model, format, tmp_path):
         assert np.any(np.isclose(actions, high, atol=1e-3) | np.isclose(actions, low, atol=1e-3))
 
 
+@pytest.mark.parametrize(("activation", "format"), [("gelu", "onnx"), ("mish", "onnx"), ("leaky_relu", "torchscript"),
+                                                   ("softplus", "exported_program")])
+def test_every_activation_exports_as_predict_computes(activation, format, tmp_path):
+    """The activations SB3 users bring (nn.GELU, nn.Mish, ...) export to each format, their outputs predict's (an
+    ONNX file runs them in onnxruntime's kernels, not torch's)."""
+    if format == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    model = rlspeed.SAC("Pendulum-v1", seed=0, device="cpu", net_arch=(16, 16), activation=activation)
+    _randomise(model, seed=3)
+    path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format)
+    _assert_same_actions(model, _runner(format, path), seed=1)
+
+
 def _odd_bounds_pendulum():
     from gymnasium.envs.classic_control.pendulum import PendulumEnv
 

@@ -26,6 +26,17 @@ def test_sb3_1x_net_arch_and_torch_activation_names_are_taken():
     sac = rlspeed.SAC("Pendulum-v1", device="cpu", net_arch=[{"pi": [64, 64], "qf": [64, 64]}],
                       activation="torch.nn.Tanh")
     assert (sac.config.net_arch, sac.config.activation) == ((64, 64), "tanh")
+    # SB3's policy_kwargs=dict(activation_fn=nn.LeakyReLU): the class, or its name written as code, is rlspeed's name
+    # (the class was taken as 'leakyrelu' and refused); PReLU, which learns a parameter, is refused saying why
+    for given in (torch.nn.LeakyReLU, "nn.LeakyReLU", "LeakyReLU", "leaky_relu"):
+        assert rlspeed.PPO("CartPole-v1", device="cpu", activation=given).config.activation == "leaky_relu"
+    for given, name, layer in ((torch.nn.GELU, "gelu", torch.nn.GELU), ("th.nn.Hardswish", "hardswish",
+                                                                         torch.nn.Hardswish)):
+        model = rlspeed.DQN("CartPole-v1", device="cpu", activation=given)
+        assert model.config.activation == name and type(model.q_network.body[1]) is layer
+    for given in (torch.nn.PReLU, "nn.PReLU", torch.nn.PReLU()):
+        with pytest.raises(UserError, match=r"PReLU learns its slope, .*: use leaky_relu, PReLU with its slope fixed"):
+            rlspeed.SAC("Pendulum-v1", device="cpu", activation=given)
     for net_arch, message in [([dict(pi=[32], vf=[64])], "one list of layer widths.*in a subclass .*_build_policy"),
                               ([64, dict(pi=[32], vf=[32])], "share no layers.*in a subclass .*_build_policy")]:
         with pytest.raises(UserError, match=message):
@@ -317,14 +328,15 @@ def test_an_infinite_max_grad_norm_says_how_to_not_clip(tmp_path, capsys):
 
 @pytest.mark.parametrize("algo", ["PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG"])
 def test_network_settings_are_refused_with_the_config_in_the_same_words(algo):
-    """An activation without a layer (SB3's activation_fn=nn.GELU) passed the config and was refused only when the
-    networks were built, after the envs were made; net_arch=[0] was written as a tuple, (0,), on-policy. One rule for
-    every algorithm, at the config."""
+    """An activation without a layer (then SB3's activation_fn=nn.GELU) passed the config and was refused only when
+    the networks were built, after the envs were made; net_arch=[0] was written as a tuple, (0,), on-policy. One rule
+    for every algorithm, at the config."""
     from rlspeed.algos.base import build_config
 
     config_cls = getattr(rlspeed, algo).config_cls
-    with pytest.raises(UserError, match=r"^activation must be one of tanh, relu, elu, silu, got 'gelu'\.$"):
-        build_config(config_cls, {"activation": "gelu"})
+    with pytest.raises(UserError, match=r"^activation must be one of tanh, relu, elu, silu, leaky_relu, gelu, "
+                                        r"softplus, mish, hardswish, selu, celu, sigmoid, got 'hardtanh'\.$"):
+        build_config(config_cls, {"activation": "hardtanh"})
     with pytest.raises(UserError, match=r"^net_arch widths must be positive, got \[64, 0\]\.$"):
         build_config(config_cls, {"net_arch": [64, 0]})
     assert build_config(config_cls, {"net_arch": [], "activation": "ReLU"}).activation == "relu"

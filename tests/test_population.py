@@ -101,6 +101,8 @@ def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped
     ("CartPole-v1", "gymnasium", {}),
     pytest.param("CartPole-v1", "envpool", {}, marks=needs_envpool),  # (one EnvPool pool per member)
     ("CartPole-v1", "torch", {"fused_update": False}),
+    # (SB3's activations beyond tanh and relu: autograd, saying why)
+    ("Pendulum-v1", "torch", {"activation": "gelu", "normalize_obs": False, "normalize_reward": False}),
     ("Pendulum-v1", "torch", {**NORMALIZE, "gamma": [0.99, 0.9]}),
     ("Pendulum-v1", "gymnasium", NORMALIZE),
     ("CartPole-v1", "torch", {"normalize_obs": True}),
@@ -139,10 +141,13 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     for _ in range(iterations):
         population.train_iteration()
     # (autograd where the solo run takes it: fused_update=False, an encoder (the one-hot one here) or action masks)
-    expected = "autograd" if hyper.get("fused_update") is False or masked \
+    expected = "autograd" if hyper.get("fused_update") is False or masked or "activation" in hyper \
         or env_id in ("FrozenLake-v1", "Taxi-v4", "MinAtar/Breakout-v1", "MiniGrid-DoorKey-5x5-v0", "Blackjack-v1",
                       "BreakoutNoFrameskip-v4", binary_vector_env_id()) else "hand-derived"
     assert population.update_path == expected
+    if "activation" in hyper:
+        assert population.update_reason == f"activation={hyper['activation']} (the hand-derived update covers tanh " \
+                                           "and relu)"
     for k, seed in enumerate(seeds):
         own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}
         episodes = 1 if env_id == "BreakoutNoFrameskip-v4" else 2  # (a whole Breakout game is hundreds of steps)

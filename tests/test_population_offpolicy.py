@@ -51,7 +51,8 @@ def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
 @pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {}), (DDPG, {}),
                                           (SAC, {"anneal_lr": True}), (TD3, {"anneal_lr": True}),
                                           (SAC, {"ortho_init": False, "adam_eps": 1e-8}),
-                                          (TD3, {"ortho_init": False, "adam_eps": 1e-8})])
+                                          (TD3, {"ortho_init": False, "adam_eps": 1e-8}),
+                                          (SAC, {"activation": "gelu"})])
 def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo, update):
     """SAC's members by the hand-derived gradient (fused_update, the default) and by autograd alike (the solo runs
     use their default update); TD3's and DDPG's (one critic, no delay or smoothing) by autograd; with anneal_lr,
@@ -60,11 +61,12 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
     seeds = [3, 7]
     per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
     population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
-    assert population.update_path == ("hand-derived" if algo is SAC and update.get("fused_update", True)
-                                      else "autograd")
+    hand = algo is SAC and update.get("fused_update", True) and "activation" not in update
+    assert population.update_path == ("hand-derived" if hand else "autograd")
     assert population.update_reason == ("fused_update=False" if "fused_update" in update else "default (an MLP with "
-                                        "ReLU or tanh)" if algo is SAC else "populations have a hand-derived update "
-                                        "for SAC only")
+                                        "ReLU or tanh)" if hand else "activation=gelu (the hand-derived update "
+                                        "covers tanh and relu)" if algo is SAC else "populations have a "
+                                        "hand-derived update for SAC only")
     initial = [population.member_state(k) for k in range(2)]
     population._start(STEPS)
     while population.num_timesteps < STEPS:

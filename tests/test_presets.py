@@ -138,15 +138,23 @@ def test_policy_kwargs_net_arch_and_activation():
         "net_arch"] == [64]
     split = translated("ppo", {"policy_kwargs": "dict(net_arch=dict(pi=[64], vf=[256]))"})
     assert refused(split) == {"policy_kwargs.net_arch"} and "net_arch" not in split.hyperparameters
-    for name, expected in [("th.nn.Tanh", "tanh"), ("torch.nn.ELU", "elu"), ("nn.SiLU", "silu")]:
+    for name, expected in [("th.nn.Tanh", "tanh"), ("torch.nn.ELU", "elu"), ("nn.SiLU", "silu"),
+                           ("nn.LeakyReLU", "leaky_relu"), ("th.nn.Mish", "mish"), ("nn.Sigmoid", "sigmoid")]:
         assert translated("a2c", {"policy_kwargs": f"dict(activation_fn={name})"}).hyperparameters[
             "activation"] == expected
     # policy_kwargs written as a YAML mapping: its activation_fn is text (it read "nn.ReLU: rlspeed's activations are
     # nn.Tanh, nn.ReLU, ...")
     assert translated("ppo", {"policy_kwargs": {"activation_fn": "nn.ReLU", "net_arch": [32]}},
                       strict=True).hyperparameters["activation"] == "relu"
-    assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.GELU)"})) == {
+    assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.Hardtanh)"})) == {
         "policy_kwargs.activation_fn"}
+    # RL-Zoo's PPO CarRacing-v3 entry's policy_kwargs (its nn.GELU was refused: "rlspeed's activations are nn.Tanh,
+    # nn.ReLU, nn.ELU, nn.SiLU")
+    car = translated("ppo", {"policy_kwargs": "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.GELU, "
+                                              "net_arch=dict(pi=[256], vf=[256]), )"})
+    assert car.status == "full" and car.hyperparameters["activation"] == "gelu"
+    prelu = translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.PReLU)"})
+    assert refused(prelu) == {"policy_kwargs.activation_fn"} and "learns its slope" in prelu.unsupported[0]
     for algo in ("ppo", "a2c", "recurrent_ppo", "sac", "td3", "ddpg", "dqn"):  # (every rlspeed algorithm has it)
         plain = translated(algo, {"policy_kwargs": "dict(ortho_init=False)"})
         assert plain.status == "full" and plain.hyperparameters["ortho_init"] is False
@@ -508,7 +516,7 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     # what rlspeed cannot honour in a user's own file: refused, not trained without it (rlspeed's format refuses
     # another algorithm's key too)
     ("CartPole-v1:\n  n_envs: 2\n  buffer_size: 100000\n", "buffer_size: rlspeed's ppo has no buffer_size"),
-    ("CartPole-v1:\n  n_envs: 2\n  policy_kwargs: 'dict(activation_fn=nn.GELU)'\n", "activation_fn: nn.GELU"),
+    ("CartPole-v1:\n  n_envs: 2\n  policy_kwargs: 'dict(activation_fn=nn.Hardtanh)'\n", "activation_fn: nn.Hardtanh"),
     ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'epsilon': 1e-4}\"\n", "normalize.epsilon"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v0:\n  num_envs: 4\n", "no entry for CartPole-v1 .*: CartPole-v0 is another version of the env"),

@@ -29,9 +29,16 @@ def test_default_cpu_update_is_hand_derived_and_falls_back_visibly(algo, env_id,
     assert "autograd (fused_update=false)" in off.report()
 
 
-def test_a_network_the_hand_derived_update_does_not_cover_falls_back_to_autograd():
-    choice = PPO("CartPole-v1", device="cpu", activation="elu").update_summary()
-    assert choice["implementation"] == "autograd" and "activation=elu" in choice["reason"]
+@pytest.mark.parametrize(("algo", "env_id", "activation"), [
+    (PPO, "CartPole-v1", "elu"), (PPO, "Pendulum-v1", "sigmoid"), (A2C, "CartPole-v1", "gelu"),
+    (DQN, "CartPole-v1", "leaky_relu"), (SAC, "Pendulum-v1", "mish"), (SAC, "Pendulum-v1", "softplus")])
+def test_a_network_the_hand_derived_update_does_not_cover_falls_back_to_autograd(algo, env_id, activation):
+    """Every activation but tanh and relu trains by autograd, and update_summary (summary.json's `update`) names it
+    in rlspeed's words (DQN's said "a Q-network that is not a tanh or relu MLP", SAC's "activation=...or a non-MLP
+    network"); the names beyond elu and silu (SB3's LeakyReLU, GELU, Mish, ...) were refused."""
+    choice = algo(env_id, device="cpu", activation=activation).update_summary()
+    assert choice["implementation"] == "autograd"
+    assert choice["reason"] == f"activation={activation} (the hand-derived update covers tanh and relu)"
     choice = DQN("CartPole-v1", device="cpu", dueling=True).update_summary()
     assert choice["implementation"] == "autograd" and "dueling" in choice["reason"]
 
@@ -138,6 +145,8 @@ def test_optimizer_and_activation_overrides_that_would_be_ignored_are_refused():
     # (an instance, SB3's activation_fn written as a call: its class's name, not "Unknown activation 'ELU(...)'")
     with pytest.raises(UserError, match=r"not a module \(ELU\(alpha=2\.0\)\): give activation='elu' or torch\.nn\.ELU"):
         PPO("CartPole-v1", device="cpu", activation=torch.nn.ELU(alpha=2.0))
+    with pytest.raises(UserError, match=r"give activation='leaky_relu' or torch\.nn\.LeakyReLU;"):
+        PPO("CartPole-v1", device="cpu", activation=torch.nn.LeakyReLU(0.2))
 
     class NormalActionNoise:  # (SB3's class for TD3's action_noise: the choice's own message, not activation's)
         pass
@@ -156,10 +165,10 @@ def test_algorithms_without_a_hand_derived_update_say_so():
 
 
 def test_summary_json_names_the_update_that_ran(tmp_path, monkeypatch):
-    updates = update_summaries(tmp_path, monkeypatch, "ppo", 1024, {"hand": [], "elu": ["--set", "activation=elu"]})
-    hand, elu = updates["hand"], updates["elu"]
+    updates = update_summaries(tmp_path, monkeypatch, "ppo", 1024, {"hand": [], "gelu": ["--set", "activation=gelu"]})
+    hand, gelu = updates["hand"], updates["gelu"]
     assert hand["implementation"] == "hand-derived"
-    assert elu["implementation"] == "autograd" and "activation=elu" in elu["reason"]
+    assert gelu["implementation"] == "autograd" and "activation=gelu" in gelu["reason"]
 
 
 def test_load_leaves_the_global_random_state_alone(tmp_path):

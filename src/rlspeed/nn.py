@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.activations import ACTIVATION_CLASSES, check_activation
 from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
 from rlspeed.errors import EncoderWarning, UserError, warn_at_caller
@@ -36,7 +37,14 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this ran
 LOG_2PI = math.log(2 * math.pi)
 LOG_2 = math.log(2.0)
 
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+#: the hidden layers' activation by name (`rlspeed.activations.ACTIVATION_CLASSES`, the one table)
+ACTIVATIONS: dict[str, type[nn.Module]] = {name: getattr(nn, cls) for name, cls in ACTIVATION_CLASSES.items()}
+
+
+def activation_layer(name: str) -> nn.Module:
+    """A new layer of the activation `name` (a name of `ACTIVATIONS`); UserError naming the table for another."""
+    check_activation(name)
+    return ACTIVATIONS[name]()
 
 
 def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tanh",
@@ -44,12 +52,11 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tan
     """An MLP from `in_dim` inputs through the `hidden` widths to `out_dim` outputs, `activation` (a name of
     `ACTIVATIONS`) after each hidden layer, with orthogonal initialisation (gain sqrt(2) on hidden layers, `out_gain`
     on the last) and zero biases."""
-    if activation not in ACTIVATIONS:
-        raise UserError(f"Unknown activation '{activation}': use one of {', '.join(ACTIVATIONS)}.")
+    activation_layer(activation)  # (checked before any layer is made)
     layers: list[nn.Module] = []
     last = in_dim
     for width in hidden:
-        layers += [_init(nn.Linear(last, int(width)), math.sqrt(2)), ACTIVATIONS[activation]()]
+        layers += [_init(nn.Linear(last, int(width)), math.sqrt(2)), activation_layer(activation)]
         last = int(width)
     layers.append(_init(nn.Linear(last, out_dim), out_gain))
     return nn.Sequential(*layers)
@@ -725,10 +732,8 @@ class EnsembleMLP(nn.Module):
     def __init__(self, num_members: int, in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tanh",
                  out_gains: Sequence[float] | None = None):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise UserError(f"Unknown activation '{activation}': use one of {', '.join(ACTIVATIONS)}.")
+        self.activation = activation_layer(activation)
         self.num_members = num_members
-        self.activation = ACTIVATIONS[activation]()
         out_gains = list(out_gains) if out_gains is not None else [1.0] * num_members
         dims = [in_dim, *[int(w) for w in hidden], out_dim]
         self.weights = nn.ParameterList()
@@ -1255,7 +1260,7 @@ class QNetwork(SB3Names, nn.Module):
                 raise UserError("dueling=true needs at least one hidden layer in net_arch (the V and A heads branch "
                                 "from the last one).")
             # shared body, then one linear layer giving V (column 0) and A (the other columns) together
-            self.body = nn.Sequential(mlp(in_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
+            self.body = nn.Sequential(mlp(in_dim, hidden[:-1], hidden[-1], activation), activation_layer(activation))
             self.head = nn.Linear(hidden[-1], 1 + num_actions)
         else:
             self.body = mlp(in_dim, hidden, num_actions, activation)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
+from rlspeed.activations import activation_name, check_activation
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
 from rlspeed.callbacks import CallbackLike
@@ -124,7 +125,6 @@ from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
 from rlspeed.nn import (
-    ACTIVATIONS,
     NATURE_CNN_MIN_SIDE,
     STRIDED_CNN_MIN_SIDE,
     acting,
@@ -532,8 +532,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             value = _shared_widths(value, config_cls)
         if key == "goal_selection_strategy":  # (SB3's GoalSelectionStrategy.FUTURE, or "FUTURE" as SB3 reads it)
             value = goal_strategy_name(value)
-        if key == "activation" and isinstance(value, str):  # (torch's class names: "ReLU", "nn.Tanh")
-            value = value.rpartition(".")[2].lower()  # (nn.ReLU, torch.nn.modules.activation.ReLU: the class)
+        if key == "activation" and isinstance(value, str):  # (torch's class names: "LeakyReLU", "nn.Tanh")
+            value = activation_name(value)
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
@@ -695,12 +695,12 @@ def coerce(key: str, value, hint):
                                     f"{value.__module__}.{value.__qualname__}: the network is built from the name, "
                                     "so your class would be replaced by torch's; give your network to a subclass "
                                     "(docs/algorithms.md).")
-                return value.__name__.lower()
+                return activation_name(value) if key == "activation" else value.__name__.lower()
             if key == "activation" and isinstance(value, torch.nn.Module):  # (an instance: its arguments would be lost)
-                name = type(value).__name__
+                name = activation_name(type(value))
                 raise UserError(f"Hyperparameter '{key}' takes a name or torch's class, not a module ({value!r}): "
-                                f"give activation='{name.lower()}' or torch.nn.{name}; a layer with arguments of its "
-                                "own goes in a network of a subclass (docs/algorithms.md).")
+                                f"give activation='{name}' or torch.nn.{type(value).__name__}; a layer with "
+                                "arguments of its own goes in a network of a subclass (docs/algorithms.md).")
             return str(value)
     except (TypeError, ValueError):
         pass
@@ -941,11 +941,10 @@ def validate_normalization_clips(config) -> None:
 def validate_network(config) -> None:
     """UserError for the hidden layers of a config's networks: a width below 1 in `net_arch` (an empty net_arch is
     taken: linear heads on the encoder's features, SB3's CnnPolicy default), or an `activation` that is not a name of
-    `rlspeed.nn.ACTIVATIONS` (refused with the config, before any env or file is made)."""
+    `rlspeed.activations.ACTIVATION_CLASSES` (refused with the config, before any env or file is made)."""
     require(all(width > 0 for width in config.net_arch),
             f"net_arch widths must be positive, got {list(config.net_arch)}.")
-    require(config.activation in ACTIVATIONS,
-            f"activation must be one of {', '.join(ACTIVATIONS)}, got '{config.activation}'.")
+    check_activation(config.activation)
 
 
 def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:

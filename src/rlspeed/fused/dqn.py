@@ -18,6 +18,7 @@ from torch import nn
 from rlspeed.accel.introspect import made_as
 from rlspeed.fused.flat import (
     FlatAdam,
+    activation_reason,
     linear_backward,
     linear_forward,
     sequential_linears,
@@ -41,7 +42,9 @@ def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | Non
         return "dueling=true (the hand-derived update covers plain Q-network MLPs)"
     found = sequential_linears(q_network.body)
     if found is None:
-        return "a Q-network that is not a tanh or relu MLP"
+        layers = list(q_network.body)  # (Linear, activation, ...: the first activation names the kind)
+        return ((len(layers) > 1 and activation_reason(layers[1]))
+                or "a Q-network that is not a plain MLP (the hand-derived update covers tanh and relu MLPs)")
     if len(found[0]) < 2:
         return "net_arch=[] (the hand-derived update covers MLPs with hidden layers)"
     return uncovered_parameters_reason(q_network, [p for layer in found[0] for p in (layer.weight, layer.bias)],

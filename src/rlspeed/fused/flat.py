@@ -22,6 +22,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rlspeed.activations import HAND_DERIVED_ACTIVATIONS
+from rlspeed.nn import ACTIVATIONS
+
 #: the options of each optimizer the flat steps implement that they do not (`plain_optimizer_reason`)
 _UNSUPPORTED_OPTIONS = {torch.optim.Adam: ("amsgrad", "maximize", "decoupled_weight_decay"),
                         torch.optim.RMSprop: ("momentum", "centered", "weight_decay", "maximize")}
@@ -369,6 +372,20 @@ def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: t
     return workspace.get(key, shape, like)
 
 
+#: the activation layers whose derivative `activation_backward` writes out (`HAND_DERIVED_ACTIVATIONS`' classes)
+DERIVED_ACTIVATIONS = tuple(ACTIVATIONS[name] for name in HAND_DERIVED_ACTIVATIONS)
+
+
+def activation_reason(layer: nn.Module | None) -> str | None:
+    """Why the hand-derived updates do not cover a network whose hidden layers are followed by `layer`, or None
+    (tanh or ReLU). Every other activation of `rlspeed.nn.ACTIVATIONS` trains with autograd, which says so."""
+    if type(layer) in DERIVED_ACTIVATIONS:
+        return None
+    names = {cls: name for name, cls in ACTIVATIONS.items()}
+    return (f"activation={names.get(type(layer), type(layer).__name__)} (the hand-derived update covers "
+            f"{' and '.join(HAND_DERIVED_ACTIVATIONS)})")
+
+
 # --- forward passes that keep their activations, and the backward passes written out ------------------------------
 def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | None:
     """(linear layers, tanh?) of a Sequential `Linear, act, Linear, act, ..., Linear` with one kind of activation
@@ -381,7 +398,7 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
         return None
     if len(activations) != len(linears) - 1 or len({type(a) for a in activations}) > 1:
         return None
-    if activations and type(activations[0]) not in (nn.ReLU, nn.Tanh):
+    if activations and type(activations[0]) not in DERIVED_ACTIVATIONS:
         return None
     return linears, bool(activations) and type(activations[0]) is nn.Tanh
 

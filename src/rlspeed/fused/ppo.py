@@ -29,10 +29,14 @@ import torch
 from torch import nn
 
 from rlspeed.accel.introspect import made_as
-from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward, uncovered_parameters_reason
+from rlspeed.fused.flat import (
+    FlatAdam,
+    activation_reason,
+    ensemble_backward,
+    ensemble_forward,
+    uncovered_parameters_reason,
+)
 from rlspeed.nn import ActorCritic
-
-SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
 
 
 def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
@@ -49,10 +53,7 @@ def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
         return "action masks (the hand-derived update covers unmasked policies)"
     if policy.encoder is not None:
         return f"a {policy.encoder.kind} (the hand-derived update covers MLPs on float vectors)"
-    if not isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS):
-        name = type(policy.body.activation).__name__.lower()
-        return f"activation={name} (the hand-derived update covers tanh and relu)"
-    return uncovered_parameters_reason(
+    return activation_reason(policy.body.activation) or uncovered_parameters_reason(
         policy, [*policy.body.parameters(), *([policy.log_std] if kind == "gaussian" else [])], "policy")
 
 

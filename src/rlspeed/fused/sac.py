@@ -28,6 +28,7 @@ from rlspeed.accel.introspect import made_as
 from rlspeed.fused.flat import (
     FlatAdam,
     Workspace,
+    activation_reason,
     copy_attributes,
     ensemble_backward,
     ensemble_forward,
@@ -56,12 +57,11 @@ def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
         if encoder is not None:
             return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     body = sequential_linears(getattr(actor, "net", None))
-    activation = getattr(getattr(critic, "body", None), "activation", None)
     if body is not None and len(body[0]) < 2:
         return "net_arch=[] (the hand-derived update covers MLPs with hidden layers)"
-    if body is None or not isinstance(activation, (nn.ReLU, nn.Tanh)):
-        name = type(activation).__name__.lower() if activation is not None else type(critic).__name__
-        return f"activation={name} or a non-MLP network (the hand-derived update covers tanh and relu MLPs)"
+    reason = activation_reason(critic.body.activation)  # (the actor's is the same: one config's activation)
+    if reason or body is None:
+        return reason or "an actor that is not a plain MLP (the hand-derived update covers tanh and relu MLPs)"
     return (uncovered_parameters_reason(actor, [p for layer in body[0] for p in (layer.weight, layer.bias)], "actor")
             or uncovered_parameters_reason(critic, [*critic.body.parameters()], "critic"))
 

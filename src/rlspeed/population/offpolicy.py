@@ -94,7 +94,7 @@ from rlspeed.device import check_num_threads, float32_default, rules, training_t
 from rlspeed.envs import atari
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
-from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
+from rlspeed.fused.flat import Workspace, activation_reason, ensemble_backward, ensemble_forward, ensemble_input_grad
 from rlspeed.nn import (
     ACTIVATIONS,
     LOG_2,
@@ -1298,17 +1298,15 @@ class SACPopulation(OffPolicyPopulation):
         self._flat_targets()
         # the hand-derived gradient (as `rlspeed.fused.sac`) where the networks are ReLU or tanh MLPs with hidden
         # layers and fused_update is on, else autograd of the summed losses
-        activation = type(self.activation)
-        self._hand_derived = (self.config.fused_update and activation in (torch.nn.ReLU, torch.nn.Tanh)
-                              and len(self.actor_weights) > 1)
-        self._tanh = activation is torch.nn.Tanh
+        uncovered = activation_reason(self.activation)
+        self._hand_derived = self.config.fused_update and not uncovered and len(self.actor_weights) > 1
+        self._tanh = type(self.activation) is torch.nn.Tanh
         self._workspace = Workspace()
         if self._hand_derived:
             self.update_path, self.update_reason = "hand-derived", "default (an MLP with ReLU or tanh)"
         else:
             self.update_reason = ("fused_update=False" if not self.config.fused_update
-                                  else f"{activation.__name__} has no hand-derived gradient"
-                                  if len(self.actor_weights) > 1 else "networks without hidden layers")
+                                  else uncovered or "networks without hidden layers")
 
     def _params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]

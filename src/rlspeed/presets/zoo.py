@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
 from rlspeed.errors import UserError
 
 #: rlspeed's algorithm names -> RL-Zoo's (its YAML file names)
@@ -95,8 +96,8 @@ ZOO_NAMED = ("n_timesteps", "policy", "n_envs", "n_steps", "normalize", "learnin
              "ent_coef", "target_entropy", "train_freq", "noise_type", "noise_std", "frame_stack", "env_wrapper",
              "policy_kwargs", "replay_buffer_class", "replay_buffer_kwargs", *SAME_NAME, *SDE_KEYS, *NO_COUNTERPART)
 
-#: torch.nn activation class names -> rlspeed's activation names (rlspeed.nn.ACTIVATIONS)
-ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SiLU": "silu"}
+#: torch.nn activation class names -> rlspeed's activation names (rlspeed.activations, the one table)
+ACTIVATIONS = {cls: name for name, cls in ACTIVATION_CLASSES.items()}
 _TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
 
 
@@ -649,7 +650,8 @@ class _Translator:
                         self.set("activation", ACTIVATIONS[short[len(prefix):]], key)
                         break
                 else:
-                    self.refuse(key, f"{item}: rlspeed's activations are nn.{', nn.'.join(ACTIVATIONS)}")
+                    self.refuse(key, f"{item}: {PRELU_REFUSAL}" if short.endswith("PReLU")
+                                else f"{item}: rlspeed's activations are {torch_class_names()}")
             elif name in ("full_std", "use_expln") and self.algo not in SDE_ALGORITHMS:
                 self.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {self.algo} has not")
             elif name in ("log_std_init", "full_std", "use_expln"):  # (the config check refuses them where absent)

@@ -1,0 +1,56 @@
+"""The hidden layers' activations: the one table of their names, and the rule that reads torch's class for one.
+
+Without torch (presets and RL-Zoo's translation read it before torch loads): `rlspeed.nn.ACTIVATIONS` makes the
+layers from this table. Each name is a parameter-free elementwise layer of `torch.nn` with its default arguments,
+as Stable-Baselines3's `policy_kwargs=dict(activation_fn=nn.LeakyReLU)` builds it.
+"""
+
+from __future__ import annotations
+
+from rlspeed.errors import UserError
+
+#: rlspeed's activation names -> the class of torch.nn each one is (with its default arguments)
+ACTIVATION_CLASSES = {"tanh": "Tanh", "relu": "ReLU", "elu": "ELU", "silu": "SiLU", "leaky_relu": "LeakyReLU",
+                      "gelu": "GELU", "softplus": "Softplus", "mish": "Mish", "hardswish": "Hardswish",
+                      "selu": "SELU", "celu": "CELU", "sigmoid": "Sigmoid"}
+
+#: the activations whose derivative `rlspeed.fused` writes out: networks with another train with autograd (the
+#: reference), and `update_summary` says so
+HAND_DERIVED_ACTIVATIONS = ("tanh", "relu")
+
+#: why torch.nn's PReLU is not among them
+PRELU_REFUSAL = ("nn.PReLU learns its slope, a parameter beside the linear layers' that rlspeed's networks do not "
+                 "hold (a population stacks only those, the hand-derived updates derive no other): use leaky_relu, "
+                 "PReLU with its slope fixed")
+
+
+def _key(name: str) -> str:
+    return name.rpartition(".")[2].replace("_", "").lower()
+
+
+_BY_KEY = {**{_key(name): name for name in ACTIVATION_CLASSES}, **{_key(cls): name
+                                                                   for name, cls in ACTIVATION_CLASSES.items()}}
+
+
+def activation_name(value: object) -> str:
+    """The name in `ACTIVATION_CLASSES` of `value`: a name, torch.nn's class (`nn.LeakyReLU`) or its name as code
+    writes it ("nn.LeakyReLU", "torch.nn.GELU", "LeakyReLU"; case and underscores aside). UserError, one sentence
+    naming the table, for anything else; a class of one's own is the caller's to refuse (its `__module__`)."""
+    text = value.__name__ if isinstance(value, type) else value
+    name = _BY_KEY.get(_key(text)) if isinstance(text, str) else None
+    check_activation(name or text)
+    return name
+
+
+def check_activation(name: object) -> None:
+    """UserError unless `name` is a name of `ACTIVATION_CLASSES`: for PReLU, why not; else the table's names."""
+    if name in ACTIVATION_CLASSES:
+        return
+    if isinstance(name, str) and _key(name) == "prelu":
+        raise UserError(f"activation {name}: {PRELU_REFUSAL}.")
+    raise UserError(f"activation must be one of {', '.join(ACTIVATION_CLASSES)}, got '{name}'.")
+
+
+def torch_class_names() -> str:
+    """The table as torch's classes, for messages about SB3's `activation_fn`: "nn.Tanh, nn.ReLU, ..."."""
+    return ", ".join(f"nn.{cls}" for cls in ACTIVATION_CLASSES.values())
