@@ -715,3 +715,14 @@ def test_the_population_pages_per_member_lists_are_the_codes():
     assert listed("Per-member values: SAC", "; TD3") == list(population.PER_MEMBER_SAC)
     assert listed("; TD3 and DDPG", "; DQN") == list(population.PER_MEMBER_TD3)
     assert listed("; DQN `", "; anything else") == list(population.PER_MEMBER_DQN)
+
+
+def test_the_algorithms_pages_activations_are_the_table():
+    """docs/algorithms.md's list of activations (the one the other pages link to) is
+    `rlspeed.activations.ACTIVATION_CLASSES`, the table the networks, the config check and RL-Zoo's translation read
+    (docs/presets.md listed four when the code took them; a fifth name would go unmentioned)."""
+    from rlspeed.activations import ACTIVATION_CLASSES
+
+    text = re.sub(r"\s+", " ", docs_prose(ROOT / "docs" / "algorithms.md"))
+    listed = text[text.index("The activations are "):]
+    assert re.findall(r"`(\w+)`", listed[:listed.index(": torch.nn's layer")]) == list(ACTIVATION_CLASSES)
