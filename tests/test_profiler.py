@@ -71,9 +71,10 @@ def test_profile_times_off_policy_gradient_steps_and_rounds_steps_to_iterations(
 
 def test_dqn_profile_covers_staged_collection_over_several_steps():
     model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=4, train_freq=8,
-                gradient_steps=2, learning_starts=64, batch_size=16, net_arch=(16, 16))
+                gradient_steps=2, learning_starts=64, batch_size=16, net_arch=(16, 16), activation="gelu")
     result = profile_run(model, steps=64)
     assert result.steps == 64
+    assert result.update == model.update_summary() and result.to_dict()["update"]["reason"].startswith("activation=")
     assert all(result.share(name) > 0 for name in ("act", "env", "buffer", "update"))
     assert sum(p.share for p in result.phases) == pytest.approx(1.0, abs=1e-6)
 
@@ -340,6 +341,12 @@ def test_update_advice_names_accelerate_auto_only_where_it_has_a_faster_precisio
     assert "fewer gradient steps per env step" in line
     [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=["bf16"]))
     assert "try --accelerate auto" in line and "bf16 against fp32" in line
+    # (an activation the hand-derived update does not cover: the advice said nothing of why the update was autograd)
+    gelu = {"implementation": "autograd", "reason": "activation=gelu (the hand-derived update covers tanh and relu)"}
+    for candidates in ([], ["bf16"]):
+        [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=candidates, update=gelu))
+        assert line.endswith(" They run by autograd, not the hand-derived update: activation=gelu (the hand-derived "
+                             "update covers tanh and relu).")
 
 
 def test_auto_candidates_are_those_the_hand_derived_update_would_time(monkeypatch):

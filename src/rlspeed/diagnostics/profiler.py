@@ -111,6 +111,8 @@ class Profile:
     #: `auto_candidates`); empty where it has nothing else to try; looked up only where the advice names them
     #: (`needs_auto_candidates`), None elsewhere
     auto_candidates: list[str] | None = None
+    #: which gradient update ran and why (`Algorithm.update_summary`: summary.json's `update`)
+    update: dict = field(default_factory=dict)
     #: cores the unprofiled run kept busy on average (CPU time of this process and its subprocesses over the wall
     #: time: `cores_busy`); None where it could not be read
     cores_busy: float | None = None
@@ -311,7 +313,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
                      top_ops=top_ops, update_lever=update_lever(model.config),
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
-                     host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy)
+                     host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy, update=model.update_summary())
     if needs_auto_candidates(result):
         result.auto_candidates = auto_candidates(model)
     result.advice = advise(result)
@@ -476,6 +478,11 @@ def advise(result: Profile) -> list[str]:
             advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it times "
                           f"{', '.join(result.auto_candidates)} against fp32 eager for the update on this device "
                           "and keeps fp32 eager where nothing is faster).")
+        from rlspeed.algos.update import AUTOGRAD
+
+        reason = result.update.get("reason", "")
+        if result.update.get("implementation") == AUTOGRAD and reason.startswith("activation="):
+            advice[-1] += f" They run by autograd, not the hand-derived update: {reason}."
     if device_type != "cpu" and result.parameters < SMALL_NETWORK and result.num_envs < SMALL_NETWORK_ENVS:
         advice.append(f"a small network ({result.parameters:,} parameters) with {result.num_envs} envs on "
                       f"{result.device}: every step is a chain of tiny kernels, so launch latency rather than "
