@@ -103,6 +103,9 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     # (Stable-Baselines3's keywords say what to write instead)
     with pytest.raises(UserError, match="'policy_kwargs' is Stable-Baselines3's keyword; .*plain keywords"):
         algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
+    # (and which: SB3's activation_fn class by rlspeed's name)
+    with pytest.raises(UserError, match=r"plain keywords .*: here activation='leaky_relu', net_arch=\[32\]\.$"):
+        algo(env_id, device="cpu", policy_kwargs={"activation_fn": torch.nn.LeakyReLU, "net_arch": [32]})
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
     # (SB3's policy options given as keywords: rlspeed's setting, or the override that does their work)

@@ -458,6 +458,22 @@ def config_type_hints(config_cls: type) -> dict[str, typing.Any]:
     return typing.get_type_hints(config_cls)
 
 
+def _policy_keywords(policy_kwargs: object) -> str:
+    """SB3's `policy_kwargs` as the keywords to write instead (": here net_arch=[32], activation='leaky_relu'"): its
+    `activation_fn` class by rlspeed's name, the options of the same name as they are; "" when none is."""
+    if not isinstance(policy_kwargs, dict):
+        return ""
+    written = []
+    for name, value in policy_kwargs.items():
+        if name == "activation_fn":
+            with contextlib.suppress(UserError):  # (an activation rlspeed has not: the keyword's own refusal says so)
+                written.append(f"activation={activation_name(value)!r}")
+        elif name in ("net_arch", "log_std_init", "ortho_init", "n_critics", "lstm_hidden_size", "full_std",
+                      "use_expln", "normalize_images"):
+            written.append(f"{name}={value!r}")
+    return f": here {', '.join(written)}" if written else ""
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -475,7 +491,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
-                raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
+                raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
+                                f"{_policy_keywords(value) if key == 'policy_kwargs' else ''}.")
             if key in MODEL_ARGUMENTS:
                 owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
