@@ -52,7 +52,7 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tan
     """An MLP from `in_dim` inputs through the `hidden` widths to `out_dim` outputs, `activation` (a name of
     `ACTIVATIONS`) after each hidden layer, with orthogonal initialisation (gain sqrt(2) on hidden layers, `out_gain`
     on the last) and zero biases."""
-    activation_layer(activation)  # (checked before any layer is made)
+    check_activation(activation)  # (before any layer is made)
     layers: list[nn.Module] = []
     last = in_dim
     for width in hidden:
