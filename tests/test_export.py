@@ -590,6 +590,32 @@ def test_rlspeed_export_gym_packages_imports_a_users_algorithm_which_then_export
         sys.modules.pop("fu_own_algorithm", None)
 
 
+def test_rlspeed_export_of_a_users_class_with_settings_of_its_own_names_the_option_that_builds_it(tmp_path, capsys,
+                                                                                                  monkeypatch):
+    """A file saved by a user's algorithm whose config subclass adds a setting, exported without its module imported:
+    rlspeed's PPO cannot take the setting, and the sentence says the command's remedy (--gym-packages MODULE), not
+    Python's ("load it with Mine.load"), which a command-line user cannot follow."""
+    from rlspeed import cli
+
+    (tmp_path / "fu_own_settings.py").write_text(
+        "import dataclasses\n\nimport rlspeed\nfrom rlspeed.algos.ppo import PPOConfig\n\n\n@dataclasses.dataclass\n"
+        "class MineConfig(PPOConfig):\n    aux_weight: float = 0.5\n\n\nclass Mine(rlspeed.PPO):\n"
+        "    config_cls = MineConfig\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mine = importlib.import_module("fu_own_settings").Mine
+        path = mine("CartPole-v1", seed=0, net_arch=(8,), aux_weight=0.25).save(tmp_path / "mine")
+        sys.modules.pop("fu_own_settings")  # (a fresh process: the module not imported)
+        assert cli.main(["export", str(path), "--out", str(tmp_path / "mine.pt")]) == 2
+        assert capsys.readouterr().err == (
+            f"rlspeed: error: '{path}' was saved by fu_own_settings.Mine, whose settings rlspeed's PPO does not have "
+            "(aux_weight): add --gym-packages fu_own_settings (importable from here: PYTHONPATH) to export it as "
+            "Mine.\n")
+        assert not (tmp_path / "mine.pt").exists()
+    finally:
+        sys.modules.pop("fu_own_settings", None)
+
+
 def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):
     """JSON writes the tuples among the env's options as lists (an env may take one only as a tuple, as highway-env's
     observation_shape): the sidecar lists their paths (`env_kwargs_tuples`), as checkpoints do, so a program that

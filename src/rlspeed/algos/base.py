@@ -3749,9 +3749,13 @@ class Algorithm:
         refuse_non_model(path, meta, "load")
         algo = saved_algorithm(meta, cls, path)
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
-        if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own)
-            raise UserError(f"'{path}' was saved by {other}, whose settings {algo.__name__}.load does not have "
-                            f"({', '.join(unknown)}): load it with {_saved_class_call(other, 'load')}.")
+        if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own: built
+            # as its class, in a command's words inside `command_advice`)
+            command = _COMMAND_ADVICE.get()
+            who, advice = (f"rlspeed's {algo.__name__}", command[1](other)) if command else (
+                f"{algo.__name__}.load", f"load it with {_saved_class_call(other, 'load')}")
+            raise UserError(f"'{path}' was saved by {other}, whose settings {who} does not have "
+                            f"({', '.join(unknown)}): {advice}.")
         if unknown:  # (the version is not told apart: a newer rlspeed's settings are the likely cause)
             raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
                             f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
