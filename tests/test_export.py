@@ -206,6 +206,10 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
     assert metadata["algo"] == "sac" and metadata["rlspeed_version"] == rlspeed.__version__
     assert json.loads(metadata["action_space"]) == sidecar["action_space"]
     assert [i.name for i in proto.graph.input] == ["obs"] and [o.name for o in proto.graph.output] == ["actions"]
+    # the graph's own shapes name the batch as the sidecar does (torch's exporter named it after its symbol, "s21",
+    # which onnxruntime's get_inputs() showed a server)
+    assert [[dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+            for value in (*proto.graph.input, *proto.graph.output)] == [["batch", 3], ["batch", 1]]
 
 
 def test_every_format_exports_with_warnings_as_errors(tmp_path):
