@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import types
 import warnings
@@ -594,30 +595,46 @@ def test_rlspeed_export_gym_packages_imports_a_users_algorithm_which_then_export
         sys.modules.pop("fu_own_algorithm", None)
 
 
-def test_rlspeed_export_of_a_users_class_with_settings_of_its_own_names_the_option_that_builds_it(tmp_path, capsys,
-                                                                                                  monkeypatch):
-    """A file saved by a user's algorithm whose config subclass adds a setting, exported without its module imported:
-    rlspeed's PPO cannot take the setting, and the sentence says the command's remedy (--gym-packages MODULE), not
-    Python's ("load it with Mine.load"), which a command-line user cannot follow."""
+_OWN_CLASSES = {  # a user's PPO that rlspeed's cannot build: a setting of its own, an encoder of its own
+    "settings": ("import dataclasses\n\nimport rlspeed\nfrom rlspeed.algos.ppo import PPOConfig\n\n\n"
+                 "@dataclasses.dataclass\nclass MineConfig(PPOConfig):\n    aux_weight: float = 0.5\n\n\n"
+                 "class Mine(rlspeed.PPO):\n    config_cls = MineConfig\n",
+                 {"aux_weight": 0.25}, r"settings rlspeed's PPO does not have \(aux_weight\)"),
+    "networks": ("from torch import nn\n\nimport rlspeed\nfrom rlspeed.nn import Encoder\n\n\nclass Wide(Encoder):\n"
+                 "    kind = 'wide'\n\n    def __init__(self):\n        super().__init__()\n"
+                 "        self.features_dim = 12\n        self.net = nn.Linear(4, 12)\n\n"
+                 "    def forward(self, x):\n        return self.net(x)\n\n\nclass Mine(rlspeed.PPO):\n"
+                 "    def _make_encoder(self, network):\n        return Wide()\n",
+                 {}, r"networks rlspeed's PPO does not build \(the checkpoint's 'policy\.\S+' has shape .+\)"),
+}
+
+
+@pytest.mark.parametrize("own", list(_OWN_CLASSES))
+def test_rlspeed_export_of_a_users_class_rlspeed_cannot_build_names_the_option_that_builds_it(own, tmp_path, capsys,
+                                                                                             monkeypatch, recwarn):
+    """A file saved by a user's algorithm with a setting or an encoder of its own, exported without its module
+    imported: rlspeed's PPO cannot load it, and the one line says the command's remedy (--gym-packages MODULE), not
+    Python's ("load it with Mine.load"), which a command-line user cannot follow; the load's warning that rlspeed
+    export makes it a PPO is not printed before it (the export makes nothing)."""
     from rlspeed import cli
 
-    (tmp_path / "fu_own_settings.py").write_text(
-        "import dataclasses\n\nimport rlspeed\nfrom rlspeed.algos.ppo import PPOConfig\n\n\n@dataclasses.dataclass\n"
-        "class MineConfig(PPOConfig):\n    aux_weight: float = 0.5\n\n\nclass Mine(rlspeed.PPO):\n"
-        "    config_cls = MineConfig\n")
+    source, settings, cannot = _OWN_CLASSES[own]
+    module = f"fu_own_{own}"
+    (tmp_path / f"{module}.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        mine = importlib.import_module("fu_own_settings").Mine
-        path = mine("CartPole-v1", seed=0, net_arch=(8,), aux_weight=0.25).save(tmp_path / "mine")
-        sys.modules.pop("fu_own_settings")  # (a fresh process: the module not imported)
+        mine = importlib.import_module(module).Mine
+        path = mine("CartPole-v1", seed=0, net_arch=(8,), **settings).save(tmp_path / "mine")
+        sys.modules.pop(module)  # (a fresh process: the module not imported)
         assert cli.main(["export", str(path), "--out", str(tmp_path / "mine.pt")]) == 2
-        assert capsys.readouterr().err == (
-            f"rlspeed: error: '{path}' was saved by fu_own_settings.Mine, whose settings rlspeed's PPO does not have "
-            "(aux_weight): add --gym-packages fu_own_settings (importable from here: PYTHONPATH) to export it as "
-            "Mine.\n")
+        err = capsys.readouterr().err
+        assert re.fullmatch(rf"rlspeed: error: '{re.escape(str(path))}' was saved by {module}\.Mine, whose {cannot}: "
+                            rf"add --gym-packages {module} \(importable from here: PYTHONPATH\) to export it as "
+                            r"Mine\.\n", err), err
         assert not (tmp_path / "mine.pt").exists()
+        assert not [str(warning.message) for warning in recwarn if "makes it a PPO" in str(warning.message)]
     finally:
-        sys.modules.pop("fu_own_settings", None)
+        sys.modules.pop(module, None)
 
 
 def test_the_sidecar_says_which_env_options_were_tuples(tmp_path):

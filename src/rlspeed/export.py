@@ -844,5 +844,8 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     for existing in (target, sidecar):  # (the sidecar is written too: a file of the user's there is theirs)
         if existing.exists() and not overwrite:
             raise UserError(f"'{existing}' exists: pass --overwrite to replace it, or give another --out.")
-    model = algo_cls.load(path, device="cpu")
+    with warnings.catch_warnings(record=True) as said:  # (a load that fails says in its error what they said)
+        model = algo_cls.load(path, device="cpu")
+    for warning in said:
+        warnings.warn(warning.message, warning.category, stacklevel=2)
     return export(model, target, format=format, action_mask=action_mask)

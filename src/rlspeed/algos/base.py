@@ -1467,6 +1467,15 @@ def _saved_class_call(saved: str, call: str) -> str:
     return f"{name}.{call}, with {name} imported from {module}"
 
 
+def _load_remedy(saved: str, cls: type) -> tuple[str, str]:
+    """Who cannot load the file the user's class `saved` (`module.QualName`) wrote as a `cls`, and what loads it as
+    `saved`: `cls.load` and Python's call, or inside `command_advice` rlspeed's class and the command's option."""
+    command = _COMMAND_ADVICE.get()
+    if command:
+        return f"rlspeed's {cls.__name__}", command[1](saved)
+    return f"{cls.__name__}.load", f"load it with {_saved_class_call(saved, 'load')}"
+
+
 def _algorithm_classes() -> dict[str, type]:
     """Every algorithm class defined so far (the `Algorithm` subclasses with a `name`), by that name: what
     `Algorithm.load` dispatches on (read here, not from `rlspeed.algos`, which imports this module)."""
@@ -3751,9 +3760,7 @@ class Algorithm:
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own: built
             # as its class, in a command's words inside `command_advice`)
-            command = _COMMAND_ADVICE.get()
-            who, advice = (f"rlspeed's {algo.__name__}", command[1](other)) if command else (
-                f"{algo.__name__}.load", f"load it with {_saved_class_call(other, 'load')}")
+            who, advice = _load_remedy(other, algo)
             raise UserError(f"'{path}' was saved by {other}, whose settings {who} does not have "
                             f"({', '.join(unknown)}): {advice}.")
         if unknown:  # (the version is not told apart: a newer rlspeed's settings are the likely cause)
@@ -3884,9 +3891,9 @@ class Algorithm:
                 raise
             # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
             detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
-            raise UserError(f"'{path}' was saved by {other}, whose networks {algo.__name__}.load does not build "
-                            f"({detail[:1].lower() + detail[1:]}): load it with {_saved_class_call(other, 'load')}."
-                            ) from None
+            who, advice = _load_remedy(other, algo)
+            raise UserError(f"'{path}' was saved by {other}, whose networks {who} does not build "
+                            f"({detail[:1].lower() + detail[1:]}): {advice}.") from None
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         # (its training clock so far: metrics.csv's train_wall_s goes on where the saved model's ended, as its steps)
         loop = meta["resume"].get("loop") if isinstance(meta.get("resume"), dict) else None
