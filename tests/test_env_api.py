@@ -1763,7 +1763,8 @@ class _ContractBreakingEnv(gym.Env):
         if self.fault == "raises" and self.t == 2:
             raise ValueError("setting an array element with a sequence (the env's own)")
         obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
-        reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x"}.get(self.fault, 1.0)
+        reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x", "reward_number_str": "1.0",
+                  "reward_none": None}.get(self.fault, 1.0)
         terminated = {"terminated_array": np.array([done, done]), "terminated_str": str(done)}.get(self.fault, done)
         truncated = None if self.fault == "truncated_none" else False
         if self.fault == "obs_text":
@@ -1777,7 +1778,7 @@ gym.register("ContractBreaking-v0", entry_point=_ContractBreakingEnv, disable_en
 
 _BREACHES = [
     ("reward_shape", "'ContractBreaking-v0'.step() returned a reward of shape (1,): a reward is one number per step"),
-    ("reward_str", "'ContractBreaking-v0'.step() returned a reward of type str: a reward is one number per step"),
+    ("reward_str", "'ContractBreaking-v0'.step() returned reward='1.0x' (str): a reward is one number per step"),
     ("terminated_array", "'ContractBreaking-v0'.step() returned terminated of shape (2,): terminated and truncated "
                          "are one bool each"),
     ("info_none", "'ContractBreaking-v0'.step() returned an info of type NoneType: info is a dict"),
@@ -1844,12 +1845,16 @@ def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, mes
     ("terminated_str", "'ContractBreaking-v0'.step() returned terminated='False' (str): terminated and truncated are "
                        "one bool each per step (True or False), and a string or None would be taken as its truth"),
     ("truncated_none", "'ContractBreaking-v0'.step() returned truncated=None (NoneType): terminated and truncated "
-                       "are one bool each")])
+                       "are one bool each"),
+    ("reward_number_str", "'ContractBreaking-v0'.step() returned reward='1.0' (str): a reward is one number per step"),
+    ("reward_none", "'ContractBreaking-v0'.step() returned reward=None (NoneType): a reward is one number per step")])
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
 def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, backend):
     """A `terminated` of "False" (a string) was stored as True: every episode ended after one step and training went
-    on without a word (Gymnasium's checker only warns); None was stored as False. One sentence now, at the first
-    step, with subprocess envs too (where Gymnasium stacks the flags into a bool array before rlspeed sees them)."""
+    on without a word (Gymnasium's checker only warns); None was stored as False. A reward of "1.0" trained as 1.0,
+    contrary to the docs, and a reward of None was stored as NaN, which the NaN guard refused as "a NaN or infinite
+    observation or reward", leaving the user to look for a NaN the env never returned. One sentence now, at the first
+    step, with subprocess envs too (where Gymnasium stacks them into arrays before rlspeed sees them)."""
     from rlspeed import PPO
 
     model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend=backend, num_envs=2, num_steps=8,

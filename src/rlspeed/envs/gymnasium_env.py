@@ -967,10 +967,15 @@ def _returned(value) -> str:
     return f"a {type(value).__name__}{shape}"
 
 
-def flags_problem(name: str, terminated, truncated) -> str | None:
-    """One sentence where a step's `terminated` or `truncated` (from `name`, "'X'.step()") is no single bool-like
-    value, else None. A string or None would be stored as its truth value ("False" ends the episode, None never
-    does), an array broadcast into the batch; numbers (0, 1, numpy bools) mean what they say."""
+def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
+    """One sentence where a step's reward, `terminated` or `truncated` (from `name`, "'X'.step()") is no single
+    number or bool-like value, else None. A reward stored as a float reads a string as its number ("1.0") and None as
+    NaN, which the NaN guard stops without saying where it came from; a flag given as a string or None would be stored
+    as its truth value ("False" ends the episode, None never does), an array broadcast into the batch; numbers (0, 1,
+    numpy bools) mean what they say."""
+    if reward is None or isinstance(reward, (str, bytes, np.str_, np.bytes_)):
+        return (f"{name} returned reward={reward!r} ({type(reward).__name__}): a reward is one number per step (a "
+                "float).")
     for field, flag in (("terminated", terminated), ("truncated", truncated)):
         if np.ndim(flag) != 0:
             return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "
@@ -984,9 +989,9 @@ def flags_problem(name: str, terminated, truncated) -> str | None:
 class SubprocessEnv(gym.Wrapper):
     """What each subprocess env is wrapped in, in its own process:
 
-    - its first step's `terminated` and `truncated` are checked (`flags_problem`): Gymnasium's AsyncVectorEnv stacks
-      them into a bool array in the parent, where a string or None is already its truth value ("False" ends every
-      episode). UserError there; later steps go through unchecked.
+    - its first step's reward, `terminated` and `truncated` are checked (`step_values_problem`): Gymnasium's
+      AsyncVectorEnv stacks them into arrays in the parent, where a string or None is already a number or a truth
+      value ("False" ends every episode). UserError there; later steps go through unchecked.
     - an episode's last observation is a copy: Gymnasium's worker keeps the object the env returned as
       `info["final_obs"]` and sends it after resetting the env, so an env that writes its observations into one array
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
@@ -1003,7 +1008,7 @@ class SubprocessEnv(gym.Wrapper):
             return stepped
         if not self._checked:
             self._checked = True
-            problem = flags_problem(f"'{self._env_id}'.step()", stepped[2], stepped[3])
+            problem = step_values_problem(f"'{self._env_id}'.step()", *stepped[1:4])
             if problem:
                 raise UserError(problem)
         if stepped[2] or stepped[3]:  # (the worker resets the env next; once an episode: a copy of any size is cheap)
@@ -1035,13 +1040,13 @@ def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...
         if np.ndim(reward) != 0:
             return (f"{name} returned a reward of shape {np.shape(reward)}: a reward is one number per step (a "
                     "float; a one-element array's is array.item()).")
+        problem = step_values_problem(name, reward, terminated, truncated)
+        if problem:
+            return problem
         try:
             float(reward)
         except (TypeError, ValueError):
             return f"{name} returned a reward of type {type(reward).__name__}: a reward is one number per step."
-        problem = flags_problem(name, terminated, truncated)
-        if problem:
-            return problem
     if not isinstance(info, dict):
         return (f"{name} returned an info of type {type(info).__name__}: info is a dict (an empty one where there is "
                 "nothing to report).")
@@ -1658,9 +1663,10 @@ class GymnasiumEnv(BatchedEnv):
             warn_step_only_masks(self.spec, self)
 
     def _check_flags(self, stepped: tuple) -> None:
-        """UserError where one env's first step returned a `terminated` or `truncated` that is no bool (`flags_problem`:
-        a string or None would be taken as its truth value on every later step)."""
-        problem = flags_problem(f"'{self.spec.env_id}'.step()", stepped[2], stepped[3])
+        """UserError where one env's first step returned a reward that is no number or a `terminated` or `truncated`
+        that is no bool (`step_values_problem`: a string or None would be taken as a number or a truth value on every
+        later step)."""
+        problem = step_values_problem(f"'{self.spec.env_id}'.step()", *stepped[1:4])
         if problem:
             raise UserError(problem)
 
