@@ -979,11 +979,13 @@ class _OutOfSpace(gym.Env):
 
     def __init__(self, kind: str = "multi"):
         self.kind = kind
-        inner = gym.spaces.MultiDiscrete([3, 3]) if kind != "discrete" else gym.spaces.Discrete(4)
+        inner = gym.spaces.Discrete(4) if kind.startswith("discrete") else gym.spaces.MultiDiscrete([3, 3])
         self.observation_space = gym.spaces.Dict({"cell": inner}) if kind == "dict" else inner
         self.action_space = gym.spaces.Discrete(2)
 
     def _obs(self, value):
+        if self.kind == "discrete_array":  # (a Discrete value as a one-element array)
+            return np.array([value])
         obs = np.array([value, 1]) if self.kind != "discrete" else value
         return {"cell": obs} if self.kind == "dict" else obs
 
@@ -1010,6 +1012,25 @@ def test_an_observation_outside_its_discrete_space_is_one_sentence(kind, vector)
             model.learn(64, progress_bar=False)
     finally:
         env.close()
+
+
+gym.register("OutOfSpace-v0", entry_point=_OutOfSpace, disable_env_checker=True)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("discrete", r"'OutOfSpace-v0'\.step\(\) returned the observation value 4 outside its observation space"),
+    ("discrete_array", r"'OutOfSpace-v0'\.reset\(\) returned an observation of shape \(1,\) where its "
+                       r"observation_space declares \(\)")])
+def test_a_registered_envs_observation_outside_its_discrete_space_names_it(kind, message):
+    """A registered env's refused observation was told as "An env returned ...", naming neither the env nor its
+    method, and a Discrete value returned as a one-element array failed in Gymnasium's batching as the env's own error,
+    "The env 'X' raised ValueError in reset(): Output array has wrong dimensionality". Both name the env and the method
+    now, as other breaches of the contract do."""
+    model = rlspeed.PPO("OutOfSpace-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                        batch_size=16, env_kwargs={"kind": kind})
+    with pytest.raises(rlspeed.UserError, match=message) as raised:
+        model.learn(16, progress_bar=False)
+    assert "\n" not in str(raised.value)
 
 
 def _registered_sampling_env(env_id: str, observation_space: gym.Space) -> str:

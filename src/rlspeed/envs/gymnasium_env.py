@@ -1099,16 +1099,18 @@ def _raised_storing(error: BaseException) -> bool:
             or (filename.startswith(_GYMNASIUM_DIR) and not filename.startswith(_GYMNASIUM_ENVS_DIR)))
 
 
-def probe_contract(env_id: str, call: str, env: gym.Env, obs_shape: tuple[int, ...] | None, action=None) -> str | None:
+def probe_contract(env_id: str, call: str, env: gym.Env, obs_shape: tuple[int, ...] | None, action=None,
+                   host: HostObservations | None = None) -> str | None:
     """`contract_problem` for what `env` (without Gymnasium's wrappers, which unpack it themselves) returns from
     one more `call`, after storing its last answer raised inside Gymnasium's code; None where that call raises too
-    or returns what the contract asks for. The run fails anyway: the env's state no longer matters."""
+    or returns what the contract asks for. The run fails anyway: the env's state no longer matters. `host`: as
+    `probe_made_env`'s."""
     try:
         inner = env.unwrapped
         returned = inner.reset() if call == "reset" else inner.step(action)
     except Exception:  # noqa: BLE001 (the env's own failure: the first error is the one to show)
         return None
-    return contract_problem(env_id, call, returned, obs_shape)
+    return _answer_problem(env_id, call, returned, obs_shape, host)
 
 
 #: what `probe_made_env` gives a fresh env to show its breach: at most this many steps and seconds
@@ -1152,12 +1154,12 @@ def probe_made_env(env_id: str, call: str, env_fn, obs_shape: tuple[int, ...] | 
 def _answer_problem(env_id: str, call: str, returned, obs_shape, host: HostObservations | None) -> str | None:
     """`contract_problem`, and for observations that are not float vectors, `host`'s check of their shape."""
     problem = contract_problem(env_id, call, returned, obs_shape)
-    if problem or host is None or obs_shape is not None:
+    if problem or host is None or obs_shape is not None or returned is _NOT_CALLED:
         return problem
     try:
         host.write(host.empty(1), 0, returned[0])
     except UserError as error:
-        return str(error).replace("An env returned", f"'{env_id}'.{call}() returned", 1)
+        return str(error).replace(f"{host.source} returned", f"'{env_id}'.{call}() returned", 1)
     except (ValueError, TypeError, KeyError, IndexError):  # (not read as its layout: nothing more to say)
         pass
     return None
@@ -1280,9 +1282,11 @@ def _hold_worker_errors(vector_env: gym.vector.AsyncVectorEnv, held: list) -> No
 class HostObservations:
     """Host observation batches of an env (numpy arrays; dicts or tuples of them for Dict and Tuple spaces) as
     fresh host arrays in the contract's dtypes, keyed as `EnvSpec.observation_space` (`check_observation_space`:
-    Tuple positions become keys "0", "1", ...; keys it dropped, such as a text mission, are left out)."""
+    Tuple positions become keys "0", "1", ...; keys it dropped, such as a text mission, are left out). `source`: who
+    returns the observations, as its refusals name it ("'X'", the env id; `named` adds the method)."""
 
-    def __init__(self, space: gym.Space):
+    def __init__(self, space: gym.Space, source: str = "An env"):
+        self.source = source
         self.layout = observation_layout(space)
         self.keyed = isinstance(self.layout, dict)
         # (shape, numpy dtype) of the whole observation or by key, for `empty` and `batch` (which run on every step)
@@ -1319,7 +1323,7 @@ class HostObservations:
         if outside.any():
             bad = np.asarray(part)[outside].flat[0]
             where = "" if key is None else f" (key {key!r})"
-            raise UserError(f"An env returned the observation value {bad}{where} outside its observation space "
+            raise UserError(f"{self.source} returned the observation value {bad}{where} outside its observation space "
                             f"{space}: make the env keep to its space, or declare the values it returns.")
 
     def empty(self, num: int) -> np.ndarray | dict[str, np.ndarray]:
@@ -1333,14 +1337,14 @@ class HostObservations:
         """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
         than its space's (numpy would broadcast it into the row)."""
         if not self.keyed:
-            check_shape(observation, self.layout[0])
+            check_shape(observation, self.layout[0], source=self.source)
             if self.ranges:
                 self._check_values(observation, None)
             target[row] = observation
             return
         for key, (shape, _) in self.layout.items():
             part = self._part(observation, key)
-            check_shape(part, shape, f" (key {key!r})")
+            check_shape(part, shape, f" (key {key!r})", self.source)
             if key in self.ranges:
                 self._check_values(part, key)
             target[key][row] = part
@@ -1355,6 +1359,11 @@ class HostObservations:
 
     def copy(self, value):
         return {key: array.copy() for key, array in value.items()} if self.keyed else value.copy()
+
+    def named(self, error: UserError, call: str) -> UserError:
+        """`error`, a refusal of an observation by `write` or `batch`, naming the method that returned it ("'X'.step()
+        returned ...")."""
+        return UserError(str(error).replace(f"{self.source} returned", f"{self.source}.{call}() returned", 1))
 
 
 def _subspace(space: gym.Space, key: str) -> gym.Space | None:
@@ -1545,7 +1554,7 @@ class GymnasiumEnv(BatchedEnv):
         except UserError:
             vector_env.close()
             raise
-        self._host = HostObservations(self.spec.observation_space)
+        self._host = HostObservations(self.spec.observation_space, f"'{env_id}'")
         # float vector observations: the plain path (one float32 array; every other layout goes through `_host`)
         self._float_vector = self.spec.float_vector_obs
         # A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here, as it would step them, without its
@@ -1623,9 +1632,9 @@ class GymnasiumEnv(BatchedEnv):
                 self._subprocess_failure("reset", error)
             envs = getattr(getattr(self.vector_env, "unwrapped", None), "envs", None)  # (SyncVectorEnv's)
             if isinstance(error, Exception) and not isinstance(error, UserError) and envs and _raised_storing(error):
-                shape = self.spec.observation_shape if self._float_vector else None
-                problem = next(filter(None, (probe_contract(self.spec.env_id, "reset", env, shape) for env in envs)),
-                               None)
+                shape, host = (self.spec.observation_shape, None) if self._float_vector else (None, self._host)
+                problem = next(filter(None, (probe_contract(self.spec.env_id, "reset", env, shape, host=host)
+                                             for env in envs)), None)
                 if problem:
                     raise UserError(problem) from error
             raise
@@ -1646,7 +1655,10 @@ class GymnasiumEnv(BatchedEnv):
             self._none_masks = None
         if self._float_vector:
             return host_tensor(obs, self.device), info
-        return to_device(self._host.batch(obs), self.device), info
+        try:
+            return to_device(self._host.batch(obs), self.device), info
+        except UserError as error:
+            raise self._host.named(error, "reset") from None
 
     def _none_rows(self) -> set[int]:
         """The envs whose mask was None in the infos the vector env merged since the last call (`_NoneMasks`)."""
@@ -1686,7 +1698,7 @@ class GymnasiumEnv(BatchedEnv):
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
         None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
-        stepped = reset_returned = _NOT_CALLED  # (what the envs returned: looked at only if storing it raised)
+        stepped = reset_returned = observation = _NOT_CALLED  # (what the envs returned: read if storing it raised)
         i = None
         first, self._first_step = self._first_step, False  # (each env's first step: its flags' types are checked)
         try:
@@ -1729,15 +1741,18 @@ class GymnasiumEnv(BatchedEnv):
             if final is not None:
                 host.copy_rows(final, obs, ~(terminated | truncated))
             return obs, float32_rewards(reward, self), terminated, truncated, final, masks
-        except UserError:
-            raise
+        except UserError as error:  # (the observation a reset returned is the one written after it)
+            after_reset = reset_returned is not _NOT_CALLED and observation is reset_returned[0]
+            raise self._host.named(error, "reset" if after_reset else "step") from None
         except Exception as error:
             if not _raised_storing(error):
                 raise
             shape, env_id = (self.spec.observation_shape if self._float_vector else None), self.spec.env_id
-            problem = (contract_problem(env_id, "step", stepped, shape)
-                       or contract_problem(env_id, "reset", reset_returned, shape)
-                       or (i is not None and probe_contract(env_id, "step", self._sync_envs[i], shape, actions[i])))
+            host = None if self._float_vector else self._host
+            problem = (_answer_problem(env_id, "step", stepped, shape, host)
+                       or _answer_problem(env_id, "reset", reset_returned, shape, host)
+                       or (i is not None and probe_contract(env_id, "step", self._sync_envs[i], shape, actions[i],
+                                                            host)))
             if not problem:
                 raise
             raise UserError(problem) from error
