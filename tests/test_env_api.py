@@ -1869,6 +1869,62 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert model.num_timesteps == 0
 
 
+class _CloseRaising(gym.Env):
+    """An env whose close() raises: always, or only once it has stepped (`after_steps`). `closed`: the envs whose
+    close() was called."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    closed: set = set()
+
+    def __init__(self, after_steps: bool = False):
+        self.after_steps, self.stepped = after_steps, False
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.stepped = True
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def close(self):
+        type(self).closed.add(id(self))
+        if self.stepped or not self.after_steps:
+            raise RuntimeError("the simulator's socket is gone")
+
+
+gym.register("CloseRaising-v0", entry_point=_CloseRaising, disable_env_checker=True, max_episode_steps=5)
+
+
+def test_an_env_whose_close_raises_is_named_before_training():
+    """An env whose close() raised failed making the model with the env's raw traceback (rlspeed closes the env it
+    makes to read the spaces; `rlspeed train` exited 1 with 35 lines). It is an EnvStepError naming the env and
+    close() now (one line from the CLI), before any training."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    with pytest.raises(EnvStepError, match=r"The env 'CloseRaising-v0' \(gymnasium backend\) raised RuntimeError in "
+                                           r"close\(\): the simulator's socket is gone"):
+        PPO("CloseRaising-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8, batch_size=16)
+
+
+def test_envs_whose_close_raises_are_all_closed_and_named():
+    """Gymnasium's SyncVectorEnv stops closing its envs at the first whose close() raises, and the raw error came
+    out of rlspeed's env: the other envs stayed open. Every env is closed now, and the error names the env."""
+    from rlspeed.errors import EnvStepError
+
+    env = rlspeed.make_env("CloseRaising-v0", num_envs=3, device="cpu", backend="gymnasium",
+                           env_kwargs={"after_steps": True})
+    env.reset(seed=0)
+    env.step(torch.zeros(3, dtype=torch.int64))
+    _CloseRaising.closed = set()
+    with pytest.raises(EnvStepError, match=r"'CloseRaising-v0' \(gymnasium backend\) raised RuntimeError in close"):
+        env.close()
+    assert _CloseRaising.closed == {id(each.unwrapped) for each in env.vector_env.unwrapped.envs}
+    env.close()  # (closed: nothing raised again)
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

@@ -43,7 +43,7 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.packages import register_family
-from rlspeed.errors import UserError, warn_at_caller
+from rlspeed.errors import EnvStepError, UserError, warn_at_caller
 from rlspeed.lifetime import stops_kept_while_forking
 
 #: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
@@ -927,6 +927,22 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     if not finite and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
         env.rewards_overflowed = True
     return stored
+
+
+def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> None:
+    """Close `env`, the env `env_id` (one env, or a SyncVectorEnv of them); an error the env's
+    close() raises is an `EnvStepError` naming the env and close() (one line from the CLI, exit 1; the env's traceback
+    chained), raised once every env of a SyncVectorEnv is closed (Gymnasium's stops at the first that raises)."""
+    try:
+        env.close()
+    except Exception as error:
+        inner = getattr(env, "unwrapped", env)
+        if isinstance(inner, gym.vector.SyncVectorEnv):
+            for each in inner.envs:
+                with contextlib.suppress(Exception):
+                    each.close()
+            inner.closed = True
+        raise EnvStepError(env_id, "gymnasium", "close", error) from error
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
@@ -2026,7 +2042,10 @@ class GymnasiumEnv(BatchedEnv):
             terminate()
             return
         try:
-            self.vector_env.close()
+            if asynchronous:
+                self.vector_env.close()
+            else:
+                close_envs(self.vector_env, self.spec.env_id)
         except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)
             if not asynchronous or inner.closed:
                 raise
