@@ -728,6 +728,30 @@ class _Sized(gym.Env):
         return np.zeros((64 * self.size, 64 * self.size, 3), np.uint8)
 
 
+class _GreyFrames(_Sized):
+    """`_Sized` whose render() returns a grey float frame (height, width), no RGB one."""
+
+    def render(self):
+        return np.zeros((64, 64), np.float64)
+
+
+@pytest.mark.parametrize("metadata, entry_point, said", [
+    ({}, _Sized, r"\(its render modes: none\): list 'rgb_array' in its metadata\['render_modes'\] and"),
+    (None, _GreyFrames, r"rendered no RGB frame \(got an array of shape \(64, 64\) and dtype float64\), so it "
+                        r"cannot be recorded: list 'rgb_array'")])
+def test_an_env_without_rgb_frames_is_told_what_a_video_needs(tmp_path, monkeypatch, metadata, entry_point, said):
+    """`--video-every` on an env of the user's without render modes said only "its render modes: none", and one
+    whose render() returned a grey float frame "got ndarray": neither said what the env needs. Both say it now."""
+    monkeypatch.setitem(gym.registry, "rlspeed-test/Frames-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/Frames-v0", entry_point=entry_point,
+                                                      disable_env_checker=True, max_episode_steps=2))
+    if metadata is not None:
+        monkeypatch.setattr(entry_point, "metadata", metadata)
+    with pytest.raises(UserError, match=said) as raised:
+        video.check_video_support("rlspeed-test/Frames-v0", tmp_path / "v.mp4", env_kwargs={"size": 1})
+    assert "a uint8 array (height, width, 3)" in str(raised.value)
+
+
 def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
     """A SIGTERM (a scheduler's, `timeout`'s) while `rlspeed eval --video` films: SDL, started by pygame's renderer,
     took SIGTERM and dropped it, so the command filmed on until a SIGKILL, which left the broken partial video. Now it

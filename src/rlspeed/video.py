@@ -142,8 +142,13 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     if "rgb_array" not in (env.metadata.get("render_modes") or []):
         env.close()
         raise UserError(f"'{env_id}' cannot render frames for a video (its render modes: "
-                        f"{', '.join(env.metadata.get('render_modes') or []) or 'none'}).")
+                        f"{', '.join(env.metadata.get('render_modes') or []) or 'none'}): {_RGB_FRAMES}.")
     return env
+
+
+#: what an env of the user's needs for videos, said where it lacks it
+_RGB_FRAMES = ("list 'rgb_array' in its metadata['render_modes'] and, made with render_mode='rgb_array', return a "
+               "frame from render(), a uint8 array (height, width, 3)")
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,9 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
     finally:
         env.close()
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
-        raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
+        got = (f"an array of shape {frame.shape} and dtype {frame.dtype}" if isinstance(frame, np.ndarray)
+               else type(frame).__name__)
+        raise UserError(f"'{env_id}' rendered no RGB frame (got {got}), so it cannot be recorded: {_RGB_FRAMES}.")
 
 
 def check_video_path(path: str | Path, name: str) -> None:
