@@ -1751,6 +1751,8 @@ class _ContractBreakingEnv(gym.Env):
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
         self.t = 0
+        if self.fault == "action_space_in_reset":  # (spaces set up again in reset, differently)
+            self.action_space = gym.spaces.Discrete(3)
         obs = np.zeros(5 if self.fault == "reset_shape" else 4, np.float32)
         if self.fault == "reset_text":
             obs = np.array(["a", "b", "c", "d"])
@@ -1867,6 +1869,20 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert message in str(raised.value), str(raised.value)
     assert "\n" not in str(raised.value)
     assert model.num_timesteps == 0
+
+
+def test_an_action_space_changed_in_reset_is_one_sentence():
+    """An env that set its action_space again in reset (Discrete(3) after the constructor's Discrete(2)) trained on
+    without a word: the model read the space as the env was made, so the third action was never taken (a Box of another
+    shape would get actions of the old one). Now its first reset is refused in one sentence naming the space."""
+    from rlspeed import PPO
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": "action_space_in_reset"})
+    with pytest.raises(rlspeed.UserError, match=r"'ContractBreaking-v0'\.reset\(\) changed its action_space from "
+                                                r"Discrete\(2\) to Discrete\(3\): rlspeed reads an env's spaces once"):
+        model.learn(16, progress_bar=False)
+    model.close()
 
 
 class _CloseRaising(gym.Env):

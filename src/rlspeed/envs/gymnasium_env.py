@@ -1578,6 +1578,9 @@ class GymnasiumEnv(BatchedEnv):
         same_step = autoreset_mode(vector_env) == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
         self._first_step = True
+        # each in-process env's spaces as it was made, for the first reset to compare (`_check_spaces_kept`)
+        self._made_spaces = ([(env.observation_space, env.action_space) for env in inner.envs]
+                             if isinstance(inner, gym.vector.SyncVectorEnv) else None)
         # Action masks: info["action_mask"] (Gymnasium's Taxi) or an `action_masks()` method (sb3-contrib's
         # convention); found at reset, then read every step (after autoreset: the new episode's first mask).
         self._mask_width = mask_size(self.spec.action_space)
@@ -1657,6 +1660,9 @@ class GymnasiumEnv(BatchedEnv):
         # (an in-process SyncVectorEnv keeps each env's reset observation: Gymnasium's `_env_obs`)
         for observation in getattr(self.vector_env.unwrapped, "_env_obs", None) or ():
             self._check_keys(observation, "reset")
+        if self._made_spaces is not None:
+            made_spaces, self._made_spaces = self._made_spaces, None
+            self._check_spaces_kept(made_spaces)
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
             warn_unapplied_masks(self.spec, self)
@@ -1710,6 +1716,18 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"'{self.spec.env_id}'.{call}() returned an observation with the {keys}, which its "
                                 f"Dict observation_space lacks (its keys: {', '.join(map(repr, space.spaces))}): add "
                                 "it to the space, or leave it out of the observation.")
+
+    def _check_spaces_kept(self, made_spaces: list[tuple[gym.Space, gym.Space]]) -> None:
+        """UserError where an in-process env's first reset changed the observation_space or action_space it had when
+        it was made (`made_spaces`: each env's): the model reads them once, before, so a Discrete(3) action space set
+        in reset after the Discrete(2) of the constructor would never see its third action, and a Box of another
+        shape would get actions of the old one."""
+        for env, spaces in zip(self.vector_env.unwrapped.envs, made_spaces):
+            for name, made in zip(("observation_space", "action_space"), spaces):
+                now = getattr(env, name)
+                if now != made:
+                    raise UserError(f"'{self.spec.env_id}'.reset() changed its {name} from {made} to {now}: rlspeed "
+                                    "reads an env's spaces once, when it is made; set them in __init__ and keep them.")
 
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
