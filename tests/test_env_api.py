@@ -1871,6 +1871,51 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert model.num_timesteps == 0
 
 
+def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:
+    """A small PPO on `env_id` (made with `env_kwargs`) whose learn raises a UserError matching `match`."""
+    from rlspeed import PPO
+
+    model = PPO(env_id, seed=0, device="cpu", env_backend=backend, num_envs=2, num_steps=8, batch_size=16,
+                env_kwargs=env_kwargs)
+    try:
+        with pytest.raises(rlspeed.UserError, match=match):
+            model.learn(16, progress_bar=False)
+    finally:
+        model.close()
+
+
+class _MissingKey(gym.Env):
+    """A Dict observation space of keys "a" and "b" whose observations lack "b" (from the first step: `at_step`)."""
+
+    observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32),
+                                         "b": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, at_step: bool = False):
+        self.at_step = at_step
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample() if self.at_step else {"a": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        return {"a": np.zeros(2, np.float32)}, 0.0, False, False, {}
+
+
+gym.register("MissingKey-v0", entry_point=_MissingKey, disable_env_checker=True, max_episode_steps=5)
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+@pytest.mark.parametrize("at_step", [False, True])
+def test_a_dict_observation_without_a_key_of_its_space_is_one_sentence(backend, at_step):
+    """A Dict observation lacking a key of its space failed in Gymnasium's batching (or rlspeed's) as the env's own
+    error, "The env 'X' raised KeyError in reset(): 'b'" (EnvStepError, exit 1). One sentence naming the key now."""
+    call = "step" if at_step else "reset"
+    _refused_in_learn("MissingKey-v0", backend, {"at_step": at_step},
+                      rf"'MissingKey-v0'\.{call}\(\) returned an observation without the key 'b' its observation_space "
+                      r"declares \(its keys: 'a'\)")
+
+
 def test_an_action_space_changed_in_reset_is_one_sentence():
     """An env that set its action_space again in reset (Discrete(3) after the constructor's Discrete(2)) trained on
     without a word: the model read the space as the env was made, so the third action was never taken (a Box of another
@@ -1968,16 +2013,9 @@ gym.register("ResetWithoutSeed-v0", entry_point=_ResetWithoutSeed, disable_env_c
 def test_a_reset_without_gymnasiums_arguments_is_one_sentence(backend, takes_seed, missing):
     """`def reset(self):` (returning Gymnasium's (obs, info)) failed as the env's own error, "The env raised
     TypeError in reset()" (EnvStepError, exit 1): a breach of Gymnasium's API the user fixes in the signature."""
-    from rlspeed import PPO
-
-    model = PPO("ResetWithoutSeed-v0", seed=0, device="cpu", env_backend=backend, num_envs=2, num_steps=8,
-                batch_size=16, env_kwargs={"takes_seed": takes_seed})
-    try:
-        with pytest.raises(rlspeed.UserError, match=rf"'ResetWithoutSeed-v0'.reset\(\) takes no {missing} argument: "
-                                                    r"Gymnasium's reset is reset\(self, seed=None, options=None\)"):
-            model.learn(16, progress_bar=False)
-    finally:
-        model.close()
+    _refused_in_learn("ResetWithoutSeed-v0", backend, {"takes_seed": takes_seed},
+                      rf"'ResetWithoutSeed-v0'.reset\(\) takes no {missing} argument: Gymnasium's reset is "
+                      r"reset\(self, seed=None, options=None\)")
 
 
 class _OwnBufferEnv(gym.Env):

@@ -1305,6 +1305,7 @@ class HostObservations:
         self.source = source
         self.layout = observation_layout(space)
         self.keyed = isinstance(self.layout, dict)
+        self.tuple_space = isinstance(space, gym.spaces.Tuple)
         # (shape, numpy dtype) of the whole observation or by key, for `empty` and `batch` (which run on every step)
         self._numpy_layout = ({key: (shape, numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
                               if self.keyed else (self.layout[0], numpy_dtype(self.layout[1])))
@@ -1315,6 +1316,10 @@ class HostObservations:
 
     def _part(self, value, key: str):
         return value[int(key)] if isinstance(value, (tuple, list)) else value[key]
+
+    def _named_part(self, key: str) -> str:
+        """A part of the observation in words: "key 'b'" of a Dict space, "part 1" of a Tuple's."""
+        return f"part {key}" if self.tuple_space else f"key {key!r}"
 
     def batch(self, value) -> np.ndarray | dict[str, np.ndarray]:
         """A copy of a batch `[N, ...]` in the contract's dtypes (a vector env may reuse its own buffers); UserError
@@ -1359,7 +1364,13 @@ class HostObservations:
             target[row] = observation
             return
         for key, (shape, _) in self.layout.items():
-            part = self._part(observation, key)
+            try:
+                part = self._part(observation, key)
+            except (KeyError, IndexError):  # (Gymnasium's batching: "KeyError: 'b'", as the env's own error)
+                held = (f"its keys: {', '.join(map(repr, observation)) or 'none'}" if isinstance(observation, dict)
+                        else _returned(observation))
+                raise UserError(f"{self.source} returned an observation without the {self._named_part(key)} its "
+                                f"observation_space declares ({held}): return every part of the space.") from None
             check_shape(part, shape, f" (key {key!r})", self.source)
             if key in self.ranges:
                 self._check_values(part, key)
