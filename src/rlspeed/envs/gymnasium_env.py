@@ -1388,9 +1388,12 @@ class HostObservations:
         return {key: array.copy() for key, array in value.items()} if self.keyed else value.copy()
 
     def named(self, error: UserError, call: str) -> UserError:
-        """`error`, a refusal of an observation by `write` or `batch`, naming the method that returned it ("'X'.step()
-        returned ...")."""
-        return UserError(str(error).replace(f"{self.source} returned", f"{self.source}.{call}() returned", 1))
+        """`error`, where it is a refusal of an observation by `write` or `batch`, naming the method that returned it
+        ("'X'.step() returned ..."); any other error as it is."""
+        said = str(error)
+        if not said.startswith(f"{self.source} returned"):
+            return error
+        return UserError(said.replace(f"{self.source} returned", f"{self.source}.{call}() returned", 1))
 
 
 def _subspace(space: gym.Space, key: str) -> gym.Space | None:
@@ -1691,7 +1694,10 @@ class GymnasiumEnv(BatchedEnv):
         try:
             return to_device(self._host.batch(obs), self.device), info
         except UserError as error:
-            raise self._host.named(error, "reset") from None
+            named = self._host.named(error, "reset")
+            if named is error:
+                raise
+            raise named from None
 
     def _none_rows(self) -> set[int]:
         """The envs whose mask was None in the infos the vector env merged since the last call (`_NoneMasks`)."""
@@ -1788,7 +1794,10 @@ class GymnasiumEnv(BatchedEnv):
             return obs, float32_rewards(reward, self), terminated, truncated, final, masks
         except UserError as error:  # (the observation a reset returned is the one written after it)
             after_reset = reset_returned is not _NOT_CALLED and observation is reset_returned[0]
-            raise self._host.named(error, "reset" if after_reset else "step") from None
+            named = self._host.named(error, "reset" if after_reset else "step")
+            if named is error:
+                raise
+            raise named from None
         except Exception as error:
             if not _raised_storing(error):
                 raise
