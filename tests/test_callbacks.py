@@ -773,6 +773,34 @@ def test_stable_baselines3_callbacks_rlspeed_lacks_say_what_to_use_instead():
     assert not hasattr(rlspeed.callbacks, "ConvertCallback") and not hasattr(rlspeed.callbacks, "NoSuchCallback")
 
 
+def test_a_stable_baselines3_callback_given_to_learn_names_rlspeeds(tmp_path):
+    """A ported script that still imports its callbacks from Stable-Baselines3 (or derives its own from SB3's
+    BaseCallback) is told which rlspeed class to use, before training; it read "callback must be a BaseCallback, ...,
+    got CheckpointCallback", about a class of the very name it had given."""
+    sb3 = pytest.importorskip("stable_baselines3.common.callbacks")
+
+    class Mine(sb3.BaseCallback):
+        def _on_step(self):
+            return True
+
+    model = _ppo()
+    with pytest.raises(UserError, match=r"^callback=CheckpointCallback is Stable-Baselines3's "
+                                        r"\(stable_baselines3.common.callbacks\): use rlspeed's, from "
+                                        r"rlspeed.callbacks import CheckpointCallback"):
+        model.learn(STEPS_PER_ITERATION, callback=sb3.CheckpointCallback(64, str(tmp_path)), progress_bar=False)
+    with pytest.raises(UserError, match=r"^callback=ProgressBarCallback is Stable-Baselines3's .*rlspeed has none: "
+                                        r"learn\(progress_bar=True\)"):
+        model.learn(STEPS_PER_ITERATION, callback=[sb3.ProgressBarCallback()], progress_bar=False)
+    with pytest.raises(UserError, match=r"^callback=Mine derives from Stable-Baselines3's BaseCallback "
+                                        r".*rlspeed.callbacks.BaseCallback"):
+        model.learn(STEPS_PER_ITERATION, callback=Mine(), progress_bar=False)
+    with pytest.raises(UserError, match=r"^EvalCallback's callback_on_new_best=StopTrainingOnRewardThreshold is "
+                                        r"Stable-Baselines3's .*from rlspeed.callbacks import "
+                                        r"StopTrainingOnRewardThreshold"):
+        EvalCallback(callback_on_new_best=sb3.StopTrainingOnRewardThreshold(100))
+    assert model.num_timesteps == 0
+
+
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])
 def test_the_advice_for_stop_training_on_max_episodes_works_in_every_algorithm(algo):
     """What the ImportError of StopTrainingOnMaxEpisodes (and self.locals['dones']'s KeyError) says to read exists

@@ -502,9 +502,33 @@ def as_callback(callback: CallbackLike) -> BaseCallback | None:
         return CallbackList(callback)
     if isinstance(callback, type) and issubclass(callback, BaseCallback):  # (the class: callable, but no callback)
         raise UserError(f"callback={callback.__name__} is the class: pass an instance, {callback.__name__}(...).")
+    _refuse_foreign(callback, "callback")
     if callable(callback):
         return FunctionCallback(callback)
     raise UserError(f"callback must be a BaseCallback, a list of them or a function, got {type(callback).__name__}.")
+
+
+#: the packages whose callback classes rlspeed's learn cannot run (their hooks call their own model's members)
+_FOREIGN_CALLBACK_PACKAGES = ("stable_baselines3", "sb3_contrib")
+
+
+def _refuse_foreign(callback, name: str) -> None:
+    """UserError where `callback` is a Stable-Baselines3 callback (one of its classes, or a class of yours derived from
+    its BaseCallback): it names the rlspeed class to use, as a ported script's forgotten import would otherwise get
+    "must be a BaseCallback, got CheckpointCallback" about a class of that very name."""
+    cls = callback if isinstance(callback, type) else type(callback)
+    foreign = next((base for base in cls.__mro__
+                    if base.__module__.partition(".")[0] in _FOREIGN_CALLBACK_PACKAGES), None)
+    if foreign is None:
+        return
+    if foreign is cls:
+        advice = _SB3_CALLBACKS.get(cls.__name__)
+        use = (f"rlspeed has none: {advice}" if advice is not None else
+               f"use rlspeed's, from rlspeed.callbacks import {cls.__name__} (the same arguments)")
+        raise UserError(f"{name}={cls.__name__} is Stable-Baselines3's ({cls.__module__}): {use}.")
+    raise UserError(f"{name}={cls.__name__} derives from Stable-Baselines3's {foreign.__name__} "
+                    f"({foreign.__module__}): derive it from rlspeed.callbacks.BaseCallback, which has its hooks "
+                    f"and attributes (docs/callbacks.md).")
 
 
 def _child_callback(name: str, callback: BaseCallback | None) -> BaseCallback | None:
@@ -516,6 +540,7 @@ def _child_callback(name: str, callback: BaseCallback | None) -> BaseCallback | 
     if isinstance(callback, type) and issubclass(callback, BaseCallback):
         raise UserError(f"EvalCallback's {name}={callback.__name__} is the class: pass an instance, "
                         f"{callback.__name__}(...).")
+    _refuse_foreign(callback, f"EvalCallback's {name}")
     raise UserError(f"EvalCallback's {name} is a callback (e.g. StopTrainingOnRewardThreshold(...) or "
                     f"StopTrainingOnNoModelImprovement(...)), not {callback!r}."[:300])
 
