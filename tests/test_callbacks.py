@@ -830,6 +830,24 @@ def test_the_advice_for_stop_training_on_max_episodes_works_in_every_algorithm(a
     assert model.num_timesteps < 100 * model.steps_per_iteration  # (CartPole's first episodes are short)
 
 
+def test_stable_baselines3_counters_in_locals_say_what_to_read():
+    """SB3's collect_rollouts and learn counters and settings a callback reads (`self.locals["n_steps"]`,
+    `["num_collected_episodes"]`, ...): a KeyError naming rlspeed's (it was a bare KeyError('n_steps')), and every
+    name the advice gives to read in learn's locals is one learn has."""
+    from rlspeed.callbacks import LearnLocals
+
+    advice = {"n_steps": r"steps_per_iteration env steps", "num_collected_steps": r"self.num_timesteps",
+              "num_collected_episodes": r"\['episode_count'\]", "iteration": "self.n_calls",
+              "log_interval": r"self.locals\['log_interval_s'\]", "tb_log_name": r"self.locals\['run_dir'\]",
+              "learning_starts": "self.model.config.learning_starts", "continue_training": "False"}
+    for key, words in advice.items():
+        with pytest.raises(KeyError, match=rf"self.locals\['{key}'\] is Stable-Baselines3's; .*{words}"):
+            LearnLocals()[key]  # noqa: B018
+    seen = {}
+    _ppo().learn(STEPS_PER_ITERATION, progress_bar=False, callback=lambda local: seen.update(local=set(local)))
+    assert {"metrics", "log_interval_s", "run_dir"} <= seen["local"]
+
+
 def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
     """`self.locals["infos"]` / `["rewards"]` (SB3's per-step locals) and `self.training_env.get_attr(...)` /
     `env_method(...)` (SB3's VecEnv's): errors naming what rlspeed has instead; `get`, `in` and hasattr as before."""

@@ -96,6 +96,19 @@ SB3_LOCALS = {
     "env": "the training env is self.training_env",
     "callback": "a callback is itself (self) and its parent, where one runs it (EvalCallback's callback_on_new_best, "
                 "EveryNTimesteps' callback), is self.parent",
+    # (SB3's collect_rollouts' and learn's other locals: counters and settings)
+    **dict.fromkeys(("n_steps", "n_rollout_steps", "num_collected_steps"),
+                    "callbacks run once per iteration, after its self.model.steps_per_iteration env steps (all envs); "
+                    "self.num_timesteps counts the steps so far"),
+    "num_collected_episodes": "callbacks run once per iteration: the episodes that ended in it are "
+                              "self.locals['metrics']['episode_count'] (every algorithm)",
+    "iteration": "self.n_calls counts the iterations this callback has seen",
+    "log_interval": "metrics are read and logged every self.locals['log_interval_s'] seconds",
+    "tb_log_name": "metrics.csv and the TensorBoard logs go in learn's run_dir (self.locals['run_dir'])",
+    "reset_num_timesteps": "a further learn call continues the step count (self.num_timesteps)",
+    "continue_training": "a callback's False from _on_step or _on_rollout_end stops training",
+    **dict.fromkeys(("learning_starts", "train_freq", "action_noise"),
+                    "the model's settings are on self.model.config (self.model.config.learning_starts, ...)"),
     # (sb3-contrib's RecurrentPPO's rollout locals)
     **dict.fromkeys(("lstm_states", "episode_starts"),
                     "callbacks run once per iteration, and RecurrentPPO's rollout keeps the LSTM state each step "
