@@ -216,7 +216,8 @@ class BaseCallback:
     variables at that point; its tensors are on the device, and reading one syncs), `metrics` (the metrics row of a
     log interval that ended in this iteration, else None) and, in `_on_evaluation`, `evaluation` (learn's evaluation
     result: mean, std, episodes, returns). Under torch.distributed callbacks run on rank 0 only, and their decision
-    to stop reaches every rank.
+    to stop reaches every rank. A hook that returns False to stop training may first set `stop_reason` (a sentence):
+    `model.result.stopped_by` names the callback and hook with it.
 
     `verbose` (every callback class takes it): 1 prints a line on stdout for each thing the callback does (an
     evaluation's result, a file saved, a video written, training stopped), 0 prints none; the default is 0, but
@@ -231,6 +232,9 @@ class BaseCallback:
         self.locals: dict[str, typing.Any] = {}
         self.metrics: dict[str, typing.Any] | None = None
         self.evaluation: dict[str, typing.Any] | None = None
+        #: why this callback stops training, where it says (set before a hook returns False; `model.result.stopped_by`
+        #: has it after the callback's name)
+        self.stop_reason: str | None = None
         self.parent = None
 
     @property
@@ -303,14 +307,14 @@ class BaseCallback:
         self.locals = locals_
         self.metrics = metrics
         self.num_timesteps = self.model.num_timesteps
-        keep_going = self._on_rollout_end() is not False
-        return self._on_step() is not False and keep_going
+        keep_going = self._said_go_on(self._on_rollout_end(), "_on_rollout_end")
+        return self._said_go_on(self._on_step(), "_on_step") and keep_going
 
     def on_evaluation(self, evaluation: dict[str, typing.Any]) -> bool:
         """Called after each of learn's own evaluations (with a target); False stops training."""
         self.evaluation = evaluation
         self.num_timesteps = self.model.num_timesteps
-        return self._on_evaluation() is not False
+        return self._said_go_on(self._on_evaluation(), "_on_evaluation")
 
     def on_training_end(self) -> None:
         """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error:
@@ -334,6 +338,22 @@ class BaseCallback:
         child = getattr(self, "callback", None)
         if isinstance(child, BaseCallback):
             child.set_final_metrics(metrics)
+
+    def _said_go_on(self, answer: bool | None, hook: str) -> bool:
+        """Whether `hook`'s `answer` lets training go on (anything but False); where it stops training, and no
+        callback stopped it before in this learn call, the model's `result.stopped_by` names this callback, the hook
+        and its `stop_reason`."""
+        if answer is not False:
+            return True
+        result = getattr(self.model, "result", None)
+        if result is not None and result.stopped_by is None:
+            why = f": {self.stop_reason}" if self.stop_reason else ""
+            result.stopped_by = f"{self._stop_name(hook)} returned False{why}"
+        return False
+
+    def _stop_name(self, hook: str) -> str:
+        """How `result.stopped_by` names this callback's `hook`."""
+        return f"{type(self).__name__}.{hook}"
 
     # --- what subclasses override -----------------------------------------------------------------------------
     def _init_callback(self) -> None:
@@ -372,8 +392,8 @@ class BaseCallback:
         callback.n_calls += 1
         callback.num_timesteps = self.num_timesteps
         callback.locals, callback.metrics = self.locals, self.metrics
-        keep_going = callback._on_rollout_end() is not False
-        return callback._on_step() is not False and keep_going
+        keep_going = callback._said_go_on(callback._on_rollout_end(), "_on_rollout_end")
+        return callback._said_go_on(callback._on_step(), "_on_step") and keep_going
 
 
 class CallbackList(BaseCallback):
@@ -463,6 +483,9 @@ class FunctionCallback(BaseCallback):
         if signature is not None and not self._with_globals and not takes({}):
             raise UserError(f"A function callback takes learn's locals (fn(locals_) or Stable-Baselines3's "
                             f"fn(locals_, globals_)); {getattr(fn, '__name__', fn)!s} takes neither.")
+
+    def _stop_name(self, hook: str) -> str:
+        return f"the callback function {getattr(self.fn, '__qualname__', self.fn)!s}"
 
     def _on_rollout_end(self) -> bool | None:
         if self._with_globals:
@@ -621,9 +644,11 @@ class StopTrainingOnRewardThreshold(BaseCallback):
 
     def _check(self, mean: float) -> bool:
         keep_going = not mean >= self.reward_threshold
-        if not keep_going and self.verbose:
-            print_beside_bars(f"rlspeed: stopping: mean evaluation return {format_return(mean, decimals=2)} >= "
-                              f"threshold {self.reward_threshold:g}")
+        if not keep_going:
+            self.stop_reason = (f"mean evaluation return {format_return(mean, decimals=2)} >= threshold "
+                                f"{self.reward_threshold:g}")
+            if self.verbose:
+                print_beside_bars(f"rlspeed: stopping: {self.stop_reason}")
         return keep_going
 
     def _on_step(self) -> bool:
@@ -671,9 +696,9 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
             self.no_improvement_evals = 0 if best > self.last_best_mean_reward else self.no_improvement_evals + 1
         self.last_best_mean_reward = best
         if self.no_improvement_evals > self.max_no_improvement_evals:
+            self.stop_reason = f"no better evaluation in the last {self.no_improvement_evals} evaluations"
             if self.verbose:
-                print_beside_bars(f"rlspeed: stopping: no better evaluation in the last {self.no_improvement_evals} "
-                                  "evaluations")
+                print_beside_bars(f"rlspeed: stopping: {self.stop_reason}")
             return False
         return True
 

@@ -1223,6 +1223,9 @@ class LearnResult:
     target_confirmation: `{"mean", "episodes", "unfinished"}` of the confirmation that reached the target (None until
     one does, or where `confirm_target=False`).
     stop_requested: training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal).
+    stopped_by: the callback whose hook returned False, ending training at that iteration: its name, the hook and its
+    `stop_reason` where it gives one ("StopTrainingOnRewardThreshold._on_step returned False: mean evaluation return
+    200.00 >= threshold 150"); None where no callback stopped it.
     """
 
     total_timesteps: int = 0
@@ -1242,6 +1245,8 @@ class LearnResult:
     target_confirmation: dict | None = None
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
+    #: the callback that stopped training (its name, hook and reason), None where none did
+    stopped_by: str | None = None
 
     def reached(self) -> dict[str, typing.Any]:
         """The target's steps and clock once reached ({} before): a checkpoint keeps them with the loop's position,
