@@ -254,7 +254,8 @@ def test_wandbs_environment_variables_name_group_and_tag_the_run(tmp_path, offli
 
 
 def test_the_row_after_a_stop_between_log_points_reaches_the_wandb_run(tmp_path, offline):
-    """A callback (or Ctrl-C) that stops training between two rows: the closing row metrics.csv gets reaches W&B too."""
+    """A callback (or Ctrl-C) that stops training between two rows: the closing row metrics.csv gets reaches W&B too,
+    and the run's summary names the callback that stopped it."""
     from rlspeed.tracking import WandbCallback
 
     model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32)
@@ -263,6 +264,9 @@ def test_the_row_after_a_stop_between_log_points_reaches_the_wandb_run(tmp_path,
                                     or len(calls) < 3], progress_bar=False, log_interval_s=1e9)
     run, _ = read_offline_run(offline)
     assert [row["timesteps"] for row in run["history"]] == [3 * 128]
+    # (the run's summary says what stopped it, as model.result does)
+    assert run["summary"]["stopped_by"] == model.result.stopped_by
+    assert model.result.stopped_by.startswith("the callback function test_the_row_after_a_stop_between_log_points")
 
 
 def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypatch, capsys):

@@ -147,7 +147,8 @@ class WandbCallback(BaseCallback):
 
     With `tracker` given (the CLI's), the caller finishes it; otherwise this callback starts a run at training start
     (`project`, `entity`, `run_dir`; the config is the model's hyperparameters) and finishes it at training end with
-    what `model.result` measured, or as failed (exit code 1, 130 for Ctrl-C) where learn raises.
+    what `model.result` measured (with `stopped_by` where a callback stopped training), or as failed (exit code 1,
+    130 for Ctrl-C) where learn raises.
     """
 
     def __init__(self, tracker: WandbTracker | None = None, project: str | None = None, entity: str | None = None,
@@ -180,7 +181,7 @@ class WandbCallback(BaseCallback):
             result = self.model.result
             self.tracker.finish({"total_timesteps": result.total_timesteps, "train_wall_s": result.train_wall_s,
                                  "sps": result.sps, "time_to_target_s": result.time_to_target_s,
-                                 "steps_to_target": result.steps_to_target})
+                                 "steps_to_target": result.steps_to_target, "stopped_by": result.stopped_by})
             self.tracker = None
 
     def _on_training_error(self, error: BaseException) -> None:
