@@ -944,6 +944,16 @@ def test_an_installed_tensorboard_that_cannot_be_imported_leaves_the_run_without
     assert line.status == WARN and "cannot be imported" in line.detail
 
 
+def _two_rows_the_last_amended(run_dir, x: float) -> None:
+    """Rows at steps 100 and 200 with custom/x 1.5, then the last row amended as the last iteration's callbacks
+    recorded: custom/x `x`, and a new custom/y."""
+    logger = RunLogger(run_dir, tensorboard=True)
+    logger.log({"timesteps": 100, "episode_return": 5.0, "custom/x": 1.5})
+    logger.log({"timesteps": 200, "episode_return": 6.0, "custom/x": 1.5})
+    logger.amend_last({"custom/x": x, "custom/y": 2.0}, 200)
+    logger.close()
+
+
 def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
     """TensorBoard's events hold each metric once per row: a callback's value recorded after the last row was sent
     again at that step (two points), while metrics.csv kept one cell."""
@@ -952,11 +962,7 @@ def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
 
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    logger = RunLogger(tmp_path, tensorboard=True)
-    logger.log({"timesteps": 100, "episode_return": 5.0, "custom/x": 1.5})
-    logger.log({"timesteps": 200, "episode_return": 6.0, "custom/x": 1.5})
-    logger.amend_last({"custom/x": 1.5, "custom/y": 2.0}, 200)  # (what the last iteration's callbacks recorded)
-    logger.close()
+    _two_rows_the_last_amended(tmp_path, 1.5)
     points = collections.Counter()
     for path in (tmp_path / "tensorboard").iterdir():
         for event in EventFileLoader(str(path)).Load():
@@ -965,6 +971,22 @@ def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
     assert points[("custom/x", 200)] == 1 and points[("custom/y", 200)] == 1
     assert points[("rollout/episode_return", 100)] == 1
     assert max(points.values()) == 1
+
+
+def test_a_value_the_last_row_changes_is_one_tensorboard_point_as_metrics_csv_has_it(tmp_path):
+    """A callback's value recorded in the last iteration that differs from the one its last row already had (SB3's
+    `self.logger.record("random_value", ...)` at every step): TensorBoard showed two points at that step, the row's
+    and the new one, where metrics.csv kept the new one; now it shows the new one, and every other metric once."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _two_rows_the_last_amended(tmp_path, 2.5)
+    shown = EventAccumulator(str(tmp_path / "tensorboard"))
+    shown.Reload()
+    points = {tag: [(point.step, point.value) for point in shown.Scalars(tag)] for tag in shown.Tags()["scalars"]}
+    assert points == {"custom/x": [(100, 1.5), (200, 2.5)], "custom/y": [(200, 2.0)],
+                      "rollout/episode_return": [(100, 5.0), (200, 6.0)]}
+    assert float(list(csv.DictReader((tmp_path / "metrics.csv").open()))[-1]["custom/x"]) == 2.5
 
 
 def test_tensorboard_groups_a_runs_metrics_by_section_with_metrics_csv_values(tmp_path):

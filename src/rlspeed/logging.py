@@ -662,20 +662,34 @@ class RunLogger:
             raise
 
     def amend_last(self, values: dict, timesteps: int) -> None:
-        """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); where none
-        was logged yet, a new row at step `timesteps` (the model's step count)."""
+        """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step, one point per
+        metric there: a value that replaces one the row had replaces its point); where none was logged yet, a new row
+        at step `timesteps` (the model's step count)."""
         if self.last_row is None:
             self.log({"timesteps": timesteps, **values})
             return
         last = self.last_row
         # (TensorBoard gets only what is new to the row: a value it has already at that step would be a second
-        # point there)
+        # point there; where a value it has changes, the row's points are dropped and the whole row sent again)
         changed = {key: value for key, value in values.items() if key not in last or last[key] != value}
+        replaced = any(key in last for key in changed)
         last.update(values)
         self._fields.extend(key for key in values if key not in self._fields)
         with self._writing():
             self._rewrite_csv(last=last)
-            self._send_scalars(changed, int(last["timesteps"]))
+            step = int(last["timesteps"])
+            if replaced and self._writer is not None:
+                self._drop_points_from(step)
+            self._send_scalars(last if replaced else changed, step)
+
+    def _drop_points_from(self, step: int) -> None:
+        """Have TensorBoard's readers drop this run's points at `step` and after: a session start event at `step` (as a
+        restarted run's writer writes at its purge_step), which TensorBoard's Python reader and its data server both
+        take as the end of the points from that step on."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        with self._tensorboard_errors():
+            self._writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
     def _rewrite_csv(self, new: dict | None = None, last: dict | None = None) -> None:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append: the
