@@ -111,6 +111,24 @@ def test_a_count_past_2_63_is_refused_in_one_sentence(ppo):
     assert positive_whole("eval_freq", MAX_COUNT) == MAX_COUNT and positive_whole("eval_freq", 1e18) == 10**18
 
 
+def test_more_episodes_than_their_results_fit_in_memory_are_refused_up_front(ppo, tmp_path, capsys):
+    """`evaluate(episodes=2**62)` (a count within int64, which `positive_whole` takes) failed with a bare MemoryError
+    from its per-episode lists, `rlspeed eval --episodes` likewise, and learn's eval_episodes only at the first
+    evaluation after training; all three now say in one sentence how many episodes fit (the memory rule,
+    `refuse_unless_fits`)."""
+    from rlspeed import cli
+
+    fits = r"evaluate at most [\d,]+ episodes at once \(episodes=N; --episodes N on the command line\)\.$"
+    with pytest.raises(rlspeed.UserError, match=rf"^An evaluation of 4,611,686,018,427,387,904 episodes .*{fits}"):
+        rlspeed.evaluate(ppo, episodes=2**62, seed=0)
+    with pytest.raises(rlspeed.UserError, match=fits):
+        PPO("CartPole-v1", device="cpu", seed=0, num_steps=8).learn(16, eval_episodes=2**62, progress_bar=False)
+    path = ppo.save(tmp_path / "model")
+    capsys.readouterr()
+    assert cli.main(["eval", str(path), "--episodes", str(2**62), "--no-progress"]) == 2
+    assert "episodes at once" in capsys.readouterr().err
+
+
 def _same_step_cartpoles(wrappers=(), mode="sync"):
     return gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, wrappers=wrappers,
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import rlspeed
+from rlspeed.buffers.replay import refuse_unless_fits
 from rlspeed.device import _current_index, float32_default, resolve_device, training_threads
 from rlspeed.envs import SeedOnFirstReset, _check_env_id, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import (
@@ -90,6 +91,21 @@ def check_evaluated_model(model, caller: str = "evaluate", command: str = "rlspe
             ("stable_baselines3", "sb3_contrib")) else ""
         raise UserError(f"{caller} takes an rlspeed model (PPO(...), PPO.load(path), ...), not a "
                         f"{type(model).__name__}{sb3}.")
+
+
+#: host memory an evaluation keeps per episode, in bytes: its return and length in the result (a float and an int
+#: object, 24 and 28 bytes) and a list slot each in the returns, lengths, successes and each env row's quota (8 bytes
+#: each), with room for the lists' growth
+EVALUATION_BYTES_PER_EPISODE = 96
+
+
+def refuse_unless_results_fit(episodes: int) -> None:
+    """UserError (`refuse_unless_fits`, on the host), naming the episodes that fit, where what an evaluation of
+    `episodes` episodes keeps of each (`EVALUATION_BYTES_PER_EPISODE`) would not fit in memory."""
+    refuse_unless_fits(episodes * EVALUATION_BYTES_PER_EPISODE, torch.device("cpu"),
+                       f"An evaluation of {episodes:,} episodes (each one's return and length, kept in its result)",
+                       lambda budget: f"evaluate at most {budget // EVALUATION_BYTES_PER_EPISODE:,} episodes at once "
+                                      "(episodes=N; --episodes N on the command line)")
 
 
 #: the steps an evaluation episode runs at most where neither `max_steps` nor the env's time limit says (a continuing
@@ -193,6 +209,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
+    refuse_unless_results_fit(episodes)  # (before the per-episode lists: a bare MemoryError otherwise)
     if isinstance(env_id, gym.Env):  # (a single env, as Stable-Baselines3's evaluate_policy takes it: one env row)
         env_id = _one_env_vector(env_id)
     elif (env_id is not None and not isinstance(env_id, (BatchedEnv, gym.vector.VectorEnv))

@@ -908,7 +908,8 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
     """`learn`'s budget, evaluation and display settings (a model's and a population's) as (total_timesteps,
     eval_freq, eval_episodes, checkpoint_freq) ints (None where not given) and (progress_bar, confirm_target) bools;
     UserError naming the one that is not a whole number >= 1 (1e6 is one; total_timesteps 0 too with `zero_steps`), a
-    target_return that is not a finite number, or a flag that is not True or False (a string was taken as True)."""
+    target_return that is not a finite number, a flag that is not True or False (a string was taken as True), or
+    eval_episodes whose results would not fit in memory (`evaluation.refuse_unless_results_fit`)."""
     if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
             or not math.isfinite(total_timesteps) or not float(total_timesteps).is_integer()):
         raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
@@ -917,8 +918,12 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
     if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
                                       or not math.isfinite(target_return)):
         raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
-    return (int(total_timesteps), positive_whole("eval_freq", eval_freq), positive_whole("eval_episodes",
-                                                                                            eval_episodes),
+    from rlspeed.evaluation import refuse_unless_results_fit
+
+    eval_episodes = positive_whole("eval_episodes", eval_episodes)
+    if eval_episodes is not None:  # (up front, not at the first evaluation after training steps)
+        refuse_unless_results_fit(eval_episodes)
+    return (int(total_timesteps), positive_whole("eval_freq", eval_freq), eval_episodes,
             positive_whole("checkpoint_freq", checkpoint_freq), true_or_false("learn(progress_bar=...)", progress_bar),
             true_or_false("learn(confirm_target=...)", confirm_target))
 
