@@ -394,6 +394,26 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
         Population("PPO", "CartPole-v1", seeds=[0, 1])
 
 
+def test_save_replay_buffer_is_refused_for_a_population_without_a_replay_buffer_as_keyword_and_attribute():
+    """A PPO population refused the keyword save_replay_buffer=True but took `population.save_replay_buffer = True`
+    later as a plain attribute, which no checkpoint read (a solo PPO's attribute refuses it): one rule for both, and
+    an off-policy population's attribute still sets what its checkpoints write."""
+    from rlspeed import DQN
+
+    no_replay = r"^save_replay_buffer applies to populations with a replay buffer \(DQN, SAC, TD3, DDPG\); this one"
+    with pytest.raises(UserError, match=no_replay):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], save_replay_buffer=True, **SMALL)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    with pytest.raises(UserError, match=no_replay):
+        population.save_replay_buffer = True
+    population.save_replay_buffer = False
+    assert population.save_replay_buffer is False
+    dqn = Population(DQN, "CartPole-v1", seeds=[0, 1], buffer_size=64, learning_starts=16)
+    assert dqn.save_replay_buffer is False
+    dqn.save_replay_buffer = True
+    assert dqn.save_replay_buffer is True
+
+
 @pytest.mark.parametrize("options, words", [
     ({"total_timesteps": 40.5}, "total_timesteps is a whole number"),  # (trained 64 steps per member)
     ({"total_timesteps": float("nan")}, "total_timesteps is a whole number"),

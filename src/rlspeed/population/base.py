@@ -92,6 +92,9 @@ def _seconds(value: float | None) -> float | None:
 HINT_EVERY_S = 1.0
 
 #: options of a solo run that a population does not have, with the value that means "not used"
+#: the refusal of `save_replay_buffer` (the keyword or the attribute) for a population that keeps no replay buffer
+NO_REPLAY_TO_SAVE = ("save_replay_buffer applies to populations with a replay buffer (DQN, SAC, TD3, DDPG); this one "
+                     "keeps none: leave it out.")
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
 
 
@@ -115,8 +118,7 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
                         "seeds as separate runs.")
     for key, unused in _SOLO_OPTIONS.items():
         if key == "save_replay_buffer" and hyperparameters.get(key):  # (off-policy populations take it themselves)
-            raise UserError("save_replay_buffer applies to populations with a replay buffer (DQN, SAC, TD3, DDPG); "
-                            "this one keeps none: leave it out.")
+            raise UserError(NO_REPLAY_TO_SAVE)
         if key in hyperparameters and hyperparameters[key] != unused:
             raise UserError(f"Populations do not support {key}={hyperparameters[key]!r} yet: leave it out (it would "
                             "apply to no member).")
@@ -765,6 +767,9 @@ class PopulationBase:
     #: torch's threads while `learn` runs (the members' `num_threads`; None: `rlspeed.device.set_training_threads`'
     #: default)
     num_threads: int | None = None
+    #: whether the members learn from a replay buffer (which `save_replay_buffer` saves with checkpoints)
+    keeps_replay_buffer = False
+    _checkpoint_replay = False
     #: the members still in the computation (original indices, in their rows' order)
     alive: list[int]
     #: env steps each member has trained
@@ -785,6 +790,19 @@ class PopulationBase:
         return (f"{type(self).__name__}({getattr(self, 'env_id', None)!r}, members={size}, seeds={shown}{training}"
                 f"{envs}, device={str(getattr(self, 'device', None))!r}, "
                 f"num_timesteps={getattr(self, 'num_timesteps', 0)})")
+
+    @property
+    def save_replay_buffer(self) -> bool:
+        """Whether checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact
+        resume; True is refused, as the keyword is, where the population keeps no replay buffer (PPO, A2C), as a solo
+        model's attribute is."""
+        return self._checkpoint_replay
+
+    @save_replay_buffer.setter
+    def save_replay_buffer(self, value: bool) -> None:
+        if value and not self.keeps_replay_buffer:
+            raise UserError(NO_REPLAY_TO_SAVE)
+        self._checkpoint_replay = bool(value)
 
     # --- what a population class provides ----------------------------------------------------------------------
     def _check_start_fits(self, total_timesteps: int) -> None:

@@ -619,6 +619,7 @@ class OffPolicyPopulation(PopulationBase):
     #: `normalize_obs`, `normalize_reward`: the replay stores the env's own observations and rewards and normalises
     #: each sampled batch by each member's statistics at sampling time (`_normalized_rows`), as a solo run's does
     _hands_out_raw = True
+    keeps_replay_buffer = True  # (`MemberReplay`: `save_replay_buffer` writes it beside each checkpoint)
     #: whether the members may have encoders with parameters (each member's own CNN or multi-input encoder:
     #: `MemberEncoder`); encoders without parameters (one-hot Discrete observations, flattened bool or integer
     #: vectors, Dict or Tuple observations of those: `member_features`) every off-policy population takes
@@ -676,7 +677,6 @@ class OffPolicyPopulation(PopulationBase):
             self.buffer: MemberReplay | None = None
             #: members that left: their rows (`_member_rows`) as they left, for evaluation and `member_state`
             self._left: dict[int, dict[str, list[torch.Tensor]]] = {}
-            #: checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact resume
             self.save_replay_buffer = bool(save_replay_buffer)
 
     # --- what an algorithm provides --------------------------------------------------------------------------
