@@ -101,15 +101,18 @@ def test_a_dqn_members_collection_explores_at_its_solo_runs_epsilon_at_every_ste
     assert members_collection_epsilons(population, 32, monkeypatch) == torch.tensor([[0.2] * 4, [0.1] * 4]).tolist()
 
 
-@pytest.mark.parametrize(("dueling", "td_loss", "double_q"), [(False, "huber", True), (True, "huber", True),
-                                                           (False, "mse", True), (False, "huber", False)])
-def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(dueling, td_loss, double_q):
+@pytest.mark.parametrize(("dueling", "td_loss", "double_q", "activation"), [
+    (False, "huber", True, {}), (True, "huber", True, {}), (False, "mse", True, {}), (False, "huber", False, {}),
+    (False, "huber", True, {"activation": "mish"})])
+def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(dueling, td_loss, double_q,
+                                                                                  activation):
     """Epsilon-greedy draws, Double DQN targets or the target network's own maximum (double_q=False, RL-Zoo's DQN
     presets), per-member gradient clipping (member 1 clips at 0.5) and target copies every 16 steps, plain or dueling
-    Q-networks, Huber or squared TD loss: member k equals the solo DQN with its seed and values."""
+    Q-networks, Huber or squared TD loss, an activation beyond relu and tanh (SB3's mish): member k equals the solo
+    DQN with its seed and values."""
     small = {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
              "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5, "dueling": dueling,
-             "td_loss": td_loss, "double_q": double_q}
+             "td_loss": td_loss, "double_q": double_q, **activation}
     per_member = {"learning_rate": [5e-3, 1e-3], "gamma": [0.99, 0.9], "exploration_final_eps": [0.05, 0.2],
                   "max_grad_norm": [10.0, 0.5]}
     seeds, steps = [3, 7], 120
