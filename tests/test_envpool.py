@@ -359,3 +359,24 @@ def test_an_envpool_that_cannot_write_as_it_loads_is_one_sentence(tmp_path, monk
     check = {check.name: check for check in doctor.check_env_families()}["env envpool"]
     assert "/tmp/envpool-jumanji-matplotlib" in check.detail and "MPLCONFIGDIR" in check.advice
     assert "pip install" not in check.advice
+
+
+@needs_envpool
+def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to_train_on_it():
+    """`rlspeed train ppo Taxi-v3 --env-backend envpool` (EnvPool's id, which make_env takes) said 'Unknown env id',
+    suggesting Taxi-v4 without saying that EnvPool has Taxi-v3 or which backend runs Taxi-v4; a model trained on an
+    env make_env('Taxi-v3', backend='envpool') made was told to import the module that registers it to evaluate. (The
+    CLI's train and eval reach these sentences through the same `gym_spec` and `evaluate`.)"""
+    import rlspeed
+    from rlspeed import PPO
+
+    envpools = r"^'Taxi-v3' is EnvPool's id, which Gymnasium does not register, and rlspeed's models take Gymnasium ids"
+    with pytest.raises(UserError, match=rf"{envpools}.*: Gymnasium has Taxi-v4 \(--env-backend gymnasium: EnvPool has "
+                                        r"no env for it\); in Python .*make_env\('Taxi-v3', backend='envpool'\)"):
+        PPO("Taxi-v3", env_backend="envpool")
+    with pytest.raises(UserError, match=r"Gymnasium has LunarLander-v3 \(EnvPool runs it too: --env-backend envpool\)"):
+        PPO("LunarLander-v2", env_backend="envpool")
+    model = PPO(make_env("Taxi-v3", num_envs=2, backend="envpool", seed=0), num_steps=8, batch_size=16)
+    with pytest.raises(UserError, match=r"^This model trained on EnvPool's 'Taxi-v3', .*rlspeed.evaluate\(model, "
+                                        r"make_env\('Taxi-v3', num_envs=N, backend='envpool', seed=S\), episodes=N\)"):
+        rlspeed.evaluate(model, episodes=2)

@@ -27,7 +27,7 @@ from rlspeed.envs.base import (
     space_text,
     space_to_json,
 )
-from rlspeed.envs.envpool_env import check_envpool_seeds
+from rlspeed.envs.envpool_env import check_envpool_seeds, envpool_only
 from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
@@ -235,6 +235,11 @@ def evaluate(model: rlspeed.algos.Algorithm,
         raise UserError("This model trained on a vector env you built, which has no id to make it again: give an env "
                         "with the same spaces to evaluate on (rlspeed eval MODEL --env ID, a registered id; in Python "
                         "rlspeed.evaluate(model, env, episodes=env.num_envs), and EvalCallback(env) instead of "
+                        "eval_freq).")
+    if own_env and isinstance(env_id, str) and not remakeable(env_id) and envpool_only(env_id):
+        raise UserError(f"This model trained on EnvPool's '{env_id}', an env rlspeed makes again only from a "
+                        f"Gymnasium id: evaluate it on an env you make, rlspeed.evaluate(model, make_env('{env_id}', "
+                        "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
                         "eval_freq).")
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
         raise UserError(f"This model trained on '{env_id}', which is not a registered id here: import the module that "

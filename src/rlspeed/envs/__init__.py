@@ -28,7 +28,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
-from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_refusal, envpool_task
+from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_only, envpool_refusal, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
@@ -238,6 +238,8 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     if env_id in NATIVE_ENVS and not env_kwargs:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
+    if (envpool_id := envpool_only(env_id)) is not None:  # (before gym_spec's 'Unknown env id')
+        raise UserError(envpool_id)
     spec = gym_spec(env_id)
     refuse_filming_envs(env_id)
     env_kwargs = _typed_options(spec, env_kwargs)

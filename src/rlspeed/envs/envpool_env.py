@@ -115,6 +115,28 @@ def envpool_refusal(env_id: str) -> str | None:
             "--env-backend gymnasium.")
 
 
+def envpool_only(env_id: str) -> str | None:
+    """Where Gymnasium registers no `env_id` and EnvPool (installed) has it (Taxi-v3, LunarLander-v2, its dm_control
+    and Atari `<Game>-v5` ids): the sentence saying that models take Gymnasium ids (their spec, evaluations, videos and
+    resumed runs make the env again from the id), naming Gymnasium's versions of it with the backend that runs them
+    (`envpool_refusal`), and how a model trains on EnvPool's env in Python all the same; else None."""
+    if env_id in gym.registry or not envpool_installed() or env_id not in _all_envpool_ids():
+        return None
+    name = env_id.rsplit("-v", 1)[0]
+    versions = sorted(other for other in gym.registry
+                      if other.removeprefix("ALE/").rsplit("-v", 1)[0] == name and gym.registry[other].entry_point)[:3]
+    runs = [other for other in versions if envpool_refusal(other) is None]
+    lacks = [other for other in versions if other not in runs]
+    said = ([f"{', '.join(runs)} (EnvPool runs {'it' if len(runs) == 1 else 'them'} too: --env-backend envpool)"]
+            if runs else []) + ([f"{', '.join(lacks)} (--env-backend gymnasium: EnvPool has no env for "
+                                 f"{'it' if len(lacks) == 1 else 'them'})"] if lacks else [])
+    gymnasium = "Gymnasium has " + " and ".join(said) if said else "Gymnasium registers no version of it"
+    return (f"'{env_id}' is EnvPool's id, which Gymnasium does not register, and rlspeed's models take Gymnasium ids "
+            f"(they make the env again from its id to evaluate, film and resume a run): {gymnasium}; in Python a "
+            f"model also trains on the env make_env('{env_id}', backend='envpool') makes, evaluated on another such "
+            "env, rlspeed.evaluate(model, env).")
+
+
 def envpool_task(env_id: str) -> str | None:
     """EnvPool's task id for a Gymnasium id (Atari image ids as `<Game>-v5`; others by their own name), or None
     when EnvPool lacks it or is not installed."""
