@@ -394,6 +394,18 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
         Population("PPO", "CartPole-v1", seeds=[0, 1])
 
 
+def test_more_evaluation_episodes_than_their_results_fit_are_refused_up_front():
+    """`population.evaluate(episodes=2**62)` failed with torch's RuntimeError ("cannot be represented as a SymInt")
+    and learn's eval_episodes only at the first evaluation: one sentence each, counting every member's episodes."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    fits = r"episodes of each of 2 members at once \(eval_episodes=N; --eval-episodes N"
+    with pytest.raises(UserError, match=rf"^An evaluation of 4,611,686,018,427,387,904 episodes of each of 2 .*{fits}"):
+        population.learn(64, eval_episodes=2**62, progress_bar=False)
+    with pytest.raises(UserError, match=r"episodes of each of 2 members at once \(episodes=N"):
+        population.evaluate(episodes=2**62)
+    assert population.num_timesteps == 0
+
+
 def test_save_replay_buffer_is_refused_for_a_population_without_a_replay_buffer_as_keyword_and_attribute():
     """A PPO population refused the keyword save_replay_buffer=True but took `population.save_replay_buffer = True`
     later as a plain attribute, which no checkpoint read (a solo PPO's attribute refuses it): one rule for both, and

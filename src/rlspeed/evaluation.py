@@ -99,13 +99,17 @@ def check_evaluated_model(model, caller: str = "evaluate", command: str = "rlspe
 EVALUATION_BYTES_PER_EPISODE = 96
 
 
-def refuse_unless_results_fit(episodes: int) -> None:
-    """UserError (`refuse_unless_fits`, on the host), naming the episodes that fit, where what an evaluation of
-    `episodes` episodes keeps of each (`EVALUATION_BYTES_PER_EPISODE`) would not fit in memory."""
-    refuse_unless_fits(episodes * EVALUATION_BYTES_PER_EPISODE, torch.device("cpu"),
-                       f"An evaluation of {episodes:,} episodes (each one's return and length, kept in its result)",
-                       lambda budget: f"evaluate at most {budget // EVALUATION_BYTES_PER_EPISODE:,} episodes at once "
-                                      "(episodes=N; --episodes N on the command line)")
+def refuse_unless_results_fit(episodes: int, members: int = 1,
+                              option: str = "episodes=N; --episodes N on the command line") -> None:
+    """UserError (`refuse_unless_fits`, on the host), naming the episodes that fit and the `option` that sets them,
+    where what an evaluation of `episodes` episodes (of each of a population's `members`) keeps of each
+    (`EVALUATION_BYTES_PER_EPISODE`) would not fit in memory."""
+    per_count = members * EVALUATION_BYTES_PER_EPISODE
+    each = f" of each of {members:,} members" if members > 1 else ""
+    refuse_unless_fits(episodes * per_count, torch.device("cpu"),
+                       f"An evaluation of {episodes:,} episodes{each} (each one's return and length, kept in its "
+                       "result)", lambda budget: f"evaluate at most {budget // per_count:,} episodes{each} at once "
+                                                 f"({option})")
 
 
 #: the steps an evaluation episode runs at most where neither `max_steps` nor the env's time limit says (a continuing

@@ -904,12 +904,13 @@ def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
 
 
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
-                         confirm_target, zero_steps: bool = False) -> tuple:
+                         confirm_target, zero_steps: bool = False, members: int = 1) -> tuple:
     """`learn`'s budget, evaluation and display settings (a model's and a population's) as (total_timesteps,
     eval_freq, eval_episodes, checkpoint_freq) ints (None where not given) and (progress_bar, confirm_target) bools;
     UserError naming the one that is not a whole number >= 1 (1e6 is one; total_timesteps 0 too with `zero_steps`), a
     target_return that is not a finite number, a flag that is not True or False (a string was taken as True), or
-    eval_episodes whose results would not fit in memory (`evaluation.refuse_unless_results_fit`)."""
+    eval_episodes whose results (of each of a population's `members`) would not fit in memory
+    (`evaluation.refuse_unless_results_fit`)."""
     if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
             or not math.isfinite(total_timesteps) or not float(total_timesteps).is_integer()):
         raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
@@ -922,7 +923,7 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
 
     eval_episodes = positive_whole("eval_episodes", eval_episodes)
     if eval_episodes is not None:  # (up front, not at the first evaluation after training steps)
-        refuse_unless_results_fit(eval_episodes)
+        refuse_unless_results_fit(eval_episodes, members, "eval_episodes=N; --eval-episodes N on the command line")
     return (int(total_timesteps), positive_whole("eval_freq", eval_freq), eval_episodes,
             positive_whole("checkpoint_freq", checkpoint_freq), true_or_false("learn(progress_bar=...)", progress_bar),
             true_or_false("learn(confirm_target=...)", confirm_target))

@@ -43,6 +43,7 @@ from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
     episode_step_limit,
+    refuse_unless_results_fit,
     return_statistics,
     warn_target_without_time_limit,
     warn_unfinished,
@@ -1053,6 +1054,7 @@ class PopulationBase:
         `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode
         (`first_episode_returns`, at most `max_steps` steps)."""
         max_steps = positive_whole("max_steps", max_steps)
+        refuse_unless_results_fit(episodes, len(seeds))  # (a RuntimeError of torch's past int64 rows otherwise)
         env = None
         try:
             env = self._make_env(episodes, seeds, members)
@@ -1595,7 +1597,8 @@ class PopulationBase:
                               PopulationBase.learn)
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
-                                                checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
+                                                checkpoint_freq, progress_bar, confirm_target, zero_steps=True,
+                                                members=max(len(self.alive), 1))
         warn_target_without_time_limit(self._env_spec, target_return)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
