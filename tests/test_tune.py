@@ -167,9 +167,10 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
         return original(self, seeds, episodes, members)
 
     monkeypatch.setattr(PPOPopulation, "evaluate", evaluate)
+    said = []
     result = tune(PPO, "CartPole-v1", trials=4, population=4, storage=str(tmp_path / "study.db"),
                   study_name="prune", hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128,
-                  search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+                  search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: said.extend(a))
     study = optuna.load_study(study_name="prune", storage=f"sqlite:///{tmp_path / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
     assert [trial.state.name for trial in trials] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
@@ -177,6 +178,8 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
         assert sorted(trial.intermediate_values) == ([128] if trial.number % 2 else [128, 256, 384])
         assert pruner.reports[trial.number] == sorted(trial.intermediate_values)  # the pruner saw every report
     assert pruner.forgotten == {1, 3}  # and dropped the pruned trials' reports
+    # the batch's line says which trials were pruned and when, not only how many
+    assert "2 pruned (trial 1 at 128, trial 3 at 128 steps)" in next(line for line in said if "batch 1/" in line)
     # the pruned members get no final evaluation (their value is their last report): it cost a batched evaluation
     assert evaluated[-1] == [0, 2]
     assert [trial.user_attrs["final_eval"] is None for trial in trials] == [False, True, False, True]

@@ -679,7 +679,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         say(f"rlspeed: batch {batch}/{batches}: trials {asked[0].number}-{asked[-1].number}: "
             f"{counts['complete']} complete"
             + (f" ({counts['reached']} reached the target)" if target_return is not None else "")
-            + f", {counts['pruned']} pruned"
+            + f", {counts['pruned']} pruned" + _pruned_when(counts["pruned_at"])
             + (f", {counts['failed']} failed" if counts["failed"] else "")
             + f" in {time.perf_counter() - batch_started:.1f} s; {_best_line(best, target_return)}", flush=True)
         if diverged >= _DIVERGED_IN_A_ROW:  # (redone, they would be sampled from the same space again and again)
@@ -774,7 +774,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         return pruned
 
     summary = setup.learn(members, on_eval)
-    counts = {"complete": 0, "pruned": 0, "failed": 0, "reached": 0}
+    counts = {"complete": 0, "pruned": 0, "failed": 0, "reached": 0, "pruned_at": {}}
     ended: set[int] = set()  # trials told pruned or failed
     for trial, member in zip(asked, summary["members"]):
         final = member.get("final_eval") or {}
@@ -785,6 +785,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         if member.get("pruned_at") is not None:
             study.tell(trial, state=TrialState.PRUNED)
             counts["pruned"] += 1
+            counts["pruned_at"][trial.number] = int(member["pruned_at"])
             ended.add(trial.number)
         elif final.get("mean") is None or not math.isfinite(float(final["mean"])):
             trial.set_user_attr("diverged_at", member.get("diverged_at"))
@@ -798,6 +799,15 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         told.add(trial.number)
     pruner.forget(ended)
     return counts
+
+
+def _pruned_when(pruned_at: dict[int, int]) -> str:
+    """' (trial 4 at 3,072, trial 5 at 1,024 steps)': which trials of a batch were pruned, and at which step (a
+    pruned trial leaves its population there)."""
+    if not pruned_at:
+        return ""
+    each = [f"trial {number} at {step:,}" for number, step in pruned_at.items()]
+    return f" ({', '.join(each)} steps)"
 
 
 def _starting_values(setup: _Setup) -> dict:
