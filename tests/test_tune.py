@@ -70,8 +70,9 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     states = _states(tmp_path)
     assert len(states) == 7 and {states[n] for n in (0, 1, 5, 6)} <= finished
     assert (states[2], states[3], states[4]) == ("FAIL", "FAIL", "FAIL")
-    assert cli.main(command) == 0  # done: a rerun adds nothing
+    assert cli.main(command) == 0  # done: a rerun adds nothing, and says so
     assert len(_states(tmp_path)) == 7
+    assert "4 trials finished, 4 asked for: none to train (a larger --trials adds more)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("stopped_at, call", [("ask", 1), ("ask", 2), ("tell", 2)])

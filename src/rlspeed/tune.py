@@ -645,8 +645,12 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     finished = sum(t.state in counted for t in study.get_trials(deepcopy=False))
     started = time.perf_counter()
     batches = math.ceil(max(trials - finished, 0) / population)
-    say(f"rlspeed: study '{study_name}' in {without_password(storage_url(storage))}: {finished} of {trials} trials "
-        f"finished; {batches} batch(es) of up to {population} to go, {budget:,} steps per trial"
+    # (a study that holds the trials asked for already trains none: said so, not as "6 of 1 trials finished")
+    progress = (f"{finished} of {trials} trials finished; {batches} batch(es) of up to {population} to go"
+                if finished < trials else f"{finished} trials finished, {trials} asked for: none to train (a larger "
+                "--trials adds more)")
+    say(f"rlspeed: study '{study_name}' in {without_password(storage_url(storage))}: {progress}, {budget:,} steps "
+        "per trial"
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
