@@ -366,7 +366,8 @@ def test_a_storage_in_a_directory_that_cannot_be_written_is_said_so(tmp_path, ca
 def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
     assert "population" in cli_error(capsys, ["tune", "recurrent_ppo", "CartPole-v1", "--storage",
                                               str(tmp_path / "s.db")])
-    assert "search-space" in cli_error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
+    missing = cli_error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
+    assert "search space file" in missing and "missing.yaml: no such file" in missing
     # a study resumed with another budget would mix trials that are not comparable
     assert cli.main(_command(tmp_path, "--trials", "2")) == 0
     capsys.readouterr()
