@@ -87,8 +87,9 @@ OTHER_VALUES = {
     "Humanoid-v4": "EnvPool's Humanoid-v4 gives its 84 contact forces (cfrc_ext) as 0 at every step, where "
                    "Gymnasium's gives the simulated ones; Humanoid-v5 is the same on both",
     "HumanoidStandup-v4": "EnvPool's HumanoidStandup-v4 gives its 84 contact forces (cfrc_ext) as 0 at every step, "
-                          "where Gymnasium's gives the simulated ones, so its rewards lack the impact cost (up to 1.3 "
-                          "a step in Gymnasium's); HumanoidStandup-v5 is the same on both",
+                          "where Gymnasium's gives the simulated ones, so its rewards lack Gymnasium's impact cost "
+                          "(0.5e-6 times the squared contact forces' sum, at most 10 a step); HumanoidStandup-v5 is "
+                          "the same on both",
 }
 _WARNED_VALUES: set[str] = set()
 
