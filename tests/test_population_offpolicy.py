@@ -80,6 +80,14 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
                                       unmoved=fixed)
 
 
+def test_a_sac_population_without_hidden_layers_says_so_whatever_its_activation():
+    """With net_arch=[] no activation runs: a SAC population with activation=gelu said "activation=gelu (...)" as why
+    it trained by autograd, where relu's said the networks have no hidden layers."""
+    for activation in ("relu", "gelu"):
+        population = Population(SAC, "Pendulum-v1", seeds=[0, 1], **{**SMALL, "net_arch": []}, activation=activation)
+        assert (population.update_path, population.update_reason) == ("autograd", "networks without hidden layers")
+
+
 def test_a_dqn_members_collection_explores_at_its_solo_runs_epsilon_at_every_step(monkeypatch):
     """The epsilon of each member's epsilon-greedy draws at each collection step is `DQN.epsilon` of its solo run
     over the same learn call (in float32, which the draws compare with), the final value itself once the schedule

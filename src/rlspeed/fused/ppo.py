@@ -53,7 +53,8 @@ def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
         return "action masks (the hand-derived update covers unmasked policies)"
     if policy.encoder is not None:
         return f"a {policy.encoder.kind} (the hand-derived update covers MLPs on float vectors)"
-    return activation_reason(policy.body.activation) or uncovered_parameters_reason(
+    hidden = len(policy.body.weights) > 1  # (net_arch=[]: no activation runs, whichever is named)
+    return (activation_reason(policy.body.activation) if hidden else None) or uncovered_parameters_reason(
         policy, [*policy.body.parameters(), *([policy.log_std] if kind == "gaussian" else [])], "policy")
 
 

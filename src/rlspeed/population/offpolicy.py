@@ -1298,15 +1298,15 @@ class SACPopulation(OffPolicyPopulation):
         self._flat_targets()
         # the hand-derived gradient (as `rlspeed.fused.sac`) where the networks are ReLU or tanh MLPs with hidden
         # layers and fused_update is on, else autograd of the summed losses
-        uncovered = activation_reason(self.activation)
-        self._hand_derived = self.config.fused_update and not uncovered and len(self.actor_weights) > 1
+        uncovered = (activation_reason(self.activation) if len(self.actor_weights) > 1
+                     else "networks without hidden layers")  # (whose activation, whichever is named, never runs)
+        self._hand_derived = self.config.fused_update and not uncovered
         self._tanh = type(self.activation) is torch.nn.Tanh
         self._workspace = Workspace()
         if self._hand_derived:
             self.update_path, self.update_reason = "hand-derived", "default (an MLP with ReLU or tanh)"
         else:
-            self.update_reason = ("fused_update=False" if not self.config.fused_update
-                                  else uncovered or "networks without hidden layers")
+            self.update_reason = "fused_update=False" if not self.config.fused_update else uncovered
 
     def _params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]
