@@ -1767,6 +1767,8 @@ class _ContractBreakingEnv(gym.Env):
         obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
         reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x", "reward_number_str": "1.0",
                   "reward_none": None}.get(self.fault, 1.0)
+        if self.t == 2 and self.fault in ("later_reward_none", "later_reward_number_str"):  # (the first step's is 1.0)
+            reward = None if self.fault == "later_reward_none" else "1.0"
         terminated = {"terminated_array": np.array([done, done]), "terminated_str": str(done)}.get(self.fault, done)
         truncated = None if self.fault == "truncated_none" else False
         if self.fault == "obs_text":
@@ -1869,6 +1871,16 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert message in str(raised.value), str(raised.value)
     assert "\n" not in str(raised.value)
     assert model.num_timesteps == 0
+
+
+@pytest.mark.parametrize("fault, said", [("later_reward_none", "reward=None (NoneType)"),
+                                         ("later_reward_number_str", "reward='1.0' (str)")])
+def test_a_subprocess_envs_reward_that_is_no_number_after_its_first_step_is_named(fault, said):
+    """With gymnasium-async, a reward of None at an env's second step was stored as NaN in the parent (Gymnasium
+    stacks rewards as float64), and the NaN guard stopped without naming the reward; "1.0" trained as 1.0 without a
+    word. Each subprocess env checks every step's reward now: one sentence naming the env, step() and the reward."""
+    _refused_in_learn("ContractBreaking-v0", "gymnasium-async", {"fault": fault},
+                      re.escape(f"'ContractBreaking-v0'.step() returned {said}: a reward is one number per step"))
 
 
 def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:

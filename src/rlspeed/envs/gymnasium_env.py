@@ -983,13 +983,17 @@ def _returned(value) -> str:
     return f"a {type(value).__name__}{shape}"
 
 
+#: what a reward is never (`step_values_problem`): stored as a float, None becomes NaN and a string its number
+NOT_A_REWARD = (type(None), str, bytes)  # (numpy's str_ and bytes_ are subclasses)
+
+
 def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
     """One sentence where a step's reward, `terminated` or `truncated` (from `name`, "'X'.step()") is no single
     number or bool-like value, else None. A reward stored as a float reads a string as its number ("1.0") and None as
     NaN, which the NaN guard stops without saying where it came from; a flag given as a string or None would be stored
     as its truth value ("False" ends the episode, None never does), an array broadcast into the batch; numbers (0, 1,
     numpy bools) mean what they say."""
-    if reward is None or isinstance(reward, (str, bytes, np.str_, np.bytes_)):
+    if isinstance(reward, NOT_A_REWARD):
         return (f"{name} returned reward={reward!r} ({type(reward).__name__}): a reward is one number per step (a "
                 "float).")
     for field, flag in (("terminated", terminated), ("truncated", truncated)):
@@ -1007,7 +1011,9 @@ class SubprocessEnv(gym.Wrapper):
 
     - its first step's reward, `terminated` and `truncated` are checked (`step_values_problem`): Gymnasium's
       AsyncVectorEnv stacks them into arrays in the parent, where a string or None is already a number or a truth
-      value ("False" ends every episode). UserError there; later steps go through unchecked.
+      value ("False" ends every episode). UserError there. Every later step's reward is checked too (one isinstance:
+      a reward of None was NaN there, which the NaN guard stopped without naming the reward, and "1.0" its number);
+      its flags go through unchecked.
     - an episode's last observation is a copy: Gymnasium's worker keeps the object the env returned as
       `info["final_obs"]` and sends it after resetting the env, so an env that writes its observations into one array
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
@@ -1027,6 +1033,8 @@ class SubprocessEnv(gym.Wrapper):
             problem = step_values_problem(f"'{self._env_id}'.step()", *stepped[1:4])
             if problem:
                 raise UserError(problem)
+        elif isinstance(stepped[1], NOT_A_REWARD):
+            raise UserError(step_values_problem(f"'{self._env_id}'.step()", *stepped[1:4]))
         if stepped[2] or stepped[3]:  # (the worker resets the env next; once an episode: a copy of any size is cheap)
             return (copy.deepcopy(stepped[0]), *stepped[1:])
         return stepped
