@@ -1006,6 +1006,17 @@ def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
     return None
 
 
+def spaces_changed_problem(env_id: str, env: gym.Env, made: tuple[gym.Space, gym.Space]) -> str | None:
+    """One sentence where `env`'s observation_space or action_space is no longer the one it had when it was made
+    (`made`: both, in that order), else None: asked after its first reset, as the model reads them once, before."""
+    for name, made_space in zip(("observation_space", "action_space"), made):
+        now = getattr(env, name)
+        if now != made_space:
+            return (f"'{env_id}'.reset() changed its {name} from {made_space} to {now}: rlspeed reads an env's spaces "
+                    "once, when it is made; set them in __init__ and keep them.")
+    return None
+
+
 class SubprocessEnv(gym.Wrapper):
     """What each subprocess env is wrapped in, in its own process:
 
@@ -1018,11 +1029,23 @@ class SubprocessEnv(gym.Wrapper):
       `info["final_obs"]` and sends it after resetting the env, so an env that writes its observations into one array
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
       one, and truncated episodes bootstrapped from it (the in-process backend copies each observation as it comes).
+    - its first reset keeps the spaces it was made with (`spaces_changed_problem`): the parent read them from an env
+      of its own, made and never reset, so an `action_space` set anew in reset was not seen there.
     """
 
     def __init__(self, env: gym.Env, env_id: str):
         super().__init__(env)
         self._env_id, self._checked = env_id, False
+        self._made_spaces: tuple | None = (env.observation_space, env.action_space)
+
+    def reset(self, **kwargs):
+        reset = self.env.reset(**kwargs)
+        if self._made_spaces is not None:
+            made, self._made_spaces = self._made_spaces, None
+            problem = spaces_changed_problem(self._env_id, self.env, made)
+            if problem:
+                raise UserError(problem)
+        return reset
 
     def step(self, action):
         stepped = self.env.step(action)
@@ -1748,11 +1771,9 @@ class GymnasiumEnv(BatchedEnv):
         in reset after the Discrete(2) of the constructor would never see its third action, and a Box of another
         shape would get actions of the old one."""
         for env, spaces in zip(self.vector_env.unwrapped.envs, made_spaces):
-            for name, made in zip(("observation_space", "action_space"), spaces):
-                now = getattr(env, name)
-                if now != made:
-                    raise UserError(f"'{self.spec.env_id}'.reset() changed its {name} from {made} to {now}: rlspeed "
-                                    "reads an env's spaces once, when it is made; set them in __init__ and keep them.")
+            problem = spaces_changed_problem(self.spec.env_id, env, spaces)
+            if problem:
+                raise UserError(problem)
 
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
