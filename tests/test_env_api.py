@@ -1883,6 +1883,41 @@ def test_a_subprocess_envs_reward_that_is_no_number_after_its_first_step_is_name
                       re.escape(f"'ContractBreaking-v0'.step() returned {said}: a reward is one number per step"))
 
 
+class _DiscreteOut(gym.Env):
+    """Discrete(4) observations, episodes of 2 steps, that break the space one way (`fault`): "step", 4 at the first
+    step; "reset", 4 from the second reset on; "last_step_array", the last step's as a one-element array."""
+
+    observation_space = gym.spaces.Discrete(4)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fault: str):
+        self.fault, self.resets, self.t = fault, 0, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.resets, self.t = self.resets + 1, 0
+        return (4 if self.fault == "reset" and self.resets > 1 else 0), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = {"step": 4, "last_step_array": np.array([1]) if self.t == 2 else 1}.get(self.fault, 1)
+        return obs, 1.0, self.t >= 2, False, {}
+
+
+gym.register("DiscreteOut-v0", entry_point=_DiscreteOut, disable_env_checker=True)
+
+
+@pytest.mark.parametrize("fault, said", [
+    ("step", "step() returned the observation value 4 outside its observation space Discrete(4)"),
+    ("reset", "reset() returned the observation value 4 outside its observation space Discrete(4)"),
+    ("last_step_array", "step() returned an observation of shape (1,) where its observation_space declares ()")])
+def test_a_subprocess_envs_refused_observation_names_the_method(fault, said):
+    """With gymnasium-async, an observation refused after the first reset (a Discrete value outside its space, a
+    value of another shape as an episode's last) said "'X' returned ...", without the method that returned it (the
+    in-process backend names it). Now step() or reset(): a finished env's observation is its reset's."""
+    _refused_in_learn("DiscreteOut-v0", "gymnasium-async", {"fault": fault}, re.escape(f"'DiscreteOut-v0'.{said}"))
+
+
 def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:
     """A small PPO on `env_id` (made with `env_kwargs`) whose learn raises a UserError matching `match`."""
     from rlspeed import PPO

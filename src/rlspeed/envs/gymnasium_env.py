@@ -1914,11 +1914,23 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
                                 f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
                                 "(terminated, truncated), not an array.")
-        # a copy, as in `host_tensor`: the vector env may reuse its buffer
-        obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         finished = self._finished_rows(info, terminated | truncated)
-        obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
-                                       None if self._float_vector else self._host)
+        try:
+            # a copy, as in `host_tensor`: the vector env may reuse its buffer
+            obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
+        except UserError as error:
+            named = self._host.named(error, self._refused_call(obs, finished))
+            if named is error:
+                raise
+            raise named from None
+        try:
+            obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
+                                           None if self._float_vector else self._host)
+        except UserError as error:  # (an episode's last observation: its step's)
+            named = self._host.named(error, "step")
+            if named is error:
+                raise
+            raise named from None
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
         final_info = info.get("final_info", {})  # (the finished envs' last infos, before their reset)
         if not isinstance(final_info, dict):  # (an env's own info key: the vector env merged it as an array)
@@ -1950,6 +1962,20 @@ class GymnasiumEnv(BatchedEnv):
         self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
+
+    def _refused_call(self, obs, finished: np.ndarray) -> str:
+        """Which call returned the observation of a step's batch `obs` that `self._host.batch` refused: "reset" where
+        the rows that did not finish pass (a finished row's observation is its reset's), else "step"."""
+        kept = np.setdiff1d(np.arange(self.num_envs), finished)
+        if self._host.keyed:
+            rows = {key: np.asarray(self._host._part(obs, key))[kept] for key in self._host.layout}
+        else:
+            rows = np.asarray(obs)[kept]
+        try:
+            self._host.batch(rows)
+        except UserError:
+            return "step"
+        return "reset"
 
     def _recorded_returns(self, info: dict, final_info: dict, finished: np.ndarray) -> dict[int, float]:
         """The finished rows whose episode's return a RecordEpisodeStatistics recorded -> that return: each env's in its
