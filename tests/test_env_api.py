@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import gc
 import importlib.util
 import inspect
@@ -1916,6 +1917,26 @@ def test_a_subprocess_envs_refused_observation_names_the_method(fault, said):
     value of another shape as an episode's last) said "'X' returned ...", without the method that returned it (the
     in-process backend names it). Now step() or reset(): a finished env's observation is its reset's."""
     _refused_in_learn("DiscreteOut-v0", "gymnasium-async", {"fault": fault}, re.escape(f"'DiscreteOut-v0'.{said}"))
+
+
+@pytest.mark.parametrize("vec_env, fault, said", [("DummyVecEnv", "reward_none", "reward=None (NoneType)"),
+                                                   ("DummyVecEnv", "reward_number_str", "reward='1.0' (str)"),
+                                                   ("SubprocVecEnv", "reward_number_str", "reward='1.0' (str)")])
+def test_a_stable_baselines3_vec_envs_reward_that_is_no_number_is_one_sentence(vec_env, fault, said):
+    """A user's DummyVecEnv or SubprocVecEnv whose env returned a reward of None was stored as NaN by SB3 and the NaN
+    guard stopped without naming the reward; "1.0" trained as 1.0. The first step's rewards are checked now, as the
+    Gymnasium backends check them: one sentence naming step() and the reward."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    make = functools.partial(_ContractBreakingEnv, fault)
+    envs = (sb3.DummyVecEnv([make] * 2) if vec_env == "DummyVecEnv"
+            else sb3.SubprocVecEnv([make] * 2, start_method="fork" if "fork" in multiprocessing.get_all_start_methods()
+                                   else None))
+    try:
+        model = rlspeed.PPO(envs, device="cpu", seed=0, num_steps=8, batch_size=16)
+        with pytest.raises(rlspeed.UserError, match=re.escape(f"'user-sb3-vec-env'.step() returned {said}: a reward")):
+            model.learn(16, progress_bar=False)
+    finally:
+        envs.close()
 
 
 def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:

@@ -987,15 +987,23 @@ def _returned(value) -> str:
 NOT_A_REWARD = (type(None), str, bytes)  # (numpy's str_ and bytes_ are subclasses)
 
 
+def reward_problem(name: str, reward) -> str | None:
+    """One sentence where a step's `reward` (from `name`, "'X'.step()") is None or text (`NOT_A_REWARD`), else None."""
+    if not isinstance(reward, NOT_A_REWARD):
+        return None
+    shown = reward.item() if isinstance(reward, np.generic) else reward  # (a vector env's stacked np.str_: '1.0')
+    return f"{name} returned reward={shown!r} ({type(shown).__name__}): a reward is one number per step (a float)."
+
+
 def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
     """One sentence where a step's reward, `terminated` or `truncated` (from `name`, "'X'.step()") is no single
     number or bool-like value, else None. A reward stored as a float reads a string as its number ("1.0") and None as
     NaN, which the NaN guard stops without saying where it came from; a flag given as a string or None would be stored
     as its truth value ("False" ends the episode, None never does), an array broadcast into the batch; numbers (0, 1,
     numpy bools) mean what they say."""
-    if isinstance(reward, NOT_A_REWARD):
-        return (f"{name} returned reward={reward!r} ({type(reward).__name__}): a reward is one number per step (a "
-                "float).")
+    problem = reward_problem(name, reward)
+    if problem:
+        return problem
     for field, flag in (("terminated", terminated), ("truncated", truncated)):
         if np.ndim(flag) != 0:
             return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "

@@ -35,6 +35,7 @@ from rlspeed.envs.gymnasium_env import (
     records_episodes,
     refuse_failed_asks,
     registered_vector_env_id,
+    reward_problem,
     reward_wrappers,
     to_device,
     warn_step_only_masks,
@@ -168,6 +169,7 @@ class SB3VecEnv(BatchedEnv):
         self._normalizer = vec_normalize_of(vec_env, "norm_reward")
         #: whether each env is in SB3's Monitor, whose episodes and returns are the ones counted (`EpisodeStatistics`)
         self._monitored = monitored(vec_env)
+        self._first_step = True  # (its rewards are checked: `_first_step_wait`)
 
     def _masks(self, infos=None, finished=()) -> dict:
         """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`
@@ -243,7 +245,11 @@ class SB3VecEnv(BatchedEnv):
         numpy_actions = _to_numpy_actions(actions, self.spec.action_space)
         self.vec_env.step_async(numpy_actions)
         try:
-            obs, rewards, dones, infos = self.vec_env.step_wait()
+            if self._first_step:
+                self._first_step = False
+                obs, rewards, dones, infos = self._first_step_wait()
+            else:
+                obs, rewards, dones, infos = self.vec_env.step_wait()
         except Exception as error:
             self._name_contract_breach("step", error, numpy_actions)
             raise
@@ -282,6 +288,44 @@ class SB3VecEnv(BatchedEnv):
         return (obs_t, host_to(float32_rewards(rewards, self), self.device).reshape(-1),
                 host_to(dones & ~truncated, self.device), host_to(truncated, self.device),
                 info)
+
+    def _first_step_wait(self) -> tuple:
+        """`step_wait` at the first step, each env's reward checked as the Gymnasium backends check it
+        (`reward_problem`): SB3 stores a reward of None as NaN, which the NaN guard stops without naming the reward,
+        and "1.0" as 1.0. The envs of a DummyVecEnv (in this process), which writes rewards into a float32 buffer,
+        are checked as they return (their `step`, for this step only); another VecEnv's stacked rewards
+        (SubprocVecEnv's: an object or text array) here."""
+        name = f"'{self.spec.env_id}'.step()"
+        envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
+        inner = list({id(env.unwrapped): env.unwrapped for env in envs if isinstance(env, gym.Env)}.values()
+                     if isinstance(envs, list) else [])
+        own = [vars(env).get("step") for env in inner]  # (a step set on the instance: put back after)
+
+        def checked(step):
+            def step_checked(action):
+                stepped = step(action)
+                problem = reward_problem(name, stepped[1]) if isinstance(stepped, tuple) and len(stepped) > 1 else None
+                if problem:
+                    raise UserError(problem)
+                return stepped
+            return step_checked
+
+        for env in inner:
+            env.step = checked(env.step)
+        try:
+            stepped = self.vec_env.step_wait()
+        finally:
+            for env, step in zip(inner, own):
+                if step is None:
+                    del env.step
+                else:
+                    env.step = step
+        rewards = np.asarray(stepped[1])
+        if rewards.dtype.kind in "OUS":
+            problem = next(filter(None, (reward_problem(name, reward) for reward in rewards.ravel())), None)
+            if problem:
+                raise UserError(problem)
+        return stepped
 
     def _name_contract_breach(self, call: str, error: Exception, actions=None) -> None:
         """UserError naming what an env inside a DummyVecEnv returned against Gymnasium's contract, where the VecEnv
