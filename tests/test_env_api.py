@@ -1876,11 +1876,12 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
 
 @pytest.mark.parametrize("fault, said", [("later_reward_none", "reward=None (NoneType)"),
                                          ("later_reward_number_str", "reward='1.0' (str)")])
-def test_a_subprocess_envs_reward_that_is_no_number_after_its_first_step_is_named(fault, said):
-    """With gymnasium-async, a reward of None at an env's second step was stored as NaN in the parent (Gymnasium
-    stacks rewards as float64), and the NaN guard stopped without naming the reward; "1.0" trained as 1.0 without a
-    word. Each subprocess env checks every step's reward now: one sentence naming the env, step() and the reward."""
-    _refused_in_learn("ContractBreaking-v0", "gymnasium-async", {"fault": fault},
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_a_reward_that_is_no_number_after_the_first_step_is_named(fault, said, backend):
+    """A reward of None at an env's second step was stored as NaN (in one process as in the parent of subprocess envs,
+    where Gymnasium stacks rewards as float64), and the NaN guard stopped without naming the reward; "1.0" trained as
+    1.0 without a word. Every step's reward is checked now: one sentence naming the env, step() and the reward."""
+    _refused_in_learn("ContractBreaking-v0", backend, {"fault": fault},
                       re.escape(f"'ContractBreaking-v0'.step() returned {said}: a reward is one number per step"))
 
 

@@ -1811,6 +1811,8 @@ class GymnasiumEnv(BatchedEnv):
                     self._check_flags(stepped)
                     self._check_step_masks(info)
                     self._check_keys(observation)
+                elif isinstance(stepped[1], NOT_A_REWARD):  # (every step's reward: None was stored as NaN, "1.0" 1.0)
+                    self._check_flags(stepped)
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = host.empty(n)
