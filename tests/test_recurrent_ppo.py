@@ -391,6 +391,23 @@ def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
     assert "Valid:" not in str(raised.value)
 
 
+def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():
+    """sb3-contrib's policy_kwargs are refused with the keywords to write instead; RL-Zoo's Atari ppo_lstm dict
+    (enable_critic_lstm=False) was translated to "here lstm_hidden_size=128" alone, which builds a critic LSTM the
+    user's network has not, without a word. A layout option at rlspeed's value means the same and is left out."""
+    with pytest.raises(UserError) as raised:
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(enable_critic_lstm=False, lstm_hidden_size=128))
+    assert str(raised.value).endswith("here lstm_hidden_size=128; enable_critic_lstm=False has no equivalent "
+                                      "(rlspeed's RecurrentPPO has one LSTM layer for the actor and one for the "
+                                      "critic: n_lstm_layers=1, enable_critic_lstm=True, shared_lstm=False).")
+    with pytest.raises(UserError, match=r": n_lstm_layers=2, shared_lstm=True have no equivalent \(") as raised:
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(n_lstm_layers=2, shared_lstm=True))
+    with pytest.raises(UserError) as raised:  # (RL-Zoo's CartPoleNoVel dict: rlspeed's layout)
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(lstm_hidden_size=64, enable_critic_lstm=True,
+                                                              n_lstm_layers=1, shared_lstm=False))
+    assert str(raised.value).endswith(": here lstm_hidden_size=64.")
+
+
 def test_bad_option_from_the_command_line_exits_2(capsys, monkeypatch, tmp_path):
     from rlspeed import cli
 

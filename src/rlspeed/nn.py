@@ -1319,6 +1319,14 @@ def reset_at_episode_starts(state: torch.Tensor, episode_starts: torch.Tensor) -
     return state * (~episode_starts).to(state.dtype).view(-1, 1)
 
 
+#: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
+#: other value builds a network rlspeed's RecurrentPPO has not. The rule of the config's refusal, the `policy_kwargs`
+#: refusal and RL-Zoo's translation alike.
+SB3_CONTRIB_LSTM_LAYOUT = {"n_lstm_layers": 1, "enable_critic_lstm": True, "shared_lstm": False}
+#: what a user is told about the layout options (after the option's name)
+LSTM_LAYOUT_RULE = "rlspeed's RecurrentPPO has one LSTM layer for the actor and one for the critic"
+
+
 class RecurrentActorCritic(ActorCritic):
     """sb3-contrib's `MlpLstmPolicy` with `enable_critic_lstm`: an LSTM actor and an LSTM critic over the flat
     observation, each followed by an MLP head (`ActorCritic`'s two-member ensemble, fed the LSTM outputs).

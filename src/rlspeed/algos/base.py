@@ -125,7 +125,9 @@ from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
 from rlspeed.nn import (
+    LSTM_LAYOUT_RULE,
     NATURE_CNN_MIN_SIDE,
+    SB3_CONTRIB_LSTM_LAYOUT,
     STRIDED_CNN_MIN_SIDE,
     acting,
     acting_mode,
@@ -460,10 +462,12 @@ def config_type_hints(config_cls: type) -> dict[str, typing.Any]:
 
 def _policy_keywords(policy_kwargs: object) -> str:
     """SB3's `policy_kwargs` as the keywords to write instead (": here net_arch=[32], activation='leaky_relu'"): its
-    `activation_fn` class by rlspeed's name, the options of the same name as they are; "" when none is."""
+    `activation_fn` class by rlspeed's name, the options of the same name as they are; "" when none is. sb3-contrib's
+    LSTM layout options are left out at the values rlspeed's layout has, and named as having no equivalent at any
+    other (following the sentence would build another network than the user's, without a word)."""
     if not isinstance(policy_kwargs, dict):
         return ""
-    written = []
+    written, without = [], []
     for name, value in policy_kwargs.items():
         if name == "activation_fn":
             with contextlib.suppress(UserError):  # (an activation rlspeed has not: the keyword's own refusal says so)
@@ -471,7 +475,14 @@ def _policy_keywords(policy_kwargs: object) -> str:
         elif name in ("net_arch", "log_std_init", "ortho_init", "n_critics", "lstm_hidden_size", "full_std",
                       "use_expln", "normalize_images"):
             written.append(f"{name}={value!r}")
-    return f": here {', '.join(written)}" if written else ""
+        elif name in SB3_CONTRIB_LSTM_LAYOUT and value != SB3_CONTRIB_LSTM_LAYOUT[name]:
+            without.append(f"{name}={value!r}")
+    text = f": here {', '.join(written)}" if written else ""
+    if without:
+        text += (f"{';' if written else ':'} {', '.join(without)} {'has' if len(without) == 1 else 'have'} no "
+                 f"equivalent ({LSTM_LAYOUT_RULE}: "
+                 f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())})")
+    return text
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:

@@ -42,6 +42,8 @@ from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
 from rlspeed.nn import (
+    LSTM_LAYOUT_RULE,
+    SB3_CONTRIB_LSTM_LAYOUT,
     RecurrentActorCritic,
     SequenceLayout,
     acting,
@@ -55,9 +57,9 @@ REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_step
 _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, ddpg); RecurrentPPO learns from "
                "rollouts of num_envs x num_steps steps: remove it, and size the rollout with num_envs and num_steps")
 #: sb3-contrib's LSTM layout options: rlspeed's RecurrentPPO has one of its layouts, the default one.
-LSTM_LAYOUT_OPTIONS = ("n_lstm_layers", "enable_critic_lstm", "shared_lstm")
-_LSTM_LAYOUT_FIX = ("rlspeed's RecurrentPPO has one LSTM layer for the actor and one for the critic (sb3-contrib's "
-                    "defaults n_lstm_layers=1, enable_critic_lstm=True, shared_lstm=False): remove it; "
+LSTM_LAYOUT_OPTIONS = tuple(SB3_CONTRIB_LSTM_LAYOUT)
+_LSTM_LAYOUT_FIX = (f"{LSTM_LAYOUT_RULE} (sb3-contrib's defaults "
+                    f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())}): remove it; "
                     "lstm_hidden_size sets the LSTMs' size")
 
 

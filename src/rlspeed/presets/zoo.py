@@ -25,6 +25,7 @@ import yaml
 
 from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
 from rlspeed.errors import UserError
+from rlspeed.nn import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT
 
 #: rlspeed's algorithm names -> RL-Zoo's (its YAML file names)
 ZOO_NAMES = {"ppo": "ppo", "a2c": "a2c", "dqn": "dqn", "sac": "sac", "td3": "td3", "ddpg": "ddpg",
@@ -662,13 +663,11 @@ class _Translator:
                 self.refuse(key, f"{item!r}: ortho_init is True or False")
             elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
                 self.set("lstm_hidden_size", item, key)
-            elif name in ("enable_critic_lstm", "shared_lstm", "n_lstm_layers") and self.algo == "recurrent_ppo":
-                default = {"enable_critic_lstm": True, "shared_lstm": False, "n_lstm_layers": 1}[name]
-                if item == default:
+            elif name in SB3_CONTRIB_LSTM_LAYOUT and self.algo == "recurrent_ppo":
+                if item == SB3_CONTRIB_LSTM_LAYOUT[name]:
                     self.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
                 else:
-                    self.refuse(key, f"{item!r}: rlspeed's RecurrentPPO has one LSTM layer each for actor and "
-                                     "critic")
+                    self.refuse(key, f"{item!r}: {LSTM_LAYOUT_RULE}")
             elif name == "n_critics" and self.algo in ("sac", "td3", "ddpg"):
                 self.set("n_critics", item, key)
             elif name in ("squash_output", "clip_mean"):
