@@ -381,12 +381,14 @@ def test_bad_options_are_one_sentence_naming_the_option(options, named):
     assert named in message and "\n" not in message
 
 
-@pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True}])
+@pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True},
+                                    {"lstm_kwargs": {"dropout": 0.1}}])
 def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
-    """sb3-contrib's LSTM layout keywords were 'Unknown hyperparameter' with the list of all the others: they now say
-    which layout rlspeed's RecurrentPPO has."""
+    """sb3-contrib's LSTM layout keywords (lstm_kwargs too) were 'Unknown hyperparameter' with the list of all the
+    others: they now say which layout rlspeed's RecurrentPPO has."""
     with pytest.raises(UserError, match=rf"'{next(iter(option))}' is not an option of RecurrentPPOConfig: .*one LSTM "
-                                        r"layer for the actor and one for the critic") as raised:
+                                        r"layer \(torch.nn.LSTM's defaults\) for the actor and one for the "
+                                        "critic") as raised:
         RecurrentPPO(ENV_ID, device="cpu", **option)
     assert "Valid:" not in str(raised.value)
 
@@ -398,13 +400,16 @@ def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():
     with pytest.raises(UserError) as raised:
         RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(enable_critic_lstm=False, lstm_hidden_size=128))
     assert str(raised.value).endswith("here lstm_hidden_size=128; enable_critic_lstm=False has no equivalent "
-                                      "(rlspeed's RecurrentPPO has one LSTM layer for the actor and one for the "
-                                      "critic: n_lstm_layers=1, enable_critic_lstm=True, shared_lstm=False).")
-    with pytest.raises(UserError, match=r": n_lstm_layers=2, shared_lstm=True have no equivalent \(") as raised:
-        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(n_lstm_layers=2, shared_lstm=True))
+                                      "(rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's defaults) for the "
+                                      "actor and one for the critic: n_lstm_layers=1, enable_critic_lstm=True, "
+                                      "shared_lstm=False, lstm_kwargs=None).")
+    with pytest.raises(UserError, match=r": n_lstm_layers=2, shared_lstm=True, lstm_kwargs=\{'dropout': 0.1\} have no "
+                                        r"equivalent \("):
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(n_lstm_layers=2, shared_lstm=True,
+                                                              lstm_kwargs=dict(dropout=0.1)))
     with pytest.raises(UserError) as raised:  # (RL-Zoo's CartPoleNoVel dict: rlspeed's layout)
         RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(lstm_hidden_size=64, enable_critic_lstm=True,
-                                                              n_lstm_layers=1, shared_lstm=False))
+                                                              n_lstm_layers=1, shared_lstm=False, lstm_kwargs={}))
     assert str(raised.value).endswith(": here lstm_hidden_size=64.")
 
 

@@ -137,6 +137,7 @@ from rlspeed.nn import (
     image_channels_first,
     image_shape,
     image_side,
+    is_rlspeeds_lstm_layout,
     optimizers_without_dynamo,
 )
 from rlspeed.numerics import DivergedError, NumericsGuard
@@ -475,7 +476,7 @@ def _policy_keywords(policy_kwargs: object) -> str:
         elif name in ("net_arch", "log_std_init", "ortho_init", "n_critics", "lstm_hidden_size", "full_std",
                       "use_expln", "normalize_images"):
             written.append(f"{name}={value!r}")
-        elif name in SB3_CONTRIB_LSTM_LAYOUT and value != SB3_CONTRIB_LSTM_LAYOUT[name]:
+        elif name in SB3_CONTRIB_LSTM_LAYOUT and not is_rlspeeds_lstm_layout(name, value):
             without.append(f"{name}={value!r}")
     text = f": here {', '.join(written)}" if written else ""
     if without:

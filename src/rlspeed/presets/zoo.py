@@ -25,7 +25,7 @@ import yaml
 
 from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
 from rlspeed.errors import UserError
-from rlspeed.nn import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT
+from rlspeed.nn import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT, is_rlspeeds_lstm_layout
 
 #: rlspeed's algorithm names -> RL-Zoo's (its YAML file names)
 ZOO_NAMES = {"ppo": "ppo", "a2c": "a2c", "dqn": "dqn", "sac": "sac", "td3": "td3", "ddpg": "ddpg",
@@ -664,7 +664,7 @@ class _Translator:
             elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
                 self.set("lstm_hidden_size", item, key)
             elif name in SB3_CONTRIB_LSTM_LAYOUT and self.algo == "recurrent_ppo":
-                if item == SB3_CONTRIB_LSTM_LAYOUT[name]:
+                if is_rlspeeds_lstm_layout(name, item):
                     self.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
                 else:
                     self.refuse(key, f"{item!r}: {LSTM_LAYOUT_RULE}")
