@@ -71,7 +71,7 @@ def _all_envpool_ids() -> frozenset[str]:
 #: EnvPool's time limit for an env without one (C++'s INT_MAX): Blackjack, CliffWalking and its slippery version,
 #: which Gymnasium registers without a time limit; `EnvPoolEnv` reports it as none (None), as Gymnasium does, so
 #: an evaluation caps such episodes at `evaluation.UNLIMITED_EPISODE_STEPS` steps, not 2**31 - 1
-NO_TIME_LIMIT = 2**31 - 1
+ENVPOOL_NO_TIME_LIMIT = 2**31 - 1
 
 #: ids EnvPool has under Gymnasium's name whose task is another one: what differs, named when the envpool backend is
 #: refused for them (a model built from Gymnasium's env would train on another task, or not take its observations)
@@ -229,7 +229,7 @@ class EnvPoolEnv(BatchedEnv):
         self.pool = self._make_pool(self._seed)
         if max_steps is None:
             max_steps = int(self.pool.spec.config.max_episode_steps)
-            max_steps = None if max_steps == NO_TIME_LIMIT else max_steps
+            max_steps = None if max_steps == ENVPOOL_NO_TIME_LIMIT else max_steps
         registered_spec = gym.registry.get(env_id)
         threshold = registered_spec.reward_threshold if registered_spec is not None else None
         if isinstance(self.pool.observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
@@ -317,4 +317,4 @@ class EnvPoolEnv(BatchedEnv):
 
 
 __all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_refusal", "envpool_task", "INSTALL",
-           "NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
+           "ENVPOOL_NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
