@@ -637,6 +637,21 @@ def test_rlspeed_evaluate_acts_on_the_models_threads_in_float32_and_gives_the_ca
         torch.set_default_dtype(dtype)
 
 
+def test_an_evaluation_whose_set_up_fails_gives_the_callers_generators_back(ppo, monkeypatch):
+    """A context of an evaluation's set-up that raised on entry (its thread count) left the random stream entered
+    before it forked: the caller's generator stayed seeded by the evaluation's seed."""
+    import rlspeed.evaluation
+
+    def failing(num_threads):
+        raise RuntimeError("no threads")
+
+    monkeypatch.setattr(rlspeed.evaluation, "training_threads", failing)
+    state = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="no threads"):
+        rlspeed.evaluate(ppo, "CartPole-v1", episodes=1, seed=3, deterministic=False)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_a_model_of_a_vector_env_one_built_says_how_to_evaluate_it_from_the_cli_too(tmp_path, capsys):
     """`rlspeed eval` of a model trained on a vector env of the user's own (no id) answered 'not a registered id
     here: import the module that registers it (--gym-packages)', which no module does, and Python advice only;

@@ -318,17 +318,19 @@ def _evaluation_env(env_id, num_envs: int, device, seed: int | None, backend: st
                                          evaluation=True, env_kwargs=options))
 
 
-def _evaluating(model, env: BatchedEnv, seed: int | None, deterministic: bool) -> contextlib.ExitStack:
+@contextlib.contextmanager
+def _evaluating(model, env: BatchedEnv, seed: int | None, deterministic: bool):
     """What an evaluation's episodes run under: a stochastic policy's own random stream, seeded by `seed` (the
     caller's generators, training's, are left as they were); the model's thread count, as `model.evaluate` and learn's
     evaluations (a CPU's sums depend on it, and torch's default count starts OpenMP threads a process forked afterwards
-    hangs on); float32 tensors where the caller made float64 torch's default dtype."""
-    stack = contextlib.ExitStack()
-    if not deterministic:
-        stack.enter_context(_own_random_stream(model, env.device, seed, env.num_envs))
-    stack.enter_context(training_threads(getattr(model, "num_threads", None)))
-    stack.enter_context(float32_default())
-    return stack
+    hangs on); float32 tensors where the caller made float64 torch's default dtype. Each context is entered inside the
+    block's ``with``: one that raises on entry leaves those entered before it exited."""
+    with contextlib.ExitStack() as stack:
+        if not deterministic:
+            stack.enter_context(_own_random_stream(model, env.device, seed, env.num_envs))
+        stack.enter_context(training_threads(getattr(model, "num_threads", None)))
+        stack.enter_context(float32_default())
+        yield
 
 
 def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar: ProgressBar, progress_bar: bool,
