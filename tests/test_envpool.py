@@ -290,10 +290,12 @@ def test_an_envpool_env_whose_task_differs_from_gymnasiums_is_refused_when_the_b
 @needs_envpool
 def test_an_envpool_env_whose_values_differ_from_gymnasiums_is_warned_of_once(monkeypatch):
     """EnvPool's Humanoid-v4 gives its contact forces as 0 (Gymnasium's gives the simulated ones), with Gymnasium's
-    spaces: `--env-backend envpool` trained on it without a word. Said once per id in a process."""
+    spaces: `--env-backend envpool` trained on it without a word. Said once per id in a process, for training and
+    evaluation alike (it said a model 'learns there' when `rlspeed eval --env-backend envpool` made it)."""
     monkeypatch.setattr(envpool_env, "_WARNED_VALUES", set())
     with pytest.warns(UserWarning, match=r"EnvPool's Humanoid-v4 gives its 84 contact forces \(cfrc_ext\) as 0.*"
-                                         r"Humanoid-v5 is the same on both.*--env-backend gymnasium"):
+                                         r"Humanoid-v5 is the same on both: a model trained there learns from, and one "
+                                         r"evaluated there is scored on, other values than --env-backend gymnasium"):
         envpool_env.EnvPoolEnv("Humanoid-v4", num_envs=1).close()
     # (the reward term it lacks, as Gymnasium's HumanoidStandup-v4 computes it: it named "up to 1.3 a step", one run's
     # largest, where Gymnasium caps the term at 10)

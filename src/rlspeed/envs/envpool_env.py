@@ -208,8 +208,10 @@ class EnvPoolEnv(BatchedEnv):
             raise UserError(refusal)
         if env_id in OTHER_VALUES and env_id not in _WARNED_VALUES:
             _WARNED_VALUES.add(env_id)
-            warn_at_caller(f"{OTHER_VALUES[env_id]}: a model learns there from other values than on --env-backend "
-                           "gymnasium (env_backend='gymnasium').", UserWarning)
+            # (one env for both uses: `rlspeed train` and `rlspeed eval` make it alike, so the sentence names both)
+            warn_at_caller(f"{OTHER_VALUES[env_id]}: a model trained there learns from, and one evaluated there is "
+                           "scored on, other values than --env-backend gymnasium (env_backend='gymnasium') gives.",
+                           UserWarning)
         task = envpool_task(env_id)
         self.env_id, self.task, self.num_envs, self.device = env_id, task, num_envs, torch.device(device)
         self.num_threads = num_threads
