@@ -755,22 +755,53 @@ def test_a_model_or_population_without_a_strategy_under_torchrun_is_told_once_on
         population.learn(16, progress_bar=False)
 
 
-def test_a_single_process_resume_says_a_replay_buffer_of_process_0s_envs_alone_is_restored(tmp_path):
-    """An older rlspeed took save_replay_buffer under torch.distributed: process 0 saved its own envs' transitions
-    alone (its 2 of the run's 4 envs). A resume in one process restored them as the run's buffer without a word: now
-    a warning names the envs that filled it and the transitions restored."""
+_REPLAY_RUN = {"device": "cpu", "env_backend": "torch", "seed": 0, "num_envs": 4, "learning_starts": 16,
+               "buffer_size": 1000, "net_arch": (8,), "train_freq": 4}
+
+
+def _replay_resume_warnings(path: Path, **settings) -> list[str]:
+    """The warnings of a one-process DQN (`_REPLAY_RUN`, 4 envs) resumed from the checkpoint `path` and trained on."""
     from rlspeed import DQN
 
-    settings = {"device": "cpu", "env_backend": "torch", "seed": 0, "num_envs": 4, "learning_starts": 16,
-                "buffer_size": 1000, "net_arch": (8,), "train_freq": 4}
-    old = DQN("CartPole-v1", strategy=TwinRanks(), **settings)
-    old._checkpoint_replay = True  # (as an older rlspeed took save_replay_buffer=True here)
-    old.learn(64, run_dir=tmp_path, checkpoint_freq=64, progress_bar=False)
-    model = DQN("CartPole-v1", save_replay_buffer=True, **settings)
-    model.resume(tmp_path / "checkpoint.safetensors")
+    model = DQN("CartPole-v1", save_replay_buffer=True, **{**_REPLAY_RUN, **settings})
+    model.resume(path)
     with warnings.catch_warnings(record=True) as said:  # (also the envs' own: rank 0's 2 envs' episodes, not 4)
         warnings.simplefilter("always")
         model.learn(16, progress_bar=False)
-    assert any(re.search(r"its replay buffer was filled by 2 envs and this run steps 4 \(process 0's share of a run "
-                         r"in several processes .*the 32 transitions of those envs are restored", str(warning.message))
-               for warning in said), [str(warning.message) for warning in said]
+    return [str(warning.message) for warning in said]
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_single_process_resume_says_a_replay_buffer_of_process_0s_envs_alone_is_restored(tmp_path, recorded):
+    """An older rlspeed took save_replay_buffer under torch.distributed: process 0 saved its own envs' transitions
+    alone (its 2 of the run's 4 envs). A resume in one process restored them as the run's buffer without a word: now
+    a warning names the envs that filled it and the transitions restored; the processes the file records say which
+    (a file without the count names both causes: it may also be a one-process run's with other num_envs)."""
+    from rlspeed import DQN
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    old = DQN("CartPole-v1", strategy=TwinRanks(), **_REPLAY_RUN)
+    old._checkpoint_replay = True  # (as an older rlspeed took save_replay_buffer=True here)
+    old.learn(64, run_dir=tmp_path, checkpoint_freq=64, progress_bar=False)
+    if not recorded:  # (a file of an rlspeed that did not record the count)
+        tensors, meta = load_checkpoint(tmp_path / "checkpoint.replay.safetensors")
+        assert meta["replay_buffer"].pop("processes") == 2
+        save_checkpoint(tmp_path / "checkpoint.replay.safetensors", tensors, meta)
+    said = _replay_resume_warnings(tmp_path / "checkpoint.safetensors")
+    cause = (r"process 0's envs of a run in 2 processes filled it, so their 32 transitions are restored, not the "
+             r"whole run's\." if recorded else
+             r"its 32 transitions are restored, the whole run's where it ran with other num_envs in one process, "
+             r"process 0's envs' alone where it ran in several processes")
+    assert any(re.search(r"its replay buffer was filled by 2 envs and this run steps 4: " + cause, message)
+               for message in said), said
+
+
+def test_a_resume_with_other_num_envs_restores_a_one_process_runs_whole_replay_buffer_without_a_word(tmp_path):
+    """A one-process run's replay buffer resumed with other num_envs was said to be process 0's envs' alone, 'not
+    the whole run's': its file records the one process that filled it, so the whole buffer is restored in silence."""
+    from rlspeed import DQN
+
+    DQN("CartPole-v1", save_replay_buffer=True, **{**_REPLAY_RUN, "num_envs": 2}).learn(
+        64, run_dir=tmp_path, checkpoint_freq=64, progress_bar=False)
+    said = _replay_resume_warnings(tmp_path / "checkpoint.safetensors")
+    assert not [message for message in said if "replay buffer" in message], said

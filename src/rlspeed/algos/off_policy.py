@@ -184,6 +184,18 @@ def no_update_reason(cfg: OffPolicyConfig, stored: int, each_env: int, empty: bo
     return None
 
 
+def _share_restored(processes: int | None, transitions: int) -> str:
+    """What a resume restored from a replay buffer filled by other envs than its run steps, by the `processes` count
+    its file records (`_save_replay`): a run in several processes saved process 0's envs alone (an older rlspeed took
+    save_replay_buffer under torch.distributed); one process saved the whole run's, only its num_envs was other (no
+    warning then); files of an older rlspeed record no count (None), so both causes are named."""
+    if processes is None:
+        return (f"its {transitions:,} transitions are restored, the whole run's where it ran with other num_envs in "
+                "one process, process 0's envs' alone where it ran in several processes (saved by an older rlspeed)")
+    return (f"process 0's envs of a run in {processes} processes filled it, so their {transitions:,} transitions are "
+            "restored, not the whole run's")
+
+
 def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
     """torch.stack of per-step tensors, per key for Dict observations."""
     if isinstance(values[0], dict):
@@ -608,6 +620,7 @@ class OffPolicyAlgorithm(Algorithm):
             tensors, meta = replay
         else:
             tensors, meta = buffer.state_dict()
+            meta = {**meta, "processes": self.strategy.world_size}  # (a resumed file's own count, or none, is kept)
         token = secrets.token_hex(16)
         file = replay_path(path)
         save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta,
@@ -687,13 +700,11 @@ class OffPolicyAlgorithm(Algorithm):
             warnings.warn(f"'{file}' cannot fill this model's replay buffer: {reason}; it refills from empty.",
                           stacklevel=4)
             return False
-        filled_by = info.get("num_envs")
-        if isinstance(filled_by, int) and filled_by != self.buffer.num_envs:  # (an older rlspeed took
-            # save_replay_buffer under torch.distributed: rank 0 saved its own envs' transitions alone)
+        filled_by, processes = info.get("num_envs"), info.get("processes")
+        if isinstance(filled_by, int) and filled_by != self.buffer.num_envs and processes != 1:
             warnings.warn(f"Resuming from '{resume['path']}': its replay buffer was filled by {filled_by} envs and "
-                          f"this run steps {self.buffer.num_envs} (process 0's share of a run in several processes "
-                          f"saved alone, or other num_envs): the {self.buffer.size:,} transitions of those envs are "
-                          "restored, not the whole run's.", stacklevel=4)
+                          f"this run steps {self.buffer.num_envs}: {_share_restored(processes, self.buffer.size)}.",
+                          stacklevel=4)
         return True
 
     def write_replay_buffer(self, path: str | os.PathLike[str], digest: str | None = None) -> Path:
@@ -706,7 +717,8 @@ class OffPolicyAlgorithm(Algorithm):
         if buffer is None:
             raise UserError(f"{type(self).__name__} has no replay buffer to save yet: learn makes it.")
         tensors, meta = buffer.state_dict()
-        return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "contents": RAW_CONTENTS, "algo": self.name,
+        return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "processes": self.strategy.world_size,
+                                                                 "contents": RAW_CONTENTS, "algo": self.name,
                                                                  "env_id": self.env_id}}, digest=digest)
 
     def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True,
