@@ -106,6 +106,13 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     # (and which: SB3's activation_fn class by rlspeed's name)
     with pytest.raises(UserError, match=r"plain keywords .*: here activation='leaky_relu', net_arch=\[32\]\.$"):
         algo(env_id, device="cpu", policy_kwargs={"activation_fn": torch.nn.LeakyReLU, "net_arch": [32]})
+    # (by RL-Zoo's translation's rule, per algorithm: PPO was told to write n_critics=3, and the CNN's width in
+    # features_extractor_kwargs was dropped)
+    with pytest.raises(UserError) as refusal:
+        algo(env_id, device="cpu", policy_kwargs={"n_critics": 3, "features_extractor_kwargs": {"features_dim": 64}})
+    assert "cnn_features_dim=64" in str(refusal.value)
+    assert ("n_critics=3" if algo.name in ("sac", "td3", "ddpg")
+            else f"policy_kwargs.n_critics: 3: rlspeed's {algo.name} has no such option") in str(refusal.value)
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
     # (SB3's policy options given as keywords: rlspeed's setting, or the override that does their work)

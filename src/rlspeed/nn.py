@@ -1319,23 +1319,6 @@ def reset_at_episode_starts(state: torch.Tensor, episode_starts: torch.Tensor) -
     return state * (~episode_starts).to(state.dtype).view(-1, 1)
 
 
-#: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
-#: other value builds a network rlspeed's RecurrentPPO has not. The rule of the config's refusal, the `policy_kwargs`
-#: refusal and RL-Zoo's translation alike (`is_rlspeeds_lstm_layout`).
-SB3_CONTRIB_LSTM_LAYOUT = {"n_lstm_layers": 1, "enable_critic_lstm": True, "shared_lstm": False, "lstm_kwargs": None}
-#: what a user is told about the layout options (after the option's name)
-LSTM_LAYOUT_RULE = ("rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's defaults) for the actor and one for "
-                    "the critic")
-
-
-def is_rlspeeds_lstm_layout(name: str, value: object) -> bool:
-    """Whether sb3-contrib's layout option `name` (a key of `SB3_CONTRIB_LSTM_LAYOUT`) at `value` builds rlspeed's
-    `RecurrentActorCritic`: its default value (an empty `lstm_kwargs` as its None)."""
-    if name == "lstm_kwargs":
-        return value is None or value == {}
-    return value == SB3_CONTRIB_LSTM_LAYOUT[name]
-
-
 class RecurrentActorCritic(ActorCritic):
     """sb3-contrib's `MlpLstmPolicy` with `enable_critic_lstm`: an LSTM actor and an LSTM critic over the flat
     observation, each followed by an MLP head (`ActorCritic`'s two-member ensemble, fed the LSTM outputs).

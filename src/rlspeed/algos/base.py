@@ -125,9 +125,7 @@ from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
 from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
 from rlspeed.nn import (
-    LSTM_LAYOUT_RULE,
     NATURE_CNN_MIN_SIDE,
-    SB3_CONTRIB_LSTM_LAYOUT,
     STRIDED_CNN_MIN_SIDE,
     acting,
     acting_mode,
@@ -137,10 +135,10 @@ from rlspeed.nn import (
     image_channels_first,
     image_shape,
     image_side,
-    is_rlspeeds_lstm_layout,
     optimizers_without_dynamo,
 )
 from rlspeed.numerics import DivergedError, NumericsGuard
+from rlspeed.policy_kwargs import Collected, translate_policy_kwargs
 
 # (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
 if sys.version_info >= (3, 11):
@@ -461,29 +459,21 @@ def config_type_hints(config_cls: type) -> dict[str, typing.Any]:
     return typing.get_type_hints(config_cls)
 
 
-def _policy_keywords(policy_kwargs: object) -> str:
-    """SB3's `policy_kwargs` as the keywords to write instead (": here net_arch=[32], activation='leaky_relu'"): its
-    `activation_fn` class by rlspeed's name, the options of the same name as they are; "" when none is. sb3-contrib's
-    LSTM layout options are left out at the values rlspeed's layout has, and named as having no equivalent at any
-    other (following the sentence would build another network than the user's, without a word)."""
+def _policy_keywords(policy_kwargs: object, config_cls: type) -> str:
+    """SB3's `policy_kwargs` as the keywords to write instead (": here activation='leaky_relu', net_arch=[32]"), by
+    the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for the algorithm of `config_cls`: the settings
+    it has, then each option it has not, with why (as the translation refuses it); "" when none is."""
     if not isinstance(policy_kwargs, dict):
         return ""
-    written, without = [], []
-    for name, value in policy_kwargs.items():
-        if name == "activation_fn":
-            with contextlib.suppress(UserError):  # (an activation rlspeed has not: the keyword's own refusal says so)
-                written.append(f"activation={activation_name(value)!r}")
-        elif name in ("net_arch", "log_std_init", "ortho_init", "n_critics", "lstm_hidden_size", "full_std",
-                      "use_expln", "normalize_images"):
-            written.append(f"{name}={value!r}")
-        elif name in SB3_CONTRIB_LSTM_LAYOUT and not is_rlspeeds_lstm_layout(name, value):
-            without.append(f"{name}={value!r}")
-    text = f": here {', '.join(written)}" if written else ""
-    if without:
-        text += (f"{';' if written else ':'} {', '.join(without)} {'has' if len(without) == 1 else 'have'} no "
-                 f"equivalent ({LSTM_LAYOUT_RULE}: "
-                 f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())})")
-    return text
+    algo = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", config_cls.__name__.removesuffix("Config")).lower()
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    read = Collected()
+    translate_policy_kwargs(algo, policy_kwargs, read)
+    owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+    written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
+    refused = [f"{key}: {why.removesuffix('.')}" for key, why in read.refused] + [
+        f"{read.origin[key]}: {owner} has no {key}" for key in read.hyper if key not in fields]
+    return (f": here {', '.join(written)}" if written else "") + "".join(f"; {line}" for line in refused)
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
@@ -504,7 +494,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
-                                f"{_policy_keywords(value) if key == 'policy_kwargs' else ''}.")
+                                f"{_policy_keywords(value, config_cls) if key == 'policy_kwargs' else ''}.")
             if key in MODEL_ARGUMENTS:
                 owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "

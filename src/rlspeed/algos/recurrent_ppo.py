@@ -41,14 +41,8 @@ from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
-from rlspeed.nn import (
-    LSTM_LAYOUT_RULE,
-    SB3_CONTRIB_LSTM_LAYOUT,
-    RecurrentActorCritic,
-    SequenceLayout,
-    acting,
-    reset_at_episode_starts,
-)
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout, acting, reset_at_episode_starts
+from rlspeed.policy_kwargs import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",

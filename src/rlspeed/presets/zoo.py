@@ -23,14 +23,12 @@ from pathlib import Path
 
 import yaml
 
-from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
 from rlspeed.errors import UserError
-from rlspeed.nn import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT, is_rlspeeds_lstm_layout
+from rlspeed.policy_kwargs import ON_POLICY, SDE_ALGORITHMS, translate_policy_kwargs
 
 #: rlspeed's algorithm names -> RL-Zoo's (its YAML file names)
 ZOO_NAMES = {"ppo": "ppo", "a2c": "a2c", "dqn": "dqn", "sac": "sac", "td3": "td3", "ddpg": "ddpg",
              "recurrent_ppo": "ppo_lstm"}
-ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
 #: algorithms whose value loss is 0.5 * MSE (rlspeed's vf_coef = 2 x SB3's, see PPOConfig)
 HALF_VALUE_LOSS = ("ppo", "recurrent_ppo")
 
@@ -64,10 +62,9 @@ NO_COUNTERPART: dict[str, tuple[object, str]] = {
     "env_kwargs": (None, "the env's options are rlspeed train's --env-kwargs KEY=VALUE, not a preset's"),
 }
 
-#: gSDE's keys (rlspeed.sde) with SB3's defaults, and the algorithms that have gSDE (`finish` refuses a key that an
-#: algorithm's config lacks, such as use_sde_at_warmup outside SAC)
+#: gSDE's keys (rlspeed.sde) with SB3's defaults (`finish` refuses a key that an algorithm's config lacks, such as
+#: use_sde_at_warmup outside SAC; the algorithms that have gSDE: `SDE_ALGORITHMS`)
 SDE_KEYS = {"use_sde": False, "sde_sample_freq": -1, "use_sde_at_warmup": False}
-SDE_ALGORITHMS = ("ppo", "a2c", "sac")
 
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
@@ -96,10 +93,6 @@ ZOO_SPELLING = {"num_envs": "n_envs", "num_steps": "n_steps", "n_step": "n_steps
 ZOO_NAMED = ("n_timesteps", "policy", "n_envs", "n_steps", "normalize", "learning_rate", "clip_range", "vf_coef",
              "ent_coef", "target_entropy", "train_freq", "noise_type", "noise_std", "frame_stack", "env_wrapper",
              "policy_kwargs", "replay_buffer_class", "replay_buffer_kwargs", *SAME_NAME, *SDE_KEYS, *NO_COUNTERPART)
-
-#: torch.nn activation class names -> rlspeed's activation names (rlspeed.activations, the one table)
-ACTIVATIONS = {cls: name for name, cls in ACTIVATION_CLASSES.items()}
-_TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
 
 
 class Symbol(str):
@@ -635,90 +628,9 @@ class _Translator:
             self.set("train_freq", value, "train_freq")
 
     def policy_kwargs(self, value) -> None:
-        """SB3 policy arguments: net_arch, activation_fn, log_std_init, ortho_init, lstm_hidden_size, normalize_images,
-        features_extractor_kwargs (its features_dim: cnn_features_dim), ..."""
-        kwargs = self.options("policy_kwargs", value, "dict(...)")
-        for name, item in kwargs.items():
-            key = f"policy_kwargs.{name}"
-            if name == "net_arch":
-                self.net_arch(key, item)
-            elif name == "activation_fn":
-                # (a name: nn.ReLU in a policy_kwargs string, or text in one written as a YAML mapping, where no
-                # name can be written otherwise)
-                short = item if isinstance(item, str) else ""
-                for prefix in _TORCH_PREFIXES:
-                    if short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS:
-                        self.set("activation", ACTIVATIONS[short[len(prefix):]], key)
-                        break
-                else:
-                    self.refuse(key, f"{item}: {PRELU_REFUSAL}" if short.endswith("PReLU")
-                                else f"{item}: rlspeed's activations are {torch_class_names()}")
-            elif name in ("full_std", "use_expln") and self.algo not in SDE_ALGORITHMS:
-                self.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {self.algo} has not")
-            elif name in ("log_std_init", "full_std", "use_expln"):  # (the config check refuses them where absent)
-                self.set(name, item, key)
-            elif name == "ortho_init" and isinstance(item, bool):
-                self.set("ortho_init", item, key)
-            elif name == "ortho_init":
-                self.refuse(key, f"{item!r}: ortho_init is True or False")
-            elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
-                self.set("lstm_hidden_size", item, key)
-            elif name in SB3_CONTRIB_LSTM_LAYOUT and self.algo == "recurrent_ppo":
-                if is_rlspeeds_lstm_layout(name, item):
-                    self.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
-                else:
-                    self.refuse(key, f"{item!r}: {LSTM_LAYOUT_RULE}")
-            elif name == "n_critics" and self.algo in ("sac", "td3", "ddpg"):
-                self.set("n_critics", item, key)
-            elif name in ("squash_output", "clip_mean"):
-                # rlspeed's gSDE has SB3's defaults: on-policy actions unsquashed; SAC squashed, mean clipped to +-2
-                default = {"squash_output": self.algo == "sac", "clip_mean": 2.0 if self.algo == "sac" else None}[name]
-                if item == default:
-                    self.notes.append(f"{key} {item!r}: rlspeed's {self.algo} does that too")
-                else:
-                    self.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
-                                     "SAC: squashed, mean clipped to [-2, 2])")
-            elif name in ("optimizer_class", "optimizer_kwargs"):
-                instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if self.algo == "a2c" else ""
-                self.refuse(key, f"{item!r}: rlspeed's {self.algo} builds its own optimizer{instead}")
-            elif name == "normalize_images":  # (the config check refuses it where absent)
-                self.set("normalize_images", item, key)
-            elif name == "features_extractor_kwargs":
-                self.features_extractor_kwargs(key, item)
-            elif name == "features_extractor_class":
-                self.refuse(key, f"{item}: rlspeed picks its encoder from the observation space (encoder auto, mlp "
-                                 "or cnn; the CNN's architecture: cnn nature, strided or small), not from a class")
-            else:
-                self.refuse(key, f"{item!r}: rlspeed's {self.algo} has no such option")
-
-    def features_extractor_kwargs(self, key: str, value) -> None:
-        """SB3's features extractor options: `features_dim` (NatureCNN's) and `cnn_output_dim` (CombinedExtractor's,
-        MultiInputPolicy) are the width of rlspeed's CNN encoders, `cnn_features_dim`; rlspeed's encoders take no
-        other option."""
-        if not isinstance(value, dict):
-            self.refuse(key, f"{value!r}: expected dict(...)")
-            return
-        for name, item in value.items():
-            if name in ("features_dim", "cnn_output_dim"):
-                self.set("cnn_features_dim", item, f"{key}.{name}")
-            else:
-                self.refuse(f"{key}.{name}", f"{item!r}: rlspeed's encoders take only the CNN's output width "
-                                             "(features_dim, as cnn_features_dim)")
-
-    def net_arch(self, key: str, value) -> None:
-        """A width list, or dict(pi=[...], vf=[...]) / dict(pi=..., qf=...): rlspeed has one list for both."""
-        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):  # SB3 1.x: [dict(pi, vf)]
-            value = value[0]
-        if isinstance(value, dict):
-            widths = [value.get(part) for part in ("pi", "vf" if self.algo in ON_POLICY else "qf")]
-            if set(value) - {"pi", "vf", "qf"} or widths[0] != widths[1] or widths[0] is None:
-                self.refuse(key, f"{value}: rlspeed uses one width list for the actor and the critic")
-                return
-            value = widths[0]
-        if isinstance(value, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in value):
-            self.set("net_arch", value, key)
-        else:
-            self.refuse(key, f"{value!r}: expected a list of layer widths")
+        """SB3 policy arguments (a dict, or its text): `rlspeed.policy_kwargs.translate_policy_kwargs`, the rule a
+        model's refusal of the keyword names the same settings by."""
+        translate_policy_kwargs(self.algo, self.options("policy_kwargs", value, "dict(...)"), self)
 
     # --- the result ----------------------------------------------------------------------------------------------
     def check_normalize_gamma(self) -> None:

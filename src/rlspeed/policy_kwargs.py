@@ -1,0 +1,164 @@
+"""Stable-Baselines3's `policy_kwargs` as rlspeed's hyperparameters: the one rule, per algorithm, that RL-Zoo's
+translation (`rlspeed.presets.zoo`, from a YAML entry's text) and a model's refusal of the keyword (from Python's
+values, `nn.LeakyReLU` a class) both follow, so that both name the same settings.
+
+Without torch (presets and RL-Zoo's translation read it before torch loads).
+"""
+
+from __future__ import annotations
+
+import typing
+
+from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
+
+#: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
+ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
+#: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are
+SDE_ALGORITHMS = ("ppo", "a2c", "sac")
+#: torch.nn's activation class names -> rlspeed's activation names
+ACTIVATIONS = {cls: name for name, cls in ACTIVATION_CLASSES.items()}
+_TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
+
+#: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
+#: other value builds a network rlspeed's RecurrentPPO has not. The rule of the config's refusal, the `policy_kwargs`
+#: refusal and RL-Zoo's translation alike (`is_rlspeeds_lstm_layout`).
+SB3_CONTRIB_LSTM_LAYOUT = {"n_lstm_layers": 1, "enable_critic_lstm": True, "shared_lstm": False, "lstm_kwargs": None}
+#: what a user is told about the layout options (after the option's name)
+LSTM_LAYOUT_RULE = ("rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's defaults) for the actor and one for "
+                    "the critic")
+
+
+def is_rlspeeds_lstm_layout(name: str, value: object) -> bool:
+    """Whether sb3-contrib's layout option `name` (a key of `SB3_CONTRIB_LSTM_LAYOUT`) at `value` builds rlspeed's
+    `RecurrentActorCritic`: its default value (an empty `lstm_kwargs` as its None)."""
+    if name == "lstm_kwargs":
+        return value is None or value == {}
+    return value == SB3_CONTRIB_LSTM_LAYOUT[name]
+
+
+class PolicySettings(typing.Protocol):
+    """Where `translate_policy_kwargs` puts what it reads: settings, refusals and notes."""
+
+    notes: list[str]
+
+    def set(self, key: str, value, origin: str) -> None:
+        """rlspeed's hyperparameter `key` is `value`, from SB3's option `origin` ("policy_kwargs.net_arch")."""
+
+    def refuse(self, key: str, why: str) -> None:
+        """SB3's option `key` is not honoured, for the reason `why`."""
+
+
+class Collected:
+    """A `PolicySettings` that keeps what it is given: `hyper` (key -> value), `origin` (key -> SB3's option),
+    `refused` ((SB3's option, why) pairs), `notes`."""
+
+    def __init__(self):
+        self.hyper: dict = {}
+        self.origin: dict[str, str] = {}
+        self.refused: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+
+    def set(self, key: str, value, origin: str) -> None:
+        self.hyper[key], self.origin[key] = value, origin
+
+    def refuse(self, key: str, why: str) -> None:
+        self.refused.append((key, why))
+
+
+def _activation(item) -> str | None:
+    """rlspeed's name for SB3's `activation_fn`: torch.nn's class, or its name as text ("nn.ReLU"); None else."""
+    if isinstance(item, type):
+        return ACTIVATIONS.get(item.__name__) if item.__module__.startswith("torch.nn") else None
+    short = item if isinstance(item, str) else ""
+    return next((ACTIVATIONS[short[len(prefix):]] for prefix in _TORCH_PREFIXES
+                 if short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS), None)
+
+
+def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> None:
+    """SB3 policy arguments of `algo` (rlspeed's CLI name) -> rlspeed's hyperparameters, set on (or refused to)
+    `out`: net_arch, activation_fn (a class or its name), log_std_init, ortho_init, lstm_hidden_size,
+    normalize_images, n_critics (off-policy actor-critics), features_extractor_kwargs (its features_dim:
+    cnn_features_dim), .... Options the algorithm has not are refused by name; settings a config lacks are the
+    config check's to refuse."""
+    for name, item in kwargs.items():
+        key = f"policy_kwargs.{name}"
+        if name == "net_arch":
+            _net_arch(algo, key, item, out)
+        elif name == "activation_fn":
+            activation = _activation(item)
+            if activation is not None:
+                out.set("activation", activation, key)
+            else:
+                shown = getattr(item, "__name__", item)
+                out.refuse(key, f"{shown}: {PRELU_REFUSAL}" if str(shown).endswith("PReLU")
+                           else f"{shown}: rlspeed's activations are {torch_class_names()}")
+        elif name in ("full_std", "use_expln") and algo not in SDE_ALGORITHMS:
+            out.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {algo} has not")
+        elif name in ("log_std_init", "full_std", "use_expln", "normalize_images"):
+            out.set(name, item, key)  # (the config check refuses them where absent)
+        elif name == "ortho_init" and isinstance(item, bool):
+            out.set("ortho_init", item, key)
+        elif name == "ortho_init":
+            out.refuse(key, f"{item!r}: ortho_init is True or False")
+        elif name == "lstm_hidden_size" and algo == "recurrent_ppo":
+            out.set("lstm_hidden_size", item, key)
+        elif name in SB3_CONTRIB_LSTM_LAYOUT and algo == "recurrent_ppo":
+            if is_rlspeeds_lstm_layout(name, item):
+                out.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
+            else:
+                out.refuse(key, f"{item!r}: {LSTM_LAYOUT_RULE}")
+        elif name == "n_critics" and algo in ("sac", "td3", "ddpg"):
+            out.set("n_critics", item, key)
+        elif name in ("squash_output", "clip_mean"):
+            # rlspeed's gSDE has SB3's defaults: on-policy actions unsquashed; SAC squashed, mean clipped to +-2
+            default = {"squash_output": algo == "sac", "clip_mean": 2.0 if algo == "sac" else None}[name]
+            if item == default:
+                out.notes.append(f"{key} {item!r}: rlspeed's {algo} does that too")
+            else:
+                out.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
+                                "SAC: squashed, mean clipped to [-2, 2])")
+        elif name in ("optimizer_class", "optimizer_kwargs"):
+            instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if algo == "a2c" else ""
+            out.refuse(key, f"{item!r}: rlspeed's {algo} builds its own optimizer{instead}")
+        elif name == "features_extractor_kwargs":
+            _features_extractor_kwargs(key, item, out)
+        elif name == "features_extractor_class":
+            out.refuse(key, f"{getattr(item, '__name__', item)}: rlspeed picks its encoder from the observation "
+                            "space (encoder auto, mlp or cnn; the CNN's architecture: cnn nature, strided or small), "
+                            "not from a class")
+        else:
+            out.refuse(key, f"{item!r}: rlspeed's {algo} has no such option")
+
+
+def _features_extractor_kwargs(key: str, value, out: PolicySettings) -> None:
+    """SB3's features extractor options: `features_dim` (NatureCNN's) and `cnn_output_dim` (CombinedExtractor's,
+    MultiInputPolicy) are the width of rlspeed's CNN encoders, `cnn_features_dim`; rlspeed's encoders take no
+    other option."""
+    if not isinstance(value, dict):
+        out.refuse(key, f"{value!r}: expected dict(...)")
+        return
+    for name, item in value.items():
+        if name in ("features_dim", "cnn_output_dim"):
+            out.set("cnn_features_dim", item, f"{key}.{name}")
+        else:
+            out.refuse(f"{key}.{name}", f"{item!r}: rlspeed's encoders take only the CNN's output width "
+                                        "(features_dim, as cnn_features_dim)")
+
+
+def _net_arch(algo: str, key: str, value, out: PolicySettings) -> None:
+    """A width list, or dict(pi=[...], vf=[...]) / dict(pi=..., qf=...): rlspeed has one list for both."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):  # SB3 1.x: [dict(pi, vf)]
+        value = value[0]
+    if isinstance(value, dict):
+        widths = [value.get(part) for part in ("pi", "vf" if algo in ON_POLICY else "qf")]
+        if set(value) - {"pi", "vf", "qf"} or widths[0] != widths[1] or widths[0] is None:
+            out.refuse(key, f"{value}: rlspeed uses one width list for the actor and the critic")
+            return
+        value = widths[0]
+    if isinstance(value, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in value):
+        out.set("net_arch", value, key)
+    else:
+        out.refuse(key, f"{value!r}: expected a list of layer widths")
+
+
+__all__ = ["ACTIVATIONS", "Collected", "ON_POLICY", "PolicySettings", "SDE_ALGORITHMS", "translate_policy_kwargs"]
