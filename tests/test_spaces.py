@@ -1033,6 +1033,23 @@ def test_a_registered_envs_observation_outside_its_discrete_space_names_it(kind,
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("space, observation, message", [
+    (gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(3))), (np.zeros(2, np.float32),),
+     r"'X' returned an observation without the part 1 its observation_space declares \(1 part\)"),
+    (gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,), np.float32), "b": gym.spaces.Discrete(3)}),
+     (np.zeros(2, np.float32), 1), r"'X' returned an observation without the key 'a' its observation_space declares "
+                                   r"\(2 values\)")])
+def test_an_observation_without_a_part_of_its_tuple_or_dict_space_names_the_part(space, observation, message):
+    """A Tuple observation lacking a position was refused as lacking "the key '1'" (the space is keyed "0", "1", ...
+    by then), and a tuple returned for a Dict space failed as int('a')'s ValueError. Each names the missing part of
+    the space now, as the user's env declares it."""
+    from rlspeed.envs.gymnasium_env import HostObservations
+
+    host = HostObservations(check_observation_space(space, "X"), "'X'")
+    with pytest.raises(UserError, match=message):
+        host.write(host.empty(1), 0, observation)
+
+
 def _registered_sampling_env(env_id: str, observation_space: gym.Space) -> str:
     """`env_id`, registered as a Gymnasium env of random observations of `observation_space`, two actions, episodes
     of 2 steps."""

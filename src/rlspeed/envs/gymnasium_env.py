@@ -1344,7 +1344,6 @@ class HostObservations:
         self.source = source
         self.layout = observation_layout(space)
         self.keyed = isinstance(self.layout, dict)
-        self.tuple_space = isinstance(space, gym.spaces.Tuple)
         # (shape, numpy dtype) of the whole observation or by key, for `empty` and `batch` (which run on every step)
         self._numpy_layout = ({key: (shape, numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
                               if self.keyed else (self.layout[0], numpy_dtype(self.layout[1])))
@@ -1356,9 +1355,17 @@ class HostObservations:
     def _part(self, value, key: str):
         return value[int(key)] if isinstance(value, (tuple, list)) else value[key]
 
-    def _named_part(self, key: str) -> str:
-        """A part of the observation in words: "key 'b'" of a Dict space, "part 1" of a Tuple's."""
-        return f"part {key}" if self.tuple_space else f"key {key!r}"
+    def _missing_part(self, observation, key: str) -> str:
+        """The refusal of an observation without the part `key` of its space: a Dict's key ("key 'b'"), or a Tuple's
+        position ("part 1"; the space is keyed "0", "1", ... by then, so the observation tells which it is)."""
+        if isinstance(observation, (tuple, list)) and key.isdigit():
+            part, held = f"part {key}", f"{len(observation)} part{'s' if len(observation) != 1 else ''}"
+        else:
+            part = f"key {key!r}"
+            held = (f"its keys: {', '.join(map(repr, observation)) or 'none'}" if isinstance(observation, dict)
+                    else _returned(observation))
+        return (f"{self.source} returned an observation without the {part} its observation_space declares ({held}): "
+                "return every part of the space.")
 
     def batch(self, value) -> np.ndarray | dict[str, np.ndarray]:
         """A copy of a batch `[N, ...]` in the contract's dtypes (a vector env may reuse its own buffers); UserError
@@ -1405,11 +1412,8 @@ class HostObservations:
         for key, (shape, _) in self.layout.items():
             try:
                 part = self._part(observation, key)
-            except (KeyError, IndexError):  # (Gymnasium's batching: "KeyError: 'b'", as the env's own error)
-                held = (f"its keys: {', '.join(map(repr, observation)) or 'none'}" if isinstance(observation, dict)
-                        else _returned(observation))
-                raise UserError(f"{self.source} returned an observation without the {self._named_part(key)} its "
-                                f"observation_space declares ({held}): return every part of the space.") from None
+            except (KeyError, IndexError, ValueError):  # (a tuple for a Dict space: int('a') raises ValueError)
+                raise UserError(self._missing_part(observation, key)) from None
             check_shape(part, shape, f" (key {key!r})", self.source)
             if key in self.ranges:
                 self._check_values(part, key)
