@@ -1997,15 +1997,15 @@ def test_an_action_space_changed_in_reset_is_one_sentence(backend):
 
 
 class _CloseRaising(gym.Env):
-    """An env whose close() raises: always, or only once it has stepped (`after_steps`). `closed`: the envs whose
-    close() was called."""
+    """An env whose close() raises: always, or only once it has stepped (`after_steps`); its step raises too with
+    `step_raises`. `closed`: the envs whose close() was called."""
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
     closed: set = set()
 
-    def __init__(self, after_steps: bool = False):
-        self.after_steps, self.stepped = after_steps, False
+    def __init__(self, after_steps: bool = False, step_raises: bool = False):
+        self.after_steps, self.stepped, self.step_raises = after_steps, False, step_raises
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -2013,6 +2013,8 @@ class _CloseRaising(gym.Env):
 
     def step(self, action):
         self.stepped = True
+        if self.step_raises:
+            raise ValueError("the simulator diverged")
         return np.zeros(2, np.float32), 0.0, False, False, {}
 
     def close(self):
@@ -2050,6 +2052,18 @@ def test_envs_whose_close_raises_are_all_closed_and_named():
         env.close()
     assert _CloseRaising.closed == {id(each.unwrapped) for each in env.vector_env.unwrapped.envs}
     env.close()  # (closed: nothing raised again)
+
+
+def test_an_evaluation_that_fails_shows_the_envs_error_not_its_close_error():
+    """An env whose step raised in an evaluation, and whose close() raised too, showed the close() error: the
+    evaluation's own failure, the cause to fix, was hidden behind it. The step's error is the one raised now."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    model = PPO("CloseRaising-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"after_steps": True})
+    with pytest.raises(EnvStepError, match=r"raised ValueError in step\(\): the simulator diverged"):
+        model.evaluate(episodes=2, env_kwargs={"after_steps": True, "step_raises": True})
 
 
 class _ResetWithoutSeed(gym.Env):

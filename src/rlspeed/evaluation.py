@@ -156,6 +156,16 @@ def _one_env_vector(env: gym.Env) -> gym.vector.VectorEnv:
     return gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
+def _close_evaluation_env(env, failure: BaseException | None) -> None:
+    """Close the env an evaluation made; where the evaluation failed (`failure`: an env's step error, say), an error
+    the env's close() raises too is dropped: the first error is the one to show."""
+    if failure is None:
+        env.close()
+        return
+    with contextlib.suppress(Exception):
+        env.close()
+
+
 def evaluate(model: rlspeed.algos.Algorithm,
              env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | gym.Env | None = None,
              episodes: int = 10, seed: int | None = None,
@@ -302,7 +312,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
         if thaw is not None:
             thaw(failure)
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
-            env.close()
+            _close_evaluation_env(env, failure)
     if played["unfinished"]:
         warn_unfinished(played["unfinished"], episodes, limit,
                         f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
@@ -422,7 +432,7 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     native = backend == "torch"
     played = {"returns": [], "lengths": [], "unfinished": 0, "successes": []}
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
-    env = limit = None
+    env = limit = failure = None
     try:
         for first in range(0, episodes, cap):
             count = min(cap, episodes - first)
@@ -443,10 +453,13 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
                 played[key] += wave[key]
             played["successes"] += wave["successes"] or []
             bar.update(count)
+    except BaseException as error:
+        failure = error
+        raise
     finally:
         bar.close()
         if env is not None:
-            env.close()
+            _close_evaluation_env(env, failure)
     if played["unfinished"]:
         warn_unfinished(played["unfinished"], episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
     if len(played["successes"]) < episodes:
