@@ -752,6 +752,35 @@ def test_an_env_without_rgb_frames_is_told_what_a_video_needs(tmp_path, monkeypa
     assert "a uint8 array (height, width, 3)" in str(raised.value)
 
 
+class _CloseRaisingFrames(_Sized):
+    """`_Sized` whose close() raises once it has stepped."""
+
+    def step(self, action):
+        self.stepped = True
+        return super().step(action)
+
+    def close(self):
+        if getattr(self, "stepped", False):
+            raise RuntimeError("the simulator's socket is gone")
+
+
+def test_a_video_of_an_env_whose_close_raises_is_kept_and_the_error_is_one_line(tmp_path, monkeypatch):
+    """An env whose close() raised after filming failed record_video with the env's raw RuntimeError (a traceback
+    from `rlspeed train --video-every`). The video is written, and the error names the env and close() in one line
+    (an EnvStepError, as the other envs rlspeed closes say it)."""
+    from rlspeed.errors import EnvStepError
+
+    monkeypatch.setitem(gym.registry, "rlspeed-test/CloseRaisingFrames-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/CloseRaisingFrames-v0",
+                                                      entry_point=_CloseRaisingFrames, disable_env_checker=True,
+                                                      max_episode_steps=3, kwargs={"size": 1}))
+    model = PPO("rlspeed-test/CloseRaisingFrames-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=1)
+    with pytest.raises(EnvStepError, match=r"'rlspeed-test/CloseRaisingFrames-v0' \(gymnasium backend\) raised "
+                                           r"RuntimeError in close\(\): the simulator's socket is gone"):
+        video.record_video(model, tmp_path / "v.gif", seed=0)
+    assert (tmp_path / "v.gif").stat().st_size > 0
+
+
 def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
     """A SIGTERM (a scheduler's, `timeout`'s) while `rlspeed eval --video` films: SDL, started by pygame's renderer,
     took SIGTERM and dropped it, so the command filmed on until a SIGKILL, which left the broken partial video. Now it

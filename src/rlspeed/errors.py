@@ -60,12 +60,12 @@ def first_line(error: BaseException) -> str:
 
 
 class EnvStepError(RuntimeError):
-    """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
-    chained (`__cause__`) with its traceback.
+    """An env raised inside `reset`, `step` or `close`: the message names the env and the call; the env's own exception
+    is chained (`__cause__`) with its traceback.
 
-    `env_id` and `backend` name the env, `call` the call ("reset", "step", or "make" while it was made), `error` the
-    env's exception; `options`: the names of the env options it was made with, which the message asks to check
-    (empty: none).
+    `env_id` and `backend` name the env, `call` the call ("reset", "step", "close", or "make" while it was made),
+    `error` the env's exception; `options`: the names of the env options it was made with, which the message asks to
+    check (empty: none).
     """
 
     def __init__(self, env_id: str, backend: str, call: str, error: BaseException,

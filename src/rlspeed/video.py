@@ -29,6 +29,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed import evaluation
+from rlspeed.envs.gymnasium_env import close_envs
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
@@ -180,8 +181,11 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
     try:
         env.reset(seed=0)
         frame = _rendered(env, env_id)
-    finally:
-        env.close()
+    except BaseException:
+        with contextlib.suppress(Exception):  # (the first error is the one to show)
+            env.close()
+        raise
+    close_envs(env, env_id)
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         got = (f"an array of shape {frame.shape} and dtype {frame.dtype}" if isinstance(frame, np.ndarray)
                else type(frame).__name__)
@@ -505,6 +509,8 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
         _close_writer(writer)
         temporary.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):  # (the first error is the one to show)
+            env.close()
         error = failed.args[0]
         raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
                               "was removed).") from None
@@ -514,9 +520,10 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         # lands in a frame's write) that refuses the same call run again)
         _close_writer(writer)
         temporary.unlink(missing_ok=True)
+        with contextlib.suppress(Exception):  # (the first error is the one to show)
+            env.close()
         raise
-    finally:
-        env.close()
+    close_envs(env, env_id or model.env_id)  # (an env whose close() raises: one line naming it; the video is kept)
     if cut:  # (as `evaluate` says it; stacklevel 3: past the _headless_rendering wrapper, the caller's line)
         warnings.warn(f"record_video: {cut} of {episodes} episodes were still running after {limit} steps; the video "
                       "ends them there and they count with the return collected so far (pass max_steps= to run "
