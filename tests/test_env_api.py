@@ -1940,6 +1940,25 @@ def test_a_stable_baselines3_vec_envs_reward_that_is_no_number_is_one_sentence(v
         envs.close()
 
 
+@pytest.mark.parametrize("reward, terminated, said", [
+    (np.array("1.0"), False, r"returned reward=array\('1\.0', dtype='<U3'\) \(ndarray\): a reward is one number"),
+    (1.0, np.array("False"), r"returned terminated=array\('False', dtype='<U5'\) \(ndarray\): terminated and "),
+    *((number, flag, None) for number, flag in (
+        (np.float32(1.5), np.bool_(True)), (np.int64(2), 0), (np.bool_(True), 1), (np.array(1.5), np.array(False)),
+        (True, False)))])
+def test_a_step_value_given_as_a_0d_array_of_text_is_refused_and_numbers_are_taken(reward, terminated, said):
+    """A reward of np.array("1.0") (a 0-d array of text) trained as 1.0 and a terminated of np.array("False") ended
+    every episode (numpy reads any non-empty string as True), where a str of the same text was refused. Refused alike
+    now; numpy scalars, 0-d number arrays and bools are still taken as the numbers and flags they are."""
+    from rlspeed.envs.gymnasium_env import step_values_problem
+
+    problem = step_values_problem("'X'.step()", reward, terminated, False)
+    if said is None:
+        assert problem is None
+    else:
+        assert problem is not None and re.search(said, problem), problem
+
+
 def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:
     """A small PPO on `env_id` (made with `env_kwargs`) whose learn raises a UserError matching `match`."""
     from rlspeed import PPO

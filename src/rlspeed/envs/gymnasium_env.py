@@ -987,9 +987,17 @@ def _returned(value) -> str:
 NOT_A_REWARD = (type(None), str, bytes)  # (numpy's str_ and bytes_ are subclasses)
 
 
+def _is_text(value) -> bool:
+    """Whether `value` is a string (Python's or numpy's, text or bytes) or a 0-d array of one, which numpy would read
+    as a number ("1.0") or a truth value (any non-empty one is True)."""
+    return isinstance(value, (str, bytes, np.str_, np.bytes_)) or (isinstance(value, np.ndarray)
+                                                                  and value.dtype.kind in "US")
+
+
 def reward_problem(name: str, reward) -> str | None:
-    """One sentence where a step's `reward` (from `name`, "'X'.step()") is None or text (`NOT_A_REWARD`), else None."""
-    if not isinstance(reward, NOT_A_REWARD):
+    """One sentence where a step's `reward` (from `name`, "'X'.step()") is None or text (`NOT_A_REWARD`, or an array
+    of text: `_is_text`), else None."""
+    if reward is not None and not _is_text(reward):
         return None
     shown = reward.item() if isinstance(reward, np.generic) else reward  # (a vector env's stacked np.str_: '1.0')
     return f"{name} returned reward={shown!r} ({type(shown).__name__}): a reward is one number per step (a float)."
@@ -1008,7 +1016,7 @@ def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
         if np.ndim(flag) != 0:
             return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "
                     "each per step.")
-        if flag is None or isinstance(flag, (str, bytes, np.str_, np.bytes_)):
+        if flag is None or _is_text(flag):
             return (f"{name} returned {field}={flag!r} ({type(flag).__name__}): terminated and truncated are one bool "
                     "each per step (True or False), and a string or None would be taken as its truth value.")
     return None
