@@ -1045,3 +1045,22 @@ def test_a_study_resumed_with_another_eval_freq_is_refused_naming_only_the_setti
                 "default_eval_freq": 2048, "hyperparameters": {}, "search_space": {}}
     record = {**{key: value for key, value in made_for.items() if key != "default_eval_freq"}, "eval_freq": 128}
     assert rlspeed.tune._changed_setup(made_for, record) == "eval_freq (unset in the study)"
+
+
+def test_a_population_whose_members_cannot_fit_is_refused_before_any_trial_is_asked(tmp_path, monkeypatch, capsys):
+    """`rlspeed tune --population 200000` asked Optuna for every trial (a storage write each, minutes without a word)
+    before the population's members were checked against memory, and the refusal then named --seeds. One member is
+    now built and checked as one of the largest population the run would build, before the study is touched."""
+    from rlspeed.buffers import replay
+
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**26, replay.HOST))  # (64 MiB)
+    monkeypatch.setattr(optuna.study.Study, "ask", lambda *args, **kwargs: pytest.fail("a trial was asked for"))
+    line = cli_error(capsys, _command(tmp_path, "--trials", "100000", "--population", "100000"))
+    assert "A population of 100,000 members (--population; population= in Python)" in line
+    assert re.search(r"train at most [\d,]+ members at once \(for example --population \d+\)", line), line
+    with pytest.raises(UserError, match=r"A population of 1,000 members \(--population; population= in Python\)"):
+        tune(PPO, "CartPole-v1", trials=1000, population=5000, storage=str(tmp_path / "study.db"), study_name="big",
+             hyperparameters=dict(FIXED), budget=256, target_return=None, eval_freq=128, search_space=None,
+             confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    assert not (tmp_path / "study.db").exists()  # (no study, no trial)
+

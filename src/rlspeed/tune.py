@@ -291,6 +291,10 @@ def _path_bytes(path: str) -> bytes:
         return path.encode("utf-8", "surrogateescape")
 
 
+#: what sets the number of a study's members at once, as a refusal names it (`check_members_fit`)
+POPULATION_OPTION = ("--population; population= in Python", "--population {fits}")
+
+
 @dataclass
 class _Setup:
     """What every batch of a study trains with."""
@@ -315,10 +319,14 @@ class _Setup:
     trial_eval_freq: int | None = None
 
     def population(self, seeds: list[int], per_member: dict):
+        """The population of `seeds` (a batch of trials, a chunk of the confirmation), planned for `budget` steps:
+        refused, naming --population, where its members would not fit in memory (`check_members_fit`)."""
         from rlspeed.population import Population
+        from rlspeed.population.base import planned_timesteps
 
-        return Population(self.algo_cls, self.env_id, seeds=seeds, device=self.device,
-                          env_kwargs=self.env_kwargs or None, **{**self.hyperparameters, **per_member})
+        with planned_timesteps(self.budget, self.progress_bar, option=POPULATION_OPTION):
+            return Population(self.algo_cls, self.env_id, seeds=seeds, device=self.device,
+                              env_kwargs=self.env_kwargs or None, **{**self.hyperparameters, **per_member})
 
     def learn(self, members, on_eval=None) -> dict:
         # (a pruned trial's value is its last report: a final evaluation would only repeat it, at another cost)
@@ -580,13 +588,15 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (`population` members at
     a time) and write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best
-    trial, unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
-    population while it trains. `env_kwargs`: the env's options, for every trial (recorded with the study; the preset
-    file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register the env
-    (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation of
-    the trials (and of the confirmation), the final ones included (recorded with the study where it is not 10).
-    Trials left running in the study are marked failed first where the storage is a file (its lock says no other
-    process runs them); on a database server's storage, which is not locked, only with `fail_running`.
+    trial, unconfirmed). A `population` whose members would not fit in memory together is refused (UserError, naming the
+    number that fits) before the study is opened. Returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
+    `progress_bar`: a bar over each population while it trains. `env_kwargs`: the env's options, for every trial
+    (recorded with the study; the preset file names them, since `rlspeed train` needs them given again). `gym_packages`:
+    the modules that register the env (for the `rlspeed train` command the last line suggests). `eval_episodes`: the
+    episodes of every evaluation of the trials (and of the confirmation), the final ones included (recorded with the
+    study where it is not 10). Trials left running in the study are marked failed first where the storage is a file (its
+    lock says no other process runs them); on a database server's storage, which is not locked, only with
+    `fail_running`.
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -601,15 +611,19 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
 
     from rlspeed.algos.base import default_eval_freq
     from rlspeed.population import Population
+    from rlspeed.population.base import planned_timesteps
 
     space, notes = load_search_space(search_space, algo_cls, hyperparameters, tuple(fixed))
     for note in notes:
         say(f"rlspeed: {note}")
-    # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...) fails here, before
-    # the study records any trial
+    # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...), or a --population
+    # whose members would not fit in memory together, fails here, before the study records any trial: one member,
+    # checked as one of the largest population the run builds (a batch of trials, or a chunk of the confirmation's)
     env_kwargs = dict(env_kwargs or {})
-    probe = Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None,
-                       **hyperparameters)
+    largest = min(population, max(trials, (confirm_top + 1) * confirm_seeds))
+    with planned_timesteps(budget, progress_bar, members=largest, option=POPULATION_OPTION):
+        probe = Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None,
+                           **hyperparameters)
     # (schedules decay over a learn call's steps: a preset that anneals trains as its trial did over the budget)
     annealed = [key for key in ("anneal_lr", "anneal_clip", "exploration_fraction")
                 if getattr(probe.config, key, False)]

@@ -307,11 +307,16 @@ def _forked_generators(device: torch.device) -> contextlib.ExitStack:
     return stack
 
 
+#: what sets the number of a population's members, as `check_members_fit` names it in a refusal: the option (or
+#: keyword), and an example of it that asks for `{fits}` members (`{last}`: the last seed of a range from 0)
+SEEDS_OPTION = ("--seeds", "--seeds 0-{last}")
+
 #: what the caller of a population's build knows before the members are built (`planned_timesteps`): the env steps
 #: per member it will train for (the estimate of a member, `check_members_fit`, then counts the replay buffer `learn`
-#: allocates), and whether a long build shows its progress
-_BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool]] = contextvars.ContextVar("build_plan",
-                                                                                     default=(None, True))
+#: allocates), whether a long build shows its progress, the most members the caller builds populations of (None: this
+#: build's), and what sets that number (`SEEDS_OPTION`'s form)
+_BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str]]] = contextvars.ContextVar(
+    "build_plan", default=(None, True, None, SEEDS_OPTION))
 
 #: a population whose members would take longer than this (seconds) to build shows a bar, or where stderr is no
 #: terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it builds them
@@ -319,12 +324,17 @@ BUILD_PROGRESS_S = 10.0
 
 
 @contextlib.contextmanager
-def planned_timesteps(total_timesteps: int | None, progress_bar: bool = True) -> Iterator[None]:
+def planned_timesteps(total_timesteps: int | None, progress_bar: bool = True, *, members: int | None = None,
+                      option: tuple[str, str] = SEEDS_OPTION) -> Iterator[None]:
     """Within it, populations being built know they will train for `total_timesteps` env steps per member, so that the
     estimate made after the first member (`check_members_fit`) counts an off-policy member's replay buffer: the
     `rlspeed train --seeds` of members whose replays do not fit together is refused before the others are built.
-    `progress_bar=False`: no bar while a long build runs (`BUILD_PROGRESS_S`; `rlspeed train --no-progress`)."""
-    token = _BUILD_PLAN.set((None if total_timesteps is None else int(total_timesteps), progress_bar))
+    `progress_bar=False`: no bar while a long build runs (`BUILD_PROGRESS_S`; `rlspeed train --no-progress`).
+    `members`: the most members the caller will build populations of, which the first member of a smaller build (a
+    probe of one) is checked as one of, before the caller commits to them (`rlspeed tune` before its first trial);
+    `option`: what sets the number of members, named in a refusal (`SEEDS_OPTION`'s form; tune's `--population`)."""
+    token = _BUILD_PLAN.set((None if total_timesteps is None else int(total_timesteps), progress_bar,
+                             None if members is None else int(members), option))
     try:
         yield
     finally:
@@ -355,7 +365,9 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
-                check_members_fit(solos[0], len(seeds), device, replay(solos[0]) if replay else (0, 0, 0))
+                _, _, planned, option = _BUILD_PLAN.get()
+                check_members_fit(solos[0], max(len(seeds), planned or 0), device,
+                                  replay(solos[0]) if replay else (0, 0, 0), option)
             elif bar is not None:
                 bar.update(1)
             elif (k == 1 and _BUILD_PLAN.get()[1]
@@ -366,12 +378,15 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     return solos, generators
 
 
-def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float, int] = (0, 0, 0)) -> None:
-    """UserError, naming --seeds (and buffer_size where the members keep replay buffers), where `size` members like
-    `solo` would not fit in the memory available: each its networks four times over (weights, gradients and Adam's two
-    moments), its envs, what is stored per env (a rollout) and `replay` (an off-policy member's replay buffer:
-    transitions, bytes per transition, bytes whatever its size, such as a frame pool's reserve). --seeds 0-100000 made
-    members for hours before it ran out of memory."""
+def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float, int] = (0, 0, 0),
+                      option: tuple[str, str] = SEEDS_OPTION) -> None:
+    """UserError, naming `option` (--seeds, or what else sets the number of members: `SEEDS_OPTION`'s form), and
+    buffer_size where the members keep replay buffers, where `size` members like `solo` would not fit in the memory
+    available: each its networks four times over (weights, gradients and Adam's two moments), its envs, what is stored
+    per env (a rollout) and `replay` (an off-policy member's replay buffer: transitions, bytes per transition, bytes
+    whatever its size, such as a frame pool's reserve). --seeds 0-100000 made members for hours before it ran out of
+    memory."""
+    name, example = option
     parameters = {id(p): p for value in solo._modules().values()
                   for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
     num_envs = solo.config.num_envs
@@ -384,8 +399,8 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
 
     def advice(usable: int) -> str:
         fits = int(usable) // per_member
-        ways = [f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example --seeds 0-{fits - 1})"
-                ] if fits >= 1 else []
+        ways = [f"train at most {fits:,} member{'s' if fits > 1 else ''} at once (for example "
+                f"{example.format(fits=fits, last=fits - 1)})"] if fits >= 1 else []
         buffer = int((usable / size - fixed - replay_fixed) // row_bytes) // num_envs * num_envs if transitions else 0
         if buffer >= num_envs:
             ways.append(f"give buffer_size {buffer:,} or less (--set buffer_size={buffer})")
@@ -394,7 +409,7 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
     stored = f", and a replay buffer of {transitions:,} transitions" if transitions else ""
     members = f"{size:,} member{'' if size == 1 else 's'}"
     refuse_unless_fits(size * per_member, device,
-                       f"A population of {members} (--seeds) at {size_text(per_member)} each "
+                       f"A population of {members} ({name}) at {size_text(per_member)} each "
                        f"(networks, their gradients and Adam's moments, {num_envs:,} envs and their storage{stored})",
                        advice)
 
