@@ -1064,3 +1064,20 @@ def test_a_population_whose_members_cannot_fit_is_refused_before_any_trial_is_as
              confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
     assert not (tmp_path / "study.db").exists()  # (no study, no trial)
 
+
+def test_asking_for_a_large_population_of_trials_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    """`rlspeed tune --population 2000` asked Optuna for its trials and sampled them (storage writes each: 10 minutes
+    and more) without a word after its first line. Where the second trial says the rest would take longer than
+    BUILD_PROGRESS_S, each loop is counted (status lines here, stderr being no terminal)."""
+    from rlspeed.population import base
+
+    monkeypatch.setattr(base, "BUILD_PROGRESS_S", 0.0)  # (any loop is long)
+    monkeypatch.setattr(rlspeed.tune._Setup, "population", lambda *args: pytest.fail("stop before the training"))
+    with pytest.raises(pytest.fail.Exception, match="stop before the training"):
+        tune(PPO, "CartPole-v1", trials=4, population=4, storage="sqlite:///:memory:", study_name="asked",
+             hyperparameters=dict(FIXED), budget=256, target_return=None, eval_freq=128, search_space=None,
+             confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    lines = capsys.readouterr().err.splitlines()
+    counted = ["asking Optuna for trials: 2/4 trials (50%)", "asking Optuna for trials: 4/4 trials (100%)",
+               "sampling trials: 2/4 trials (50%)", "sampling trials: 4/4 trials (100%)"]
+    assert [line for line in lines if line in counted] == counted, lines

@@ -3355,7 +3355,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
                      help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")
-    tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
+    tun.add_argument("--no-progress", action="store_true",
+                     help="no progress bars (over a batch of trials asked for, sampled, built and trained)")
     tun.add_argument("--fail-running", action="store_true",
                      help="mark the study's running trials failed before it goes on, on a database server's storage "
                           "too (a file storage's are a killed process's: they are marked anyway)")

@@ -309,7 +309,7 @@ class _Setup:
     seed: int
     device: object
     preset_timesteps: int  # the total_timesteps the preset file gets
-    progress_bar: bool = True  # a bar over each batch's training (and the confirmation's)
+    progress_bar: bool = True  # a bar over each batch's training (and the confirmation's), and long asks and builds
     env_kwargs: dict = dataclasses.field(default_factory=dict)  # the env's options, every trial's
     annealed: tuple[str, ...] = ()  # the settings whose schedules decay over a learn call's steps (the budget)
     eval_episodes: int = 10  # the episodes of every evaluation of a trial, the final one included
@@ -590,13 +590,13 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     a time) and write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best
     trial, unconfirmed). A `population` whose members would not fit in memory together is refused (UserError, naming the
     number that fits) before the study is opened. Returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
-    `progress_bar`: a bar over each population while it trains. `env_kwargs`: the env's options, for every trial
-    (recorded with the study; the preset file names them, since `rlspeed train` needs them given again). `gym_packages`:
-    the modules that register the env (for the `rlspeed train` command the last line suggests). `eval_episodes`: the
-    episodes of every evaluation of the trials (and of the confirmation), the final ones included (recorded with the
-    study where it is not 10). Trials left running in the study are marked failed first where the storage is a file (its
-    lock says no other process runs them); on a database server's storage, which is not locked, only with
-    `fail_running`.
+    `progress_bar`: a bar over each population while it trains (and over asking for, sampling and building its trials,
+    where that takes long: `LongLoopBar`). `env_kwargs`: the env's options, for every trial (recorded with the study;
+    the preset file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register
+    the env (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation
+    of the trials (and of the confirmation), the final ones included (recorded with the study where it is not 10).
+    Trials left running in the study are marked failed first where the storage is a file (its lock says no other process
+    runs them); on a database server's storage, which is not locked, only with `fail_running`.
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -611,7 +611,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
 
     from rlspeed.algos.base import default_eval_freq
     from rlspeed.population import Population
-    from rlspeed.population.base import planned_timesteps
+    from rlspeed.population.base import LongLoopBar, planned_timesteps
 
     space, notes = load_search_space(search_space, algo_cls, hyperparameters, tuple(fixed))
     for note in notes:
@@ -678,8 +678,10 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         told: set[int] = set()
         batch_started = time.perf_counter()
         try:
-            for _ in range(size):  # (one by one into the list: a stop between two asks fails those asked)
-                asked.append(study.ask())
+            with LongLoopBar(size, "asking Optuna for trials", "trial", progress_bar) as asking:
+                for _ in range(size):  # (one by one into the list: a stop between two asks fails those asked)
+                    asked.append(study.ask())
+                    asking.step()
             counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
             if asked:  # (none where it stopped before the first was asked: nothing to say)
@@ -759,13 +761,18 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     the target does not vanish from later steps)."""
     from optuna.trial import TrialState
 
+    from rlspeed.population.base import LongLoopBar
+
     target_return = setup.target_return
-    sampled = [sample(trial, setup.space) for trial in asked]
-    per_member = {key: [values[key] for values in sampled] for key in setup.space}
     seeds = [setup.seed + trial.number for trial in asked]
-    for trial, member_seed, values in zip(asked, seeds, sampled):
-        trial.set_user_attr("seed", member_seed)
-        trial.set_user_attr("hyperparameters", values)
+    sampled = []
+    with LongLoopBar(len(asked), "sampling trials", "trial", setup.progress_bar) as sampling:
+        for trial, member_seed in zip(asked, seeds):  # (storage writes each: minutes for thousands of trials)
+            sampled.append(sample(trial, setup.space))
+            trial.set_user_attr("seed", member_seed)
+            trial.set_user_attr("hyperparameters", sampled[-1])
+            sampling.step()
+    per_member = {key: [values[key] for values in sampled] for key in setup.space}
     members = setup.population(seeds, per_member)
     pruner: BatchPruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean

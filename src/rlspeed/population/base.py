@@ -318,9 +318,38 @@ SEEDS_OPTION = ("--seeds", "--seeds 0-{last}")
 _BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str]]] = contextvars.ContextVar(
     "build_plan", default=(None, True, None, SEEDS_OPTION))
 
-#: a population whose members would take longer than this (seconds) to build shows a bar, or where stderr is no
-#: terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it builds them
+#: a loop that would take longer than this (seconds: a population's members built, a study's trials asked for) shows
+#: a bar, or where stderr is no terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it runs
 BUILD_PROGRESS_S = 10.0
+
+
+class LongLoopBar:
+    """Counts a loop of `total` items (`step` after each) on a bar that shows only where the loop is long: where the
+    second item's time says the rest would take longer than `BUILD_PROGRESS_S` (the first's holds one-off costs), a
+    bar (`ProgressBar` of `desc`, `unit`) counts them from there; `enabled=False`: never. Closes the bar on exit."""
+
+    def __init__(self, total: int, desc: str, unit: str, enabled: bool = True):
+        self.total, self.desc, self.unit, self.enabled = int(total), desc, unit, enabled
+        self.done, self.bar = 0, None
+        self._last = time.perf_counter()
+
+    def __enter__(self) -> LongLoopBar:
+        self._last = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def step(self) -> None:
+        """One more item done."""
+        now, self.done = time.perf_counter(), self.done + 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.done == 2 and self.enabled and (now - self._last) * (self.total - 2) > BUILD_PROGRESS_S:
+            self.bar = ProgressBar(self.total, desc=self.desc, initial=2, unit=self.unit)
+            self.bar.status_line()
+        self._last = now
 
 
 @contextlib.contextmanager
@@ -354,27 +383,21 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
     each member's replay buffer (transitions, bytes per transition, bytes whatever its size), counted in
     `check_members_fit`. Where the second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar
-    counts them (unless `planned_timesteps` says no bar)."""
-    solos, generators, bar = [], [], None
-    with _forked_generators(device), warnings.catch_warnings(), contextlib.ExitStack() as closing:
+    counts them (unless `planned_timesteps` says no bar: `LongLoopBar`)."""
+    solos, generators = [], []
+    _, progress_bar, planned, option = _BUILD_PLAN.get()
+    with (_forked_generators(device), warnings.catch_warnings(),
+          LongLoopBar(len(seeds), "building members", "member", progress_bar) as building):
         for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
             if k == 1:  # (a setting without effect, or an encoder's cost, is said once, for the first member)
                 warnings.simplefilter("ignore", UnusedSettingWarning)
                 warnings.simplefilter("ignore", EncoderWarning)
-            started = time.perf_counter()
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
-                _, _, planned, option = _BUILD_PLAN.get()
                 check_members_fit(solos[0], max(len(seeds), planned or 0), device,
                                   replay(solos[0]) if replay else (0, 0, 0), option)
-            elif bar is not None:
-                bar.update(1)
-            elif (k == 1 and _BUILD_PLAN.get()[1]
-                  and (time.perf_counter() - started) * (len(seeds) - 2) > BUILD_PROGRESS_S):
-                bar = ProgressBar(len(seeds), desc="building members", initial=2, unit="member")
-                closing.callback(bar.close)
-                bar.status_line()
+            building.step()
     return solos, generators
 
 
