@@ -4,6 +4,8 @@ sentence, and it learns CartPole with the velocities hidden; CartPoleNoVel-v1 is
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from rlspeed.algos.recurrent_ppo import RecurrentPPO
 from rlspeed.envs import NATIVE_ENVS, make_env
 from rlspeed.envs.base import EnvWrapper
 from rlspeed.errors import UserError
-from rlspeed.nn import RecurrentActorCritic, SequenceLayout
+from rlspeed.nn import LSTM_LAYOUT_RULE, RecurrentActorCritic, SequenceLayout
 from rlspeed.presets import load_preset, split_run_settings
 
 ENV_ID = "CartPoleNoVel-v1"
@@ -382,15 +384,25 @@ def test_bad_options_are_one_sentence_naming_the_option(options, named):
 
 
 @pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True},
-                                    {"lstm_kwargs": {"dropout": 0.1}}])
+                                    {"lstm_kwargs": {"dropout": 0.1}}, {"enable_critic_lstm": 1}, {"shared_lstm": 0},
+                                    {"n_lstm_layers": True}, {"enable_critic_lstm": "false"}])
 def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
     """sb3-contrib's LSTM layout keywords (lstm_kwargs too) were 'Unknown hyperparameter' with the list of all the
-    others: they now say which layout rlspeed's RecurrentPPO has."""
-    with pytest.raises(UserError, match=rf"'{next(iter(option))}' is not an option of RecurrentPPOConfig: .*one LSTM "
+    others: they now say which layout rlspeed's RecurrentPPO has. A keyword, RL-Zoo's translation and the policy_kwargs
+    sentence refuse alike; enable_critic_lstm=1 (equal to True by Python's bool-int equality alone; sb3-contrib takes
+    the text "false" as true) was taken by the translation ("has that too") and left out of the sentence."""
+    from rlspeed.presets import zoo
+
+    (name, value), = option.items()
+    with pytest.raises(UserError, match=rf"'{name}' is not an option of RecurrentPPOConfig: .*one LSTM "
                                         r"layer \(torch.nn.LSTM's defaults\) for the actor and one for the "
                                         "critic") as raised:
         RecurrentPPO(ENV_ID, device="cpu", **option)
     assert "Valid:" not in str(raised.value)
+    translation = zoo.translate_entry("recurrent_ppo", {"policy_kwargs": f"dict({name}={value!r})"}, "test")
+    assert translation.unsupported == [f"policy_kwargs.{name}: {value!r}: {LSTM_LAYOUT_RULE}"]
+    with pytest.raises(UserError, match=re.escape(f": {name}={value!r} has no equivalent (rlspeed's RecurrentPPO")):
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=option)
 
 
 def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():

@@ -20,8 +20,9 @@ ACTIVATIONS = {cls: name for name, cls in ACTIVATION_CLASSES.items()}
 _TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
 
 #: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
-#: other value builds a network rlspeed's RecurrentPPO has not. The rule of the config's refusal, the `policy_kwargs`
-#: refusal and RL-Zoo's translation alike (`is_rlspeeds_lstm_layout`).
+#: other value builds a network rlspeed's RecurrentPPO has not. One rule (`is_rlspeeds_lstm_layout`) for a keyword or
+#: `--set` (`build_config`), the `policy_kwargs` refusal and RL-Zoo's translation: at these values an option is taken
+#: and changes nothing (nothing is stored, so no saved config holds it); at any other it is refused.
 SB3_CONTRIB_LSTM_LAYOUT = {"n_lstm_layers": 1, "enable_critic_lstm": True, "shared_lstm": False, "lstm_kwargs": None}
 #: what a user is told about the layout options (after the option's name)
 LSTM_LAYOUT_RULE = ("rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's defaults) for the actor and one for "
@@ -30,10 +31,13 @@ LSTM_LAYOUT_RULE = ("rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's 
 
 def is_rlspeeds_lstm_layout(name: str, value: object) -> bool:
     """Whether sb3-contrib's layout option `name` (a key of `SB3_CONTRIB_LSTM_LAYOUT`) at `value` builds rlspeed's
-    `RecurrentActorCritic`: its default value (an empty `lstm_kwargs` as its None)."""
+    `RecurrentActorCritic`: its default value, of its type (an empty `lstm_kwargs` as its None). Of its type: 1 for
+    `enable_critic_lstm` or True for `n_lstm_layers` equal the defaults only by Python's bool-int equality, and a
+    text such as "false" is a true value to sb3-contrib."""
     if name == "lstm_kwargs":
-        return value is None or value == {}
-    return value == SB3_CONTRIB_LSTM_LAYOUT[name]
+        return value is None or (isinstance(value, dict) and not value)
+    default = SB3_CONTRIB_LSTM_LAYOUT[name]
+    return type(value) is type(default) and value == default
 
 
 class PolicySettings(typing.Protocol):
