@@ -4,6 +4,7 @@ sentence, and it learns CartPole with the velocities hidden; CartPoleNoVel-v1 is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import gymnasium as gym
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import rlspeed
-from rlspeed.algos.recurrent_ppo import RecurrentPPO
+from rlspeed.algos.recurrent_ppo import RecurrentPPO, RecurrentPPOConfig
 from rlspeed.envs import NATIVE_ENVS, make_env
 from rlspeed.envs.base import EnvWrapper
 from rlspeed.errors import UserError
@@ -403,6 +404,23 @@ def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
     assert translation.unsupported == [f"policy_kwargs.{name}: {value!r}: {LSTM_LAYOUT_RULE}"]
     with pytest.raises(UserError, match=re.escape(f": {name}={value!r} has no equivalent (rlspeed's RecurrentPPO")):
         RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=option)
+
+
+def test_sb3_contribs_lstm_layout_at_its_defaults_is_taken_on_every_path():
+    """`--set n_lstm_layers=1` or `enable_critic_lstm=true` (sb3-contrib's defaults, which describe rlspeed's network)
+    was refused 'remove it', while RL-Zoo's translation and the policy_kwargs sentence took them: every path takes
+    them now, changing nothing and storing nothing (a saved config, a run's config.yaml, holds no such key)."""
+    from rlspeed import cli
+    from rlspeed.presets import zoo
+
+    given = cli._parse_set(["n_lstm_layers=1", "enable_critic_lstm=true", "shared_lstm=false", "lstm_kwargs={}"])
+    model = RecurrentPPO(ENV_ID, device="cpu", lstm_hidden_size=64, **given)
+    assert dataclasses.asdict(model.config) == dataclasses.asdict(RecurrentPPOConfig(lstm_hidden_size=64))
+    entry = {"policy_kwargs": f"dict({', '.join(f'{key}={value!r}' for key, value in given.items())})"}
+    assert zoo.translate_entry("recurrent_ppo", entry, "test").unsupported == []
+    with pytest.raises(UserError) as raised:
+        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=given)
+    assert "no equivalent" not in str(raised.value)
 
 
 def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():

@@ -484,6 +484,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     # (auto_X last: it sets the value it names, ent_coef_init, whatever comes first, also over a saved config's)
     for key, value in sorted(overrides.items(), key=lambda item: item[0] in AUTO_VALUES):
         refused = getattr(config_cls, "refused", {})
+        if key in SB3_CONTRIB_LSTM_LAYOUT and key in refused and is_rlspeeds_lstm_layout(key, value):
+            continue  # (sb3-contrib's layout option at the value that describes this network: nothing to set)
         if key in refused:
             raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
         if key not in fields:
