@@ -17,7 +17,8 @@ from rlspeed.algos.recurrent_ppo import RecurrentPPO, RecurrentPPOConfig
 from rlspeed.envs import NATIVE_ENVS, make_env
 from rlspeed.envs.base import EnvWrapper
 from rlspeed.errors import UserError
-from rlspeed.nn import LSTM_LAYOUT_RULE, RecurrentActorCritic, SequenceLayout
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout
+from rlspeed.policy_kwargs import LSTM_LAYOUT_RULE
 from rlspeed.presets import load_preset, split_run_settings
 
 ENV_ID = "CartPoleNoVel-v1"
@@ -402,7 +403,7 @@ def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
     assert "Valid:" not in str(raised.value)
     translation = zoo.translate_entry("recurrent_ppo", {"policy_kwargs": f"dict({name}={value!r})"}, "test")
     assert translation.unsupported == [f"policy_kwargs.{name}: {value!r}: {LSTM_LAYOUT_RULE}"]
-    with pytest.raises(UserError, match=re.escape(f": {name}={value!r} has no equivalent (rlspeed's RecurrentPPO")):
+    with pytest.raises(UserError, match=re.escape(f"; policy_kwargs.{name}: {value!r}: {LSTM_LAYOUT_RULE}.")):
         RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=option)
 
 
@@ -420,7 +421,7 @@ def test_sb3_contribs_lstm_layout_at_its_defaults_is_taken_on_every_path():
     assert zoo.translate_entry("recurrent_ppo", entry, "test").unsupported == []
     with pytest.raises(UserError) as raised:
         RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=given)
-    assert "no equivalent" not in str(raised.value)
+    assert LSTM_LAYOUT_RULE not in str(raised.value)
 
 
 def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():

@@ -138,7 +138,7 @@ from rlspeed.nn import (
     optimizers_without_dynamo,
 )
 from rlspeed.numerics import DivergedError, NumericsGuard
-from rlspeed.policy_kwargs import Collected, translate_policy_kwargs
+from rlspeed.policy_kwargs import SB3_CONTRIB_LSTM_LAYOUT, Collected, is_rlspeeds_lstm_layout, translate_policy_kwargs
 
 # (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
 if sys.version_info >= (3, 11):

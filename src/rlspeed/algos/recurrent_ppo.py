@@ -51,7 +51,8 @@ REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_step
 _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, ddpg); RecurrentPPO learns from "
                "rollouts of num_envs x num_steps steps: remove it, and size the rollout with num_envs and num_steps")
 #: sb3-contrib's LSTM layout options: rlspeed's RecurrentPPO has one of its layouts, the default one (`build_config`
-#: takes an option at its default, `nn.is_rlspeeds_lstm_layout`, and refuses any other value with this sentence).
+#: takes an option at its default, `policy_kwargs.is_rlspeeds_lstm_layout`, and refuses any other value with this
+#: sentence).
 LSTM_LAYOUT_OPTIONS = tuple(SB3_CONTRIB_LSTM_LAYOUT)
 _LSTM_LAYOUT_FIX = (f"{LSTM_LAYOUT_RULE} (sb3-contrib's defaults "
                     f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())}): remove it; "
