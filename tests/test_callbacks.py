@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import re
 import types
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -22,6 +23,9 @@ from rlspeed.callbacks import (
     StopTrainingOnNoModelImprovement,
     StopTrainingOnRewardThreshold,
     VideoRecorderCallback,
+    _Period,
+    next_due,
+    resumed_due,
 )
 from rlspeed.evaluation import evaluate
 
@@ -382,7 +386,7 @@ def test_checkpoint_callback_writes_loadable_files_at_its_steps(tmp_path):
 def test_checkpoint_callback_saves_the_replay_buffer_when_asked(tmp_path):
     model = DQN("CartPole-v1", seed=0, device="cpu", num_envs=4, learning_starts=64, buffer_size=1000)
     callback = CheckpointCallback(save_freq=100, save_path=tmp_path, save_replay_buffer=True)
-    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 16 steps: saves at 112 and 224)
+    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 16 steps: saves at 112 and 208)
     assert len(callback.saved) == 2
     for path in callback.saved:
         assert path.is_file() and path.with_name(path.name.replace(".safetensors", ".replay.safetensors")).is_file()
@@ -398,8 +402,8 @@ def test_checkpoint_callback_keeps_the_newest_saves_it_wrote_with_their_replay_b
     (tmp_path / "notes.txt").write_text("the user's")
     model = DQN("CartPole-v1", seed=0, device="cpu", num_envs=4, learning_starts=64, buffer_size=1000)
     callback = CheckpointCallback(save_freq=50, save_path=tmp_path, save_replay_buffer=True, keep_last=2)
-    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 64 steps: saves at 64, 128 and 192)
-    kept = [f"rl_model_{steps}_steps" for steps in (128, 192)]
+    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 16 steps: saves at 64, 112, 160, 208)
+    kept = [f"rl_model_{steps}_steps" for steps in (160, 208)]
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
         ["notes.txt", "rl_model_16_steps.replay.safetensors", "rl_model_16_steps.safetensors"]
         + [f"{name}{suffix}" for name in kept for suffix in (".safetensors", ".replay.safetensors")])
@@ -407,17 +411,17 @@ def test_checkpoint_callback_keeps_the_newest_saves_it_wrote_with_their_replay_b
     fresh = DQN.load(callback.saved[-1], device="cpu")
     fresh.load_replay_buffer(tmp_path / f"{kept[-1]}.replay.safetensors")
     fresh.learn(64, progress_bar=False)
-    assert len(fresh.buffer) == 192 + 64  # (the newest save's 192 transitions, and this learn's)
+    assert len(fresh.buffer) == 208 + 64  # (the newest save's 208 transitions, and this learn's)
     # without keep_last, every save stays (Stable-Baselines3's behaviour)
     every = CheckpointCallback(save_freq=50, save_path=tmp_path / "all")
-    model.learn(240, callback=every, progress_bar=False)
-    assert len(every.saved) == len(list((tmp_path / "all").iterdir())) == 3
+    model.learn(240, callback=every, progress_bar=False)  # (from 240 steps: one save per multiple of 50, 250 to 450)
+    assert len(every.saved) == len(list((tmp_path / "all").iterdir())) == 5
 
 
 def test_every_n_timesteps_runs_its_child_after_each_n_steps():
     child = Recorder()
     _ppo().learn(6 * STEPS_PER_ITERATION, callback=EveryNTimesteps(1500, child), progress_bar=False)
-    # crossings of 1500, then 1500 after each run: 1536, 3072
+    # at the first iteration end past 1500 and 3000: 1536, 3072
     assert child.n_calls == 2
 
 
@@ -436,6 +440,63 @@ def test_a_callback_given_to_each_of_several_learn_calls_keeps_counting_steps(tm
                                                          "rl_model_3072_steps.safetensors"]
     _ppo().learn(3 * STEPS_PER_ITERATION, callback=checkpoints, progress_bar=False)
     assert [path.name for path in checkpoints.saved[2:]] == ["rl_model_1536_steps.safetensors"]
+
+
+def _acting_steps(every: int, iteration: int, iterations: int, start: int = 0) -> list[int]:
+    """The iteration ends at which a callback's period of `every` env steps acts over `iterations` iterations of
+    `iteration` steps from the step count `start`."""
+    period = _Period(every)
+    period.start(start)
+    ends = (start + iteration * k for k in range(1, iterations + 1))
+    return [end for end in ends if period.due(end)]
+
+
+@pytest.mark.parametrize("every, iteration, iterations, expected", [
+    (1024, 512, 8, [1024, 2048, 3072, 4096]),  # a whole number of iterations
+    (768, 512, 12, [1024, 1536, 2560, 3072, 4096, 4608, 5632, 6144]),  # not: one action per multiple of 768
+    (10_000, 8192, 10, [16384, 24576, 32768, 40960, 57344, 65536, 73728, 81920]),  # one per 10,000 steps
+    (100, 512, 3, [512, 1024, 1536]),  # an iteration past several multiples acts once, not once per multiple
+    (1500, 4096, 3, [4096, 8192, 12288]),
+])
+def test_a_period_acts_at_the_first_iteration_end_at_or_past_each_multiple(every, iteration, iterations, expected):
+    """Periods were counted again from the step they acted at: eval_freq=768 on 512-step iterations acted every
+    1,024 steps (6 evaluations in 6,144 steps, not 8) and 10,000 on 8,192-step iterations every 16,384 (a crash lost
+    up to twice the checkpoint interval asked for)."""
+    assert _acting_steps(every, iteration, iterations) == expected
+    assert next_due(6144, 768) == 6912 and next_due(6143, 768) == 6144 and next_due(0, 768) == 768
+
+
+def test_a_period_started_later_keeps_the_schedule_of_one_run():
+    """A resumed run, or a further learn call, acts at the multiples one run would have (from step 0), not a period
+    after its start; a run resumed from an older checkpoint whose next evaluation was counted from the step it acted
+    at comes back to the multiples."""
+    assert _acting_steps(768, 512, 4, start=3072) == [4096, 4608]
+    saved = {"eval_freq": 768, "next_eval": 4096, "checkpoint_freq": 1000, "next_checkpoint": 4000}
+    assert resumed_due(saved, "eval", 768, 3072) == 3840  # (an older rlspeed's, 768 after an evaluation at 3,328)
+    assert resumed_due(saved, "checkpoint", 1000, 3500) == 4000
+    assert resumed_due(saved, "checkpoint", 768, 3500) == 3840  # (another frequency: its own multiples)
+    assert resumed_due({**saved, "next_eval": 3072}, "eval", 768, 3072) == 3072  # (one not made yet: due at once)
+
+
+def test_learns_and_the_callbacks_periods_act_once_per_multiple_of_their_frequency(tmp_path, monkeypatch):
+    """learn's eval_freq and checkpoint_freq, CheckpointCallback and EveryNTimesteps (EvalCallback's period is
+    theirs) with a period of 768 steps on 512-step iterations: 8 actions in 6,144 steps, at the first iteration end
+    at or past each multiple (there were 6, every 1,024 steps)."""
+    model = _ppo(net_arch=(8,), n_epochs=1)
+    saved_at = []  # (learn's own checkpoints: CheckpointCallback's saves are the model's `save` too)
+    save = model.save
+    monkeypatch.setattr(model, "save", lambda path, *args, **kwargs: (
+        saved_at.append(model.num_timesteps) if Path(path).name == "checkpoint.safetensors" else None,
+        save(path, *args, **kwargs)))
+    child = Recorder()
+    checkpoints = CheckpointCallback(768, tmp_path / "saves")
+    model.learn(12 * STEPS_PER_ITERATION, eval_freq=768, eval_episodes=1, checkpoint_freq=768, run_dir=tmp_path / "run",
+                callback=[checkpoints, EveryNTimesteps(768, child)], progress_bar=False)
+    expected = [1024, 1536, 2560, 3072, 4096, 4608, 5632, 6144]
+    assert [steps for steps, _, _ in model.result.evaluations] == expected
+    assert [path.name for path in checkpoints.saved] == [f"rl_model_{steps}_steps.safetensors" for steps in expected]
+    assert child.n_calls == len(expected)
+    assert saved_at == expected
 
 
 def test_a_callbacks_total_timesteps_is_the_step_count_the_call_trains_to_as_sb3s():
@@ -545,7 +606,7 @@ def test_stock_callbacks_inside_every_n_timesteps_and_eval_callback_slots_do_the
     evaluator = EvalCallback(n_eval_episodes=2, eval_freq=512, callback_on_new_best=on_best)
     model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
     model.learn(1536, callback=[EveryNTimesteps(700, every), evaluator], progress_bar=False)
-    assert len(every.saved) == 2 and all(path.is_file() for path in every.saved)  # (at 768 and 1536 steps)
+    assert len(every.saved) == 2 and all(path.is_file() for path in every.saved)  # (at 768 and 1408 steps)
     assert on_best.saved and len(on_best.saved) <= len(evaluator.evaluations_timesteps)
 
 

@@ -40,25 +40,43 @@ if typing.TYPE_CHECKING:
     import rlspeed.envs.sb3_env
 
 
+def next_due(timesteps: int, every: int) -> int:
+    """The step count at which work done every `every` env steps (learn's evaluations and checkpoints, a
+    population's, EvalCallback, CheckpointCallback, EveryNTimesteps, VideoRecorderCallback) is next due after the
+    step count `timesteps`: the first multiple of `every` above it. The one rule of every such period: it acts at the
+    end of the first iteration at or past each multiple of `every` of the model's step count (counted from 0, so a
+    resumed run or a further learn call keeps the schedule one run would have had), once per multiple, and once
+    where an iteration passed several."""
+    return (int(timesteps) // every + 1) * every
+
+
+def resumed_due(saved: dict, name: str, every: int, timesteps: int) -> int:
+    """`next_due` in a run resumed at the step count `timesteps` from a checkpoint whose learn loop `saved` holds
+    `next_{name}` for the period `{name}_freq` ("eval", "checkpoint"): that step where the period is `every` and it
+    is not later than `next_due` (one the interrupted run had not acted at yet is due at once; an older rlspeed's,
+    which counted a period from the step it acted at, comes back to the multiples), else `next_due`."""
+    due = next_due(timesteps, every)
+    if saved.get(f"{name}_freq") == every and saved.get(f"next_{name}"):
+        return min(int(saved[f"next_{name}"]), due)
+    return due
+
+
 class _Period:
-    """An env-step period: `due(timesteps)` is True once `every` steps have passed since the first `start` or the
-    last True (the frequencies of EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback). A
-    later `start` where the step count went on (the same callback given to each of several `learn` calls) keeps the
-    count, as Stable-Baselines3's callbacks do; one where it went back (another model) starts it again."""
+    """An env-step period of a callback: `due(timesteps)` is True at the first call at or past each multiple of
+    `every` (`next_due`; EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback)."""
 
     def __init__(self, every: int):
         self.every, self.next = int(every), None
 
     def start(self, timesteps: int) -> None:
-        if self.next is None or timesteps < self.next - self.every:
-            self.next = timesteps + self.every
+        self.next = next_due(timesteps, self.every)
 
     def due(self, timesteps: int) -> bool:
         if self.next is None:
             self.start(timesteps)
         if timesteps < self.next:
             return False
-        self.next = timesteps + self.every
+        self.next = next_due(timesteps, self.every)
         return True
 
 

@@ -37,7 +37,7 @@ from rlspeed._version import __version__
 from rlspeed.activations import activation_name, check_activation
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
-from rlspeed.callbacks import CallbackLike
+from rlspeed.callbacks import CallbackLike, next_due, resumed_due
 from rlspeed.checkpoint import (
     beside,
     checkpoint_path,
@@ -2886,8 +2886,9 @@ class Algorithm:
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
         rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
-        `eval_freq` steps (default: a 40th of `total_timesteps`, at least 2,048), with evaluation time excluded from
-        the training clock. An evaluation that reaches the target
+        `eval_freq` steps (default: a 40th of `total_timesteps`, at least 2,048; at the end of the first iteration at
+        or past each multiple of it of the model's step count, `rlspeed.callbacks.next_due`, as `checkpoint_freq`),
+        with evaluation time excluded from the training clock. An evaluation that reaches the target
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
         that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
@@ -3031,8 +3032,8 @@ class Algorithm:
                 self._learn_start, self._schedule_end = 0, self._total_timesteps
             self._schedule_open = True
             saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
-            # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
-            # its own choice)
+            # evaluations at each multiple of eval_freq steps: for a target, or because eval_freq was asked for (a
+            # resumed run keeps its own choice)
             evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
             if eval_freq is None:
                 eval_freq = saved_loop.get("eval_freq") or default_eval_freq(total_timesteps)
@@ -3053,15 +3054,12 @@ class Algorithm:
             clock_before = float(earlier.get("clock_before", 0.0)) + (
                 float(earlier.get("train_wall_s", 0.0)) if resume is None else 0.0)
             start_steps = self.num_timesteps
-            # the resumed run's next evaluation and checkpoint, where they follow the same frequencies
-            next_eval = self.num_timesteps + eval_freq
-            if saved_loop.get("next_eval") and saved_loop.get("eval_freq") == eval_freq:
-                next_eval = int(saved_loop["next_eval"])
-            next_checkpoint = None
-            if checkpoint_freq:
-                next_checkpoint = self.num_timesteps + checkpoint_freq
-                if saved_loop.get("next_checkpoint") and saved_loop.get("checkpoint_freq") == checkpoint_freq:
-                    next_checkpoint = int(saved_loop["next_checkpoint"])
+            # the next evaluation and checkpoint, at multiples of their frequencies of the step count (`next_due`): a
+            # resumed run's as the interrupted run's (one it had not made yet at its checkpoint's step, due then, is
+            # made at the first iteration's end)
+            next_eval = resumed_due(saved_loop, "eval", eval_freq, self.num_timesteps)
+            next_checkpoint = (resumed_due(saved_loop, "checkpoint", checkpoint_freq, self.num_timesteps)
+                               if checkpoint_freq else None)
             self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
                           "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
                           "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
@@ -3204,7 +3202,7 @@ class Algorithm:
                         row["n_updates"] = self._n_updates
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
-                        next_eval = self.num_timesteps + eval_freq
+                        next_eval = next_due(self.num_timesteps, eval_freq)
                         reached = False
                         if main:
                             try:
@@ -3266,7 +3264,7 @@ class Algorithm:
                 at_end = next_checkpoint is not None or (timed_checkpoints and checkpoint_cost > 0)
                 if checkpoint_due or (at_end and run_dir is not None and (finished or stop)):
                     if checkpoint_freq:
-                        next_checkpoint = self.num_timesteps + checkpoint_freq
+                        next_checkpoint = next_due(self.num_timesteps, checkpoint_freq)
                     record_loop()
                     if main:
                         saving = time.perf_counter()

@@ -32,6 +32,7 @@ from rlspeed.algos.base import (
 )
 from rlspeed.buffers import replay as replay_buffers
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, refuse_unless_fits
+from rlspeed.callbacks import next_due, resumed_due
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.diagnostics import waiting
@@ -720,9 +721,9 @@ class _LoopProgress:
     @classmethod
     def start(cls, size: int, num_timesteps: int, eval_freq: int, checkpoint_freq: int | None) -> _LoopProgress:
         """A new loop of `size` members at `num_timesteps`: nothing measured, the first evaluation and checkpoint
-        due a frequency on."""
-        return cls(eval_freq=eval_freq, next_eval=num_timesteps + eval_freq, checkpoint_freq=checkpoint_freq,
-                   next_checkpoint=num_timesteps + checkpoint_freq if checkpoint_freq else None,
+        due at the next multiple of their frequencies (`next_due`)."""
+        return cls(eval_freq=eval_freq, next_eval=next_due(num_timesteps, eval_freq), checkpoint_freq=checkpoint_freq,
+                   next_checkpoint=next_due(num_timesteps, checkpoint_freq) if checkpoint_freq else None,
                    time_to_target_s=[None] * size, steps_to_target=[None] * size, reached=[False] * size,
                    curves=[[] for _ in range(size)], left={}, confirmations=[[] for _ in range(size)],
                    confirmations_unfinished=[[] for _ in range(size)],
@@ -732,7 +733,7 @@ class _LoopProgress:
     def from_checkpoint(cls, saved: dict, size: int, num_timesteps: int, eval_freq: int,
                         checkpoint_freq: int | None) -> _LoopProgress:
         """The resumed loop: the checkpoint's progress `saved` (a `snapshot`), its next evaluation and checkpoint
-        where the frequencies are this call's (else due a frequency on, as in a new loop). UserError for a
+        where the frequencies are this call's (`resumed_due`; else as in a new loop). UserError for a
         progress that does not read."""
         progress = cls.start(size, num_timesteps, eval_freq, checkpoint_freq)
         try:
@@ -753,10 +754,9 @@ class _LoopProgress:
                 progress.confirmations_episodes = [[None if episodes is None else int(episodes) for episodes in c]
                                                    for c in saved.get("confirmations_episodes", [
                                                        [None] * len(c) for c in progress.confirmations])]
-            if saved["eval_freq"] == eval_freq:
-                progress.next_eval = int(saved["next_eval"])
-            if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
-                progress.next_checkpoint = int(saved["next_checkpoint"])
+            progress.next_eval = resumed_due(saved, "eval", eval_freq, num_timesteps)
+            if checkpoint_freq:
+                progress.next_checkpoint = resumed_due(saved, "checkpoint", checkpoint_freq, num_timesteps)
         except (KeyError, TypeError, ValueError) as error:
             raise UserError(f"The resumed checkpoint's learn-loop progress is unreadable ({error}): the file was "
                             "edited or damaged.") from None
@@ -1816,7 +1816,7 @@ class PopulationBase:
                 noting = None
             finished = False
             if due:
-                loop.next_eval = self.num_timesteps + eval_freq
+                loop.next_eval = next_due(self.num_timesteps, eval_freq)
                 if evaluating and self.alive:
                     finished = self._evaluation_point(loop, target_return, eval_episodes, stop, confirm_target,
                                                       on_eval, logger)
@@ -1881,13 +1881,13 @@ class PopulationBase:
 
     def _checkpoint_if_due(self, loop: _LoopProgress, run_dir: str | Path, requested: bool) -> bool:
         """Between `learn`'s iterations: write `run_dir`'s checkpoint (`save`, with the loop's progress) when
-        `checkpoint_freq` steps have passed since the last one (the next one is then due a frequency on) or one is
+        the step count reached the next multiple of `checkpoint_freq` (`next_due`) or one is
         `requested` (a stop, or the time since the last one); whether it was written."""
         due = loop.next_checkpoint is not None and self.num_timesteps >= loop.next_checkpoint
         if not (requested or due):
             return False
         if due:
-            loop.next_checkpoint = self.num_timesteps + loop.checkpoint_freq
+            loop.next_checkpoint = next_due(self.num_timesteps, loop.checkpoint_freq)
         self.progress = loop.snapshot()
         self.save(Path(run_dir) / CHECKPOINT_NAME)
         return True
