@@ -354,15 +354,20 @@ CLI_SAC = ["--set", "num_envs=2", "--set", "learning_starts=64", "--set", "batch
            "--checkpoint-freq", "256", "--env-backend", "torch", "--save-replay-buffer"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI],
-    ["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
-    ["train", "ddpg", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
+@pytest.mark.parametrize("argv, curve", [
+    # (PPO: evaluations every 192 steps on 128-step iterations, at the first iteration end past each multiple)
+    (["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI, "--eval-freq", "192"],
+     [256, 384, 640, 768]),
+    (["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
+     [128, 256, 384, 512, 640, 768]),
+    (["train", "ddpg", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
+     [128, 256, 384, 512, 640, 768]),
 ], ids=["ppo", "sac", "ddpg"])
-def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch, argv):
+def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch, argv, curve):
     """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`, given
     no settings, continues it to the end with the run's own (config.yaml), and its summary.json has the uninterrupted
-    run's fields and values (times aside)."""
+    run's fields and values (times aside), its evaluations at the multiples of its eval_freq too (a period counted
+    from the step it acted at evaluated PPO's every 256 steps)."""
     from rlspeed.population import base
 
     assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
@@ -392,7 +397,7 @@ def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, mon
     assert summary["resumed_from"] == 512
     assert set(summary) == set(expected)
     assert {**_without_times(summary), "resumed_from": None} == _without_times(expected)
-    assert [step for step, _ in summary["members"][0]["curve"]] == [128, 256, 384, 512, 640, 768]
+    assert [step for step, _ in summary["members"][0]["curve"]] == curve
 
 
 def test_resume_with_another_budget_says_so_and_trains_to_it(tmp_path, monkeypatch, capsys):
