@@ -3272,14 +3272,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; none: train the whole budget)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
-                       help="env steps between evaluations (default: the preset's, else a 40th of the budget and "
-                            "at least 2,048: with a target, or with --seeds, target or not; a solo run without a "
-                            "target evaluates only at the end)")
+                       help="evaluate at the end of the first iteration at or past every multiple of N env steps "
+                            "(default: the preset's, else a 40th of the budget and at least 2,048: with a target, or "
+                            "with --seeds, target or not; a solo run without a target evaluates only at the end)")
     train.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                        help=f"episodes of each evaluation, during training and the final one (default {EVAL_EPISODES})")
     train.add_argument("--checkpoint-freq", type=_whole(1), default=None, metavar="N",
-                       help="env steps between checkpoints (default: a twentieth of the budget with --seeds, --resume "
-                            "or --max-restarts, else once a minute of training)")
+                       help="write the checkpoint at the end of the first iteration at or past every multiple of N "
+                            "env steps (default: a twentieth of the budget with --seeds, --resume or --max-restarts, "
+                            "else once a minute of training)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--quiet", action="store_true",
                        help="no progress bar or lines of what the run is doing: only notes, warnings and errors (on "
@@ -3297,7 +3298,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "default off); --resume keeps the run's choice unless --no-save-replay-buffer or this is "
                             "given")
     train.add_argument("--video-every", type=_whole(0), default=None, metavar="N",
-                       help="record one deterministic evaluation episode every N env steps into the run's videos/ "
+                       help="record one deterministic evaluation episode at the end of the first iteration at or "
+                            "past every multiple of N env steps into the run's videos/ "
                             '(pip install "rlspeed[video]"); --resume keeps the run\'s N, and 0 records none')
     train.add_argument("--track", action="store_true",
                        help='log config, metrics, videos and the summary to Weights & Biases (pip install '
@@ -3346,8 +3348,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the objective's target (default: the preset's, else the env's reward_threshold; none: "
                           "maximise the final evaluation)")
     tun.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
-                     help="env steps between evaluations, each a report to the pruner (default: the preset's, else "
-                          "a 40th of --budget and at least 2,048)")
+                     help="evaluate each trial at the end of the first iteration at or past every multiple of N env "
+                          "steps, each a report to the pruner (default: the preset's, else a 40th of --budget and at "
+                          "least 2,048)")
     tun.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, metavar="N",

@@ -2886,8 +2886,8 @@ class Algorithm:
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
         rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
-        `eval_freq` steps (default: a 40th of `total_timesteps`, at least 2,048; at the end of the first iteration at
-        or past each multiple of it of the model's step count, `rlspeed.callbacks.next_due`, as `checkpoint_freq`),
+        `eval_freq` steps (default: a 40th of `total_timesteps`, at least 2,048: at the end of the first iteration at
+        or past each multiple of it of the model's step count, as `checkpoint_freq` and the callbacks' periods act),
         with evaluation time excluded from the training clock. An evaluation that reaches the target
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
         that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
