@@ -63,7 +63,9 @@ def resumed_due(saved: dict, name: str, every: int, timesteps: int) -> int:
 
 class _Period:
     """An env-step period of a callback: `due(timesteps)` is True at the first call at or past each multiple of
-    `every` (`next_due`; EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback)."""
+    `every` (`next_due`; EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback). `start` at
+    each learn call: the same callback given to several calls goes on at the multiples of the model's step count,
+    as one call would; given to a model whose count went back (another model), from that count."""
 
     def __init__(self, every: int):
         self.every, self.next = int(every), None
