@@ -478,6 +478,24 @@ def test_a_period_started_later_keeps_the_schedule_of_one_run():
     assert resumed_due({**saved, "next_eval": 3072}, "eval", 768, 3072) == 3072  # (one not made yet: due at once)
 
 
+def test_a_video_that_failed_says_the_step_count_the_next_one_is_due_at(tmp_path, monkeypatch):
+    """A video that could not be written says when the next is due: "in 1,000 steps" was the rule of a period
+    counted from the step it acted at; it is due at the next multiple of video_every (2,000 after a failure at 1,024,
+    976 steps later)."""
+    import rlspeed.video
+
+    def failing(*args, **kwargs):
+        raise rlspeed.video.VideoWriteError("'x.mp4': No space left on device.")
+
+    monkeypatch.setattr(rlspeed.video, "record_video", failing)
+    callback = VideoRecorderCallback(1000, tmp_path)
+    callback.model, callback.num_timesteps = types.SimpleNamespace(seed=0), 1024
+    callback._period.start(512)
+    with pytest.warns(RuntimeWarning, match=r"Training goes on; the next video is due at 2,000 steps\.$"):
+        assert callback._on_rollout_end() is True
+    assert callback.videos == []
+
+
 def test_learns_and_the_callbacks_periods_act_once_per_multiple_of_their_frequency(tmp_path, monkeypatch):
     """learn's eval_freq and checkpoint_freq, CheckpointCallback and EveryNTimesteps (EvalCallback's period is
     theirs) with a period of 768 steps on 512-step iterations: 8 actions in 6,144 steps, at the first iteration end

@@ -65,7 +65,7 @@ class _Period:
     """An env-step period of a callback: `due(timesteps)` is True at the first call at or past each multiple of
     `every` (`next_due`; EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback). `start` at
     each learn call: the same callback given to several calls goes on at the multiples of the model's step count,
-    as one call would; given to a model whose count went back (another model), from that count."""
+    as one call would; given to a model whose count went back (another model), at the multiples after that count."""
 
     def __init__(self, every: int):
         self.every, self.next = int(every), None
@@ -1163,7 +1163,7 @@ class VideoRecorderCallback(BaseCallback):
                 filmed = record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
                                       overwrite=self.overwrite, env_id=self.env_id)
         except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)
-            warnings.warn(f"rlspeed: {error} Training goes on; the next video is due in {self._period.every:,} steps.",
+            warnings.warn(f"rlspeed: {error} Training goes on; the next video is due at {self._period.next:,} steps.",
                           RuntimeWarning, stacklevel=2)
             return True
         self.videos.append(path)
