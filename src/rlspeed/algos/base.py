@@ -459,17 +459,23 @@ def config_type_hints(config_cls: type) -> dict[str, typing.Any]:
     return typing.get_type_hints(config_cls)
 
 
+def _owner_name(config_cls: type) -> str:
+    """The algorithm a config class is of, as messages name it: `PPOConfig` -> "PPO" (a class named just `Config`:
+    that name)."""
+    return config_cls.__name__.removesuffix("Config") or config_cls.__name__
+
+
 def _policy_keywords(policy_kwargs: object, config_cls: type) -> str:
     """SB3's `policy_kwargs` as the keywords to write instead (": here activation='leaky_relu', net_arch=[32]"), by
     the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for the algorithm of `config_cls`: the settings
     it has, then each option it has not, with why (as the translation refuses it); "" when none is."""
     if not isinstance(policy_kwargs, dict):
         return ""
-    algo = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", config_cls.__name__.removesuffix("Config")).lower()
+    owner = _owner_name(config_cls)
+    algo = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", owner).lower()
     fields = {field.name for field in dataclasses.fields(config_cls)}
     read = Collected()
     translate_policy_kwargs(algo, policy_kwargs, read)
-    owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
     written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
     refused = [f"{key}: {why.removesuffix('.')}" for key, why in read.refused] + [
         f"{read.origin[key]}: {owner} has no {key}" for key in read.hyper if key not in fields]
@@ -490,7 +496,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
         if key not in fields:
             if key in _POPULATION_KEYS:
-                owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+                owner = _owner_name(config_cls)
                 raise UserError(f"'{key}' is not a hyperparameter of {owner}: several agents trained at once are a "
                                 f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
@@ -498,7 +504,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
                                 f"{_policy_keywords(value, config_cls) if key == 'policy_kwargs' else ''}.")
             if key in MODEL_ARGUMENTS:
-                owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+                owner = _owner_name(config_cls)
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
                                 f"in Python, {MODEL_ARGUMENTS[key]} on rlspeed train's command line.")
             if key in _RUN_KEYWORDS:  # (a preset's run settings, or the CLI's flags: learn's arguments here)
@@ -509,7 +515,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             if key in CLEANRL_NAMES:
                 raise UserError(f"'{key}' is CleanRL's argument, not a hyperparameter here; {CLEANRL_NAMES[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
-            owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+            owner = _owner_name(config_cls)
             # (an alias of another algorithm's setting with a close name here, n_steps for DQN's n_step: that name)
             close_here = _close_names(key, list(fields)) if named not in fields and named != key else []
             others = "" if named in fields or close_here else _other_owners(named, config_cls)
