@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import pickle
 import re
 import warnings
@@ -17,7 +18,9 @@ import pytest
 import torch
 
 from rlspeed.algos import ALGORITHMS
+from rlspeed.algos.base import build_config
 from rlspeed.errors import UserError
+from rlspeed.policy_kwargs import ON_POLICY
 
 #: short runs that update at least once (off-policy algorithms start learning after learning_starts)
 QUICK = {"num_envs": 4}
@@ -113,6 +116,12 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     assert "cnn_features_dim=64" in str(refusal.value)
     assert ("n_critics=3" if algo.name in ("sac", "td3", "ddpg")
             else f"policy_kwargs.n_critics: 3: rlspeed's {algo.name} has no such option") in str(refusal.value)
+    # (a subclass's config of its own is read by its algorithm's rule: MyPPOConfig was taken for an off-policy
+    # "my_ppo", whose dict net_arch is pi/qf, and refused PPO's pi/vf)
+    mine = dataclasses.make_dataclass(f"My{algo.config_cls.__name__}", [("extra", int, 1)], bases=(algo.config_cls,))
+    if algo.name in ON_POLICY:
+        with pytest.raises(UserError, match=r": here net_arch=\[32\]\.$"):
+            build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}})
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
     # (SB3's policy options given as keywords: rlspeed's setting, or the override that does their work)

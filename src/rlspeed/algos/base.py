@@ -472,7 +472,10 @@ def _policy_keywords(policy_kwargs: object, config_cls: type) -> str:
     if not isinstance(policy_kwargs, dict):
         return ""
     owner = _owner_name(config_cls)
-    algo = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", owner).lower()
+    # (rlspeed's algorithm whose config it is, or derives from: a subclass's own config is of that algorithm)
+    names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
+    algo = next((names[base] for base in config_cls.__mro__ if base in names),
+                re.sub(r"(?<=[a-z])(?=[A-Z])", "_", owner).lower())
     fields = {field.name for field in dataclasses.fields(config_cls)}
     read = Collected()
     translate_policy_kwargs(algo, policy_kwargs, read)
