@@ -451,6 +451,16 @@ def test_a_search_space_file_from_python_is_found_at_home_and_named_as_given(tmp
     assert "--search-space" not in str(refused.value)
 
 
+def test_a_search_space_at_an_unknown_users_home_is_one_sentence(tmp_path, capsys):
+    """`rlspeed tune --search-space ~nosuchuser/space.yaml` (the shell leaves an unknown user's `~` as it is) ended in
+    pathlib's RuntimeError "Could not determine home directory." and its traceback once `~` was expanded: one
+    sentence naming the path, exit code 2."""
+    line = cli_error(capsys, _command(tmp_path, "--search-space", "~rlspeed-no-such-user/space.yaml"))
+    assert line == ("rlspeed: error: '~rlspeed-no-such-user/space.yaml': its '~' names a home directory this system "
+                    "does not know: give the path in full."), line
+    assert not (tmp_path / "study.db").exists()
+
+
 def test_a_dqn_preset_trains_its_exploration_over_the_trials_budget(tmp_path):
     """DQN's epsilon decays over exploration_fraction of a learn call's steps: with the starting preset's budget the
     preset explored 500 times longer than its trial had."""

@@ -19,10 +19,15 @@ from rlspeed.errors import UserError
 
 
 def local_path(path: str | os.PathLike) -> Path:
-    """`path` as a Path, `~` expanded. UserError where this Python's file-name encoding (the locale's without UTF-8
+    """`path` as a Path, `~` expanded. UserError where its `~` names no home directory this system knows
+    (`~nosuchuser/x`: pathlib's RuntimeError), and where this Python's file-name encoding (the locale's without UTF-8
     mode: ASCII under LC_ALL=C with PYTHONUTF8=0) cannot hold its characters, which every use of it would be a
     UnicodeEncodeError of."""
-    path = Path(path).expanduser()
+    try:
+        path = Path(path).expanduser()
+    except RuntimeError:  # ("Could not determine home directory.")
+        raise UserError(f"'{path}': its '~' names a home directory this system does not know: give the path in "
+                        "full.") from None
     try:
         os.fsencode(path)
     except UnicodeEncodeError:
