@@ -451,6 +451,18 @@ def test_a_search_space_file_from_python_is_found_at_home_and_named_as_given(tmp
     assert "--search-space" not in str(refused.value)
 
 
+def test_a_batch_line_names_at_most_a_few_pruned_trials_and_counts_the_rest():
+    """A batch of --population 2000 whose median pruner stopped a thousand trials printed one line naming each of
+    them with its step: the line names the first few (`_PRUNED_NAMED`) and counts the others."""
+    from rlspeed.tune import _pruned_when
+
+    assert _pruned_when({}) == ""
+    assert _pruned_when({4: 3072, 5: 1024}) == " (trial 4 at 3,072, trial 5 at 1,024 steps)"
+    many = _pruned_when({number: 128 for number in range(1_000)})
+    named = many.count("trial ")
+    assert 2 <= named <= 10 and many.endswith(f"trial {named - 1} at 128 steps, and {1_000 - named:,} more)"), many
+
+
 def test_a_search_space_at_an_unknown_users_home_is_one_sentence(tmp_path, capsys):
     """`rlspeed tune --search-space ~nosuchuser/space.yaml` (the shell leaves an unknown user's `~` as it is) ended in
     pathlib's RuntimeError "Could not determine home directory." and its traceback once `~` was expanded: one

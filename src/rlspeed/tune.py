@@ -826,13 +826,18 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     return counts
 
 
+#: the most pruned trials a batch's line names one by one (`_pruned_when`); the others it counts
+_PRUNED_NAMED = 8
+
+
 def _pruned_when(pruned_at: dict[int, int]) -> str:
     """' (trial 4 at 3,072, trial 5 at 1,024 steps)': which trials of a batch were pruned, and at which step (a
-    pruned trial leaves its population there)."""
+    pruned trial leaves its population there); past `_PRUNED_NAMED` of them, the rest counted (', and 90 more')."""
     if not pruned_at:
         return ""
-    each = [f"trial {number} at {step:,}" for number, step in pruned_at.items()]
-    return f" ({', '.join(each)} steps)"
+    each = [f"trial {number} at {step:,}" for number, step in list(pruned_at.items())[:_PRUNED_NAMED]]
+    more = len(pruned_at) - len(each)
+    return f" ({', '.join(each)} steps" + (f", and {more:,} more" if more else "") + ")"
 
 
 def _starting_values(setup: _Setup) -> dict:
