@@ -146,8 +146,15 @@ def test_policy_kwargs_net_arch_and_activation():
     # nn.Tanh, nn.ReLU, ...")
     assert translated("ppo", {"policy_kwargs": {"activation_fn": "nn.ReLU", "net_arch": [32]}},
                       strict=True).hyperparameters["activation"] == "relu"
-    assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.Hardtanh)"})) == {
-        "policy_kwargs.activation_fn"}
+    # (by the `activation` keyword's rule, one for both: the translation refused rlspeed's own name as text, and
+    # torch's module path, which the keyword takes)
+    for text in ("leaky_relu", "torch.nn.modules.activation.LeakyReLU"):
+        assert build_config(ALGORITHMS["ppo"].config_cls, {"activation": text}).activation == "leaky_relu"
+        assert translated("ppo", {"policy_kwargs": {"activation_fn": text}},
+                          strict=True).hyperparameters["activation"] == "leaky_relu"
+    for given in ("nn.Hardtanh", "[nn.ReLU]"):
+        assert refused(translated("ppo", {"policy_kwargs": f"dict(activation_fn={given})"})) == {
+            "policy_kwargs.activation_fn"}
     # RL-Zoo's PPO CarRacing-v3 entry's policy_kwargs (its nn.GELU was refused: "rlspeed's activations are nn.Tanh,
     # nn.ReLU, nn.ELU, nn.SiLU")
     car = translated("ppo", {"policy_kwargs": "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.GELU, "

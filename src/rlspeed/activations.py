@@ -44,7 +44,7 @@ def activation_name(value: object) -> str:
 
 def check_activation(name: object) -> None:
     """UserError unless `name` is a name of `ACTIVATION_CLASSES`: for PReLU, why not; else the table's names."""
-    if name in ACTIVATION_CLASSES:
+    if isinstance(name, str) and name in ACTIVATION_CLASSES:  # (a list or dict given is refused too, not unhashable)
         return
     if isinstance(name, str) and _key(name) == "prelu":
         raise UserError(f"activation {name}: {PRELU_REFUSAL}.")

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import typing
 
-from rlspeed.activations import ACTIVATION_CLASSES, PRELU_REFUSAL, torch_class_names
+from rlspeed.activations import PRELU_REFUSAL, activation_name, torch_class_names
+from rlspeed.errors import UserError
 
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
 ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
 #: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are
 SDE_ALGORITHMS = ("ppo", "a2c", "sac")
-#: torch.nn's activation class names -> rlspeed's activation names
-ACTIVATIONS = {cls: name for name, cls in ACTIVATION_CLASSES.items()}
-_TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
 
 #: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
 #: other value builds a network rlspeed's RecurrentPPO has not. One rule (`is_rlspeeds_lstm_layout`) for a keyword or
@@ -70,12 +68,14 @@ class Collected:
 
 
 def _activation(item) -> str | None:
-    """rlspeed's name for SB3's `activation_fn`: torch.nn's class, or its name as text ("nn.ReLU"); None else."""
-    if isinstance(item, type):
-        return ACTIVATIONS.get(item.__name__) if item.__module__.startswith("torch.nn") else None
-    short = item if isinstance(item, str) else ""
-    return next((ACTIVATIONS[short[len(prefix):]] for prefix in _TORCH_PREFIXES
-                 if short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS), None)
+    """rlspeed's name for SB3's `activation_fn`: torch.nn's class, or its name as code writes it, by the rule of the
+    `activation` keyword (`rlspeed.activations.activation_name`); None for anything else (a class of one's own)."""
+    if isinstance(item, type) and not item.__module__.startswith("torch.nn"):
+        return None
+    try:
+        return activation_name(item)
+    except UserError:
+        return None
 
 
 def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> None:
@@ -165,4 +165,4 @@ def _net_arch(algo: str, key: str, value, out: PolicySettings) -> None:
         out.refuse(key, f"{value!r}: expected a list of layer widths")
 
 
-__all__ = ["ACTIVATIONS", "Collected", "ON_POLICY", "PolicySettings", "SDE_ALGORITHMS", "translate_policy_kwargs"]
+__all__ = ["Collected", "ON_POLICY", "PolicySettings", "SDE_ALGORITHMS", "translate_policy_kwargs"]
