@@ -160,8 +160,9 @@ def test_policy_kwargs_net_arch_and_activation():
     car = translated("ppo", {"policy_kwargs": "dict(log_std_init=-2, ortho_init=False, activation_fn=nn.GELU, "
                                               "net_arch=dict(pi=[256], vf=[256]), )"})
     assert car.status == "full" and car.hyperparameters["activation"] == "gelu"
-    prelu = translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.PReLU)"})
-    assert refused(prelu) == {"policy_kwargs.activation_fn"} and "learns its slope" in prelu.unsupported[0]
+    for given in ("dict(activation_fn=nn.PReLU)", {"activation_fn": "prelu"}):  # (as activation="prelu" is told)
+        prelu = translated("ppo", {"policy_kwargs": given})
+        assert refused(prelu) == {"policy_kwargs.activation_fn"} and "learns its slope" in prelu.unsupported[0]
     for algo in ("ppo", "a2c", "recurrent_ppo", "sac", "td3", "ddpg", "dqn"):  # (every rlspeed algorithm has it)
         plain = translated(algo, {"policy_kwargs": "dict(ortho_init=False)"})
         assert plain.status == "full" and plain.hyperparameters["ortho_init"] is False

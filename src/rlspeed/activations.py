@@ -46,9 +46,15 @@ def check_activation(name: object) -> None:
     """UserError unless `name` is a name of `ACTIVATION_CLASSES`: for PReLU, why not; else the table's names."""
     if isinstance(name, str) and name in ACTIVATION_CLASSES:  # (a list or dict given is refused too, not unhashable)
         return
-    if isinstance(name, str) and _key(name) == "prelu":
+    if names_prelu(name):
         raise UserError(f"activation {name}: {PRELU_REFUSAL}.")
     raise UserError(f"activation must be one of {', '.join(ACTIVATION_CLASSES)}, got '{name}'.")
+
+
+def names_prelu(value: object) -> bool:
+    """Whether `value` is torch.nn's PReLU, its class or its name as code writes it (`PRELU_REFUSAL` says why not)."""
+    text = value.__name__ if isinstance(value, type) else value
+    return isinstance(text, str) and _key(text) == "prelu"
 
 
 def torch_class_names() -> str:

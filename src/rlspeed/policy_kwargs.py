@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing
 
-from rlspeed.activations import PRELU_REFUSAL, activation_name, torch_class_names
+from rlspeed.activations import PRELU_REFUSAL, activation_name, names_prelu, torch_class_names
 from rlspeed.errors import UserError
 
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
@@ -94,7 +94,7 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
                 out.set("activation", activation, key)
             else:
                 shown = getattr(item, "__name__", item)
-                out.refuse(key, f"{shown}: {PRELU_REFUSAL}" if str(shown).endswith("PReLU")
+                out.refuse(key, f"{shown}: {PRELU_REFUSAL}" if names_prelu(item)
                            else f"{shown}: rlspeed's activations are {torch_class_names()}")
         elif name in ("full_std", "use_expln") and algo not in SDE_ALGORITHMS:
             out.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {algo} has not")
