@@ -238,8 +238,8 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     if env_id in NATIVE_ENVS and not env_kwargs:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
-    if (envpool_id := envpool_only(env_id)) is not None:  # (before gym_spec's 'Unknown env id')
-        raise UserError(envpool_id)
+    if (refusal := envpool_only(env_id)) is not None:  # (before gym_spec's 'Unknown env id')
+        raise UserError(refusal)
     spec = gym_spec(env_id)
     refuse_filming_envs(env_id)
     env_kwargs = _typed_options(spec, env_kwargs)

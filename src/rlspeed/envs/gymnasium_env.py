@@ -23,6 +23,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Collection
+from typing import NoReturn
 
 import gymnasium as gym
 import numpy as np
@@ -1438,13 +1439,13 @@ class HostObservations:
     def copy(self, value):
         return {key: array.copy() for key, array in value.items()} if self.keyed else value.copy()
 
-    def named(self, error: UserError, call: str) -> UserError:
-        """`error`, where it is a refusal of an observation by `write` or `batch`, naming the method that returned it
-        ("'X'.step() returned ..."); any other error as it is."""
+    def raise_named(self, error: UserError, call: str) -> NoReturn:
+        """Raise `error`, where it is a refusal of an observation by `write` or `batch`, as one naming the method
+        `call` that returned it ("'X'.step() returned ..."); any other error as it is."""
         said = str(error)
         if not said.startswith(f"{self.source} returned"):
-            return error
-        return UserError(said.replace(f"{self.source} returned", f"{self.source}.{call}() returned", 1))
+            raise error
+        raise UserError(said.replace(f"{self.source} returned", f"{self.source}.{call}() returned", 1)) from None
 
 
 def _subspace(space: gym.Space, key: str) -> gym.Space | None:
@@ -1745,10 +1746,7 @@ class GymnasiumEnv(BatchedEnv):
         try:
             return to_device(self._host.batch(obs), self.device), info
         except UserError as error:
-            named = self._host.named(error, "reset")
-            if named is error:
-                raise
-            raise named from None
+            self._host.raise_named(error, "reset")
 
     def _none_rows(self) -> set[int]:
         """The envs whose mask was None in the infos the vector env merged since the last call (`_NoneMasks`)."""
@@ -1845,10 +1843,7 @@ class GymnasiumEnv(BatchedEnv):
             return obs, float32_rewards(reward, self), terminated, truncated, final, masks
         except UserError as error:  # (the observation a reset returned is the one written after it)
             after_reset = reset_returned is not _NOT_CALLED and observation is reset_returned[0]
-            named = self._host.named(error, "reset" if after_reset else "step")
-            if named is error:
-                raise
-            raise named from None
+            self._host.raise_named(error, "reset" if after_reset else "step")
         except Exception as error:
             if not _raised_storing(error):
                 raise
@@ -1941,18 +1936,12 @@ class GymnasiumEnv(BatchedEnv):
             # a copy, as in `host_tensor`: the vector env may reuse its buffer
             obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         except UserError as error:
-            named = self._host.named(error, self._refused_call(obs, finished))
-            if named is error:
-                raise
-            raise named from None
+            self._host.raise_named(error, self._refused_call(obs, finished))
         try:
             obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                            None if self._float_vector else self._host)
         except UserError as error:  # (an episode's last observation: its step's)
-            named = self._host.named(error, "step")
-            if named is error:
-                raise
-            raise named from None
+            self._host.raise_named(error, "step")
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
         final_info = info.get("final_info", {})  # (the finished envs' last infos, before their reset)
         if not isinstance(final_info, dict):  # (an env's own info key: the vector env merged it as an array)
