@@ -383,6 +383,9 @@ def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to
         PPO("Taxi-v3", env_backend="envpool")
     with pytest.raises(UserError, match=r"Gymnasium has LunarLander-v3 \(EnvPool runs it too: --env-backend envpool\)"):
         PPO("LunarLander-v2", env_backend="envpool")
+    # (EnvPool spells ale-py's TicTacToe3D TicTacToe3d, and runs ALE/TicTacToe3D-v5: it said Gymnasium had none)
+    with pytest.raises(UserError, match=r"Gymnasium has ALE/TicTacToe3D-v5 \(EnvPool runs it too"):
+        PPO("TicTacToe3d-v5", env_backend="envpool")
     model = PPO(make_env("Taxi-v3", num_envs=2, backend="envpool", seed=0), num_steps=8, batch_size=16)
     with pytest.raises(UserError, match=r"^This model trained on EnvPool's 'Taxi-v3', .*rlspeed.evaluate\(model, "
                                         r"make_env\('Taxi-v3', num_envs=N, backend='envpool', seed=S\), episodes=N\)"):

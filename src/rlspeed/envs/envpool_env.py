@@ -123,9 +123,10 @@ def envpool_only(env_id: str) -> str | None:
     (`envpool_refusal`), and how a model trains on EnvPool's env in Python all the same; else None."""
     if env_id in gym.registry or not envpool_installed() or env_id not in _all_envpool_ids():
         return None
-    name = env_id.rsplit("-v", 1)[0]
-    versions = sorted(other for other in gym.registry
-                      if other.removeprefix("ALE/").rsplit("-v", 1)[0] == name and gym.registry[other].entry_point)[:3]
+    atari.register_atari()  # (ale-py's ids, for EnvPool's `<Game>-v5` of a game `_looks_like_atari` does not list)
+    name = env_id.rsplit("-v", 1)[0].lower()  # (as `envpool_task` matches them: EnvPool's TicTacToe3d is ale-py's 3D)
+    versions = sorted(other for other in gym.registry if other.removeprefix("ALE/").rsplit("-v", 1)[0].lower() == name
+                      and gym.registry[other].entry_point)[:3]
     runs = [other for other in versions if envpool_refusal(other) is None]
     lacks = [other for other in versions if other not in runs]
     said = ([f"{', '.join(runs)} (EnvPool runs {'it' if len(runs) == 1 else 'them'} too: --env-backend envpool)"]
