@@ -319,5 +319,5 @@ class EnvPoolEnv(BatchedEnv):
         self.pool.close()
 
 
-__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_refusal", "envpool_task", "INSTALL",
-           "ENVPOOL_NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
+__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_refusal", "envpool_task",
+           "INSTALL", "ENVPOOL_NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
