@@ -2021,10 +2021,15 @@ class _CloseRaising(gym.Env):
 
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
+    metadata = {"render_modes": ["rgb_array"]}
     closed: set = set()
 
-    def __init__(self, after_steps: bool = False, step_raises: bool = False):
+    def __init__(self, after_steps: bool = False, step_raises: bool = False, render_mode=None):
         self.after_steps, self.stepped, self.step_raises = after_steps, False, step_raises
+        self.render_mode = render_mode
+
+    def render(self):
+        return np.zeros((8, 8, 3), np.uint8)
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -2083,6 +2088,92 @@ def test_an_evaluation_that_fails_shows_the_envs_error_not_its_close_error():
                 batch_size=16, env_kwargs={"after_steps": True})
     with pytest.raises(EnvStepError, match=r"raised ValueError in step\(\): the simulator diverged"):
         model.evaluate(episodes=2, env_kwargs={"after_steps": True, "step_raises": True})
+
+
+_CLOSE_LATE = ["--env-kwargs", "after_steps=true", "--no-progress", "--env-backend", "gymnasium"]
+
+
+def _close_error_last(capsys) -> list[str]:
+    """The output lines (stdout's, then stderr's) of a command that exited on a close() error, stderr's last line."""
+    captured = capsys.readouterr()
+    lines = [line for line in captured.out.splitlines() + captured.err.splitlines() if line.strip()]
+    assert lines[-1].startswith("rlspeed: error: The env 'CloseRaising-v0' (gymnasium backend) raised RuntimeError "
+                                "in close(): the simulator's socket is gone"), lines
+    return lines
+
+
+@pytest.mark.parametrize("seeds, saved", [((), "model.safetensors"), (("--seeds", "0-1"), "members")])
+def test_a_training_run_whose_env_close_raises_keeps_its_model_and_fails_at_the_end(tmp_path, capsys, seeds, saved):
+    """An env whose close() raised after stepping ended `rlspeed train` (a population too) at the first evaluation's
+    close, exit 1: no model saved. The run goes on now, saves the model (the members), summary.json and prints its
+    final evaluation; the close() error is its last line, exit code 1 (scripts notice)."""
+    from rlspeed import cli
+
+    run = tmp_path / "run"
+    code = cli.main(["train", "ppo", "CloseRaising-v0", "--num-envs", "2", "--set", "num_steps=8", "--set",
+                     "batch_size=16", "--total-timesteps", "32", "--eval-freq", "16", "--eval-episodes", "1",
+                     "--target-return", "none", "--out", str(run), *seeds, *_CLOSE_LATE])
+    lines = _close_error_last(capsys)
+    assert code == 1
+    assert {saved, "summary.json"} <= {path.name for path in run.iterdir()}
+    assert any(line.startswith("rlspeed: final evaluation") for line in lines[:-1]), lines
+
+
+def test_an_env_whose_close_raises_before_any_work_stops_the_cli_before_training(tmp_path, capsys):
+    """A close() error of the env made to read the spaces still stops `rlspeed train` at once, before training
+    (no run of the whole budget to hear of it at the end)."""
+    from rlspeed import cli
+
+    code = cli.main(["train", "ppo", "CloseRaising-v0", "--total-timesteps", "32", "--out", str(tmp_path / "run"),
+                     "--no-progress", "--env-backend", "gymnasium"])
+    lines = _close_error_last(capsys)
+    assert code == 1 and not any("training" in line for line in lines), lines
+
+
+@pytest.fixture(scope="module")
+def _close_late_model(tmp_path_factory):
+    from rlspeed import PPO
+
+    path = tmp_path_factory.mktemp("close_late") / "model.safetensors"
+    with PPO("CloseRaising-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+             batch_size=16, env_kwargs={"after_steps": True}) as model:
+        model.save(path)
+    return path
+
+
+@pytest.mark.parametrize("video", [False, True])
+def test_eval_whose_env_close_raises_prints_its_scores_and_video_first(_close_late_model, tmp_path, capsys, video):
+    """`rlspeed eval` (and `eval --video`) of an env whose close() raised after stepping printed no scores and wrote
+    no video, exit 1. The scores are printed and the video written now; the close() error follows, exit code 1."""
+    from rlspeed import cli
+
+    film = tmp_path / "film.gif"
+    code = cli.main(["eval", str(_close_late_model), "--episodes", "1", "--seed", "0", *_CLOSE_LATE,
+                     *(["--video", str(film)] if video else [])])
+    lines = _close_error_last(capsys)
+    assert code == 1
+    assert "deterministic, 1 episode, seed 0" in "\n".join(lines[:-1]), lines
+    assert film.is_file() == video
+
+
+@pytest.mark.parametrize("population", [False, True])
+def test_learn_whose_env_close_raises_trains_its_budget_then_raises(tmp_path, population):
+    """model.learn (a population's too) with periodic evaluations stopped at the first evaluation env's close()
+    error, its budget untrained and no checkpoint written. It trains the whole budget now and raises the close()
+    error at its end."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+    from rlspeed.population import Population
+
+    settings = {"env_backend": "gymnasium", "num_envs": 2, "num_steps": 8, "batch_size": 16,
+                "env_kwargs": {"after_steps": True}}
+    model = (Population(PPO, "CloseRaising-v0", seeds=[0, 1], **settings) if population
+             else PPO("CloseRaising-v0", seed=0, device="cpu", **settings))
+    with pytest.raises(EnvStepError, match=r"raised RuntimeError in close\(\)"):
+        model.learn(48, eval_freq=16, eval_episodes=1, run_dir=tmp_path / "run", checkpoint_freq=16,
+                    progress_bar=False)
+    assert model.num_timesteps == 48
+    assert (tmp_path / "run" / "checkpoint.safetensors").is_file()
 
 
 class _ResetWithoutSeed(gym.Env):

@@ -40,6 +40,7 @@ from rlspeed.env_options import as_keywords
 from rlspeed.errors import (
     MAX_COUNT,
     Busy,
+    CloseErrors,
     EnvStepError,
     OtherEnvOptionsWarning,
     PeerEnded,
@@ -4005,7 +4006,13 @@ def _main(argv: list[str]) -> int:
         stdout.stop_when_gone = args.func in (cmd_doctor, cmd_profile) or (args.func is cmd_eval
                                                                             and args.video is None)
     try:
-        return int(args.func(args) or 0)
+        # (an env's close() error after the work succeeded comes last, its results saved and printed; after a failure,
+        # that failure is the one shown)
+        with CloseErrors() as closing:
+            code = int(args.func(args) or 0)
+        if code == 0:
+            closing.raise_first()
+        return code
     except UserError as error:
         if getattr(args, "debug", False):
             raise

@@ -5,6 +5,7 @@ import here: the CLI handles them before it imports torch."""
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import numbers
 import warnings
@@ -76,6 +77,36 @@ class EnvStepError(RuntimeError):
         made_with = f" (it was made with the options {', '.join(options)}: check their values)" if options else ""
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
                          + (f": {detail}" if detail else "") + made_with)
+
+
+class CloseErrors:
+    """`with CloseErrors() as closing:` an env's close() error (`close_envs`) is kept in `closing.errors`, not raised: a
+    close() error must not lose the work done (a trained model, scores, a video), so the work goes on, and the caller
+    raises the first (`raise_first`) once its results are saved and shown; where the work fails instead, the caller
+    drops them for that first error. Nested, the outermost keeps them: an inner one's `errors` stay empty."""
+
+    def __init__(self) -> None:
+        self.errors: list[EnvStepError] = []
+        self._token: contextvars.Token | None = None
+
+    def __enter__(self) -> CloseErrors:
+        if CLOSE_ERRORS.get() is None:
+            self._token = CLOSE_ERRORS.set(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            CLOSE_ERRORS.reset(self._token)
+            self._token = None
+
+    def raise_first(self) -> None:
+        """Raise the first kept close() error, if any (once the work is saved and shown)."""
+        if self.errors:
+            raise self.errors[0]
+
+
+#: the outermost open `CloseErrors` (None outside one), which `close_envs` keeps its errors in
+CLOSE_ERRORS: contextvars.ContextVar[CloseErrors | None] = contextvars.ContextVar("rlspeed_close_errors", default=None)
 
 
 class PeerEnded(RuntimeError):

@@ -185,7 +185,7 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
         with contextlib.suppress(Exception):  # (the first error is the one to show)
             env.close()
         raise
-    close_envs(env, env_id)
+    close_envs(env, env_id, before_work=True)
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         got = (f"an array of shape {frame.shape} and dtype {frame.dtype}" if isinstance(frame, np.ndarray)
                else type(frame).__name__)

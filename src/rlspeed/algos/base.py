@@ -105,6 +105,7 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
+    CloseErrors,
     EncoderWarning,
     OtherEnvOptionsWarning,
     UnusedSettingWarning,
@@ -2997,6 +2998,8 @@ class Algorithm:
         # (inference_mode(False) turns gradients on, also inside no_grad; its exit gives back the grad mode it found)
         inference_off = torch.inference_mode(False)
         inference_off.__enter__()
+        # (an env's close() error, an evaluation env's say, is raised once training is done and saved: `CloseErrors`)
+        close_errors = CloseErrors().__enter__()
         logger = bar = None
         try:
             env = self.make_training_env()
@@ -3114,6 +3117,7 @@ class Algorithm:
             if bar is not None:  # (drawn: closed, which also gives back Python's display of warnings)
                 bar.close()
             inference_off.__exit__(None, None, None)
+            close_errors.__exit__(None, None, None)
             self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
@@ -3333,6 +3337,7 @@ class Algorithm:
             result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
             set_flush_denormal(flushed_before)
             inference_off.__exit__(None, None, None)
+            close_errors.__exit__(None, None, None)
             self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
@@ -3366,6 +3371,7 @@ class Algorithm:
             if closing_row is not None:
                 callbacks.set_final_metrics(closing_row)
             callbacks.on_training_end()  # (self.result is complete)
+        close_errors.raise_first()
         return self
 
     def _continues(self, run_dir: str | Path) -> bool:

@@ -270,7 +270,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         with contextlib.suppress(Exception):  # (the first error is the one to show)
             env.close()
         raise
-    close_envs(env, env_id)  # (an env whose close() raises: said here, before any training)
+    close_envs(env, env_id, before_work=True)  # (an env whose close() raises: said here, before any training)
     return made
 
 

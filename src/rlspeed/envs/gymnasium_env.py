@@ -44,7 +44,7 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.packages import register_family
-from rlspeed.errors import EnvStepError, UserError, warn_at_caller
+from rlspeed.errors import CLOSE_ERRORS, EnvStepError, UserError, warn_at_caller
 from rlspeed.lifetime import stops_kept_while_forking
 
 #: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
@@ -930,10 +930,13 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     return stored
 
 
-def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> None:
+def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bool = False) -> None:
     """Close `env`, the env `env_id` (one env, or a SyncVectorEnv of them); an error the env's
     close() raises is an `EnvStepError` naming the env and close() (one line from the CLI, exit 1; the env's traceback
-    chained), raised once every env of a SyncVectorEnv is closed (Gymnasium's stops at the first that raises)."""
+    chained), raised once every env of a SyncVectorEnv is closed (Gymnasium's stops at the first that raises); within
+    a `CloseErrors` block (the CLI's command, `learn`), kept for its caller to raise once the work is done, unless
+    the env did no work yet (`before_work`: one made to read its spaces, or to check its frames, raises at once: the
+    run stops before training)."""
     try:
         env.close()
     except Exception as error:
@@ -943,7 +946,12 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str) -> None:
                 with contextlib.suppress(Exception):
                     each.close()
             inner.closed = True
-        raise EnvStepError(env_id, "gymnasium", "close", error) from error
+        failure = EnvStepError(env_id, "gymnasium", "close", error)
+        failure.__cause__ = error
+        if not before_work and (kept := CLOSE_ERRORS.get()) is not None:
+            kept.errors.append(failure)
+            return
+        raise failure from error
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:

@@ -39,7 +39,7 @@ from rlspeed.diagnostics import waiting
 from rlspeed.distributed import warn_training_alone
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import EncoderWarning, UnusedSettingWarning, UserError, positive_whole, seconds
+from rlspeed.errors import CloseErrors, EncoderWarning, UnusedSettingWarning, UserError, positive_whole, seconds
 from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
@@ -1661,8 +1661,8 @@ class PopulationBase:
                             "script without torchrun")
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
         # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
-        # gives back)
-        with float32_default(), torch.inference_mode(False):
+        # gives back); an env's close() error, an evaluation env's say, raised once training is done (`CloseErrors`)
+        with float32_default(), torch.inference_mode(False), CloseErrors() as close_errors:
             self._check_start_fits(int(total_timesteps))  # (before metrics.csv and the envs)
             logger = self._metrics_logger(run_dir, evaluating)
             saved = self.progress if self._resumed else None
@@ -1714,6 +1714,7 @@ class PopulationBase:
             finally:
                 self._evaluation_stop = None
                 torch.set_num_threads(threads_before)
+            close_errors.raise_first()
             return self.summary
 
     def _refuse_other_metrics(self, run_dir: Path) -> None:
