@@ -2156,6 +2156,21 @@ def test_eval_whose_env_close_raises_prints_its_scores_and_video_first(_close_la
     assert film.is_file() == video
 
 
+def test_profile_closes_its_envs_and_says_a_close_error_after_its_report(capsys, monkeypatch):
+    """`rlspeed profile` never closed its model's envs: an env whose close() raised was never heard of (exit 0), and
+    its subprocesses were left to the interpreter's exit. It closes them after the report now; the close() error
+    follows the report, exit code 1. (The profiler's run is a short learn here: its reading back takes seconds.)"""
+    from rlspeed import cli
+    from rlspeed.diagnostics import profiler
+
+    monkeypatch.setattr(profiler, "profile_run", lambda model, steps, trace, say: (
+        model.learn(16, progress_bar=False), "the profile's report")[1])
+    code = cli.main(["profile", "ppo", "CloseRaising-v0", "--num-envs", "2", "--set", "num_steps=8", "--set",
+                     "batch_size=16", "--steps", "16", *_CLOSE_LATE[:2], "--env-backend", "gymnasium"])
+    lines = _close_error_last(capsys)
+    assert code == 1 and "the profile's report" in lines, lines
+
+
 @pytest.mark.parametrize("population", [False, True])
 def test_learn_whose_env_close_raises_trains_its_budget_then_raises(tmp_path, population):
     """model.learn (a population's too) with periodic evaluations stopped at the first evaluation env's close()

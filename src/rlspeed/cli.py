@@ -2783,12 +2783,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             trace.unlink()
     algo_cls, _run_settings, hyper, _config = _settings(args)
     model = _model(args, algo_cls, hyper)
-    steps, warmup, profiled = planned_steps(model, args.steps)
-    print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
-          f"{model.device}): a warm-up of {warmup:,} env steps, an unprofiled run of {steps:,} (whole iterations), "
-          f"then a profiled run of {profiled:,}", file=sys.stderr, flush=True)
-    result = profile_run(model, steps=args.steps, trace=trace, say=lambda line: print(line, file=sys.stderr,
-                                                                                     flush=True))
+    try:  # (its envs closed, as train's are: a close() error is said after the report, `_main`)
+        steps, warmup, profiled = planned_steps(model, args.steps)
+        print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
+              f"{model.device}): a warm-up of {warmup:,} env steps, an unprofiled run of {steps:,} (whole "
+              f"iterations), then a profiled run of {profiled:,}", file=sys.stderr, flush=True)
+        result = profile_run(model, steps=args.steps, trace=trace, say=lambda line: print(line, file=sys.stderr,
+                                                                                         flush=True))
+    finally:
+        model.close()
     print(result, file=sys.stderr if args.json else sys.stdout)  # (--json: stdout holds the JSON alone)
     if trace is not None:
         if not trace.is_file():
