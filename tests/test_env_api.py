@@ -2171,6 +2171,20 @@ def test_profile_closes_its_envs_and_says_a_close_error_after_its_report(capsys,
     assert code == 1 and "the profile's report" in lines, lines
 
 
+def test_tune_whose_env_close_raises_writes_its_preset_then_fails(tmp_path, capsys):
+    """`rlspeed tune` of an env whose close() raised after stepping marked its trials failed, no preset written. The
+    trials finish now and the best trial's preset is written; the close() error follows, exit code 1."""
+    from rlspeed import cli
+
+    best = tmp_path / "best.yaml"
+    code = cli.main(["tune", "ppo", "CloseRaising-v0", "--population", "2", "--trials", "2", "--budget", "16",
+                     "--eval-episodes", "1", "--confirm-seeds", "0", "--storage", str(tmp_path / "study.db"),
+                     "--out", str(best), "--num-envs", "2", "--set", "num_steps=8", "--set", "batch_size=16",
+                     *_CLOSE_LATE[:3]])
+    _close_error_last(capsys)
+    assert code == 1 and best.is_file()
+
+
 @pytest.mark.parametrize("population", [False, True])
 def test_learn_whose_env_close_raises_trains_its_budget_then_raises(tmp_path, population):
     """model.learn (a population's too) with periodic evaluations stopped at the first evaluation env's close()
