@@ -2078,6 +2078,22 @@ def test_envs_whose_close_raises_are_all_closed_and_named():
     env.close()  # (closed: nothing raised again)
 
 
+def test_an_async_env_whose_close_raises_is_named():
+    """A gymnasium-async env whose close() raised in its worker was never heard of: the worker printed a traceback and
+    `rlspeed train` exited 0. Closing it raises an EnvStepError naming the env and close() now (kept, under the CLI,
+    for the end of the command, as a sync env's)."""
+    from rlspeed.errors import EnvStepError
+
+    env = rlspeed.make_env("CloseRaising-v0", num_envs=2, device="cpu", backend="gymnasium-async",
+                           env_kwargs={"after_steps": True})
+    env.reset(seed=0)
+    env.step(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(EnvStepError, match=r"'CloseRaising-v0' \(gymnasium-async backend\) raised ChildProcessError "
+                                           r"in close\(\): worker 0 \(and 1 more\) exited with code 1"):
+        env.close()
+    env.close()  # (closed: nothing raised again)
+
+
 def test_an_evaluation_that_fails_shows_the_envs_error_not_its_close_error():
     """An env whose step raised in an evaluation, and whose close() raised too, showed the close() error: the
     evaluation's own failure, the cause to fix, was hidden behind it. The step's error is the one raised now."""

@@ -946,12 +946,32 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bo
                 with contextlib.suppress(Exception):
                     each.close()
             inner.closed = True
-        failure = EnvStepError(env_id, "gymnasium", "close", error)
-        failure.__cause__ = error
-        if not before_work and (kept := CLOSE_ERRORS.get()) is not None:
-            kept.errors.append(failure)
-            return
-        raise failure from error
+        _close_failed(env_id, "gymnasium", error, before_work)
+
+
+def _close_failed(env_id: str, backend: str, error: BaseException, before_work: bool = False) -> None:
+    """The close() error `error` of the env `env_id` (`close_envs`'s rule, also for a gymnasium-async env's
+    workers): an `EnvStepError` naming the env and close(), raised, or kept within a `CloseErrors` block unless
+    `before_work`."""
+    failure = EnvStepError(env_id, backend, "close", error)
+    failure.__cause__ = error
+    if not before_work and (kept := CLOSE_ERRORS.get()) is not None:
+        kept.errors.append(failure)
+        return
+    raise failure from error
+
+
+def _worker_close_error(inner: gym.vector.AsyncVectorEnv) -> BaseException | None:
+    """An error for the workers of the closed AsyncVectorEnv `inner` whose env's close() raised, None where none did:
+    a worker answers "closed" before it closes its env, so the error ends the worker (its traceback on stderr, exit
+    code 1) where Gymnasium's close, which reads only the answer, says nothing."""
+    failed = [(index, process.exitcode) for index, process in enumerate(inner.processes)
+              if process.exitcode not in (0, None)]
+    if not failed:
+        return None
+    more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    return ChildProcessError(f"worker {failed[0][0]}{more} exited with code {failed[0][1]}; the worker printed the "
+                             "env's traceback above")
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
@@ -2156,6 +2176,8 @@ class GymnasiumEnv(BatchedEnv):
         try:
             if asynchronous:
                 self.vector_env.close()
+                if (error := _worker_close_error(inner)) is not None:
+                    _close_failed(self.spec.env_id, "gymnasium-async", error)
             else:
                 close_envs(self.vector_env, self.spec.env_id)
         except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)
