@@ -441,7 +441,10 @@ def _assert_gradient_is_autograds(plain, fused, module_name, batch):
     expected = torch.autograd.grad(loss, list(getattr(plain, module_name).parameters()))
     fused._update_step.hand_derived.gradient(*batch)
     for (name, param), grad in zip(getattr(fused, module_name).named_parameters(), expected):
-        torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+        # (float32 rounding is relative to the tensor's largest entries: an entry near 0 beside entries of 30, from
+        # tanh's 1 - y**2 near |y| = 1, differs by ~1e-6 between two orders of the same products)
+        scale = max(1.0, grad.abs().max().item())
+        torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-6 * scale, msg=name)
 
 
 def _observations_and_actions(model, batch, generator):
