@@ -1019,8 +1019,7 @@ NOT_A_REWARD = (type(None), str, bytes)  # (numpy's str_ and bytes_ are subclass
 def _is_text(value) -> bool:
     """Whether `value` is a string (Python's or numpy's, text or bytes) or a 0-d array of one, which numpy would read
     as a number ("1.0") or a truth value (any non-empty one is True)."""
-    return isinstance(value, (str, bytes, np.str_, np.bytes_)) or (isinstance(value, np.ndarray)
-                                                                  and value.dtype.kind in "US")
+    return isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.dtype.kind in "US")
 
 
 def reward_problem(name: str, reward) -> str | None:
