@@ -391,15 +391,14 @@ def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar
 SUBPROCESS_EVALUATION_ENVS_PER_CPU = 4
 MIN_SUBPROCESS_EVALUATION_ENVS = 16
 #: Gymnasium's in-process envs an evaluation runs at once: more episodes run in waves of that many. A count, not a
-#: size: a wave of small envs (tens of KiB each, classic control) takes hundreds of MiB at most, one of larger envs
-#: (an Atari game's frame buffers) that many times their size
+#: size: a wave takes that many times one env's memory
 GYMNASIUM_EVALUATION_ENVS = 10_000
 #: native torch env rows an evaluation runs at once (a row is its state tensors' and the policy batch's row): more
-#: episodes run in waves of that many, so that a wave's rows take a few GiB at most for small observations
+#: episodes run in waves of that many (a wave takes that many rows' memory)
 NATIVE_EVALUATION_ENVS = 1_000_000
 #: EnvPool's envs an evaluation runs at once (in-process C++ envs, each with its emulator and frame buffers): more
-#: episodes run in waves of that many, so that an Atari wave's envs take about a GiB at most (EnvPool seeds env i
-#: with `seed + i`, as Gymnasium)
+#: episodes run in waves of that many, a wave taking that many envs' memory (EnvPool seeds env i with `seed + i`, as
+#: Gymnasium)
 ENVPOOL_EVALUATION_ENVS = 1_000
 
 
