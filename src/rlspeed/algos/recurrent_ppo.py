@@ -50,10 +50,9 @@ REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_step
                   "target_policy_noise", "target_noise_clip", "action_noise", "optimize_memory_usage")
 _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, ddpg); RecurrentPPO learns from "
                "rollouts of num_envs x num_steps steps: remove it, and size the rollout with num_envs and num_steps")
-#: sb3-contrib's LSTM layout options: rlspeed's RecurrentPPO has one of its layouts, the default one (`build_config`
-#: takes an option at its default, `policy_kwargs.is_rlspeeds_lstm_layout`, and refuses any other value with this
-#: sentence).
-LSTM_LAYOUT_OPTIONS = tuple(SB3_CONTRIB_LSTM_LAYOUT)
+#: what is said of sb3-contrib's LSTM layout options (`SB3_CONTRIB_LSTM_LAYOUT`): rlspeed's RecurrentPPO has one of
+#: its layouts, the default one (`build_config` takes an option at its default, `policy_kwargs.is_rlspeeds_lstm_layout`,
+#: and refuses any other value with this sentence).
 _LSTM_LAYOUT_FIX = (f"{LSTM_LAYOUT_RULE} (sb3-contrib's defaults "
                     f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())}): remove it; "
                     "lstm_hidden_size sets the LSTMs' size")
@@ -74,7 +73,7 @@ class RecurrentPPOConfig(PPOConfig):
     lstm_hidden_size: int = 256
 
     refused: ClassVar[dict[str, str]] = {**dict.fromkeys(REPLAY_OPTIONS, _REPLAY_FIX),
-                                         **dict.fromkeys(LSTM_LAYOUT_OPTIONS, _LSTM_LAYOUT_FIX)}
+                                         **dict.fromkeys(SB3_CONTRIB_LSTM_LAYOUT, _LSTM_LAYOUT_FIX)}
 
     def validate(self) -> None:
         """PPO's checks, plus: an LSTM state of at least one unit, and minibatches of whole sequences."""
