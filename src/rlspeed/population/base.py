@@ -93,10 +93,10 @@ def _seconds(value: float | None) -> float | None:
 #: the first evaluation
 HINT_EVERY_S = 1.0
 
-#: options of a solo run that a population does not have, with the value that means "not used"
 #: the refusal of `save_replay_buffer` (the keyword or the attribute) for a population that keeps no replay buffer
 NO_REPLAY_TO_SAVE = ("save_replay_buffer applies to populations with a replay buffer (DQN, SAC, TD3, DDPG); this one "
                      "keeps none: leave it out.")
+#: options of a solo run that a population does not have, with the value that means "not used"
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
 
 
