@@ -178,7 +178,6 @@ def _eval_command(path, seed: int, episodes: int) -> str:
     return f"rlspeed eval {path} --seed {seed}" + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else "")
 
 
-
 def _whole(minimum: int, maximum: int | None = MAX_COUNT):
     """An argparse type: a whole number from `minimum` to `maximum` (None: no bound), also written 1e5 or 100_000."""
 
