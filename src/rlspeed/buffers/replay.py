@@ -85,7 +85,7 @@ def refuse_unless_fits(needed: int, device: torch.device, what: str, advice: str
     the Y GiB it may take (80% of the Z GiB <which limit>); `advice`.' The limit named is the one that set Z in
     the same measurement: the device's free memory, this process's ulimit, its memory cgroup, or the host's available
     memory. `advice` says what to change; a function of the Y bytes (an int) where it names what would fit."""
-    free, limit = available_memory(torch.device(device), needed=needed)
+    free, limit = available_memory(device, needed=needed)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
     budget = int(REPLAY_MEMORY_SHARE * free)

@@ -418,7 +418,7 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
              + solo._storage_bytes_estimate(num_envs))
     transitions, row_bytes, replay_fixed = replay
     per_member = fixed + int(transitions * row_bytes) + replay_fixed
-    if fixed > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory(torch.device(device))[0] or 0):
+    if fixed > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory(device)[0] or 0):
         return  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
 
     def advice(usable: int) -> str:
