@@ -29,7 +29,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed import evaluation
-from rlspeed.envs.gymnasium_env import close_envs
+from rlspeed.envs.gymnasium_env import close_envs, closed_after
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
@@ -178,14 +178,9 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
     --video-every` checks before training."""
     _require_writer(Path(path))
     env = _render_env(env_id, env_kwargs=env_kwargs)
-    try:
+    with closed_after(env, env_id, before_work=True):
         env.reset(seed=0)
         frame = _rendered(env, env_id)
-    except BaseException:
-        with contextlib.suppress(Exception):  # (the first error is the one to show)
-            env.close()
-        raise
-    close_envs(env, env_id, before_work=True)
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         got = (f"an array of shape {frame.shape} and dtype {frame.dtype}" if isinstance(frame, np.ndarray)
                else type(frame).__name__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import numbers
 import re
 import typing
@@ -33,7 +32,7 @@ from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
     GymnasiumEnv,
-    close_envs,
+    closed_after,
     gym_spec,
     refuse_filming_envs,
     rejected_options,
@@ -256,22 +255,15 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         raise rejected_options(env_id, env_kwargs, error) from None
     except Exception as error:
         raise _make_error(env_id, "gymnasium", error) from error
-    try:
+    with closed_after(env, env_id, before_work=True):  # (an env whose close() raises: said here, before training)
         refuse_filming_envs(env_id, env)
         if atari_game:
-            made = atari.with_options(atari.atari_spec(env_id, env, env_kwargs), env_kwargs)
-        else:
-            # (the made env's time limit: a TimeLimit among the registration's additional_wrappers or put on by its
-            # entry point sets it there, not in the registration)
-            limit = env.spec.max_episode_steps if env.spec is not None else spec.max_episode_steps
-            made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, limit,
-                                       spec.reward_threshold).with_options(env_kwargs)
-    except BaseException:
-        with contextlib.suppress(Exception):  # (the first error is the one to show)
-            env.close()
-        raise
-    close_envs(env, env_id, before_work=True)  # (an env whose close() raises: said here, before any training)
-    return made
+            return atari.with_options(atari.atari_spec(env_id, env, env_kwargs), env_kwargs)
+        # (the made env's time limit: a TimeLimit among the registration's additional_wrappers or put on by its entry
+        # point sets it there, not in the registration)
+        limit = env.spec.max_episode_steps if env.spec is not None else spec.max_episode_steps
+        made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, limit, spec.reward_threshold)
+        return made.with_options(env_kwargs)
 
 
 def backend_for_options(env_kwargs: dict, backend: str) -> str:

@@ -949,6 +949,19 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bo
         _close_failed(env_id, "gymnasium", error, before_work)
 
 
+@contextlib.contextmanager
+def closed_after(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bool = False):
+    """Close `env` when the block ends: with `close_envs` where the block succeeded, quietly where it raised (the
+    block's error is the one to show)."""
+    try:
+        yield env
+    except BaseException:
+        with contextlib.suppress(Exception):
+            env.close()
+        raise
+    close_envs(env, env_id, before_work)
+
+
 def _close_failed(env_id: str, backend: str, error: BaseException, before_work: bool = False) -> None:
     """The close() error `error` of the env `env_id` (`close_envs`'s rule, also for a gymnasium-async env's
     workers): an `EnvStepError` naming the env and close(), raised, or kept within a `CloseErrors` block unless
