@@ -29,7 +29,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed import evaluation
-from rlspeed.envs.gymnasium_env import close_envs, closed_after
+from rlspeed.envs.gymnasium_env import closed_after
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
@@ -449,76 +449,74 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
     # (a stochastic policy samples from a stream of its own, seeded by `seed`; the caller's generators stay as they are)
     sampling = _own_random_stream(model, "cpu", seed, 1) if not deterministic else contextlib.nullcontext()
-    try:
-        with sampling:
-            for episode in range(episodes):
-                # (episode i is the evaluation's episode i of the same seed: Gymnasium's vector env seeds its env i
-                # with seed + i; a native env's row i draws from seed's stream i, as the native view's row option)
-                obs, info = (env.reset(seed=seed, options={"row": episode}) if native_view and seed is not None
-                             else env.reset(seed=None if seed is None else seed + episode))
-                state, start, total = None, np.ones(1, dtype=bool), 0.0
-                # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
-                fire_left = game.fire_steps if game is not None and game.fire is not None else 0
-                lives = info.get("lives")
-                frame = _frame(env, env_id or model.env_id)
-                size = size or frame.shape[:2]
-                _append(writer, frame)
-                frames += 1
-                for _ in range(limit):
-                    masks = None
-                    if masking:  # (an `action_masks()` method, as sb3-contrib's ActionMasker gives, or the info's)
-                        masks = mask_method() if mask_method is not None else info.get("action_mask")
-                    if recurrent:
-                        action, state = model.predict(obs, state=state, episode_start=start,
-                                                      deterministic=deterministic, action_masks=masks)
-                        start = np.zeros(1, dtype=bool)
-                    else:
-                        action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
-                    if fire_left > 0:
-                        action = np.asarray(game.fire).reshape(np.shape(action))
-                    if discrete:  # (a plain int: envs that look the action up in a table (Taxi) refuse a 0-d array)
-                        action = int(action)
-                    obs, reward, terminated, truncated, info = env.step(action)
-                    lost = info.get("lives", lives) < lives if lives is not None else False
-                    fire_left = (game.fire_steps if game is not None and game.fire is not None and lost
-                                 else max(fire_left - 1, 0))
-                    lives = info.get("lives", lives)
-                    total += float(reward)
+    # (the env closes quietly where filming failed, the first error being the one to show; an env whose close()
+    # raises after filming is one line naming it, and the video is kept)
+    with closed_after(env, env_id or model.env_id):
+        try:
+            with sampling:
+                for episode in range(episodes):
+                    # (episode i is the evaluation's episode i of the same seed: Gymnasium's vector env seeds its env i
+                    # with seed + i; a native env's row i draws from seed's stream i, as the native view's row option)
+                    obs, info = (env.reset(seed=seed, options={"row": episode}) if native_view and seed is not None
+                                 else env.reset(seed=None if seed is None else seed + episode))
+                    state, start, total = None, np.ones(1, dtype=bool), 0.0
+                    # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
+                    fire_left = game.fire_steps if game is not None and game.fire is not None else 0
+                    lives = info.get("lives")
                     frame = _frame(env, env_id or model.env_id)
+                    size = size or frame.shape[:2]
                     _append(writer, frame)
                     frames += 1
-                    if terminated or truncated:
-                        break
-                else:
-                    cut += 1
-                returns.append(total)
-        try:
-            writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
-        except OSError as error:
-            raise _WriteFailed(error) from None
-        if path.suffix.lower() == ".mp4" and not _complete_mp4(temporary):
-            # (ffmpeg that failed to write its trailer, on a full disk, says so on stderr and exits non-zero, which
-            # imageio-ffmpeg does not check: the file has no index, and no player opens it)
-            raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
-        _put_in_place(temporary, path, overwrite)
-    except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
-        _close_writer(writer)
-        temporary.unlink(missing_ok=True)
-        with contextlib.suppress(Exception):  # (the first error is the one to show)
-            env.close()
-        error = failed.args[0]
-        raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
-                              "was removed).") from None
-    except BaseException:
-        # (an interruption, Ctrl-C or a notebook's stop button, or an error of the env or the model: the episodes
-        # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
-        # lands in a frame's write) that refuses the same call run again)
-        _close_writer(writer)
-        temporary.unlink(missing_ok=True)
-        with contextlib.suppress(Exception):  # (the first error is the one to show)
-            env.close()
-        raise
-    close_envs(env, env_id or model.env_id)  # (an env whose close() raises: one line naming it; the video is kept)
+                    for _ in range(limit):
+                        masks = None
+                        if masking:  # (an `action_masks()` method, as sb3-contrib's ActionMasker gives, or the info's)
+                            masks = mask_method() if mask_method is not None else info.get("action_mask")
+                        if recurrent:
+                            action, state = model.predict(obs, state=state, episode_start=start,
+                                                          deterministic=deterministic, action_masks=masks)
+                            start = np.zeros(1, dtype=bool)
+                        else:
+                            action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
+                        if fire_left > 0:
+                            action = np.asarray(game.fire).reshape(np.shape(action))
+                        if discrete:  # (a plain int: envs that look the action up in a table (Taxi) refuse a 0-d array)
+                            action = int(action)
+                        obs, reward, terminated, truncated, info = env.step(action)
+                        lost = info.get("lives", lives) < lives if lives is not None else False
+                        fire_left = (game.fire_steps if game is not None and game.fire is not None and lost
+                                     else max(fire_left - 1, 0))
+                        lives = info.get("lives", lives)
+                        total += float(reward)
+                        frame = _frame(env, env_id or model.env_id)
+                        _append(writer, frame)
+                        frames += 1
+                        if terminated or truncated:
+                            break
+                    else:
+                        cut += 1
+                    returns.append(total)
+            try:
+                writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
+            except OSError as error:
+                raise _WriteFailed(error) from None
+            if path.suffix.lower() == ".mp4" and not _complete_mp4(temporary):
+                # (ffmpeg that failed to write its trailer, on a full disk, says so on stderr and exits non-zero, which
+                # imageio-ffmpeg does not check: the file has no index, and no player opens it)
+                raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
+            _put_in_place(temporary, path, overwrite)
+        except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
+            _close_writer(writer)
+            temporary.unlink(missing_ok=True)
+            error = failed.args[0]
+            raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
+                                  "was removed).") from None
+        except BaseException:
+            # (an interruption, Ctrl-C or a notebook's stop button, or an error of the env or the model: the episodes
+            # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
+            # lands in a frame's write) that refuses the same call run again)
+            _close_writer(writer)
+            temporary.unlink(missing_ok=True)
+            raise
     if cut:  # (as `evaluate` says it; stacklevel 3: past the _headless_rendering wrapper, the caller's line)
         warnings.warn(f"record_video: {cut} of {episodes} episodes were still running after {limit} steps; the video "
                       "ends them there and they count with the return collected so far (pass max_steps= to run "
