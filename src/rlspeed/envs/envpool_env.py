@@ -320,4 +320,4 @@ class EnvPoolEnv(BatchedEnv):
 
 
 __all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_refusal", "envpool_task",
-           "INSTALL", "ENVPOOL_NO_TIME_LIMIT", "OTHER_TASKS", "OTHER_VALUES"]
+           "INSTALL"]
