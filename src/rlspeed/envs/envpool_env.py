@@ -18,6 +18,7 @@ Other ids are EnvPool's env of the same name. Where that env is another task tha
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import re
@@ -64,7 +65,9 @@ def import_envpool():
     return envpool
 
 
+@functools.cache
 def _all_envpool_ids() -> frozenset[str]:
+    """EnvPool's task ids (`envpool.list_all_envs()`, fixed for the installed EnvPool): read once a process."""
     return frozenset(import_envpool().list_all_envs())
 
 
