@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -366,6 +367,18 @@ def test_an_envpool_that_cannot_write_as_it_loads_is_one_sentence(tmp_path, monk
     check = {check.name: check for check in doctor.check_env_families()}["env envpool"]
     assert "/tmp/envpool-jumanji-matplotlib" in check.detail and "MPLCONFIGDIR" in check.advice
     assert "pip install" not in check.advice
+
+
+@needs_envpool
+def test_an_id_only_envpool_has_names_every_version_gymnasium_registers(monkeypatch):
+    """The sentence refusing EnvPool's id named only the first three of Gymnasium's versions of it (sorted), without
+    saying others were left out: it names each."""
+    for version in (5, 6, 7):
+        monkeypatch.setitem(gym.registry, f"Taxi-v{version}",
+                            gym.envs.registration.EnvSpec(f"Taxi-v{version}", entry_point="no_such_module:Taxi"))
+    refusal = envpool_env.envpool_only("Taxi-v3")
+    assert "Gymnasium has Taxi-v4, Taxi-v5, Taxi-v6, Taxi-v7 (--env-backend gymnasium: EnvPool has no env for them)" \
+        in refusal, refusal
 
 
 @needs_envpool
