@@ -43,6 +43,25 @@ def test_sb3_1x_net_arch_and_torch_activation_names_are_taken():
             rlspeed.PPO("CartPole-v1", device="cpu", net_arch=net_arch)
 
 
+def test_an_activation_is_torchs_only_under_torch_nns_names():
+    """Any dotted prefix was dropped ('F.relu', torch's function, which SB3 does not take, read as relu; 'mymod.Tanh'
+    as torch.nn's Tanh), and `activation=` took a class of torch's quantized layers (`torch.ao.nn`) as torch.nn's:
+    each is refused naming the table now (by RL-Zoo's translation too: not honoured); torch.nn's spellings are taken."""
+    from torch.ao.nn import quantized
+
+    from rlspeed.activations import activation_name
+    from rlspeed.policy_kwargs import Collected, translate_policy_kwargs
+
+    for given in ("F.relu", "mymod.Tanh", "torch.nn.functional.relu", quantized.LeakyReLU):
+        with pytest.raises(UserError, match=r"^activation must be one of tanh, relu, .*, got '"):
+            activation_name(given)
+        read = Collected()
+        translate_policy_kwargs("ppo", {"activation_fn": given}, read)
+        assert not read.hyper and [key for key, _ in read.refused] == ["policy_kwargs.activation_fn"]
+    assert [activation_name(given) for given in ("nn.ReLU", "torch.nn.Tanh", "th.nn.ELU", "SiLU", torch.nn.GELU)] == [
+        "relu", "tanh", "elu", "silu", "gelu"]
+
+
 def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_that_have_it():
     """A name that shares only its first word or letters with a hyperparameter is no misspelling of it; one that
     other algorithms have says which, and misspellings still get their "Did you mean"."""

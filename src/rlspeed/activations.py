@@ -24,21 +24,46 @@ PRELU_REFUSAL = ("nn.PReLU learns its slope, a parameter beside the linear layer
                  "PReLU with its slope fixed")
 
 
+#: the ways code names torch.nn's activation classes: bare, as torch.nn imported (`nn`, `torch.nn`, RL-Zoo's
+#: `th.nn`), or by the module that defines them (as the class prints)
+TORCH_NN_PREFIXES = ("", "nn", "torch.nn", "th.nn", "torch.nn.modules.activation")
+
+
 def _key(name: str) -> str:
-    return name.rpartition(".")[2].replace("_", "").lower()
+    return name.replace("_", "").lower()
 
 
 _BY_KEY = {**{_key(name): name for name in ACTIVATION_CLASSES}, **{_key(cls): name
                                                                    for name, cls in ACTIVATION_CLASSES.items()}}
 
 
+def is_torch_nn_class(cls: type) -> bool:
+    """Whether the class `cls` is torch.nn's own (of a module under `torch.nn`): a class of one's own named `Tanh`
+    is not, nor torch's quantized layers (`torch.ao.nn`), which take other arguments."""
+    return cls.__module__ == "torch.nn" or cls.__module__.startswith("torch.nn.")
+
+
+def _torch_nn_spelling(value: object) -> str | None:
+    """The class name `value` gives where it names a class of torch.nn, or one of the table's names: torch.nn's class
+    itself, or a name as code writes it (under one of `TORCH_NN_PREFIXES`); None for anything else."""
+    if isinstance(value, type):
+        return value.__name__ if is_torch_nn_class(value) else None
+    if not isinstance(value, str):
+        return None
+    prefix, _, name = value.rpartition(".")
+    return name if prefix in TORCH_NN_PREFIXES else None
+
+
 def activation_name(value: object) -> str:
     """The name in `ACTIVATION_CLASSES` of `value`: a name, torch.nn's class (`nn.LeakyReLU`) or its name as code
-    writes it ("nn.LeakyReLU", "torch.nn.GELU", "LeakyReLU"; case and underscores aside). UserError, one sentence
-    naming the table, for anything else; a class of one's own is the caller's to refuse (its `__module__`)."""
-    text = value.__name__ if isinstance(value, type) else value
-    name = _BY_KEY.get(_key(text)) if isinstance(text, str) else None
-    check_activation(name or text)
+    writes it ("nn.LeakyReLU", "torch.nn.GELU", "th.nn.Tanh", "LeakyReLU"; case and underscores aside). UserError,
+    one sentence naming the table, for anything else: a class of one's own (`is_torch_nn_class`), or a name under
+    another prefix ("F.relu", torch's function, which Stable-Baselines3 does not take either)."""
+    spelled = _torch_nn_spelling(value)
+    name = _BY_KEY.get(_key(spelled)) if spelled is not None else None
+    if name is None:  # (a class by its name where it is torch's, by its module's where it is one's own)
+        check_activation(value if not isinstance(value, type) else value.__name__ if spelled is not None
+                         else f"{value.__module__}.{value.__qualname__}")
     return name
 
 
@@ -53,8 +78,8 @@ def check_activation(name: object) -> None:
 
 def names_prelu(value: object) -> bool:
     """Whether `value` is torch.nn's PReLU, its class or its name as code writes it (`PRELU_REFUSAL` says why not)."""
-    text = value.__name__ if isinstance(value, type) else value
-    return isinstance(text, str) and _key(text) == "prelu"
+    spelled = _torch_nn_spelling(value)
+    return spelled is not None and _key(spelled) == "prelu"
 
 
 def torch_class_names() -> str:

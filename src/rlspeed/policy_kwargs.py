@@ -70,8 +70,6 @@ class Collected:
 def _activation(item) -> str | None:
     """rlspeed's name for SB3's `activation_fn`: torch.nn's class, or its name as code writes it, by the rule of the
     `activation` keyword (`rlspeed.activations.activation_name`); None for anything else (a class of one's own)."""
-    if isinstance(item, type) and not item.__module__.startswith("torch.nn"):
-        return None
     try:
         return activation_name(item)
     except UserError:
