@@ -56,7 +56,7 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tan
     layers: list[nn.Module] = []
     last = in_dim
     for width in hidden:
-        layers += [_init(nn.Linear(last, int(width)), math.sqrt(2)), activation_layer(activation)]
+        layers += [_init(nn.Linear(last, int(width)), math.sqrt(2)), ACTIVATIONS[activation]()]
         last = int(width)
     layers.append(_init(nn.Linear(last, out_dim), out_gain))
     return nn.Sequential(*layers)

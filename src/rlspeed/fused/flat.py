@@ -374,6 +374,8 @@ def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: t
 
 #: the activation layers whose derivative `activation_backward` writes out (`HAND_DERIVED_ACTIVATIONS`' classes)
 DERIVED_ACTIVATIONS = tuple(ACTIVATIONS[name] for name in HAND_DERIVED_ACTIVATIONS)
+#: the activation layers' classes -> their names in `ACTIVATIONS`
+_ACTIVATION_NAMES = {cls: name for name, cls in ACTIVATIONS.items()}
 
 
 def activation_reason(layer: nn.Module | None) -> str | None:
@@ -381,8 +383,7 @@ def activation_reason(layer: nn.Module | None) -> str | None:
     (tanh or ReLU). Every other activation of `rlspeed.nn.ACTIVATIONS` trains with autograd, which says so."""
     if type(layer) in DERIVED_ACTIVATIONS:
         return None
-    names = {cls: name for name, cls in ACTIVATIONS.items()}
-    return (f"activation={names.get(type(layer), type(layer).__name__)} (the hand-derived update covers "
+    return (f"activation={_ACTIVATION_NAMES.get(type(layer), type(layer).__name__)} (the hand-derived update covers "
             f"{' and '.join(HAND_DERIVED_ACTIVATIONS)})")
 
 
