@@ -44,7 +44,7 @@ def test_the_profiled_run_records_at_most_a_bounded_number_of_steps(monkeypatch)
     learned, looked_up = [], []
     learn = model.learn
     monkeypatch.setattr(model, "learn", lambda steps, **kwargs: learned.append(steps) or learn(steps, **kwargs))
-    monkeypatch.setattr(profiler, "auto_candidates", lambda model: looked_up.append(model) or ["bf16-matmul"])
+    monkeypatch.setattr(profiler, "auto_candidates", lambda model, _=None: looked_up.append(model) or ["bf16-matmul"])
     result = profile_run(model, steps=1024, warmup_steps=0)
     assert learned == [1024, 128] and result.steps == 128  # (whole iterations within the cap)
     assert looked_up == [] and result.auto_candidates is None  # (a small network)
@@ -344,7 +344,8 @@ def test_update_advice_names_accelerate_auto_only_where_it_has_a_faster_precisio
     # (an activation the hand-derived update does not cover: the advice said nothing of why the update was autograd)
     gelu = {"implementation": "autograd", "reason": "activation=gelu (the hand-derived update covers tanh and relu)"}
     for candidates in ([], ["bf16"]):
-        [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=candidates, update=gelu))
+        [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=candidates, update=gelu,
+                                 activation="gelu"))
         assert line.endswith(" They run by autograd, not the hand-derived update: activation=gelu (the hand-derived "
                              "update covers tanh and relu).")
 

@@ -113,6 +113,8 @@ class Profile:
     auto_candidates: list[str] | None = None
     #: which gradient update ran and why (`Algorithm.update_summary`: summary.json's `update`)
     update: dict = field(default_factory=dict)
+    #: the hidden layers' activation (the model's `activation` setting; None for a model without one)
+    activation: str | None = None
     #: cores the unprofiled run kept busy on average (CPU time of this process and its subprocesses over the wall
     #: time: `cores_busy`); None where it could not be read
     cores_busy: float | None = None
@@ -313,9 +315,10 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
                      top_ops=top_ops, update_lever=update_lever(model.config),
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
-                     host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy, update=model.update_summary())
+                     host_syncs=syncs * per_1k if on_cuda else None, cores_busy=busy, update=model.update_summary(),
+                     activation=getattr(model.config, "activation", None))
     if needs_auto_candidates(result):
-        result.auto_candidates = auto_candidates(model)
+        result.auto_candidates = auto_candidates(model, result.update)
     result.advice = advise(result)
     result.caveats = too_few_steps(model, steps_done)
     return result
@@ -337,20 +340,20 @@ def too_few_steps(model, profiled: int) -> list[str]:
             f"--steps {default} or more, for figures to compare."]
 
 
-def auto_candidates(model) -> list[str]:
+def auto_candidates(model, update: dict | None = None) -> list[str]:
     """The strategies besides fp32 eager that `--accelerate auto` would time for `model`'s update on its device: the
     reduced matmul precisions of a hand-derived update (`rlspeed.fused.precision.matmul_candidates`), else those of
     `accelerate_step` for the update's optimizer and parameters (`rlspeed.accel.step.step_candidates`: an optimizer
     a CUDA graph cannot capture keeps the compiled candidates, parameters other than float32 no reduced precision).
     Empty where the device offers that update none (an x86 CPU without AMX, for the hand-derived one): auto can only
-    keep fp32 there."""
+    keep fp32 there. `update`: `model.update_summary()`, where the caller has it already."""
     from rlspeed.accel.inputs import floating_dtype
     from rlspeed.accel.step import step_candidates
     from rlspeed.accel.strategy import normalise_request
     from rlspeed.algos.update import HAND_DERIVED
     from rlspeed.fused.precision import matmul_candidates
 
-    if model.update_summary()["implementation"] == HAND_DERIVED:
+    if (update or model.update_summary())["implementation"] == HAND_DERIVED:
         return [precision for precision in matmul_candidates(model.device) if precision != "fp32"]
     optimizer = model.optimizer
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
@@ -478,11 +481,12 @@ def advise(result: Profile) -> list[str]:
             advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it times "
                           f"{', '.join(result.auto_candidates)} against fp32 eager for the update on this device "
                           "and keeps fp32 eager where nothing is faster).")
+        from rlspeed.activations import HAND_DERIVED_ACTIVATIONS
         from rlspeed.algos.update import AUTOGRAD
 
-        reason = result.update.get("reason", "")
-        if result.update.get("implementation") == AUTOGRAD and reason.startswith("activation="):
-            advice[-1] += f" They run by autograd, not the hand-derived update: {reason}."
+        if (result.update.get("implementation") == AUTOGRAD and result.activation is not None
+                and result.activation not in HAND_DERIVED_ACTIVATIONS):
+            advice[-1] += f" They run by autograd, not the hand-derived update: {result.update.get('reason')}."
     if device_type != "cpu" and result.parameters < SMALL_NETWORK and result.num_envs < SMALL_NETWORK_ENVS:
         advice.append(f"a small network ({result.parameters:,} parameters) with {result.num_envs} envs on "
                       f"{result.device}: every step is a chain of tiny kernels, so launch latency rather than "
