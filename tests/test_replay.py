@@ -564,3 +564,16 @@ def test_masks_are_given_to_add_exactly_when_the_buffer_keeps_them(n_step):
     for _ in range(n_step):
         masked.add(*step, next_action_masks=masks)
     assert torch.equal(masked.gather(torch.arange(2))["next_action_masks"], masks)
+
+
+def test_a_buffer_too_large_for_the_accelerator_says_its_size_in_readable_units(monkeypatch):
+    """A buffer that does not fit in the accelerator's free memory is kept on the host with a warning that gave both
+    sizes in GiB to two places, "0.00 GiB" for megabytes; it gives them as `files.size_text` does now."""
+    from rlspeed.buffers import replay
+
+    free = {"cuda": 3 * 2**20, "cpu": 2**34}
+    monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (free[device.type], replay.HOST))
+    with pytest.warns(UserWarning, match=r"^Replay buffer of 5\.0 MiB does not fit in cuda's free memory \(3\.0 MiB\): "
+                                         r"keeping it in pinned host memory\.$"):
+        buffer = ReplayBuffer(100_000, 1, (4,), (), torch.int64, device="cuda")
+    assert buffer.storage_device == torch.device("cpu")

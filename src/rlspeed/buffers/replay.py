@@ -354,9 +354,8 @@ class ReplayBuffer:
             free = available_memory(self.device)[0]
             if self.device.type != "cpu" and free is not None and self.nbytes > REPLAY_MEMORY_SHARE * free:
                 storage_device = torch.device("cpu")
-                warnings.warn(f"Replay buffer of {self.nbytes / 2**30:.2f} GiB does not fit in {self.device}'s "
-                              f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
-                              stacklevel=2)
+                warnings.warn(f"Replay buffer of {size_text(self.nbytes)} does not fit in {self.device}'s free "
+                              f"memory ({size_text(free)}): keeping it in pinned host memory.", stacklevel=2)
         self.storage_device = torch.device(storage_device)
         self._check_fits()
         self._pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
