@@ -857,22 +857,35 @@ def test_stable_baselines3_callbacks_rlspeed_lacks_say_what_to_use_instead():
 def test_the_result_names_the_callback_that_stopped_training_and_why():
     """A run a callback stopped says so in `model.result.stopped_by` (which callback, hook and, for the stock ones,
     why); it said nothing: a run that trained 2 of 8 iterations looked like any other. A further learn starts
-    without it."""
+    without it, and without a callback's earlier `stop_reason` (as Stable-Baselines3's learn starts afresh)."""
 
     class Stopper(BaseCallback):
         def _on_step(self):
             return self.n_calls < 2
 
+    class SaysWhyOnce(BaseCallback):
+        def _on_step(self):
+            if self.n_calls == 1:
+                self.stop_reason = "the first call's reason"
+            return False
+
     model = _ppo()
     model.learn(8 * STEPS_PER_ITERATION, callback=[Recorder(), Stopper()], progress_bar=False)
     assert (model.num_timesteps, model.result.stopped_by) == (2 * STEPS_PER_ITERATION,
                                                               "Stopper._on_step returned False")
+    # (a callback's reason is its stop's: a later learn call's stop by the same callback, which gives none, was
+    # reported with the earlier call's reason)
+    says_why = SaysWhyOnce()
+    model.learn(8 * STEPS_PER_ITERATION, callback=says_why, progress_bar=False)
+    assert model.result.stopped_by == "SaysWhyOnce._on_step returned False: the first call's reason"
+    model.learn(8 * STEPS_PER_ITERATION, callback=says_why, progress_bar=False)
+    assert (says_why.stop_reason, model.result.stopped_by) == (None, "SaysWhyOnce._on_step returned False")
     model.learn(STEPS_PER_ITERATION, progress_bar=False)
     assert model.result.stopped_by is None
     threshold = StopTrainingOnRewardThreshold(reward_threshold=0)
     model.learn(8 * STEPS_PER_ITERATION, progress_bar=False,
                 callback=EvalCallback(eval_freq=1, n_eval_episodes=2, verbose=0, callback_on_new_best=threshold))
-    assert model.num_timesteps == 4 * STEPS_PER_ITERATION
+    assert model.num_timesteps == 6 * STEPS_PER_ITERATION
     assert re.fullmatch(r"StopTrainingOnRewardThreshold._on_step returned False: mean evaluation return "
                         r"[0-9.]+ >= threshold 0", model.result.stopped_by)
     model.learn(8 * STEPS_PER_ITERATION, callback=lambda local: False, progress_bar=False)

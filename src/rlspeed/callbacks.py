@@ -305,8 +305,10 @@ class BaseCallback:
 
     # --- what learn calls ---------------------------------------------------------------------------------------
     def init_callback(self, model: rlspeed.algos.Algorithm) -> None:
-        """Attach to `model` (called by learn before training starts)."""
+        """Attach to `model` (called by learn before training starts, at each learn call: a `stop_reason` of an
+        earlier call's stop is cleared, so a stop in this call is not given that reason)."""
         self.model = model
+        self.stop_reason = None
         self._init_callback()
 
     def on_training_start(self, locals_: dict[str, typing.Any]) -> None:
