@@ -28,6 +28,7 @@ from rlspeed.callbacks import (
     resumed_due,
 )
 from rlspeed.evaluation import evaluate
+from rlspeed.logging import RunLogger
 
 # Native CartPole, 16 envs x 32 steps: 512 env steps per iteration
 STEPS_PER_ITERATION = 512
@@ -36,6 +37,13 @@ STEPS_PER_ITERATION = 512
 def _ppo(**kwargs) -> PPO:
     return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=16, num_steps=32, batch_size=256,
                **kwargs)
+
+
+def _small_ppo() -> PPO:
+    """A PPO of 128-step iterations (4 envs x 32 steps) and one small update each: a learn-level test of the loop's
+    schedule in a fraction of a second."""
+    return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128,
+               n_epochs=1, net_arch=(8,))
 
 
 class Recorder(BaseCallback):
@@ -499,19 +507,22 @@ def test_a_video_that_failed_says_the_step_count_the_next_one_is_due_at(tmp_path
 
 def test_learns_and_the_callbacks_periods_act_once_per_multiple_of_their_frequency(tmp_path, monkeypatch):
     """learn's eval_freq and checkpoint_freq, CheckpointCallback and EveryNTimesteps (EvalCallback's period is
-    theirs) with a period of 768 steps on 512-step iterations: 8 actions in 6,144 steps, at the first iteration end
-    at or past each multiple (there were 6, every 1,024 steps)."""
-    model = _ppo(net_arch=(8,), n_epochs=1)
+    theirs) with a period of 192 steps on 128-step iterations: 8 actions in 1,536 steps, at the first iteration end
+    at or past each multiple (there were 6, every 256 steps)."""
+    model = _small_ppo()
+    # (the schedule, not what is drawn or evaluated: no learning curve, and an evaluation's result without episodes)
+    monkeypatch.setattr(RunLogger, "plot", lambda self: None)
+    monkeypatch.setattr(model, "evaluate", lambda **kwargs: {"mean": 0.0, "std": 0.0, "episodes": 1, "returns": [0.0]})
     saved_at = []  # (learn's own checkpoints: CheckpointCallback's saves are the model's `save` too)
     save = model.save
     monkeypatch.setattr(model, "save", lambda path, *args, **kwargs: (
         saved_at.append(model.num_timesteps) if Path(path).name == "checkpoint.safetensors" else None,
         save(path, *args, **kwargs)))
     child = Recorder()
-    checkpoints = CheckpointCallback(768, tmp_path / "saves")
-    model.learn(12 * STEPS_PER_ITERATION, eval_freq=768, eval_episodes=1, checkpoint_freq=768, run_dir=tmp_path / "run",
-                callback=[checkpoints, EveryNTimesteps(768, child)], progress_bar=False)
-    expected = [1024, 1536, 2560, 3072, 4096, 4608, 5632, 6144]
+    checkpoints = CheckpointCallback(192, tmp_path / "saves")
+    model.learn(12 * 128, eval_freq=192, eval_episodes=1, checkpoint_freq=192, run_dir=tmp_path / "run",
+                callback=[checkpoints, EveryNTimesteps(192, child)], progress_bar=False)
+    expected = [256, 384, 640, 768, 1024, 1152, 1408, 1536]
     assert [steps for steps, _, _ in model.result.evaluations] == expected
     assert [path.name for path in checkpoints.saved] == [f"rl_model_{steps}_steps.safetensors" for steps in expected]
     assert child.n_calls == len(expected)
@@ -1320,3 +1331,54 @@ def test_eval_callback_records_how_many_of_each_evaluations_episodes_were_cut_sh
         again = EvalCallback(eval_freq=8, n_eval_episodes=2, log_path=tmp_path, verbose=0)
         model.learn(8, callback=again, progress_bar=False)
     assert again.evaluations_unfinished == [-1, -1, 2]
+
+
+
+def test_a_run_resumed_after_ctrl_c_in_an_evaluation_makes_that_evaluation_and_its_callbacks_at_once(tmp_path,
+                                                                                                   monkeypatch):
+    """Ctrl-C during learn's evaluation at 256 steps, the run saved as the CLI saves an interrupted one: resumed, the
+    evaluation and the callbacks' period that iteration owed act at the first iteration's end (384), as learn's
+    `resumed_due` and the callbacks' `callbacks_at` make them. The evaluation was skipped (its next step was moved on
+    before it ran) and so was the callbacks' action (their periods started after the resumed step count)."""
+    first = _small_ppo()
+    owed = Recorder()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(first, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        first.learn(1024, eval_freq=256, eval_episodes=1, callback=EveryNTimesteps(256, owed), progress_bar=False)
+    assert first.num_timesteps == 256 and owed.n_calls == 0
+    first.save(tmp_path / "checkpoint.safetensors")
+    resumed = _small_ppo()
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    child = Recorder()
+    resumed.learn(256, eval_freq=256, eval_episodes=1, callback=EveryNTimesteps(256, child), progress_bar=False)
+    assert [steps for steps, _, _ in resumed.result.evaluations] == [384, 512]
+    assert [event[1] for event in child.events if event[0] == "rollout_end"] == [384, 512]
+
+
+def test_a_run_resumed_after_a_crash_in_its_callbacks_runs_their_owed_action_at_once(tmp_path):
+    """A crash in the callbacks of the iteration ending at 256 steps, after learn's checkpoint there: resumed from
+    that checkpoint, a period of the callbacks due at 256 acts at the first iteration's end (384), where it acted at
+    512 (the action skipped); learn's own evaluation at 256 was made before the checkpoint and is not made again."""
+
+    class Crash(BaseCallback):
+        def _on_step(self):
+            if self.num_timesteps == 256:
+                raise RuntimeError("crash")
+            return True
+
+    first = _small_ppo()
+    with pytest.raises(RuntimeError, match="crash"):
+        first.learn(1024, eval_freq=256, eval_episodes=1, checkpoint_freq=128, run_dir=tmp_path,
+                    callback=[Crash(), EveryNTimesteps(256, Recorder())], progress_bar=False)
+    resumed = _small_ppo()
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert resumed.num_timesteps == 256
+    child = Recorder()
+    resumed.learn(256, eval_freq=256, eval_episodes=1, run_dir=tmp_path, callback=EveryNTimesteps(256, child),
+                  progress_bar=False)
+    assert [event[1] for event in child.events if event[0] == "rollout_end"] == [384, 512]
+    assert [steps for steps, _, _ in resumed.result.evaluations] == [512]

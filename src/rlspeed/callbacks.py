@@ -46,7 +46,9 @@ def next_due(timesteps: int, every: int) -> int:
     step count `timesteps`: the first multiple of `every` above it. The one rule of every such period: it acts at the
     end of the first iteration at or past each multiple of `every` of the model's step count (counted from 0, so a
     resumed run or a further learn call keeps the schedule one run would have had), once per multiple, and once
-    where an iteration passed several."""
+    where an iteration passed several; where the run it continues counted steps past a multiple without acting at it
+    (a crash or an interrupt between its count and the action), at the end of the continued run's first iteration
+    (`resumed_due` for learn's own, the callbacks' `_periods_from`)."""
     return (int(timesteps) // every + 1) * every
 
 
@@ -373,6 +375,14 @@ class BaseCallback:
             result.stopped_by = f"{self._stop_name(hook)} returned False{why}"
         return False
 
+    def _periods_from(self) -> int:
+        """The step count this callback's env-step periods start from (`_Period.start`, at training start): the
+        model's, or, where learn continues a run that counted iterations its callbacks did not run at (a crash after
+        its checkpoint, an interrupt), the step count they last ran at (learn's `callbacks_at`), so that an action
+        that run owed is due at once, as learn's own evaluations and checkpoints are (`resumed_due`)."""
+        ran_at = self.locals.get("callbacks_at") if isinstance(self.locals, dict) else None
+        return self.num_timesteps if ran_at is None else min(int(ran_at), self.num_timesteps)
+
     def _stop_name(self, hook: str) -> str:
         """How `result.stopped_by` names this callback's `hook`."""
         return f"{type(self).__name__}.{hook}"
@@ -622,7 +632,7 @@ class EveryNTimesteps(BaseCallback):
         self.callback.init_callback(self.model)
 
     def _on_training_start(self) -> None:
-        self._period.start(self.num_timesteps)
+        self._period.start(self._periods_from())
         self.callback.on_training_start(self.locals)
 
     def _on_rollout_end(self) -> bool:
@@ -845,7 +855,7 @@ class EvalCallback(BaseCallback):
                 child.init_callback(self.model)
 
     def _on_training_start(self) -> None:
-        self._period.start(self.num_timesteps)
+        self._period.start(self._periods_from())
         if self.num_timesteps > 0 and not self.evaluations_timesteps:
             self._continue_log()
         # (its children start and end with it, as EveryNTimesteps' callback does; Stable-Baselines3 starts its
@@ -1041,7 +1051,7 @@ class CheckpointCallback(BaseCallback):
         return self.save_replay_buffer and getattr(self.model, "keeps_replay_buffer", False)
 
     def _on_training_start(self) -> None:
-        self._period.start(self.num_timesteps)
+        self._period.start(self._periods_from())
 
     def _on_rollout_end(self) -> bool:
         if not self._period.due(self.num_timesteps):
@@ -1142,7 +1152,7 @@ class VideoRecorderCallback(BaseCallback):
         _made_folder("VideoRecorderCallback's video_folder", self.video_folder)
 
     def _on_training_start(self) -> None:
-        self._period.start(self.num_timesteps)
+        self._period.start(self._periods_from())
         self.first_due = self._period.next
 
     def _on_rollout_end(self) -> bool:

@@ -3072,10 +3072,15 @@ class Algorithm:
             next_eval = resumed_due(saved_loop, "eval", eval_freq, self.num_timesteps)
             next_checkpoint = (resumed_due(saved_loop, "checkpoint", checkpoint_freq, self.num_timesteps)
                                if checkpoint_freq else None)
+            # the step count the callbacks last ran at (`on_rollout_end`), from which their periods count at training
+            # start: where the run this call continues (a resume, a further learn) counted an iteration whose
+            # callbacks did not run (a crash after its checkpoint, an interrupt before or in them), an action of
+            # theirs it owed is due at once, as learn's own are
+            callbacks_at = min(int(earlier.get("callbacks_at", self.num_timesteps)), self.num_timesteps)
             self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
                           "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
                           "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
-                          "clock_before": clock_before}
+                          "clock_before": clock_before, "callbacks_at": callbacks_at}
             guarded = self._guarded_tensors() if self._numerics.enabled else {}
             if self._numerics.enabled:
                 self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
@@ -3108,7 +3113,7 @@ class Algorithm:
             callbacks_started = False  # (an error from then on reaches them: `on_training_error`)
 
             def record_loop() -> None:  # (where the run stands, for the checkpoint a save writes and for the result)
-                self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint, callbacks_at=callbacks_at,
                                   train_wall_s=clock_offset + train_clock, **result.reached())
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
@@ -3140,7 +3145,8 @@ class Algorithm:
                 callbacks_started = True
                 # (their `self.locals["total_timesteps"]` is Stable-Baselines3's: the step count this call trains to,
                 # the model's steps before it plus its budget, which a callback's progress reads)
-                callbacks.on_training_start(LearnLocals.of(locals(), total_timesteps=self._total_timesteps))
+                callbacks.on_training_start(LearnLocals.of(locals(), total_timesteps=self._total_timesteps,
+                                                           callbacks_at=callbacks_at))
                 self._follow_replaced_optimizers()  # (an optimizer a callback put in place)
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
@@ -3215,7 +3221,6 @@ class Algorithm:
                         row["n_updates"] = self._n_updates
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
-                        next_eval = next_due(self.num_timesteps, eval_freq)
                         reached = False
                         if main:
                             try:
@@ -3253,6 +3258,9 @@ class Algorithm:
                                 if logger is not None:
                                     logger.log(row)
                                 raise
+                        # (the next one, once this one is done: one an interrupt cut short stays due, in the
+                        # checkpoint the interrupted run saves)
+                        next_eval = next_due(self.num_timesteps, eval_freq)
                         if self.strategy.broadcast_flag(reached):
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
@@ -3290,9 +3298,14 @@ class Algorithm:
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
                     paused = paused_at = time.perf_counter()  # (callbacks' evaluations are not training time)
-                    if callbacks is not None and main and not callbacks.on_rollout_end(
-                            LearnLocals.of(locals(), total_timesteps=self._total_timesteps), logged):
-                        callback_stop = True
+                    if callbacks is not None and main:
+                        # (a save a callback makes, CheckpointCallback's, holds where the run stands, with this
+                        # iteration's callbacks taken as run)
+                        record_loop()
+                        self._loop["callbacks_at"] = self.num_timesteps
+                        if not callbacks.on_rollout_end(LearnLocals.of(locals(), total_timesteps=self._total_timesteps),
+                                                        logged):
+                            callback_stop = True
                     if callbacks is not None:
                         self._follow_replaced_optimizers()
                         self._follow_frozen_parameters()  # (a layer a callback froze, after a warm-up say)
@@ -3306,6 +3319,7 @@ class Algorithm:
                     clock_start += paused
                     last_log_time += paused
                     closing = stop and iterations > 0  # (iterations since the last row)
+                callbacks_at = self.num_timesteps
             # A callback's stop ends the run as its budget or target does, with a checkpoint of where it stopped (its
             # stop came after that iteration's checkpoint point): a resume goes on from there, not from the last
             # periodic one. (A stop a signal asked for too is saved by the caller: the CLI's interrupted run.)
