@@ -40,7 +40,8 @@ SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_b
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None),
                   "target_confirmation": (dict, None), "final_eval": dict,
                   "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
-                  "checkpoint_encryption": (dict, None), "interrupted": bool, "error": (str, None),
+                  "checkpoint_encryption": (dict, None), "interrupted": bool, "stopped_by": (str, None),
+                  "error": (str, None),
                   "provenance": dict}
 
 
@@ -169,7 +170,7 @@ def test_train_writes_the_run_directory(runs):
     # strict JSON: no NaN or Infinity
     summary = json.loads((run_dir / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert set(summary) == set(SUMMARY_FIELDS)
-    assert summary["interrupted"] is False
+    assert summary["interrupted"] is False and summary["stopped_by"] is None  # (its whole budget trained)
     for field, expected in SUMMARY_FIELDS.items():
         assert_type(summary[field], expected)
     assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
@@ -246,6 +247,7 @@ def test_train_stops_at_a_reached_target(runs):
     assert_type(summary["steps_to_target"], int)
     assert 0 < summary["time_to_target_s"] <= summary["train_wall_s"]
     assert 0 < summary["steps_to_target"] == summary["total_timesteps"] < 20480  # stopped early
+    assert summary["stopped_by"] == "target"
 
 
 def assert_one_line_error(code: int, stdout: str, stderr: str, expected: str) -> None:
@@ -1639,7 +1641,7 @@ def test_ctrl_c_before_a_resumed_run_trains_keeps_its_checkpoint(tmp_path, monke
     assert cli.main([*argv, "--total-timesteps", "1024", "--resume"]) == 130
     assert (tmp_path / "run" / "checkpoint.safetensors").read_bytes() == checkpoint
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["interrupted"] is True
+    assert summary["interrupted"] is True and summary["stopped_by"] == "signal"
     assert (summary["total_timesteps"], summary["train_wall_s"]) == (512, finished["train_wall_s"])
 
 
@@ -3153,6 +3155,8 @@ def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds,
     assert summary["error"] == ("EnvStepError: The env 'CrashingEnv-v0' (gymnasium backend) raised RuntimeError in "
                                 "step(): sensor cable unplugged")
     assert summary["interrupted"] is False and 0 < summary["total_timesteps"] < 512
+    if not seeds:  # (a single run's field: a population's summary has none)
+        assert summary["stopped_by"] == "error"
     done = train(1_000_000, "--resume")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -3169,7 +3173,7 @@ def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_
     assert (tmp_path / "run" / "model.safetensors").exists()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["error"].startswith("EnvStepError: ") and summary["final_eval"] is None
-    assert summary["total_timesteps"] == 512
+    assert summary["total_timesteps"] == 512 and summary["stopped_by"] is None  # (its training was done)
     done = train(1_000_000, "--resume")
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

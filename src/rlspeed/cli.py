@@ -2590,7 +2590,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 _draw_learning_curve(run_dir, model.num_timesteps)
         return code
     except Exception as error:  # (an env's error in the final evaluation ends the run as one in training does)
-        _write_ended_by_error(run, run_dir, error)
+        _write_ended_by_error(run, run_dir, error, in_training=False)
         raise
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
@@ -2651,9 +2651,10 @@ def _steps_line(summary: dict, result, target, resumed_from) -> str:
             f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
 
 
-def _write_ended_by_error(run: dict, run_dir: Path, error: Exception) -> None:
+def _write_ended_by_error(run: dict, run_dir: Path, error: Exception, in_training: bool = True) -> None:
     """Where an error (an env's, a bad value found mid-run, a bug) ends a run that logged or checkpointed something:
-    summary.json with `"error"` (its type and message) and the steps trained so far, so that a script collecting
+    summary.json with `"error"` (its type and message), `"stopped_by": "error"` where it came `in_training` (not in
+    the final evaluation, after training ended) and the steps trained so far, so that a script collecting
     runs tells it from one still running (which has none) or one that finished (`"error": null`); `--resume` continues
     from its checkpoint as after an interruption (`_ended_summary`). A run that wrote nothing yet is left to
     `_left_clean_if_not_started`, which removes what it made."""
@@ -2663,8 +2664,10 @@ def _write_ended_by_error(run: dict, run_dir: Path, error: Exception) -> None:
         summary = _summary(run, None)
     except Exception:  # (the model as the error left it may not describe itself: the run's names still do)
         summary = {"algo": run["algo"], "env_id": run["args"].env_id, "seed": run["args"].seed, "final_eval": None,
-                   "interrupted": False}
+                   "interrupted": False, "stopped_by": None}
     summary["error"] = _error_text(error)
+    if in_training:
+        summary["stopped_by"] = "error"
     with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
         _write_summary(run_dir, summary)
 
@@ -2706,7 +2709,8 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted,
-               "error": None, "provenance": _provenance(args, model.device)}
+               "stopped_by": _stopped_by(result, interrupted), "error": None,
+               "provenance": _provenance(args, model.device)}
     if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
         replay = model.replay_summary()
         if replay is None and run["resumed_from"] is not None and run.get("run_dir") is not None:
@@ -2722,6 +2726,17 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                                   "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
                                   else 0}
     return summary
+
+
+def _stopped_by(result, interrupted: bool) -> str | None:
+    """summary.json's `stopped_by`: what ended training before its budget, "signal" (Ctrl-C or SIGTERM, `interrupted`),
+    "target" (reached, `steps_to_target`) or a callback's `result.stopped_by`; None where it trained its whole budget
+    ("error" is `_write_ended_by_error`'s)."""
+    if interrupted:
+        return "signal"
+    if result.steps_to_target is not None:
+        return "target"
+    return result.stopped_by
 
 
 def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
