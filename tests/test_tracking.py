@@ -7,6 +7,7 @@ import importlib.util
 import json
 import struct
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,29 @@ def test_a_wandb_callbacks_run_ends_as_failed_where_learn_raises(tmp_path, offli
     second, _ = read_offline_run(tmp_path / "second")
     assert second["exit_code"] == 0 and second["config"]["seed"] == 1
     assert [row["timesteps"] for row in second["history"]] == [128, 256, 384, 512]
+
+
+def test_a_wandb_callbacks_run_ends_as_failed_where_learn_raises_a_close_error_after_training(offline):
+    """An env's close() error during learn is raised once training is done, after the callbacks' end: the W&B run a
+    WandbCallback began ended as a success (exit code 0) while learn raised (the CLI exits 1); it ends as failed, with
+    its summary."""
+    from rlspeed.callbacks import BaseCallback
+    from rlspeed.envs.gymnasium_env import close_envs
+    from rlspeed.errors import EnvStepError
+    from rlspeed.tracking import WandbCallback
+
+    def broken():
+        raise OSError("device busy")
+
+    class ClosesABrokenEnv(BaseCallback):
+        def _on_rollout_end(self):
+            close_envs(types.SimpleNamespace(close=broken), "Broken-v0")
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    with pytest.raises(EnvStepError, match="device busy"):
+        model.learn(128, callback=[WandbCallback(project="rlspeed-tests"), ClosesABrokenEnv()], progress_bar=False)
+    run, _ = read_offline_run(offline)
+    assert run["exit_code"] == 1 and run["summary"]["total_timesteps"] == 128
 
 
 def test_a_signal_after_training_finishes_the_wandb_run_with_its_exit_code_and_the_summary(tmp_path, offline):

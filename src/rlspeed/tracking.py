@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from rlspeed.callbacks import BaseCallback
-from rlspeed.errors import UserError, first_line, warn_at_caller
+from rlspeed.errors import CLOSE_ERRORS, UserError, first_line, warn_at_caller
 from rlspeed.files import write_atomic
 
 INSTALL = 'pip install "rlspeed[track]"'
@@ -41,6 +41,12 @@ def _wandb_fix(reason: str, otherwise: str = "run `wandb login`, or set WANDB_MO
     if "entity" in lowered:
         return "check --wandb-entity (WandbTracker's entity): a W&B user or team name"
     return otherwise
+
+
+def _close_error_kept() -> bool:
+    """Whether an env's close() error is kept in the open `CloseErrors` block, to be raised once the work is done."""
+    kept = CLOSE_ERRORS.get()
+    return kept is not None and bool(kept.errors)
 
 
 class WandbTracker:
@@ -127,9 +133,13 @@ class WandbTracker:
 
     def finish(self, summary: dict | None = None, exit_code: int = 0) -> None:
         """Record `summary` (summary.json's fields, nested ones as dotted keys) and close the run (once: later calls
-        do nothing)."""
+        do nothing). A run finished as a success (`exit_code` 0) while an env's close() error is kept, to be raised
+        once the work is saved (`rlspeed.errors.CloseErrors`: learn raises it after its callbacks' end, the CLI after
+        its summary, and exits 1), ends as failed, exit code 1: as the command or the learn call ends."""
         if self.run is None:
             return
+        if exit_code == 0 and _close_error_kept():
+            exit_code = 1
         run, self.run = self.run, None
         try:
             if summary:
@@ -148,7 +158,8 @@ class WandbCallback(BaseCallback):
     With `tracker` given (the CLI's), the caller finishes it; otherwise this callback starts a run at training start
     (`project`, `entity`, `run_dir`; the config is the model's hyperparameters) and finishes it at training end with
     what `model.result` measured (with `stopped_by` where a callback stopped training), or as failed (exit code 1,
-    130 for Ctrl-C) where learn raises.
+    130 for Ctrl-C) where learn raises: also where it raises an env's close() error once training is done, after
+    its callbacks' end (`on_training_end` runs, the run gets its summary and ends with exit code 1).
     """
 
     def __init__(self, tracker: WandbTracker | None = None, project: str | None = None, entity: str | None = None,

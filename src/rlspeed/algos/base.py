@@ -3382,9 +3382,12 @@ class Algorithm:
                 _tell_training_error(callbacks, error)
             raise
         if callbacks is not None and main:
-            if closing_row is not None:
-                callbacks.set_final_metrics(closing_row)
-            callbacks.on_training_end()  # (self.result is complete)
+            # (within the close() errors' block again: a tracker's end sees one kept, and ends as failed, as learn
+            # does raising it below; one of the callbacks' own end is kept too, after every callback has ended)
+            with close_errors:
+                if closing_row is not None:
+                    callbacks.set_final_metrics(closing_row)
+                callbacks.on_training_end()  # (self.result is complete)
         close_errors.raise_first()
         return self
 
