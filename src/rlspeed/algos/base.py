@@ -2995,11 +2995,13 @@ class Algorithm:
         # point), the caller's given back on every way out
         torch.set_default_dtype(torch.float32)
         self._enter_streams()
-        # (inference_mode(False) turns gradients on, also inside no_grad; its exit gives back the grad mode it found)
-        inference_off = torch.inference_mode(False)
-        inference_off.__enter__()
-        # (an env's close() error, an evaluation env's say, is raised once training is done and saved: `CloseErrors`)
-        close_errors = CloseErrors().__enter__()
+        # (left on every way out, `training_contexts.close()` in the except and finally blocks below:
+        # inference_mode(False) turns gradients on, also inside no_grad, its exit giving back the grad mode it found;
+        # an env's close() error, an evaluation env's say, is kept and raised once training is done and saved,
+        # `CloseErrors`)
+        training_contexts = contextlib.ExitStack()
+        training_contexts.enter_context(torch.inference_mode(False))
+        close_errors = training_contexts.enter_context(CloseErrors())
         logger = bar = None
         try:
             env = self.make_training_env()
@@ -3121,8 +3123,7 @@ class Algorithm:
             self._end()
             if bar is not None:  # (drawn: closed, which also gives back Python's display of warnings)
                 bar.close()
-            inference_off.__exit__(None, None, None)
-            close_errors.__exit__(None, None, None)
+            training_contexts.close()
             self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
@@ -3350,8 +3351,7 @@ class Algorithm:
             result.train_wall_s = clock_offset + train_clock
             result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
             set_flush_denormal(flushed_before)
-            inference_off.__exit__(None, None, None)
-            close_errors.__exit__(None, None, None)
+            training_contexts.close()
             self._leave_streams()
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
