@@ -670,7 +670,11 @@ class RunLogger:
             return
         last = self.last_row
         # (TensorBoard gets only what is new to the row: a value it has already at that step would be a second
-        # point there; where a value it has changes, the row's points are dropped and the whole row sent again)
+        # point there; where a value it has changes, the row's points are dropped and the whole row sent again:
+        # TensorBoard drops a run's points from a step on for every series together, a session start event, never
+        # for one series (its per-series purge is for event files older than version 2, which torch does not
+        # write), so the row's other points go and come back, and TensorBoard's Python reader logs "Purging" for
+        # them; only a changed value does this, not a new one)
         changed = {key: value for key, value in values.items() if key not in last or last[key] != value}
         replaced = any(key in last for key in changed)
         last.update(values)
