@@ -1768,8 +1768,8 @@ class _ContractBreakingEnv(gym.Env):
         obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
         reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x", "reward_number_str": "1.0",
                   "reward_none": None}.get(self.fault, 1.0)
-        if self.t == 2 and self.fault in ("later_reward_none", "later_reward_number_str"):  # (the first step's is 1.0)
-            reward = None if self.fault == "later_reward_none" else "1.0"
+        if self.t == 2 and self.fault.startswith("later_reward_"):  # (the first step's is 1.0)
+            reward = {"later_reward_none": None, "later_reward_number_str": "1.0"}.get(self.fault, np.array("1.0"))
         terminated = {"terminated_array": np.array([done, done]), "terminated_str": str(done)}.get(self.fault, done)
         truncated = None if self.fault == "truncated_none" else False
         if self.fault == "obs_text":
@@ -1875,12 +1875,14 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
 
 
 @pytest.mark.parametrize("fault, said", [("later_reward_none", "reward=None (NoneType)"),
-                                         ("later_reward_number_str", "reward='1.0' (str)")])
+                                         ("later_reward_number_str", "reward='1.0' (str)"),
+                                         ("later_reward_text_array", "reward=array('1.0', dtype='<U3') (ndarray)")])
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
 def test_a_reward_that_is_no_number_after_the_first_step_is_named(fault, said, backend):
     """A reward of None at an env's second step was stored as NaN (in one process as in the parent of subprocess envs,
     where Gymnasium stacks rewards as float64), and the NaN guard stopped without naming the reward; "1.0" trained as
-    1.0 without a word. Every step's reward is checked now: one sentence naming the env, step() and the reward."""
+    1.0 without a word, and so did np.array("1.0") (a 0-d array of text, refused at the first step only). Every step's
+    reward is checked now: one sentence naming the env, step() and the reward."""
     _refused_in_learn("ContractBreaking-v0", backend, {"fault": fault},
                       re.escape(f"'ContractBreaking-v0'.step() returned {said}: a reward is one number per step"))
 
@@ -1918,6 +1920,45 @@ def test_a_subprocess_envs_refused_observation_names_the_method(fault, said):
     value of another shape as an episode's last) said "'X' returned ...", without the method that returned it (the
     in-process backend names it). Now step() or reset(): a finished env's observation is its reset's."""
     _refused_in_learn("DiscreteOut-v0", "gymnasium-async", {"fault": fault}, re.escape(f"'DiscreteOut-v0'.{said}"))
+
+
+class _SharedBuffer(gym.Env):
+    """MultiDiscrete([3]) observations written into one array that all instances share (a class attribute): the first
+    env made ends its episodes at each step, the others return the value 5, outside the space, from step()."""
+
+    observation_space = gym.spaces.MultiDiscrete([3])
+    action_space = gym.spaces.Discrete(2)
+    buffer = np.zeros(1, np.int64)
+    made = 0
+
+    def __init__(self):
+        self.index, _SharedBuffer.made = _SharedBuffer.made, _SharedBuffer.made + 1
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.buffer[:] = 0
+        return self.buffer, {}
+
+    def step(self, action):
+        self.buffer[:] = 1 if self.index == 0 else 5
+        return self.buffer, 0.0, self.index == 0, False, {}
+
+
+gym.register("SharedBuffer-v0", entry_point=_SharedBuffer, disable_env_checker=True)
+
+
+def test_a_refused_observation_in_an_array_shared_with_a_reset_is_named_step():
+    """An observation refused from step() was named reset() where it was the very array an earlier env's reset (in
+    the same step of the batch) had returned: envs writing into one shared buffer. The call that returned it is
+    named now, whatever object it is."""
+    _SharedBuffer.made = 0
+    env = rlspeed.make_env("SharedBuffer-v0", num_envs=2, device="cpu", backend="gymnasium")
+    try:
+        env.reset(seed=0)
+        with pytest.raises(rlspeed.UserError, match=r"\.step\(\) returned the observation value 5 outside"):
+            env.step(torch.zeros(2, dtype=torch.long))
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("vec_env, fault, said", [("DummyVecEnv", "reward_none", "reward=None (NoneType)"),

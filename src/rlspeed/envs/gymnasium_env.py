@@ -1027,6 +1027,9 @@ def _returned(value) -> str:
 
 #: what a reward is never (`step_values_problem`): stored as a float, None becomes NaN and a string its number
 NOT_A_REWARD = (type(None), str, bytes)  # (numpy's str_ and bytes_ are subclasses)
+#: the types of reward checked at every step after an env's first (`reward_problem`), one isinstance a step: those
+#: that are never a reward, and arrays, whose 0-d text ones (np.array("1.0")) numpy stores as their number
+CHECKED_EVERY_STEP = (*NOT_A_REWARD, np.ndarray)
 
 
 def _is_text(value) -> bool:
@@ -1079,9 +1082,9 @@ class SubprocessEnv(gym.Wrapper):
 
     - its first step's reward, `terminated` and `truncated` are checked (`step_values_problem`): Gymnasium's
       AsyncVectorEnv stacks them into arrays in the parent, where a string or None is already a number or a truth
-      value ("False" ends every episode). UserError there. Every later step's reward is checked too (one isinstance:
-      a reward of None was NaN there, which the NaN guard stopped without naming the reward, and "1.0" its number);
-      its flags go through unchecked.
+      value ("False" ends every episode). UserError there. Every later step's reward is checked too (one isinstance,
+      `CHECKED_EVERY_STEP`: a reward of None was NaN there, which the NaN guard stopped without naming the reward,
+      and "1.0" its number); its flags go through unchecked.
     - an episode's last observation is a copy: Gymnasium's worker keeps the object the env returned as
       `info["final_obs"]` and sends it after resetting the env, so an env that writes its observations into one array
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
@@ -1113,8 +1116,10 @@ class SubprocessEnv(gym.Wrapper):
             problem = step_values_problem(f"'{self._env_id}'.step()", *stepped[1:4])
             if problem:
                 raise UserError(problem)
-        elif isinstance(stepped[1], NOT_A_REWARD):
-            raise UserError(step_values_problem(f"'{self._env_id}'.step()", *stepped[1:4]))
+        elif isinstance(stepped[1], CHECKED_EVERY_STEP):
+            problem = reward_problem(f"'{self._env_id}'.step()", stepped[1])
+            if problem:
+                raise UserError(problem)
         if stepped[2] or stepped[3]:  # (the worker resets the env next; once an episode: a copy of any size is cheap)
             return (copy.deepcopy(stepped[0]), *stepped[1:])
         return stepped
@@ -1810,6 +1815,12 @@ class GymnasiumEnv(BatchedEnv):
         if problem:
             raise UserError(problem)
 
+    def _check_reward(self, reward) -> None:
+        """UserError where a step's reward after an env's first is None or text (`reward_problem`)."""
+        problem = reward_problem(f"'{self.spec.env_id}'.step()", reward)
+        if problem:
+            raise UserError(problem)
+
     def _check_keys(self, observation, call: str = "step") -> None:
         """UserError where one env's `call` (its first step, a reset) returned a Dict observation with a key its
         observation_space lacks (Gymnasium's batching reads the space's keys only: the key would be dropped
@@ -1836,8 +1847,8 @@ class GymnasiumEnv(BatchedEnv):
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
         None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
-        stepped = reset_returned = observation = _NOT_CALLED  # (what the envs returned: read if storing it raised)
-        i = None
+        stepped = reset_returned = _NOT_CALLED  # (what the envs returned: read if storing it raised)
+        i, writing = None, "step"  # (which call returned the observation being written: named if it is refused)
         first, self._first_step = self._first_step, False  # (each env's first step: its flags' types are checked)
         try:
             n = self.num_envs
@@ -1855,14 +1866,14 @@ class GymnasiumEnv(BatchedEnv):
             host = self._host
             obs = host.empty(n)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
-                stepped = env.step(actions[i])
+                stepped, writing = env.step(actions[i]), "step"
                 observation, reward[i], terminated[i], truncated[i], info = stepped
                 if first:
                     self._check_flags(stepped)
                     self._check_step_masks(info)
                     self._check_keys(observation)
-                elif isinstance(stepped[1], NOT_A_REWARD):  # (every step's reward: None was stored as NaN, "1.0" 1.0)
-                    self._check_flags(stepped)
+                elif isinstance(stepped[1], CHECKED_EVERY_STEP):  # (every step's reward: None was NaN, "1.0" 1.0)
+                    self._check_reward(stepped[1])
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = host.empty(n)
@@ -1873,7 +1884,7 @@ class GymnasiumEnv(BatchedEnv):
                         successes[i] = info["is_success"]
                     if self._records_returns and isinstance(info.get("episode"), dict):
                         recorded[i] = float(info["episode"]["r"])
-                    reset_returned = env.reset()
+                    reset_returned, writing = env.reset(), "reset"
                     observation, info = reset_returned
                 host.write(obs, i, observation)
                 if masks is not None:
@@ -1881,9 +1892,8 @@ class GymnasiumEnv(BatchedEnv):
             if final is not None:
                 host.copy_rows(final, obs, ~(terminated | truncated))
             return obs, float32_rewards(reward, self), terminated, truncated, final, masks
-        except UserError as error:  # (the observation a reset returned is the one written after it)
-            after_reset = reset_returned is not _NOT_CALLED and observation is reset_returned[0]
-            self._host.raise_named(error, "reset" if after_reset else "step")
+        except UserError as error:
+            self._host.raise_named(error, writing)
         except Exception as error:
             if not _raised_storing(error):
                 raise
