@@ -2000,6 +2000,20 @@ def test_a_step_value_given_as_a_0d_array_of_text_is_refused_and_numbers_are_tak
         assert problem is not None and re.search(said, problem), problem
 
 
+@pytest.mark.parametrize("reward, said", [(None, "reward=None (NoneType)"), (np.array([1.0]), "a reward of shape (1,)"),
+                                          ({"r": 1.0}, "a reward of type dict")])
+def test_every_refusal_of_a_reward_states_one_rule(reward, said):
+    """The contract check (what an env returned, looked at where storing it failed) had its own wording of the reward
+    rule ("a reward is one number per step." for a reward float() refuses) beside the step checks' ("... (a float)."):
+    one rule, said alike by the step checks and the contract check."""
+    from rlspeed.envs.gymnasium_env import contract_problem, step_values_problem
+
+    rule = "a reward is one number per step (a float)"
+    for problem in (contract_problem("X", "step", (np.zeros(2), reward, False, False, {}), None),
+                    step_values_problem("'X'.step()", reward, False, False)):
+        assert problem is not None and problem.startswith(f"'X'.step() returned {said}: {rule}"), problem
+
+
 def _refused_in_learn(env_id: str, backend: str, env_kwargs: dict, match: str) -> None:
     """A small PPO on `env_id` (made with `env_kwargs`) whose learn raises a UserError matching `match`."""
     from rlspeed import PPO

@@ -1038,13 +1038,25 @@ def _is_text(value) -> bool:
     return isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.dtype.kind in "US")
 
 
+#: the rule every refusal of a reward states (`reward_problem`)
+ONE_REWARD = "a reward is one number per step (a float)"
+
+
 def reward_problem(name: str, reward) -> str | None:
-    """One sentence where a step's `reward` (from `name`, "'X'.step()") is None or text (`NOT_A_REWARD`, or an array
-    of text: `_is_text`), else None."""
-    if reward is not None and not _is_text(reward):
-        return None
-    shown = reward.item() if isinstance(reward, np.generic) else reward  # (a vector env's stacked np.str_: '1.0')
-    return f"{name} returned reward={shown!r} ({type(shown).__name__}): a reward is one number per step (a float)."
+    """One sentence where a step's `reward` (from `name`, "'X'.step()") is no single number: None or text
+    (`NOT_A_REWARD`, or an array of text: `_is_text`), an array of another shape than (), or a value float() does not
+    take; else None."""
+    if reward is None or _is_text(reward):
+        shown = reward.item() if isinstance(reward, np.generic) else reward  # (a vector env's stacked np.str_: '1.0')
+        return f"{name} returned reward={shown!r} ({type(shown).__name__}): {ONE_REWARD}."
+    if np.ndim(reward) != 0:
+        return (f"{name} returned a reward of shape {np.shape(reward)}: {ONE_REWARD}; a one-element array's is "
+                "array.item().")
+    try:
+        float(reward)
+    except (TypeError, ValueError):
+        return f"{name} returned a reward of type {type(reward).__name__}: {ONE_REWARD}."
+    return None
 
 
 def step_values_problem(name: str, reward, terminated, truncated) -> str | None:
@@ -1146,16 +1158,9 @@ def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...
             return (f"{name} returned {_returned(returned)}: Gymnasium's step returns (obs, reward, terminated, "
                     f"truncated, info){old}.")
         observation, reward, terminated, truncated, info = returned
-        if np.ndim(reward) != 0:
-            return (f"{name} returned a reward of shape {np.shape(reward)}: a reward is one number per step (a "
-                    "float; a one-element array's is array.item()).")
         problem = step_values_problem(name, reward, terminated, truncated)
         if problem:
             return problem
-        try:
-            float(reward)
-        except (TypeError, ValueError):
-            return f"{name} returned a reward of type {type(reward).__name__}: a reward is one number per step."
     if not isinstance(info, dict):
         return (f"{name} returned an info of type {type(info).__name__}: info is a dict (an empty one where there is "
                 "nothing to report).")
