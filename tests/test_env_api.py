@@ -1961,21 +1961,41 @@ def test_a_refused_observation_in_an_array_shared_with_a_reset_is_named_step():
         env.close()
 
 
-@pytest.mark.parametrize("vec_env, fault, said", [("DummyVecEnv", "reward_none", "reward=None (NoneType)"),
-                                                   ("DummyVecEnv", "reward_number_str", "reward='1.0' (str)"),
-                                                   ("SubprocVecEnv", "reward_number_str", "reward='1.0' (str)")])
+@pytest.mark.parametrize("vec_env, fault, said", [
+    ("DummyVecEnv", "reward_none", "of env 1 returned reward=None (NoneType)"),
+    ("DummyVecEnv", "reward_number_str", "of env 1 returned reward='1.0' (str)"),
+    ("SubprocVecEnv", "reward_none", "of env 1 returned reward=None (NoneType)"),
+    # (stacked with a number, a string makes every row's reward text: no row is named)
+    ("SubprocVecEnv", "reward_number_str", "returned reward='1.0' (str)")])
 def test_a_stable_baselines3_vec_envs_reward_that_is_no_number_is_one_sentence(vec_env, fault, said):
     """A user's DummyVecEnv or SubprocVecEnv whose env returned a reward of None was stored as NaN by SB3 and the NaN
     guard stopped without naming the reward; "1.0" trained as 1.0. The first step's rewards are checked now, as the
-    Gymnasium backends check them: one sentence naming step() and the reward."""
+    Gymnasium backends check them: one sentence naming step(), the env's index in the VecEnv and the reward."""
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
-    make = functools.partial(_ContractBreakingEnv, fault)
-    envs = (sb3.DummyVecEnv([make] * 2) if vec_env == "DummyVecEnv"
-            else sb3.SubprocVecEnv([make] * 2, start_method="fork" if "fork" in multiprocessing.get_all_start_methods()
+    makers = [functools.partial(_ContractBreakingEnv), functools.partial(_ContractBreakingEnv, fault)]
+    envs = (sb3.DummyVecEnv(makers) if vec_env == "DummyVecEnv"
+            else sb3.SubprocVecEnv(makers, start_method="fork" if "fork" in multiprocessing.get_all_start_methods()
                                    else None))
     try:
         model = rlspeed.PPO(envs, device="cpu", seed=0, num_steps=8, batch_size=16)
-        with pytest.raises(rlspeed.UserError, match=re.escape(f"'user-sb3-vec-env'.step() returned {said}: a reward")):
+        with pytest.raises(rlspeed.UserError,
+                           match=re.escape(f"'user-sb3-vec-env'.step() {said}: a reward")):
+            model.learn(16, progress_bar=False)
+    finally:
+        envs.close()
+
+
+def test_a_stable_baselines3_vec_envs_reward_of_none_after_the_first_step_says_what_the_nan_may_be():
+    """A DummyVecEnv stores its envs' rewards as float32 before rlspeed sees them: a reward of None after the first
+    step (which is checked) arrives as NaN, and the NaN guard said only "returned a NaN or infinite observation or
+    reward", sending the user to look for a NaN the env never returned. Its refusal now says that the VecEnv stores a
+    reward of None as NaN."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    envs = sb3.DummyVecEnv([functools.partial(_ContractBreakingEnv, "later_reward_none")] * 2)
+    try:
+        model = rlspeed.PPO(envs, device="cpu", seed=0, num_steps=8, batch_size=16)
+        with pytest.raises(rlspeed.UserError, match=r"in env 0 at its step \d+ .*\(a reward was NaN: a "
+                           r"Stable-Baselines3 VecEnv stores an env's reward of None as NaN"):
             model.learn(16, progress_bar=False)
     finally:
         envs.close()

@@ -61,11 +61,12 @@ class NonFiniteEnvError(NumericsError):
     noticed (populations do not mask such values). `wide_floats`: the observation space has float64 parts, whose
     finite values beyond float32's range became infinite in the float32 the adapters store (said, as the env may
     have returned no NaN or infinity itself); `wide_rewards`: the env returned a finite reward past float32's range,
-    infinite in the float32 rlspeed keeps rewards in (`BatchedEnv.rewards_overflowed`).
+    infinite in the float32 rlspeed keeps rewards in (`BatchedEnv.rewards_overflowed`); `nan_reward_cause`: what a
+    NaN reward may have been before the env's adapter saw it (`BatchedEnv.nan_reward_cause`), said where one was NaN.
     """
 
     def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None,
-                 wide_floats: bool = False, wide_rewards: bool = False):
+                 wide_floats: bool = False, wide_rewards: bool = False, nan_reward_cause: str = ""):
         self.env_index, self.step, self.rows = env_index, step, rows
         wide = ""
         if wide_rewards:
@@ -83,9 +84,10 @@ class NonFiniteEnvError(NumericsError):
             return
         others = f" ({rows - 1} other envs too)" if rows > 1 else ""
         where = "at its first reset" if step == 0 else f"at its step {step:,}"
+        cause = f" ({nan_reward_cause})" if nan_reward_cause else ""
         super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward{wide} in env "
-                         f"{env_index} {where}{others}; fix the env, or pass nan_policy='mask' (CLI: --nan-policy "
-                         "mask) to replace such values by 0 and count them.")
+                         f"{env_index} {where}{others}{cause}; fix the env, or pass nan_policy='mask' (CLI: "
+                         "--nan-policy mask) to replace such values by 0 and count them.")
 
 
 def has_wide_floats(space) -> bool:
@@ -390,9 +392,11 @@ class NumericsGuard:
                 self.first_env_index, self.first_env_step = first_env, first_step
             self.masked_env_rows = self._masked_before + masked
             if rows and self.nan_policy == "raise":
+                source = self._source and self._source()
                 raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats,
-                                        wide_rewards=bool(getattr(self._source and self._source(),
-                                                                  "rewards_overflowed", False)))
+                                        wide_rewards=bool(getattr(source, "rewards_overflowed", False)),
+                                        nan_reward_cause=(getattr(source, "nan_reward_cause", "")
+                                                          if getattr(source, "rewards_nan", False) else ""))
             finite = finite and not caused  # non-finite actions went to the env: the policy diverged
             if not self.scale_hinted and len(values) >= 8:
                 self._hint_scale(values[6], values[7])

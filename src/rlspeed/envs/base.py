@@ -505,6 +505,11 @@ class BatchedEnv:
     #: Whether a finite reward the env returned was past float32's range (about 3.4e38) and became infinite in the
     #: float32 rlspeed keeps rewards in (set by the adapters of float64 rewards: Gymnasium, SB3, EnvPool)
     rewards_overflowed = False
+    #: Whether a reward was NaN as the adapter received it (set by `float32_rewards`), and what such a NaN may have been
+    #: where a vector env the adapter wraps stored the env's reward before it saw it (SB3's VecEnvs: a reward of None
+    #: becomes NaN there), added to the NaN guard's refusal; "" where a NaN reward is the env's own
+    rewards_nan = False
+    nan_reward_cause = ""
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, typing.Any]]:
         """Start new episodes in all N envs (reseeding them first when `seed` is given).

@@ -917,16 +917,19 @@ _FEW_REWARDS = 32
 
 def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
-    finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed` (the NaN
-    guard's refusal names it)."""
+    finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed`, and where
+    one is NaN `env.rewards_nan` (the NaN guard's refusal names them)."""
     stored = np.array(rewards, dtype=np.float32)  # (an overflow: numpy's RuntimeWarning, as numpy gives it)
     # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it; in numpy
     # for many, where Python's cost per reward would be: EnvPool's thousands of envs)
     flat = stored.ravel()
     finite = (all(map(math.isfinite, flat.tolist())) if flat.size <= _FEW_REWARDS
               else bool(np.isfinite(flat).all()))
-    if not finite and np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
-        env.rewards_overflowed = True
+    if not finite:
+        if np.isfinite(np.asarray(rewards, dtype=np.float64)[~np.isfinite(stored)]).any():
+            env.rewards_overflowed = True
+        if np.isnan(flat).any():
+            env.rewards_nan = True
     return stored
 
 

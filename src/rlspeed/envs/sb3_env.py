@@ -139,6 +139,8 @@ class SB3VecEnv(BatchedEnv):
     """
 
     backend = "sb3"
+    nan_reward_cause = ("a reward was NaN: a Stable-Baselines3 VecEnv stores an env's reward of None as NaN, so its "
+                        "env's step() may have returned None, or another value that is no number, as its reward")
 
     def __init__(self, vec_env, device: torch.device | str = "cpu"):
         self.vec_env = vec_env
@@ -295,23 +297,30 @@ class SB3VecEnv(BatchedEnv):
         and "1.0" as 1.0. The envs of a DummyVecEnv (in this process), which writes rewards into a float32 buffer,
         are checked as they return (their `step`, for this step only); another VecEnv's stacked rewards
         (SubprocVecEnv's: an object or text array) here."""
-        name = f"'{self.spec.env_id}'.step()"
+        def name(index: int) -> str:
+            return f"'{self.spec.env_id}'.step() of env {index}"
+
         envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
-        inner = list({id(env.unwrapped): env.unwrapped for env in envs if isinstance(env, gym.Env)}.values()
-                     if isinstance(envs, list) else [])
+        # each env's innermost object by its index (the first index where one object is in several rows)
+        indices = {}
+        for index, env in enumerate(envs if isinstance(envs, list) else []):
+            if isinstance(env, gym.Env):
+                indices.setdefault(id(env.unwrapped), (index, env.unwrapped))
+        inner = [env for _, env in indices.values()]
         own = [vars(env).get("step") for env in inner]  # (a step set on the instance: put back after)
 
-        def checked(step):
+        def checked(step, index: int):
             def step_checked(action):
                 stepped = step(action)
-                problem = reward_problem(name, stepped[1]) if isinstance(stepped, tuple) and len(stepped) > 1 else None
+                problem = (reward_problem(name(index), stepped[1]) if isinstance(stepped, tuple) and len(stepped) > 1
+                           else None)
                 if problem:
                     raise UserError(problem)
                 return stepped
             return step_checked
 
-        for env in inner:
-            env.step = checked(env.step)
+        for index, env in indices.values():
+            env.step = checked(env.step, index)
         try:
             stepped = self.vec_env.step_wait()
         finally:
@@ -321,8 +330,10 @@ class SB3VecEnv(BatchedEnv):
                 else:
                     env.step = step
         rewards = np.asarray(stepped[1])
-        if rewards.dtype.kind in "OUS":
-            problem = next(filter(None, (reward_problem(name, reward) for reward in rewards.ravel())), None)
+        if rewards.dtype.kind in "OUS":  # (stacked text: every row's is text, numbers too, so no row is named)
+            problem = next(filter(None, (reward_problem(name(index) if rewards.dtype.kind == "O" else
+                                                        f"'{self.spec.env_id}'.step()", reward)
+                                         for index, reward in enumerate(rewards.ravel()))), None)
             if problem:
                 raise UserError(problem)
         return stepped
