@@ -2720,6 +2720,34 @@ def test_a_second_signal_stops_at_once_except_in_a_torchrun_worker(under_torchru
                 os.kill(os.getpid(), signal.SIGTERM)
 
 
+def test_a_stop_waiting_on_an_iteration_that_does_not_end_says_so_once(monkeypatch, capsys):
+    """An env whose step never returned kept the iteration going after the first Ctrl-C or SIGTERM, and the run said
+    nothing more than "stopping after this iteration": it looked stuck. Where the iteration has not ended a while
+    after the signal, one line now says so and that another signal stops at once; an iteration that ends in time
+    says nothing more."""
+    import os
+    import signal
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(cli, "STILL_STOPPING_S", 0.2)
+    still = "the iteration has not ended 0.2 s after SIGTERM"
+    err, deadline = "", time.monotonic() + 10
+    with cli._stop_after_iteration() as received:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+        while still not in err and time.monotonic() < deadline:  # (an env that hangs)
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        time.sleep(0.3)  # (no second line)
+    err += capsys.readouterr().err
+    assert err.count("stopping after this iteration") == 1 and err.count(still) == 1, err
+    assert "SIGTERM again stops it at once" in err
+    with cli._stop_after_iteration():  # (an iteration that ends before the line is due)
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)
+    assert still not in capsys.readouterr().err
+
+
 def test_version_flag_prints_the_package_version(capsys):
     import rlspeed
 

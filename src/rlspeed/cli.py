@@ -1883,14 +1883,22 @@ def _signal_handler(handler, signums, keep_ignored: bool = True):
             signal.signal(sig, old)
 
 
+#: seconds after the first Ctrl-C or SIGTERM at which a run whose iteration has not ended says so once
+#: (`_stop_after_iteration`): an env whose step or reset never returns keeps the iteration from ending
+STILL_STOPPING_S = 30.0
+
+
 @contextlib.contextmanager
 def _stop_after_iteration():
     """Within the block the first Ctrl-C (SIGINT) or SIGTERM (or another of `STOP_SIGNALS`) is recorded in the list
     yielded, for the learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint
     there); a second signal stops at once (KeyboardInterrupt or `Terminated`), except in a torchrun worker, which
-    waits for its peers at the iteration's end whatever comes (torchrun's own deadline ends it). A signal the process
-    was started ignoring (SIGINT in a shell's background job) stays ignored."""
+    waits for its peers at the iteration's end whatever comes (torchrun's own deadline ends it). Where the block
+    has not ended `STILL_STOPPING_S` after the first signal, a line says so, and that another stops now (from a
+    thread: the main thread may be inside an env that never returns). A signal the process was started ignoring
+    (SIGINT in a shell's background job) stays ignored."""
     received: list[int] = []
+    reminder: list[threading.Timer] = []
     owner = os.getpid()
     # A torchrun worker gets a scheduler's signal and torchrun's own shutdown signal too (a worker stopping at once
     # would leave its peers waiting in collectives); torchrun kills workers that have not ended 30 s after its signal.
@@ -1908,9 +1916,25 @@ def _stop_after_iteration():
         print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
               + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
               file=sys.stderr, flush=True)
+        if not under_torchrun:
+            reminder.append(threading.Timer(STILL_STOPPING_S, _say_still_stopping, (signum,)))
+            reminder[0].daemon = True
+            reminder[0].start()
 
-    with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
-        yield received
+    try:
+        with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
+            yield received
+    finally:
+        for timer in reminder:
+            timer.cancel()
+
+
+def _say_still_stopping(signum: int) -> None:
+    """The line of a run whose iteration has not ended `STILL_STOPPING_S` after the first stop signal `signum`."""
+    name = _signal_name(signum)
+    print(f"rlspeed: the iteration has not ended {STILL_STOPPING_S:g} s after {name} (an env whose step or reset "
+          f"never returns would keep it going): {name} again stops it at once.",
+          file=sys.stderr, flush=True)
 
 
 def _peer_said_why() -> bool:
