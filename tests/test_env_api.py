@@ -2090,6 +2090,53 @@ def test_an_action_space_changed_in_reset_is_one_sentence(backend):
                       "rlspeed reads an env's spaces once")
 
 
+class _SeedDropping(gym.Env):
+    """Draws its first observation from self.np_random; `passes`: whether reset passes its seed to super().reset
+    ("own": it keeps a generator of its own, seeded with it)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, passes: str = "no"):
+        self.passes = passes
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed if self.passes == "yes" else None)
+        if self.passes == "own":
+            self.rng = np.random.default_rng(seed)
+        rng = self.rng if self.passes == "own" else self.np_random
+        return rng.uniform(-1, 1, 2).astype(np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+gym.register("SeedDropping-v0", entry_point=_SeedDropping, disable_env_checker=True, max_episode_steps=5)
+
+
+@pytest.mark.parametrize("passes", ["no", "yes", "own"])
+def test_a_reset_that_drops_its_seed_is_warned_of(passes):
+    """An env whose reset called super().reset() without the seed drew from an np_random seeded anew each run: runs
+    with the same seed differed, without a word. The first seeded reset rlspeed does anyway now reads the seed
+    Gymnasium recorded and warns where it is another; an env that passes its seed on, or seeds a generator of its own,
+    is not warned of."""
+    from rlspeed.envs import gymnasium_env
+
+    gymnasium_env._WARNED_UNSEEDED.ids.discard("SeedDropping-v0")
+    env = rlspeed.make_env("SeedDropping-v0", num_envs=2, device="cpu", backend="gymnasium", passes=passes)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            env.reset(seed=0)
+            env.reset(seed=1)
+    finally:
+        env.close()
+    said = [str(w.message) for w in caught if "did not seed the env's np_random" in str(w.message)]
+    assert len(said) == (passes == "no"), said
+    if said:
+        assert said[0].startswith("'SeedDropping-v0'.reset(seed=...) did not seed"), said
+
+
 class _CloseRaising(gym.Env):
     """An env whose close() raises: always, or only once it has stepped (`after_steps`); its step raises too with
     `step_raises`. `closed`: the envs whose close() was called."""

@@ -463,6 +463,23 @@ def warn_step_only_masks(spec: EnvSpec, adapter=None) -> None:
                   "in reset's info too.", stacklevel=2)
 
 
+_WARNED_UNSEEDED = _WarnedOnce()  # (`warn_unseeded_reset`)
+
+
+def warn_unseeded_reset(env_id: str, env, seed: int, adapter=None) -> None:
+    """Warn once per env id (once per `adapter` of a user's vector env) where `env`, a Gymnasium env, has just
+    returned from `reset(seed=seed)` with its `np_random` seeded otherwise: from before (its reset does not pass the
+    seed to `super().reset(seed=seed)`), so its draws differ from run to run. Read from the seed Gymnasium records
+    (`np_random_seed`), at a reset rlspeed does anyway: an env that keeps a generator of its own, none, or one it set
+    itself (recorded as -1) is not told."""
+    seen = getattr(getattr(env, "unwrapped", env), "_np_random_seed", None)
+    if seen is None or seen in (-1, seed) or not _WARNED_UNSEEDED.first(env_id, adapter):
+        return
+    warnings.warn(f"'{env_id}'.reset(seed=...) did not seed the env's np_random with the seed it was given (it is "
+                  "seeded from elsewhere): pass the seed on, super().reset(seed=seed), or its random draws differ "
+                  "from run to run and runs with the same seed are not reproducible.", UserWarning, stacklevel=3)
+
+
 def _has_mask_method(env) -> bool:
     """Whether a Gymnasium env (through its wrappers) has sb3-contrib's `action_masks()` method."""
     try:
@@ -1105,7 +1122,8 @@ class SubprocessEnv(gym.Wrapper):
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
       one, and truncated episodes bootstrapped from it (the in-process backend copies each observation as it comes).
     - its first reset keeps the spaces it was made with (`spaces_changed_problem`): the parent read them from an env
-      of its own, made and never reset, so an `action_space` set anew in reset was not seen there.
+      of its own, made and never reset, so an `action_space` set anew in reset was not seen there; and a seeded
+      one, that it seeded the env's np_random (`warn_unseeded_reset`).
     """
 
     def __init__(self, env: gym.Env, env_id: str):
@@ -1120,6 +1138,8 @@ class SubprocessEnv(gym.Wrapper):
             problem = spaces_changed_problem(self._env_id, self.env, made)
             if problem:
                 raise UserError(problem)
+            if kwargs.get("seed") is not None:
+                warn_unseeded_reset(self._env_id, self.env, kwargs["seed"])
         return reset
 
     def step(self, action):
@@ -1782,6 +1802,11 @@ class GymnasiumEnv(BatchedEnv):
         if self._made_spaces is not None:
             made_spaces, self._made_spaces = self._made_spaces, None
             self._check_spaces_kept(made_spaces)
+        if seed is not None:  # (in-process envs; subprocess ones are asked in their worker: `SubprocessEnv`)
+            for index, env in enumerate(getattr(self.vector_env.unwrapped, "envs", None) or ()):
+                each = seed + index if isinstance(seed, int) else seed[index]  # (as Gymnasium seeds env i)
+                if each is not None:
+                    warn_unseeded_reset(self.spec.env_id, env, each, self)
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
             warn_unapplied_masks(self.spec, self)
