@@ -2114,8 +2114,9 @@ class _SeedDropping(gym.Env):
 gym.register("SeedDropping-v0", entry_point=_SeedDropping, disable_env_checker=True, max_episode_steps=5)
 
 
-@pytest.mark.parametrize("passes", ["no", "yes", "own"])
-def test_a_reset_that_drops_its_seed_is_warned_of(passes):
+@pytest.mark.parametrize("passes, backend", [("no", "gymnasium"), ("yes", "gymnasium"), ("own", "gymnasium"),
+                                            ("no", "sb3"), ("yes", "sb3")])
+def test_a_reset_that_drops_its_seed_is_warned_of(passes, backend):
     """An env whose reset called super().reset() without the seed drew from an np_random seeded anew each run: runs
     with the same seed differed, without a word. The first seeded reset rlspeed does anyway now reads the seed
     Gymnasium recorded and warns where it is another; an env that passes its seed on, or seeds a generator of its own,
@@ -2123,7 +2124,11 @@ def test_a_reset_that_drops_its_seed_is_warned_of(passes):
     from rlspeed.envs import gymnasium_env
 
     gymnasium_env._WARNED_UNSEEDED.ids.discard("SeedDropping-v0")
-    env = rlspeed.make_env("SeedDropping-v0", num_envs=2, device="cpu", backend="gymnasium", passes=passes)
+    if backend == "sb3":  # (a user's DummyVecEnv, whose seed() seeds env i with seed + i at its reset)
+        sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+        env = rlspeed.make_env(sb3.DummyVecEnv([functools.partial(_SeedDropping, passes)] * 2), device="cpu")
+    else:
+        env = rlspeed.make_env("SeedDropping-v0", num_envs=2, device="cpu", backend="gymnasium", passes=passes)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -2134,7 +2139,8 @@ def test_a_reset_that_drops_its_seed_is_warned_of(passes):
     said = [str(w.message) for w in caught if "did not seed the env's np_random" in str(w.message)]
     assert len(said) == (passes == "no"), said
     if said:
-        assert said[0].startswith("'SeedDropping-v0'.reset(seed=...) did not seed"), said
+        name = "user-sb3-vec-env" if backend == "sb3" else "SeedDropping-v0"
+        assert said[0].startswith(f"'{name}'.reset(seed=...) did not seed"), said
 
 
 class _CloseRaising(gym.Env):

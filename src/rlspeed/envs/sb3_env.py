@@ -40,6 +40,7 @@ from rlspeed.envs.gymnasium_env import (
     to_device,
     warn_step_only_masks,
     warn_unapplied_masks,
+    warn_unseeded_reset,
 )
 from rlspeed.errors import UserError
 
@@ -230,6 +231,10 @@ class SB3VecEnv(BatchedEnv):
         except Exception as error:
             self._name_contract_breach("reset", error)
             raise
+        if seed is not None:  # (a DummyVecEnv's envs, seeded seed + i by its seed(): SubprocVecEnv's are elsewhere)
+            envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
+            for index, env in enumerate(envs if isinstance(envs, list) else []):
+                warn_unseeded_reset(self.spec.env_id, env, seed + index, self)
         infos = self._reset_infos() or []
         bad = next((i for i, info in enumerate(infos) if not isinstance(info, dict)), None)
         if bad is not None:  # (SB3 unpacked an old-API reset's observation of 2 values as (obs, info))
