@@ -1,9 +1,10 @@
 """`rlspeed tune`: hyperparameter search with Optuna, K trials trained at once as one population.
 
 The study lives in an Optuna storage (SQLite by default, which `optuna-dashboard sqlite:///FILE.db` opens). Each
-batch asks the sampler for K trials (`study.ask()` K times), trains them as one `rlspeed.population.Population`
-(member k takes trial k's hyperparameters and the seed `seed + trial.number`), reports every evaluation to its trial
-(`trial.report`) and removes the members whose trial `should_prune()`, then tells Optuna each trial's result. After
+batch asks the sampler for K trials (one storage write each: `_ask_batch`), trains them as one
+`rlspeed.population.Population` (member k takes trial k's hyperparameters and the seed `seed + trial.number`),
+reports every evaluation to its trial (`trial.report`) and removes the members whose trial `should_prune()`, then
+tells Optuna each trial's result. After
 every batch the best trial so far is written as a preset YAML that `rlspeed train --preset FILE` reads; when the
 study is done, the best trials and the starting configuration are trained again on new seeds and the best median
 is written instead (one trial is one seed, so the best single trial is partly the luckiest seed).
@@ -490,9 +491,7 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
                             "a new --study-name.")
         previous = study.get_trials(deepcopy=False)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in previous)
-    # the sampler's seed moves on with the study, so a resumed study does not replay the draws it already made
-    sampler = optuna.samplers.TPESampler(seed=seed + finished, n_startup_trials=population, multivariate=True,
-                                         constant_liar=True)
+    sampler = _sampler(seed, finished, population)
     pruner = _make_pruner(warmup_steps=budget // 5, min_trials=4)
     for trial in previous:
         if trial.state == TrialState.COMPLETE:
@@ -503,6 +502,16 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
     if study.user_attrs.get(_STUDY_ATTR) is None:
         study.set_user_attr(_STUDY_ATTR, record)
     return study
+
+
+def _sampler(seed: int, done: int, population: int):
+    """The TPE sampler of a study that holds `done` trials (counted one way or another): its seed moves on with the
+    study, so that a resumed study, or its next batch, does not replay the draws made already; the first batch
+    (`population` trials) is random."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed + done, n_startup_trials=population, multivariate=True,
+                                      constant_liar=True)
 
 
 def _fail_stale(study) -> int:
@@ -674,14 +683,12 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     while finished < trials:
         batch += 1
         size = min(population, trials - finished)
-        asked: list = []
+        asked: list = []  # the batch's trials, each with its hyperparameters
         told: set[int] = set()
         batch_started = time.perf_counter()
         try:
             with LongLoopBar(size, "asking Optuna for trials", "trial", progress_bar) as asking:
-                for _ in range(size):  # (one by one into the list: a stop between two asks fails those asked)
-                    asked.append(study.ask())
-                    asking.step()
+                _ask_batch(study, setup, size, asked, asking.step)
             counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
             if asked:  # (none where it stopped before the first was asked: nothing to say)
@@ -696,7 +703,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         best = _best_trial(study)
         if best is not None:
             _write_preset(setup, study, best, None, context)
-        say(f"rlspeed: batch {batch}/{batches}: trials {asked[0].number}-{asked[-1].number}: "
+        say(f"rlspeed: batch {batch}/{batches}: trials {asked[0][0].number}-{asked[-1][0].number}: "
             f"{counts['complete']} complete"
             + (f" ({counts['reached']} reached the target)" if target_return is not None else "")
             + f", {counts['pruned']} pruned" + _pruned_when(counts["pruned_at"])
@@ -733,7 +740,7 @@ def _fail_unfinished(study, asked: list, told: set[int]) -> str:
     left = "left running in the storage (the next run marks them failed)"
     for _ in range(_MARKING_STOPS + 1):
         try:
-            for trial in asked:
+            for trial, _ in asked:
                 if trial.number not in told:  # (one a stop cut short is either told or not: told again, or skipped)
                     study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return "marked failed"
@@ -751,6 +758,50 @@ _DIVERGED_IN_A_ROW = 8
 _MARKING_STOPS = 3
 
 
+def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], None]) -> None:
+    """Ask the study's sampler for `size` trials, appending each (its `optuna.trial.Trial`, its hyperparameters) to
+    `asked` as it is stored (a stop between two leaves those stored in `asked`, for the caller to mark failed); `step`
+    after each.
+
+    The sampler (`_sampler`) draws in a study of its own in memory that holds the study's finished trials and the
+    batch's trials drawn so far (which `constant_liar` counts as running, as in the study itself); each trial is then
+    stored with its parameters, seed and hyperparameters at once, one storage write (`study.ask()`, each `suggest_*`
+    and each `set_user_attr` are a write apiece, an SQLite commit each, and every `ask` reads all running trials).
+    The storage holds what `study.ask()` would have stored: optuna-dashboard shows the trials and a resumed study
+    samples from them."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    # (a sampler of its own, a multivariate TPE sampler serving one study, seeded by the trials the study holds: a
+    # batch whose trials all failed is not drawn again)
+    drafts = optuna.create_study(direction="minimize", sampler=_sampler(setup.seed, len(trials), setup.at_once))
+    drafts.add_trials(finished)
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    number = len(trials)  # (the next trial's number: one process runs the study)
+    for index in range(size):
+        if index < waiting:  # (trials a user enqueued, `study.enqueue_trial`: asked as Optuna asks, their values kept)
+            trial = study.ask()
+            values = sample(trial, setup.space)
+            trial.set_user_attr("seed", setup.seed + trial.number)
+            trial.set_user_attr("hyperparameters", values)
+            drafts.add_trial(create_trial(state=TrialState.RUNNING, params=trial.params,
+                                          distributions=trial.distributions))
+        else:
+            draft = drafts.ask()
+            values = sample(draft, setup.space)
+            stored = create_trial(state=TrialState.RUNNING, params=draft.params, distributions=draft.distributions,
+                                  user_attrs={"seed": setup.seed + number, "hyperparameters": values})
+            # (Optuna's `add_trial` returns no trial to report to: the storage call it makes is made here)
+            trial = optuna.trial.Trial(study, study._storage.create_new_trial(study._study_id, template_trial=stored))
+            if trial.number != number:  # (another process added trials meanwhile: a database server's, unlocked)
+                trial.set_user_attr("seed", setup.seed + trial.number)
+            number = trial.number + 1  # (an enqueued trial has its number already: counted in `trials`)
+        asked.append((trial, values))
+        step()
+
+
 def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     """Train the asked trials as one population, report and prune through Optuna, tell the results (adding each told
     trial's number to `told`).
@@ -761,18 +812,10 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     the target does not vanish from later steps)."""
     from optuna.trial import TrialState
 
-    from rlspeed.population.base import LongLoopBar
-
     target_return = setup.target_return
-    seeds = [setup.seed + trial.number for trial in asked]
-    sampled = []
-    with LongLoopBar(len(asked), "sampling trials", "trial", setup.progress_bar) as sampling:
-        for trial, member_seed in zip(asked, seeds):  # (storage writes each: minutes for thousands of trials)
-            sampled.append(sample(trial, setup.space))
-            trial.set_user_attr("seed", member_seed)
-            trial.set_user_attr("hyperparameters", sampled[-1])
-            sampling.step()
-    per_member = {key: [values[key] for values in sampled] for key in setup.space}
+    seeds = [setup.seed + trial.number for trial, _ in asked]
+    per_member = {key: [values[key] for _, values in asked] for key in setup.space}
+    asked = [trial for trial, _ in asked]
     members = setup.population(seeds, per_member)
     pruner: BatchPruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
