@@ -305,7 +305,7 @@ def test_the_buffer_size_the_estimate_of_frame_members_names_is_not_refused(monk
     monkeypatch.setattr(replay, "available_memory", lambda device, needed=None: (2**30, replay.HOST))  # (a fake 1 GiB)
     with base.planned_timesteps(10**6, progress_bar=False):
         with pytest.raises(UserError, match=r"^A population of 2 members .* or give buffer_size [\d,]+ or less "
-                                            r"\(--set buffer_size=(\d+)\)\.$") as info:
+                                            r"\(buffer_size=(\d+)\)\.$") as info:
             Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1], buffer_size=100_000, num_envs=2)
         fits = int(info.value.args[0].rsplit("buffer_size=", 1)[1].rstrip(").").strip())
         Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1], buffer_size=fits, num_envs=2).check_fits(10**6)

@@ -133,6 +133,29 @@ def test_off_policy_members_whose_replay_buffers_cannot_fit_together_are_refused
     assert line.startswith("rlspeed: error: A population of 1 member (--seeds) at "), line
 
 
+def test_members_made_in_python_that_cannot_fit_are_told_the_keywords(memory_of, monkeypatch):
+    """A `Population(...)` made in Python and refused for memory was told `--seeds 0-1` and `--set buffer_size=N`,
+    command-line flags: it is told its keywords (`rlspeed train --seeds` the flags, above). Memory that fits is read
+    once (it was read twice)."""
+    import torch
+
+    from rlspeed import SAC
+    from rlspeed.buffers import replay
+    from rlspeed.population import Population, base
+
+    memory_of(2**30)  # (as above: 2 members' replays of 10,000,000 transitions fit, 4 do not)
+    with base.planned_timesteps(10**8, progress_bar=False), pytest.raises(UserError) as refused:
+        Population(SAC, "Pendulum-v1", seeds=[0, 1, 2, 3], buffer_size=10**7)
+    assert re.search(r"^A population of 4 members \(seeds=\) .* train at most 2 members at once \(for example "
+                     r"seeds=range\(2\)\), or give buffer_size [\d,]+ or less \(buffer_size=\d+\)\.$",
+                     str(refused.value)), refused.value
+    solo, reads = SAC("Pendulum-v1", device="cpu"), []
+    monkeypatch.setattr(replay, "available_memory",
+                        lambda device, needed=None: (reads.append(needed), (2**40, replay.HOST))[1])
+    base.check_members_fit(solo, 4, torch.device("cpu"), (10**7, 40, 0), base.SEEDS_KEYWORD)
+    assert len(reads) == 1
+
+
 def test_a_members_replay_refusal_counts_its_members_in_words(memory_of):
     """`check_member_replay_fits` of one member said 'The replay of 1 members'."""
     import torch

@@ -732,7 +732,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.device import resolve_device
     from rlspeed.envs import env_spec
     from rlspeed.population import IMPLEMENTATIONS, Population
-    from rlspeed.population.base import CHECKPOINT_NAME, planned_timesteps
+    from rlspeed.population.base import CHECKPOINT_NAME, SEEDS_OPTION, planned_timesteps
     from rlspeed.population.offpolicy import OffPolicyPopulation
     from rlspeed.population.plot import plot_learning_curves
 
@@ -757,7 +757,7 @@ def _train_population(args: argparse.Namespace) -> int:
     args.encryption = encryption_settings()
     _stage("building the population's envs and models")
     # (the estimate after the first member counts the replay buffers for the budget; a long build shows a bar)
-    with planned_timesteps(total, progress_bar=not args.no_progress):
+    with planned_timesteps(total, progress_bar=not args.no_progress, option=SEEDS_OPTION):
         population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)

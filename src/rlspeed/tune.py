@@ -293,7 +293,8 @@ def _path_bytes(path: str) -> bytes:
 
 
 #: what sets the number of a study's members at once, as a refusal names it (`check_members_fit`)
-POPULATION_OPTION = ("--population; population= in Python", "--population {fits}")
+POPULATION_OPTION = ("--population; population= in Python", "--population {fits}",
+                     "--set buffer_size={buffer}; hyperparameters= in Python")
 
 
 @dataclass

@@ -308,16 +308,19 @@ def _forked_generators(device: torch.device) -> contextlib.ExitStack:
     return stack
 
 
-#: what sets the number of a population's members, as `check_members_fit` names it in a refusal: the option (or
-#: keyword), and an example of it that asks for `{fits}` members (`{last}`: the last seed of a range from 0)
-SEEDS_OPTION = ("--seeds", "--seeds 0-{last}")
+#: what sets the number of a population's members, as `check_members_fit` names it in a refusal, in Python: the
+#: keyword, an example of it that asks for `{fits}` members (`{last}`: the last seed of a range from 0), and how a
+#: `{buffer}` buffer_size is given
+SEEDS_KEYWORD = ("seeds=", "seeds=range({fits})", "buffer_size={buffer}")
+#: the same on the command line (`rlspeed train --seeds`, which passes it to `planned_timesteps`)
+SEEDS_OPTION = ("--seeds", "--seeds 0-{last}", "--set buffer_size={buffer}")
 
 #: what the caller of a population's build knows before the members are built (`planned_timesteps`): the env steps
 #: per member it will train for (the estimate of a member, `check_members_fit`, then counts the replay buffer `learn`
 #: allocates), whether a long build shows its progress, the most members the caller builds populations of (None: this
-#: build's), and what sets that number (`SEEDS_OPTION`'s form)
-_BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str]]] = contextvars.ContextVar(
-    "build_plan", default=(None, True, None, SEEDS_OPTION))
+#: build's), and what sets that number (`SEEDS_KEYWORD`'s form: a population made in Python names its keywords)
+_BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str, str]]] = contextvars.ContextVar(
+    "build_plan", default=(None, True, None, SEEDS_KEYWORD))
 
 #: a loop that would take longer than this (seconds: a population's members built, a study's trials asked for) shows
 #: a bar, or where stderr is no terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it runs
@@ -355,14 +358,15 @@ class LongLoopBar:
 
 @contextlib.contextmanager
 def planned_timesteps(total_timesteps: int | None, progress_bar: bool = True, *, members: int | None = None,
-                      option: tuple[str, str] = SEEDS_OPTION) -> Iterator[None]:
+                      option: tuple[str, str, str] = SEEDS_KEYWORD) -> Iterator[None]:
     """Within it, populations being built know they will train for `total_timesteps` env steps per member, so that the
     estimate made after the first member (`check_members_fit`) counts an off-policy member's replay buffer: the
     `rlspeed train --seeds` of members whose replays do not fit together is refused before the others are built.
     `progress_bar=False`: no bar while a long build runs (`BUILD_PROGRESS_S`; `rlspeed train --no-progress`).
     `members`: the most members the caller will build populations of, which the first member of a smaller build (a
     probe of one) is checked as one of, before the caller commits to them (`rlspeed tune` before its first trial);
-    `option`: what sets the number of members, named in a refusal (`SEEDS_OPTION`'s form; tune's `--population`)."""
+    `option`: what sets the number of members and buffer_size, named in a refusal (`SEEDS_KEYWORD`'s form: Python's
+    keywords; `SEEDS_OPTION`, `rlspeed train --seeds`; tune's `--population`)."""
     token = _BUILD_PLAN.set((None if total_timesteps is None else int(total_timesteps), progress_bar,
                              None if members is None else int(members), option))
     try:
@@ -402,15 +406,15 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     return solos, generators
 
 
-def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float, int] = (0, 0, 0),
-                      option: tuple[str, str] = SEEDS_OPTION) -> None:
-    """UserError, naming `option` (--seeds, or what else sets the number of members: `SEEDS_OPTION`'s form), and
+def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, float, int],
+                      option: tuple[str, str, str]) -> None:
+    """UserError, naming `option` (what sets the number of members and buffer_size: `SEEDS_KEYWORD`'s form), and
     buffer_size where the members keep replay buffers, where `size` members like `solo` would not fit in the memory
     available: each its networks four times over (weights, gradients and Adam's two moments), its envs, what is stored
     per env (a rollout) and `replay` (an off-policy member's replay buffer: transitions, bytes per transition, bytes
     whatever its size, such as a frame pool's reserve). --seeds 0-100000 made members for hours before it ran out of
     memory."""
-    name, example = option
+    name, example, buffer_example = option
     parameters = {id(p): p for value in solo._modules().values()
                   for p in (value.parameters() if isinstance(value, torch.nn.Module) else (value,))}
     num_envs = solo.config.num_envs
@@ -418,7 +422,10 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
              + solo._storage_bytes_estimate(num_envs))
     transitions, row_bytes, replay_fixed = replay
     per_member = fixed + int(transitions * row_bytes) + replay_fixed
-    if fixed > REPLAY_MEMORY_SHARE * (replay_buffers.available_memory(device)[0] or 0):
+    free = replay_buffers.available_memory(device, needed=size * per_member)[0]
+    if free is None or size * per_member <= REPLAY_MEMORY_SHARE * free:
+        return
+    if fixed > REPLAY_MEMORY_SHARE * free:
         return  # (not the number of members: a member's own settings, which `check_fits` names, are too large)
 
     def advice(usable: int) -> str:
@@ -427,11 +434,12 @@ def check_members_fit(solo, size: int, device: torch.device, replay: tuple[int, 
                 f"{example.format(fits=fits, last=fits - 1)})"] if fits >= 1 else []
         buffer = int((usable / size - fixed - replay_fixed) // row_bytes) // num_envs * num_envs if transitions else 0
         if buffer >= num_envs:
-            ways.append(f"give buffer_size {buffer:,} or less (--set buffer_size={buffer})")
+            ways.append(f"give buffer_size {buffer:,} or less ({buffer_example.format(buffer=buffer)})")
         return ", or ".join(ways) or "not even one member fits: free memory"
 
     stored = f", and a replay buffer of {transitions:,} transitions" if transitions else ""
     members = f"{size:,} member{'' if size == 1 else 's'}"
+    # (the refusal measures the memory again, as every refusal says it: on this path only)
     refuse_unless_fits(size * per_member, device,
                        f"A population of {members} ({name}) at {size_text(per_member)} each "
                        f"(networks, their gradients and Adam's moments, {num_envs:,} envs and their storage{stored})",
