@@ -1170,3 +1170,26 @@ def test_the_constant_liar_spreads_a_batch(tmp_path, monkeypatch):
         rlspeed.tune._ask_batch(study, setup, 4, asked, lambda: None)
         draws[liar] = [values["learning_rate"] for _, values in asked]
     assert draws[True][0] == draws[False][0] and draws[True][1:] != draws[False][1:]
+
+
+def test_a_resumed_study_checks_memory_for_the_trials_it_has_left(tmp_path, monkeypatch):
+    """The memory check before the study checked one of `min(--population, --trials)` members: a resumed study
+    with 1 trial left of 4 was refused a --population that its last batch (1 trial) would never build."""
+    from rlspeed.population import base
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    for value in (1.0, 2.0, 3.0):
+        study.add_trial(optuna.trial.create_trial(value=value))
+    planned = []
+
+    def checked(budget, progress_bar=True, *, members=None, option=None):
+        planned.append(members)
+        raise RuntimeError("checked")
+
+    monkeypatch.setattr(base, "planned_timesteps", checked)
+    for trials, members in ((4, 1), (103, 100)):
+        with pytest.raises(RuntimeError, match="checked"):
+            tune(PPO, "CartPole-v1", trials=trials, population=1000, storage=str(tmp_path / "study.db"),
+                 study_name="s", hyperparameters=dict(FIXED), budget=256, target_return=None, eval_freq=128,
+                 search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+        assert planned.pop() == members

@@ -515,6 +515,22 @@ def _sampler(seed: int, done: int, population: int):
                                       constant_liar=True)
 
 
+def _finished_trials(storage: str, study_name: str) -> int:
+    """The finished (complete or pruned) trials of the study `study_name` in `storage`, read without making either
+    (0 where the file or the study does not exist yet, or cannot be read: `_open_study` says why when it opens it)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    url = storage_url(storage)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).expanduser().is_file():
+        return 0  # (opening it would make the file)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=url)
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    except Exception:  # (no such study; a storage that cannot be opened, said when the study is opened)
+        return 0
+
+
 def _fail_stale(study) -> int:
     """Mark trials left RUNNING (by a process that was killed) as failed; return how many."""
     from optuna.trial import TrialState
@@ -628,9 +644,11 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         say(f"rlspeed: {note}")
     # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...), or a --population
     # whose members would not fit in memory together, fails here, before the study records any trial: one member,
-    # checked as one of the largest population the run builds (a batch of trials, or a chunk of the confirmation's)
+    # checked as one of the largest population the run builds (a batch of the trials left, or a chunk of the
+    # confirmation's)
     env_kwargs = dict(env_kwargs or {})
-    largest = min(population, max(trials, (confirm_top + 1) * confirm_seeds))
+    left = trials - _finished_trials(storage, study_name)
+    largest = min(population, max(left, (confirm_top + 1) * confirm_seeds))
     with planned_timesteps(budget, progress_bar, members=largest, option=POPULATION_OPTION):
         probe = Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None,
                            **hyperparameters)
