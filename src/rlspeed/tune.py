@@ -537,8 +537,21 @@ def _fail_stale(study) -> int:
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
-        study.tell(trial.number, state=TrialState.FAIL)
+        _mark_failed(study, trial)
     return len(stale)
+
+
+def _mark_failed(study, trial) -> None:
+    """Mark the running `trial` (an `optuna.trial.Trial` or `FrozenTrial`) of `study` failed, in one storage
+    transaction (`study.tell` reads the trial in two more: in SQLite it took twice as long); a trial finished already
+    is left as it is."""
+    import optuna
+    from optuna.trial import TrialState
+
+    try:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:  # (told as a stop cut the marking short)
+        pass
 
 
 def _gives_back_process_state(function: Callable) -> Callable:
@@ -754,14 +767,12 @@ def _fail_unfinished(study, asked: list, told: set[int]) -> str:
     the storage failed (a full disk), that they are left running. A Ctrl-C or SIGTERM while marking (the second of an
     impatient user, the first having stopped the batch) does not leave the others running: marking goes on, up to
     `_MARKING_STOPS` times (then they are left to the next run, which marks them)."""
-    from optuna.trial import TrialState
-
     left = "left running in the storage (the next run marks them failed)"
     for _ in range(_MARKING_STOPS + 1):
         try:
             for trial, _ in asked:
-                if trial.number not in told:  # (one a stop cut short is either told or not: told again, or skipped)
-                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                if trial.number not in told:  # (one a stop cut short is either marked or not: marked, or skipped)
+                    _mark_failed(study, trial)
             return "marked failed"
         except KeyboardInterrupt:
             continue
