@@ -1218,3 +1218,18 @@ def test_a_stopped_batch_is_marked_failed_in_one_transaction_per_trial(tmp_path)
         event.remove(Engine, "commit", commit)
     assert len(commits) == 3  # (the trials not in `told`, the one told to Optuna among them)
     assert [t.state.name for t in study.trials[2:]] == ["COMPLETE", "RUNNING", "FAIL", "FAIL"]
+
+
+def test_a_search_space_cannot_sample_what_changes_a_members_memory(tmp_path):
+    """The memory check before the study (and each batch's) sizes members from the fixed values: a search space
+    naming a hyperparameter that changes shapes or buffers (buffer_size, net_arch, num_envs) is refused, naming
+    --set, so no trial can sample a member larger than the ones checked."""
+    from rlspeed import SAC
+
+    for algo, key, spec in ((SAC, "buffer_size", {"low": 1000, "high": 10**8}),
+                            (PPO, "net_arch", {"choices": [[64, 64], [4096, 4096]]}),
+                            (PPO, "num_envs", {"choices": [8, 1024]})):
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump({"learning_rate": {"low": 1e-4, "high": 1e-3}, key: spec}))
+        with pytest.raises(UserError, match=rf"'{key}' cannot differ across the members .* --set {key}=VALUE"):
+            rlspeed.tune.load_search_space(path, algo, {})

@@ -628,9 +628,11 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (`population` members at
     a time) and write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best
     trial, unconfirmed). A `population` whose members would not fit in memory together is refused (UserError, naming the
-    number that fits) before the study is opened. Returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
-    `progress_bar`: a bar over each population while it trains (and over asking for, sampling and building its trials,
-    where that takes long: `LongLoopBar`). `env_kwargs`: the env's options, for every trial (recorded with the study;
+    number that fits) before the study is opened. Returns `{"finished", "best": {...} or None, "out", "wall_s"}`;
+    where it raises (Ctrl-C, an error), the study keeps its finished trials and `out` the preset of the best trial so
+    far (written after every batch), as with the command: the same call goes on with the study.
+    `progress_bar`: a bar over each population while it trains (and over asking for and building its trials, where
+    that takes long: `LongLoopBar`). `env_kwargs`: the env's options, for every trial (recorded with the study;
     the preset file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register
     the env (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation
     of the trials (and of the confirmation), the final ones included (recorded with the study where it is not 10).
