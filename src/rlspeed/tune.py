@@ -543,8 +543,7 @@ def _fail_stale(study) -> int:
 
 def _mark_failed(study, trial) -> None:
     """Mark the running `trial` (an `optuna.trial.Trial` or `FrozenTrial`) of `study` failed, in one storage
-    transaction (`study.tell` reads the trial in two more: in SQLite it took twice as long); a trial finished already
-    is left as it is."""
+    transaction (`study.tell` first reads the trial in two more); a trial finished already is left as it is."""
     import optuna
     from optuna.trial import TrialState
 
