@@ -1105,10 +1105,10 @@ def test_asking_for_a_large_population_of_trials_says_how_far_it_is(tmp_path, mo
     assert [line for line in lines if line in counted] == counted, lines
 
 
-def _asked_study(tmp_path, name: str = "study"):
+def _asked_study(storage: str):
     """A study in SQLite with 2 completed trials of `SPACE` (TPE models from 2 on: `population` 2), and its setup."""
     record = {"algo": "ppo", "env_id": "CartPole-v1"}
-    study = rlspeed.tune._open_study(str(tmp_path / f"{name}.db"), "s", 0, 2, 256, record)
+    study = rlspeed.tune._open_study(storage, "s", 0, 2, 256, record)
     for value in (1.0, 2.0):
         trial = study.ask()
         rlspeed.tune.sample(trial, SPACE)
@@ -1125,7 +1125,7 @@ def test_a_batch_is_stored_with_one_storage_write_per_trial(tmp_path):
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    study, setup = _asked_study(tmp_path)
+    study, setup = _asked_study(str(tmp_path / "study.db"))  # (a file: read again as optuna-dashboard reads it)
     written, commits = [], []  # (a transaction that only read commits too: not counted)
 
     def statement(connection, cursor, sql, *args) -> None:
@@ -1158,7 +1158,7 @@ def test_a_batch_is_stored_with_one_storage_write_per_trial(tmp_path):
     assert study.trials[7].user_attrs["seed"] == 17
 
 
-def test_the_constant_liar_spreads_a_batch(tmp_path, monkeypatch):
+def test_the_constant_liar_spreads_a_batch(monkeypatch):
     """The trials of a batch are drawn one after another with the batch's earlier trials counted as running (TPE's
     `constant_liar`): the draws differ from those of the same sampler without it after the first."""
     draws = {}
@@ -1166,7 +1166,7 @@ def test_the_constant_liar_spreads_a_batch(tmp_path, monkeypatch):
     for liar in (True, False):
         monkeypatch.setattr(optuna.samplers, "TPESampler",
                             lambda **kwargs: sampler(**{**kwargs, "constant_liar": liar}))  # noqa: B023
-        study, setup = _asked_study(tmp_path, str(liar))
+        study, setup = _asked_study("sqlite:///:memory:")
         asked = []
         rlspeed.tune._ask_batch(study, setup, 4, asked, lambda: None)
         draws[liar] = [values["learning_rate"] for _, values in asked]
@@ -1196,13 +1196,13 @@ def test_a_resumed_study_checks_memory_for_the_trials_it_has_left(tmp_path, monk
         assert planned.pop() == members
 
 
-def test_a_stopped_batch_is_marked_failed_in_one_transaction_per_trial(tmp_path):
+def test_a_stopped_batch_is_marked_failed_in_one_transaction_per_trial():
     """Marking a stopped batch's trials failed (`study.tell`) took three storage transactions per trial, two of them
     reading the trial: 7-12 s for 300-450 trials in SQLite. One each now; a trial told already is left as it is."""
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    study, setup = _asked_study(tmp_path)
+    study, setup = _asked_study("sqlite:///:memory:")
     asked = []
     rlspeed.tune._ask_batch(study, setup, 4, asked, lambda: None)
     study.tell(asked[0][0], 5.0)
