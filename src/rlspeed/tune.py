@@ -547,9 +547,11 @@ def _mark_failed(study, trial) -> None:
     import optuna
     from optuna.trial import TrialState
 
+    # (an older Optuna, without UpdateFinishedTrialError, raised a RuntimeError: its base class)
+    finished = getattr(optuna.exceptions, "UpdateFinishedTrialError", RuntimeError)
     try:
         study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:  # (told as a stop cut the marking short)
+    except finished:  # (told as a stop cut the marking short)
         pass
 
 
