@@ -118,13 +118,15 @@ class WidePPO(PPO):
 def test_loading_a_subclass_file_with_rlspeeds_class_names_the_subclass(tmp_path, features_dim):
     """PPO.load of a file a subclass with its own encoder saved: one sentence naming the class to load it with, not
     a hint at net_arch (heads of another width) or load_state_dict's RuntimeError (heads of the same width, the
-    encoder's tensors left over)."""
+    encoder's tensors left over), and no warning before it (it warned that PPO.load makes it a PPO, then refused)."""
     path = WidePPO("CartPole-v1", device="cpu", seed=0, features_dim=features_dim).save(tmp_path / "wide")
-    with pytest.warns(UserWarning, match="a subclass of rlspeed's ppo"), \
+    with warnings.catch_warnings(record=True) as said, \
             pytest.raises(UserError, match=rf"was saved by {__name__}\.WidePPO, whose networks PPO\.load does not "
                                            rf"build \(the checkpoint.*policy\..*\): load it with WidePPO\.load, with "
                                            rf"WidePPO imported from {__name__}\.$"):
+        warnings.simplefilter("always")
         PPO.load(path)
+    assert [str(warning.message) for warning in said] == []
     assert WidePPO.load(path).policy.encoder.features_dim == features_dim
 
 

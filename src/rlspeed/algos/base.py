@@ -3812,7 +3812,6 @@ class Algorithm:
             raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
                             f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
                             "config class of someone else's, or its metadata was edited.")
-        _warn_other_class(meta, algo, path, "load")
         fields = {field.name for field in dataclasses.fields(algo.config_cls)}
         for name, flag in _STATISTICS:  # (a file written before its algorithm had the flag, DQN's, SAC's, TD3's and
             # DDPG's normalize_obs: the statistics of the normalising env it trained on say the flag was on)
@@ -3952,6 +3951,8 @@ class Algorithm:
         model._saved_on_vec_normalize_obs = bool(meta.get("vec_normalize_obs", False))
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
+        # (said once the model is built: a load that fails names the subclass in its error, one outcome)
+        _warn_other_class(meta, algo, path, "load")
         return model
 
     @property
