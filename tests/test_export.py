@@ -257,6 +257,34 @@ def test_export_checkpoint_from_a_run_directory(tmp_path):
             rlspeed.load(exported)
 
 
+def test_export_checkpoint_says_what_the_file_warns_once_at_the_callers_line(tmp_path):
+    """A model file's warning (a format-1 file's unchecked integrity) reaches export_checkpoint's caller once, at the
+    caller's line: it came twice where the export worked (once at export.py's line, the file read twice), and from
+    export.py's line only where the load then failed (the load's own dropped)."""
+    from safetensors.torch import save_file
+
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,)).save(
+        tmp_path / "new"))
+    meta.pop("digest")
+
+    def warned(config: dict, out: str) -> list[tuple[str, str]]:
+        save_file(tensors, str(tmp_path / "old.safetensors"),
+                  metadata={"rlspeed": json.dumps({**meta, "version": 1, "config": config})})
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                export_checkpoint(tmp_path / "old.safetensors", "torchscript", tmp_path / out, algorithms=ALGORITHMS)
+            except UserError as error:
+                assert "does not have (no_such_setting)" in str(error)
+        return [(warning.filename, str(warning.message).split(":")[0]) for warning in said]
+
+    said = [(__file__, f"'{tmp_path / 'old.safetensors'}' was written before checkpoints carried a digest")]
+    assert warned(meta["config"], "q.pt") == said
+    assert (tmp_path / "q.pt").is_file()
+    assert warned({**meta["config"], "no_such_setting": 1}, "r.pt") == said  # (the load refuses the file)
+    assert not (tmp_path / "r.pt").exists()
+
+
 @pytest.mark.parametrize("out", [".", "/", "{tmp}"])
 def test_export_to_a_directory_with_a_format_is_one_sentence(out, tmp_path, monkeypatch, capsys):
     """`rlspeed export RUN --format onnx --out .` (or "/"): a directory, refused as one; "." and "/" were a ValueError

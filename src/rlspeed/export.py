@@ -824,28 +824,44 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)
-    _, meta = load_checkpoint(path)
-    refuse_non_model(path, meta)
-    # (an algorithm of a user's own name, also one named as another rlspeed algorithm: the rlspeed algorithm it
-    # derives from, whose load warns that it makes one)
-    algo_cls = (algorithm_of(meta, path) if algorithm_of is not None
-                else algorithms.get(meta.get("derives_from")) or algorithms.get(meta.get("algo")))
-    if algo_cls is None:
-        raise UserError(f"'{path}' holds a model of {meta.get('class') or meta.get('algo')}, which is not one of "
-                        "rlspeed's algorithms: export it in Python with its class imported "
-                        "(rlspeed.load(path).export(out)).")
-    target = local_path(out) if out is not None else path.with_suffix(FORMATS[format])
-    if target.is_dir() or not target.name:  # (".", "/" or "" name no file: said before the sidecar's name is made)
-        raise UserError(f"'{out}' is a directory; give the file to write, e.g. "
-                        f"{target / ('policy' + FORMATS[format])}.")
-    if target.exists() and target.resolve() == path.resolve():
-        raise UserError(f"The export would replace the model it is made from ('{path}'): give another --out.")
-    sidecar = target.with_name(target.name + ".json")
-    for existing in (target, sidecar):  # (the sidecar is written too: a file of the user's there is theirs)
-        if existing.exists() and not overwrite:
-            raise UserError(f"'{existing}' exists: pass --overwrite to replace it, or give another --out.")
-    with warnings.catch_warnings(record=True) as said:  # (a load that fails says in its error what they said)
+    with _LoadWarnings():  # (the file is read twice, its metadata first: what either says, said once)
+        _, meta = load_checkpoint(path)
+        refuse_non_model(path, meta)
+        # (an algorithm of a user's own name, also one named as another rlspeed algorithm: the rlspeed algorithm it
+        # derives from, whose load warns that it makes one)
+        algo_cls = (algorithm_of(meta, path) if algorithm_of is not None
+                    else algorithms.get(meta.get("derives_from")) or algorithms.get(meta.get("algo")))
+        if algo_cls is None:
+            raise UserError(f"'{path}' holds a model of {meta.get('class') or meta.get('algo')}, which is not one of "
+                            "rlspeed's algorithms: export it in Python with its class imported "
+                            "(rlspeed.load(path).export(out)).")
+        target = local_path(out) if out is not None else path.with_suffix(FORMATS[format])
+        if target.is_dir() or not target.name:  # (".", "/" or "" name no file: said before the sidecar's name)
+            raise UserError(f"'{out}' is a directory; give the file to write, e.g. "
+                            f"{target / ('policy' + FORMATS[format])}.")
+        if target.exists() and target.resolve() == path.resolve():
+            raise UserError(f"The export would replace the model it is made from ('{path}'): give another --out.")
+        sidecar = target.with_name(target.name + ".json")
+        for existing in (target, sidecar):  # (the sidecar is written too: a file of the user's there is theirs)
+            if existing.exists() and not overwrite:
+                raise UserError(f"'{existing}' exists: pass --overwrite to replace it, or give another --out.")
         model = algo_cls.load(path, device="cpu")
-    for warning in said:
-        warnings.warn(warning.message, warning.category, stacklevel=2)
     return export(model, target, format=format, action_mask=action_mask)
+
+
+class _LoadWarnings(warnings.catch_warnings):
+    """The warnings said within (loading a model file), each once, shown at the caller's line outside rlspeed (the
+    line that asked for the export, not rlspeed's), also where the load then fails: its error does not repeat them.
+    (A class, not a generator: `warn_at_caller` finds the caller through rlspeed's frames only.)"""
+
+    def __init__(self):
+        super().__init__(record=True)
+
+    def __enter__(self):
+        self._said = super().__enter__()
+        return self._said
+
+    def __exit__(self, *exc_info):
+        super().__exit__(*exc_info)
+        for sentence, category in dict.fromkeys((str(warning.message), warning.category) for warning in self._said):
+            warn_at_caller(sentence, category)
