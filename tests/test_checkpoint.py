@@ -1234,3 +1234,39 @@ def test_set_parameters_and_init_from_take_a_file_of_an_algorithm_derived_from_t
     capsys.readouterr()
     assert cli.main(["train", "dqn", "CartPole-v1", "--init-from", str(path), "--dry-run"]) == 2
     assert "holds a model of own_algorithm (derived from ppo), not of dqn: " in capsys.readouterr().err
+
+
+def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_that_registers_its_env(
+        tmp_path, monkeypatch, capsys):
+    """A model trained on a user's env (`rlspeed train ppo myenvs:MyEnv-v0` keeps the id `MyEnv-v0` and the module in
+    config.yaml) records the module that registers the id (`gym_packages`): `rlspeed eval` of the file alone, where
+    nothing registered the id, imports it and says so (it failed: "not a registered id here"); `--no-imports` says
+    what it does not import; the file saved again keeps them. MinAtar's ids record the module whose register_envs()
+    registers them."""
+    import gymnasium as gym
+
+    from rlspeed import cli
+    from rlspeed.envs.packages import registering_modules
+
+    (tmp_path / "fu_moved_envs.py").write_text(
+        "import gymnasium as gym\nfrom gymnasium.envs.classic_control.cartpole import CartPoleEnv\n\n\n"
+        "class Moved(CartPoleEnv):\n    pass\n\n\ngym.register('FuMoved-v0', entry_point=Moved, max_episode_steps=20)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fu_moved_envs", raising=False)
+    import fu_moved_envs  # noqa: F401 (registers FuMoved-v0)
+
+    path = PPO("FuMoved-v0", seed=0, device="cpu", **TINY).save(tmp_path / "moved" / "model")
+    assert rlspeed.checkpoint.load_checkpoint(path)[1]["gym_packages"] == ["fu_moved_envs"]
+    assert registering_modules("MinAtar/Breakout-v1") == ["minatar.gym"] and registering_modules("CartPole-v1") == []
+    assert registering_modules("fu_pkg.envs:Fu-v0") == ["fu_pkg.envs"]  # (Python keeps a `module:EnvId` id whole)
+    monkeypatch.delitem(sys.modules, "fu_moved_envs")  # (as in a process that never imported it)
+    monkeypatch.delitem(gym.registry, "FuMoved-v0")
+    again = PPO.load(path, device="cpu").save(tmp_path / "again")  # (saved again, or exported: the file's modules)
+    assert rlspeed.checkpoint.load_checkpoint(again)[1]["gym_packages"] == ["fu_moved_envs"]
+    assert cli.main(["eval", str(path), "--episodes", "1", "--no-imports"]) == 2
+    assert f"not importing fu_moved_envs, which {path} records" in capsys.readouterr().err
+    assert cli.main(["eval", str(path), "--episodes", "1"]) == 0
+    captured = capsys.readouterr()
+    assert f"rlspeed: importing fu_moved_envs, which {path} records" in captured.err
+    assert "PPO on FuMoved-v0" in captured.out

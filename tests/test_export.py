@@ -213,6 +213,19 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
             for value in (*proto.graph.input, *proto.graph.output)] == [["batch", 3], ["batch", 1]]
 
 
+def test_a_population_members_sidecar_records_its_seed():
+    """A member's sidecar says which member it is: its seed (the sidecar had none, so the exports of a population's
+    members could not be told apart); and which modules register its env (none for Gymnasium's own ids)."""
+    from pathlib import Path
+
+    from rlspeed.export import describe, export_module
+    from rlspeed.population import Population
+
+    member = Population(rlspeed.DQN, "CartPole-v1", seeds=[3, 4], net_arch=(16,), device="cpu").member_model(1)
+    sidecar = describe(member, export_module(member), "onnx", Path("member.onnx"))
+    assert sidecar["seed"] == 4 and sidecar["gym_packages"] == []
+
+
 def test_every_format_exports_with_warnings_as_errors(tmp_path):
     """`python -W error -m rlspeed export RUN --format torchscript` ended on torch's DeprecationWarning of
     torch.jit.trace, which the caller cannot change: the format asked for is a trace."""

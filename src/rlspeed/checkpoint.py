@@ -1043,6 +1043,7 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
     if problem is None:
         optional = {"num_timesteps": _is_int, "n_updates": _is_int, "seed": lambda v: v is None or _is_int(v),
                     "env_backend": lambda v: isinstance(v, str), "optimizers": lambda v: isinstance(v, dict),
+                    "gym_packages": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
                     "max_episode_steps": lambda v: v is None or _is_int(v),
                     "env_kwargs": lambda v: v is None or isinstance(v, dict),
                     "env_kwargs_tuples": lambda v: isinstance(v, list) and all(

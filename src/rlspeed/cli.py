@@ -3003,6 +3003,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
+    _import_recorded_env_modules(args, meta, path)
     algo_cls = _command_algorithm(meta, path)
     from rlspeed.device import configure_threads, resolve_device
 
@@ -3140,6 +3141,29 @@ def _advice(verb: str) -> Callable[[str], str]:
         return f"add --gym-packages {module} (importable from here: PYTHONPATH) to {verb} it as {name}"
 
     return advice
+
+
+def _import_recorded_env_modules(args: argparse.Namespace, meta: dict, path: Path) -> None:
+    """`rlspeed eval` of a model file whose env id is not registered here (a file moved without its config.yaml,
+    trained with `--gym-packages` or a `module:EnvId` id): import the modules it records (`gym_packages`), said as
+    config.yaml's are; `--no-imports` says so and imports nothing."""
+    import gymnasium as gym
+
+    env_id, recorded = meta.get("env_id"), meta.get("gym_packages")
+    if (args.env is not None or not isinstance(recorded, list) or not recorded or not isinstance(env_id, str)
+            or ":" in env_id or env_id in gym.registry):  # (a `module:EnvId` id: its module is imported below)
+        return
+    recorded = [str(module) for module in recorded]
+    if args.no_imports:
+        print(f"rlspeed: --no-imports: not importing {', '.join(recorded)}, which {path} records (gym_packages)",
+              file=sys.stderr, flush=True)
+        return
+    print(f"rlspeed: importing {', '.join(recorded)}, which {path} records (gym_packages: the modules that register "
+          f"its env {env_id})", file=sys.stderr, flush=True)
+    from rlspeed.envs import import_gym_packages
+
+    import_gym_packages(recorded, why=f"(recorded in {path})")
+    args.gym_packages = [*(args.gym_packages or []), *recorded]
 
 
 def cmd_export(args: argparse.Namespace) -> int:

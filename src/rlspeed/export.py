@@ -564,6 +564,8 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
     options = recorded_env_kwargs(model.spec)  # (the env's options: the same env needs them)
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
+            # (the modules to import before gymnasium.make(env_id): a user's `module:EnvId`, MinAtar's minatar.gym)
+            "gym_packages": model._registering_modules(), "seed": model.seed,
             "env_kwargs": options, "env_kwargs_tuples": tuple_paths(options),  # (as a checkpoint records them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,

@@ -102,6 +102,7 @@ from rlspeed.envs.gymnasium_env import (
     normalising_wrappers,
     single_env_id,
 )
+from rlspeed.envs.packages import registering_modules
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
@@ -3697,6 +3698,8 @@ class Algorithm:
         metadata = {"algo": self.name, "class": _class_name(type(self)),
                     **({"derives_from": base} if (base := _derived_algorithm(type(self))) else {}),
                     "env_id": self.env_id,
+                    # (the modules that register the id, which another process imports before making the env)
+                    "gym_packages": self._registering_modules(),
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
@@ -3727,6 +3730,12 @@ class Algorithm:
         replay = metadata["resume"].get("replay_buffer")
         return save_with_staged(path, tensors, metadata, replay["file"] if replay is not None else None,
                                 digest=digest)
+
+    def _registering_modules(self) -> list[str]:
+        """The modules that register the env's id (`registering_modules`: what `save` and an export's sidecar record
+        as `gym_packages`), else those the file this model was loaded from records (an id no module registered in
+        this process: a file moved without its run)."""
+        return registering_modules(self.env_id) or list(self.__dict__.get("_recorded_gym_packages") or [])
 
     def _own_init_arguments(self) -> dict:
         """A subclass's own `__init__` arguments (`_own_init_parameters`) as it was called (`__new__` records them),
@@ -3949,6 +3958,7 @@ class Algorithm:
             model._replay_left = left  # (said when learn starts)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
         model._saved_on_vec_normalize_obs = bool(meta.get("vec_normalize_obs", False))
+        model._recorded_gym_packages = list(meta.get("gym_packages") or [])  # (saved again and exported with it)
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
         # (said once the model is built: a load that fails names the subclass in its error, one outcome)

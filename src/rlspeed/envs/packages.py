@@ -108,6 +108,26 @@ def register_family(env_id: str) -> None:
             return
 
 
+def registering_modules(env_id: str) -> list[str]:
+    """The modules to import (calling a `register_envs()` where one has it, as `import_gym_packages` does) before
+    `gymnasium.make(env_id)` works in another process: what a model file and an export's sidecar record as
+    `gym_packages`. The module of a `module:EnvId` id; a family's package (`PACKAGE_FAMILIES`: `minatar.gym`); else
+    the module of the id's registered entry point (importing it imports the package that registers it); none for
+    Gymnasium's and rlspeed's own ids, an unregistered id, or a class of a script (`__main__`), which no import
+    gives."""
+    if ":" in env_id:
+        return [env_id.split(":", 1)[0]]
+    for prefix, (_, module, _) in PACKAGE_FAMILIES.items():
+        if env_id.startswith(prefix):
+            return [module]
+    spec = gym.registry.get(env_id)
+    entry = getattr(spec, "entry_point", None)
+    module = entry.split(":", 1)[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    if not isinstance(module, str) or module.split(".")[0] in ("gymnasium", "rlspeed", "__main__", "builtins"):
+        return []
+    return [module]
+
+
 _mujoco_routed = False
 #: what to do where MuJoCo cannot be imported with the MUJOCO_GL set
 MUJOCO_GL_ADVICE = ("unset MUJOCO_GL (training renders nothing), or set it to egl (or osmesa where its library, "
