@@ -554,6 +554,15 @@ def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
             chosen = expected.reshape(batch, -1) + np.concatenate(([0], np.cumsum(space.nvec)[:-1])) \
                 if isinstance(space, gym.spaces.MultiDiscrete) else expected.reshape(batch, 1)
             assert np.take_along_axis(flags, chosen, axis=1).all()
+    # an input in another dtype (the same values) is refused by every format, as ONNX refuses it: TorchScript took
+    # int32 for int64 and uint8 for bool, torch.export programs uint8 for bool, and ran
+    refusal = {"onnx": "Unexpected input data type", "exported_program": "Tensor dtype mismatch",
+               "torchscript": r"takes \w+ tensors, as its sidecar's inputs say: convert it"}[format]
+    other = {"int64": np.int32, "bool": np.uint8, "uint8": np.int64, "float32": np.float64}
+    given = [*inputs, *([masks] if masked else [])]
+    for index, value in enumerate(given):
+        with pytest.raises(Exception, match=refusal):  # noqa: PT011 (each runtime's own class)
+            run(*given[:index], value.astype(other[value.dtype.name]), *given[index + 1:])
 
 
 @pytest.mark.parametrize("kind", ["tuple", "dict"])

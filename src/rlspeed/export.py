@@ -155,6 +155,8 @@ class PolicyExport(nn.Module):
         self.action_space = model.spec.action_space
         self.observation_clip = model._obs_clip if observation_clip is None else observation_clip
         self.action_mask = False  # whether the graph takes an `action_mask` input (`with_action_mask`)
+        #: `_checked_dtype` scripted, while a TorchScript trace is made (`_checked`)
+        self.dtype_check: Callable | None = None
         self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # float32 constants in the graph: its input's dtype, what runtimes compute in
             self.obs_rms = frozen_statistics(model.obs_rms)
@@ -176,6 +178,7 @@ class PolicyExport(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         """Actions `[B, ...]` for raw observations `[B, *observation_shape]` (one tensor per key, in key order, for
         Dict observations), followed by the `extra_inputs()`."""
+        inputs = tuple(self._checked(x, name, dtype) for x, (name, dtype) in zip(inputs, self._input_dtypes()))
         count = len(self.observation_inputs)
         observations, extra = inputs[:count], inputs[count:]
         obs = dict(zip((name for name, _, _ in self.observation_inputs), observations)) if self.keyed \
@@ -183,6 +186,13 @@ class PolicyExport(nn.Module):
         if self.obs_rms is not None:
             obs = self.obs_rms.normalize(obs, clip=self.observation_clip)
         return self.actions(obs, *extra)
+
+    def _checked(self, x: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """Input `x`, refused unless of its `dtype` (the graph's converting code took int32 for int64 and uint8 for
+        bool in TorchScript and torch.export programs, which ONNX refuses): the check torch.export keeps, and in a
+        TorchScript trace (which keeps no Python check and drops that one) the scripted `dtype_check`."""
+        torch.ops.aten._assert_tensor_metadata(x, dtype=dtype)
+        return x if self.dtype_check is None else self.dtype_check(x, dtype, _dtype_refusal(name, dtype))
 
     def actions(self, obs, *extra: torch.Tensor):
         """The deterministic policy's env actions for normalised observations `[B, ...]` (a dict for Dict ones)."""
@@ -194,6 +204,10 @@ class PolicyExport(nn.Module):
         if self.action_mask:
             return [("action_mask", (mask_size(self.action_space),), torch.bool, {0: "batch"})]
         return []
+
+    def _input_dtypes(self) -> list[tuple[str, torch.dtype]]:
+        return ([(name, dtype) for name, _, dtype in self.observation_inputs]
+                + [(name, dtype) for name, _, dtype, _ in self.extra_inputs()])
 
     def _input_shapes(self, batch: int):
         for _, shape, dtype in self.observation_inputs:
@@ -277,6 +291,21 @@ _EXTRA_INPUTS = {
     "state_c": "the LSTM actor's cell state c from the previous step's next_state_c (zeros at the first step)",
     "episode_start": "True where this observation starts an episode: the state is zeroed there first",
 }
+
+
+def _checked_dtype(x: torch.Tensor, dtype: torch.dtype, message: str) -> torch.Tensor:
+    """`x` where its dtype is `dtype`, else TypeError(`message`): scripted, the check a TorchScript trace keeps."""
+    if x.dtype != dtype:
+        raise TypeError(message)
+    return x
+
+
+def _dtype_refusal(name: str, dtype: torch.dtype) -> str:
+    """What a TorchScript policy says for input `name` of another dtype than its `dtype` (as ONNX and torch.export
+    refuse it)."""
+    dtype_name = _dtype_name(dtype)
+    return (f"input '{name}' of this exported policy takes {dtype_name} tensors, as its sidecar's inputs say: "
+            f"convert it (numpy: .astype(\"{dtype_name}\"); torch: .to(torch.{dtype_name})).")
 
 
 def _with_batch(shape: tuple[int, ...], batch_dims: dict[int, str], batch) -> list:
@@ -716,6 +745,7 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
                     # networks read constant shapes so, and the trace is checked against the model on other
                     # observations below, which decides)
                     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+                    module.dtype_check = torch.jit.script(_checked_dtype)
                     traced = torch.jit.trace(module, example)
                     check_matches_model(model, module, graph=traced)
                     _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
