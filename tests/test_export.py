@@ -226,6 +226,37 @@ def test_a_population_members_sidecar_records_its_seed():
     assert sidecar["seed"] == 4 and sidecar["gym_packages"] == []
 
 
+def test_an_onnx_graph_names_each_dynamic_dimension_as_the_export_declares_it(tmp_path):
+    """Each dynamic dimension of the ONNX graph gets the name the export module's `dynamic_shapes()` gives it: every
+    symbolic one was named `batch`, right only while the batch was the only one (a policy of one's own that also
+    takes a history of any length read `[batch, 3]`, `[batch, 3]` -> `[batch, batch]`)."""
+    pytest.importorskip("onnxscript")
+    onnx = pytest.importorskip("onnx")
+    from rlspeed.export import _save_onnx
+
+    class History(torch.nn.Module):
+        def forward(self, *inputs):
+            obs, history = inputs
+            return obs @ history.T
+
+        def dynamic_shapes(self):
+            return {"inputs": ({0: torch.export.Dim("batch", min=1)}, {0: torch.export.Dim("steps", min=1)})}
+
+        def inputs(self):
+            return [{"name": "obs"}, {"name": "history"}]
+
+        def outputs(self):
+            return [{"name": "scores"}]
+
+    module = History()
+    program = torch.export.export(module, (torch.zeros(2, 3), torch.zeros(4, 3)),
+                                  dynamic_shapes=module.dynamic_shapes(), strict=False)
+    _save_onnx(program, module, {"algo": "history"}, tmp_path / "history.onnx")
+    proto = onnx.load(str(tmp_path / "history.onnx"))
+    assert [[dim.dim_param or dim.dim_value for dim in value.type.tensor_type.shape.dim]
+            for value in (*proto.graph.input, *proto.graph.output)] == [["batch", 3], ["steps", 3], ["batch", "steps"]]
+
+
 def test_every_format_exports_with_warnings_as_errors(tmp_path):
     """`python -W error -m rlspeed export RUN --format torchscript` ended on torch's DeprecationWarning of
     torch.jit.trace, which the caller cannot change: the format asked for is a trace."""

@@ -811,27 +811,39 @@ def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None
                                              output_names=[item["name"] for item in module.outputs()])
     finally:
         registry_log.setLevel(level)
-    _name_the_batch(onnx_program.model)
+    _name_dimensions(onnx_program.model, _dimension_names(program, module))
     # metadata_props are strings: scalars as they are, structures as JSON
     onnx_program.model.metadata_props.update(
         {key: value if isinstance(value, str) else json.dumps(value) for key, value in sidecar.items()})
     onnx_program.save(file, external_data=False)
 
 
-def _name_the_batch(model) -> None:
-    """The ONNX graph's batch dimension named `batch`, as the sidecar names it, in place of the symbol torch's
-    exporter gives it (`s21`), which a runtime shows for the inputs and outputs (onnxruntime's `get_inputs()`) and a
-    server's dynamic-shape settings would have to name."""
+def _dimension_names(program, module: PolicyExport) -> dict[str, str]:
+    """The symbol torch.export gave each dynamic input dimension (`s21`) -> the name `module.dynamic_shapes()` gives
+    that dimension (`batch`), read from the program's inputs."""
+    shapes = {node.name: node.meta["val"].shape for node in program.graph.nodes if node.op == "placeholder"}
+    names = {}
+    for name, dims in zip(program.graph_signature.user_inputs, module.dynamic_shapes()["inputs"]):
+        for index, dim in dims.items():
+            size = shapes[name][index]
+            if isinstance(size, torch.SymInt):
+                names[str(size)] = dim.__name__
+    return names
+
+
+def _name_dimensions(model, names: dict[str, str]) -> None:
+    """The ONNX graph's dynamic dimensions named as the sidecar names them (`names`: `_dimension_names`, `batch`), in
+    place of the symbols torch's exporter gives them (`s21`), which a runtime shows for the inputs and outputs
+    (onnxruntime's `get_inputs()`) and a server's dynamic-shape settings would have to name; each its own name where a
+    policy has several."""
     from onnxscript import ir
 
     graph = model.graph
-    symbols = {dim.value for value in graph.inputs for dim in value.shape or ()
-               if isinstance(dim, ir.SymbolicDim) and dim.value is not None}
     for value in (*graph.inputs, *graph.outputs, *(output for node in graph for output in node.outputs)):
-        if value.shape is not None and any(isinstance(dim, ir.SymbolicDim) and dim.value in symbols
+        if value.shape is not None and any(isinstance(dim, ir.SymbolicDim) and dim.value in names
                                            for dim in value.shape):
-            value.shape = ir.Shape(["batch" if isinstance(dim, ir.SymbolicDim) and dim.value in symbols else dim
-                                    for dim in value.shape])
+            value.shape = ir.Shape([names[dim.value] if isinstance(dim, ir.SymbolicDim) and dim.value in names
+                                    else dim for dim in value.shape])
 
 
 def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: str | Path | None = None, *,
