@@ -3149,9 +3149,14 @@ def _import_recorded_env_modules(args: argparse.Namespace, meta: dict, path: Pat
     config.yaml's are; `--no-imports` says so and imports nothing."""
     import gymnasium as gym
 
+    from rlspeed.envs import _check_registered
+
     env_id, recorded = meta.get("env_id"), meta.get("gym_packages")
     if (args.env is not None or not isinstance(recorded, list) or not recorded or not isinstance(env_id, str)
-            or ":" in env_id or env_id in gym.registry):  # (a `module:EnvId` id: its module is imported below)
+            or ":" in env_id):  # (a `module:EnvId` id: its module is imported below)
+        return
+    _check_registered(env_id)  # (ids rlspeed registers itself: MinAtar's, ale-py's, ...)
+    if env_id in gym.registry:
         return
     recorded = [str(module) for module in recorded]
     if args.no_imports:
