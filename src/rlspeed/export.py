@@ -859,7 +859,8 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     `action_mask` as `export` takes it. An existing file at the output path is refused unless `overwrite` (the model
     file itself always). `algorithm_of(meta, path)`, where given, is the class that loads the file of checkpoint
     metadata `meta` (`rlspeed export` gives `rlspeed eval`'s rule: a user's own class where its module is imported);
-    else `algorithms`' entry for the algorithm it holds or derives from. Returns the written path.
+    else `algorithms`' entry for the algorithm it holds or derives from. What loading the file warns is said once,
+    at the caller's line, also where the load then fails. Returns the written path.
     """
     if out is not None:  # (--out's suffix: the format it names, one that contradicts it or a model file's refused)
         format = export_format(out, format)
