@@ -13,7 +13,8 @@ policies that take masks; for RecurrentPPO the actor LSTM's state `state_h`, `st
 `episode_start` bool `[B]`, with the next state as the outputs `next_state_h`, `next_state_c`.
 
 A sidecar `FILE.json` beside the exported file (and, for ONNX, the model's `metadata_props`) names the inputs,
-outputs, spaces, algorithm, env id and rlspeed version.
+outputs, spaces, algorithm, env id (with the modules that register it, `gym_packages`), seed and rlspeed version.
+Every format refuses an input of another dtype than the sidecar gives it.
 
 Each policy family is a `PolicyExport` module. `export_module(model)` builds it: an algorithm that defines
 `_export_module()` (the hook on `Algorithm`) gives its own, otherwise `default_export_module` picks one from the
@@ -188,9 +189,9 @@ class PolicyExport(nn.Module):
         return self.actions(obs, *extra)
 
     def _checked(self, x: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """Input `x`, refused unless of its `dtype` (the graph's converting code took int32 for int64 and uint8 for
-        bool in TorchScript and torch.export programs, which ONNX refuses): the check torch.export keeps, and in a
-        TorchScript trace (which keeps no Python check and drops that one) the scripted `dtype_check`."""
+        """Input `x`, refused unless of its `dtype`, in every format as ONNX refuses it (the graph's own conversions
+        would take int32 for int64, uint8 for bool): an aten check torch.export keeps, and in a TorchScript trace,
+        which keeps no Python check and drops that one, the scripted `dtype_check`."""
         torch.ops.aten._assert_tensor_metadata(x, dtype=dtype)
         return x if self.dtype_check is None else self.dtype_check(x, dtype, _dtype_refusal(name, dtype))
 
