@@ -122,7 +122,9 @@ def registering_modules(env_id: str) -> list[str]:
             return [module]
     spec = gym.registry.get(env_id)
     entry = getattr(spec, "entry_point", None)
-    module = entry.split(":", 1)[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    # (a class's or function's module; an object's, a functools.partial's, names its class's module)
+    module = (entry.split(":", 1)[0] if isinstance(entry, str)
+              else getattr(entry, "__module__", None) if hasattr(entry, "__qualname__") else None)
     if not isinstance(module, str) or module.split(".")[0] in ("gymnasium", "rlspeed", "__main__", "builtins"):
         return []
     return [module]
