@@ -2349,6 +2349,54 @@ def test_learn_whose_env_close_raises_trains_its_budget_then_raises(tmp_path, po
     assert (tmp_path / "run" / "checkpoint.safetensors").is_file()
 
 
+@pytest.mark.parametrize("through", ["rlspeed.evaluate", "model.evaluate"])
+def test_evaluate_whose_env_close_raises_keeps_every_score_in_the_error(through):
+    """rlspeed.evaluate (model.evaluate too) of an env whose close() raised after its episodes raised the close()
+    error and lost every score (`rlspeed eval` printed them). The error comes after the episodes now, with the
+    evaluation's result in its `result`, its sentence saying so and counting the other envs' close() errors."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    model = PPO("CloseRaising-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"after_steps": True})
+    with pytest.raises(EnvStepError, match=r"raised RuntimeError in close\(\): the simulator's socket is gone \(and 2 "
+                                           r"more close\(\) errors of the env 'CloseRaising-v0', in this error's "
+                                           r"`others`; this error's `result` holds the evaluation's result"
+                       ) as caught:
+        if through == "rlspeed.evaluate":
+            rlspeed.evaluate(model, episodes=3, seed=0)
+        else:
+            model.evaluate(episodes=3, seed=0)
+    result = caught.value.result
+    assert result["episodes"] == 3 and result["lengths"] == [5, 5, 5] and result["seed"] == 0
+    assert len(caught.value.others) == 2
+
+
+def test_a_population_evaluate_whose_env_close_raises_keeps_the_means_in_the_error():
+    """Population.evaluate of an env whose close() raised after its episodes lost the members' means as
+    rlspeed.evaluate lost its scores: the error comes after the episodes now, the means in its `result`."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+    from rlspeed.population import Population
+
+    population = Population(PPO, "CloseRaising-v0", seeds=[0, 1], env_backend="gymnasium", num_envs=2, num_steps=8,
+                            batch_size=16, env_kwargs={"after_steps": True})
+    with pytest.raises(EnvStepError, match=r"this error's `result` holds the members' mean returns") as caught:
+        population.evaluate(episodes=2)
+    assert caught.value.result.tolist() == [0.0, 0.0]
+
+
+def test_envs_whose_close_raises_are_each_said_where_none_keeps_them():
+    """A SyncVectorEnv of three envs whose close() raised was one error: the first env's, the other two dropped. The
+    error counts the others now, each in its `others` (with its own traceback)."""
+    from rlspeed.errors import EnvStepError
+
+    env = rlspeed.make_env("CloseRaising-v0", num_envs=3, device="cpu", backend="gymnasium")
+    with pytest.raises(EnvStepError, match=r"\(and 2 more close\(\) errors of the env 'CloseRaising-v0'") as caught:
+        env.close()
+    assert [type(other.__cause__).__name__ for other in caught.value.others] == ["RuntimeError"] * 2
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

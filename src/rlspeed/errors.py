@@ -6,6 +6,7 @@ import here: the CLI handles them before it imports torch."""
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import numbers
 import warnings
@@ -66,8 +67,15 @@ class EnvStepError(RuntimeError):
 
     `env_id` and `backend` name the env, `call` the call ("reset", "step", "close", or "make" while it was made),
     `error` the env's exception; `options`: the names of the env options it was made with, which the message asks to
-    check (empty: none).
+    check (empty: none). A close() error raised after the work it followed (`CloseErrors.raise_first`) also holds
+    the close() errors of the other envs in `others` (its message counts them) and, where the work returns one
+    (`rlspeed.evaluate`'s scores), that work's `result`.
     """
+
+    #: the close() errors of other envs that followed this one's (`CloseErrors.raise_first`)
+    others: tuple[EnvStepError, ...] = ()
+    #: what the work that this close() error followed returned, kept (`CloseErrors.raise_first`: evaluate's result)
+    result: object = None
 
     def __init__(self, env_id: str, backend: str, call: str, error: BaseException,
                  options: Sequence[str] = ()) -> None:
@@ -82,8 +90,9 @@ class EnvStepError(RuntimeError):
 class CloseErrors:
     """`with CloseErrors() as closing:` an env's close() error (`close_envs`) is kept in `closing.errors`, not raised: a
     close() error must not lose the work done (a trained model, scores, a video), so the work goes on, and the caller
-    raises the first (`raise_first`) once its results are saved and shown; where the work fails instead, the caller
-    drops them for that first error. Nested, the outermost keeps them: an inner one's `errors` stay empty."""
+    raises them (`raise_first`) once its results are saved and shown, with the result it returns where it returns one;
+    where the work fails instead, the caller drops them for that first error. Nested, the outermost keeps them: an
+    inner one's `errors` stay empty (its `raise_first` raises nothing)."""
 
     def __init__(self) -> None:
         self.errors: list[EnvStepError] = []
@@ -99,14 +108,48 @@ class CloseErrors:
             CLOSE_ERRORS.reset(self._token)
             self._token = None
 
-    def raise_first(self) -> None:
-        """Raise the first kept close() error, if any (once the work is saved and shown)."""
-        if self.errors:
-            raise self.errors[0]
+    def raise_first(self, result: object = None, kept: str = "its result") -> None:
+        """Raise the first kept close() error, if any (once the work is saved and shown): the others in its `others`,
+        its message naming how many and whose; where the work returns `result` (not None), in its `result` too, its
+        message saying that `kept` (what the result is: "the evaluation's result") is there."""
+        if not self.errors:
+            return
+        first, others = self.errors[0], self.errors[1:]
+        notes = []
+        if others:
+            envs = list(dict.fromkeys(f"'{error.env_id}'" for error in others))
+            notes.append(f"and {len(others)} more close() error{'s' if len(others) > 1 else ''} of the "
+                         f"env{'s' if len(envs) > 1 else ''} {', '.join(envs)}, in this error's `others`")
+            first.others = tuple(others)
+        if result is not None:
+            notes.append(f"this error's `result` holds {kept}")
+            first.result = result
+        if notes:
+            first.args = (f"{first.args[0]} ({'; '.join(notes)})",)
+        raise first
 
 
 #: the outermost open `CloseErrors` (None outside one), which `close_envs` keeps its errors in
 CLOSE_ERRORS: contextvars.ContextVar[CloseErrors | None] = contextvars.ContextVar("rlspeed_close_errors", default=None)
+
+
+def close_errors_last(kept: str) -> Callable[[Callable], Callable]:
+    """A decorator for a function whose work returns a result (`rlspeed.evaluate`'s scores): it runs in a
+    `CloseErrors` block, so that an env's close() error does not lose that work; once it has returned, the close()
+    error is raised with the result in its `result` (`raise_first`; `kept` says what the result is). Inside an outer
+    block (the CLI's command, `learn`), that block raises it instead, at its end."""
+
+    def decorator(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def kept_past_close_errors(*args, **kwargs):
+            with CloseErrors() as closing:
+                result = function(*args, **kwargs)
+            closing.raise_first(result, kept)
+            return result
+
+        return kept_past_close_errors
+
+    return decorator
 
 
 class PeerEnded(RuntimeError):

@@ -35,7 +35,7 @@ from rlspeed.envs.gymnasium_env import (
     life_loss_wrappers,
 )
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
-from rlspeed.errors import UserError, no_such_keyword, positive_whole, true_or_false, warn_at_caller
+from rlspeed.errors import UserError, close_errors_last, no_such_keyword, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
@@ -166,6 +166,7 @@ def _close_evaluation_env(env, failure: BaseException | None) -> None:
         env.close()
 
 
+@close_errors_last("the evaluation's result (every episode's score)")
 def evaluate(model: rlspeed.algos.Algorithm,
              env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | gym.Env | None = None,
              episodes: int = 10, seed: int | None = None,
@@ -215,6 +216,13 @@ def evaluate(model: rlspeed.algos.Algorithm,
     an env this call makes is seeded `seed + i` (in one batch or in waves alike), so `seed + episodes` may be at most
     2**63. Without a seed one is drawn; the result's ``"seed"`` repeats it (None for a vector env you built, which
     this call does not seed then).
+
+    Where the close() of the env this call makes raises once the episodes are played, the scores are not lost: the
+    `rlspeed.errors.EnvStepError` naming the env and close() is raised after the evaluation, with this call's result
+    in its ``result`` (``except EnvStepError as error: error.result["mean"]``; its message says so, and counts the
+    close() errors of other envs, which its ``others`` hold); inside `learn` (its evaluations) the error is raised
+    at learn's end, as `rlspeed eval` prints the scores first. Where the evaluation itself fails, its own error is
+    raised and the close() error dropped.
     """
     refuse_evaluate_keywords(stable_baselines3)
     check_evaluated_model(model)

@@ -22,7 +22,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
 import gymnasium as gym
@@ -44,7 +44,7 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.packages import register_family
-from rlspeed.errors import CLOSE_ERRORS, EnvStepError, UserError, warn_at_caller
+from rlspeed.errors import CLOSE_ERRORS, CloseErrors, EnvStepError, UserError, warn_at_caller
 from rlspeed.lifetime import stops_kept_while_forking
 
 #: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
@@ -953,20 +953,26 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
 def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bool = False) -> None:
     """Close `env`, the env `env_id` (one env, or a SyncVectorEnv of them); an error the env's
     close() raises is an `EnvStepError` naming the env and close() (one line from the CLI, exit 1; the env's traceback
-    chained), raised once every env of a SyncVectorEnv is closed (Gymnasium's stops at the first that raises); within
-    a `CloseErrors` block (the CLI's command, `learn`), kept for its caller to raise once the work is done, unless
-    the env did no work yet (`before_work`: one made to read its spaces, or to check its frames, raises at once: the
-    run stops before training)."""
+    chained), raised once every env of a SyncVectorEnv is closed (Gymnasium's stops at the first that raises), the
+    first with the others (`CloseErrors.raise_first`); within a `CloseErrors` block (the CLI's command, `learn`,
+    `evaluate`), each kept for its caller to raise once the work is done, unless the env did no work yet
+    (`before_work`: one made to read its spaces, or to check its frames, raises at once: the run stops before
+    training)."""
+    errors = []
+    inner = getattr(env, "unwrapped", env)
+    if isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed:
+        for each in inner.envs:  # (every one, each error kept: Gymnasium's close stops at the first that raises)
+            try:
+                each.close()
+            except Exception as error:  # noqa: BLE001 (each is said: `_close_failed`)
+                errors.append(error)
+        inner.closed = True  # (its envs closed: the wrappers' close below reaches none of them again)
     try:
         env.close()
-    except Exception as error:
-        inner = getattr(env, "unwrapped", env)
-        if isinstance(inner, gym.vector.SyncVectorEnv):
-            for each in inner.envs:
-                with contextlib.suppress(Exception):
-                    each.close()
-            inner.closed = True
-        _close_failed(env_id, "gymnasium", error, before_work)
+    except Exception as error:  # noqa: BLE001 (said: `_close_failed`)
+        errors.append(error)
+    if errors:
+        _close_failed(env_id, "gymnasium", errors, before_work)
 
 
 @contextlib.contextmanager
@@ -982,16 +988,21 @@ def closed_after(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: 
     close_envs(env, env_id, before_work)
 
 
-def _close_failed(env_id: str, backend: str, error: BaseException, before_work: bool = False) -> None:
-    """The close() error `error` of the env `env_id` (`close_envs`'s rule, also for a gymnasium-async env's
-    workers): an `EnvStepError` naming the env and close(), raised, or kept within a `CloseErrors` block unless
-    `before_work`."""
-    failure = EnvStepError(env_id, backend, "close", error)
-    failure.__cause__ = error
-    if not before_work and (kept := CLOSE_ERRORS.get()) is not None:
-        kept.errors.append(failure)
-        return
-    raise failure from error
+def _close_failed(env_id: str, backend: str, errors: Sequence[BaseException], before_work: bool = False) -> None:
+    """The close() errors `errors` of the env `env_id` (`close_envs`'s rule, also for a gymnasium-async env's workers
+    and the other backends' envs): each an `EnvStepError` naming the env and close(), kept within a `CloseErrors`
+    block unless `before_work`, else raised, the first with the others (`CloseErrors.raise_first`)."""
+    failures = []
+    for error in errors:
+        failure = EnvStepError(env_id, backend, "close", error)
+        failure.__cause__ = error
+        failures.append(failure)
+    kept = None if before_work else CLOSE_ERRORS.get()
+    if kept is None:
+        kept = CloseErrors()  # (none open: raised at once)
+        kept.errors = failures
+        kept.raise_first()
+    kept.errors.extend(failures)
 
 
 def _worker_close_error(inner: gym.vector.AsyncVectorEnv) -> BaseException | None:
@@ -2232,7 +2243,7 @@ class GymnasiumEnv(BatchedEnv):
             if asynchronous:
                 self.vector_env.close()
                 if (error := _worker_close_error(inner)) is not None:
-                    _close_failed(self.spec.env_id, "gymnasium-async", error)
+                    _close_failed(self.spec.env_id, "gymnasium-async", [error])
             else:
                 close_envs(self.vector_env, self.spec.env_id)
         except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)

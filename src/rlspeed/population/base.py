@@ -39,7 +39,15 @@ from rlspeed.diagnostics import waiting
 from rlspeed.distributed import warn_training_alone
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import CloseErrors, EncoderWarning, UnusedSettingWarning, UserError, positive_whole, seconds
+from rlspeed.errors import (
+    CloseErrors,
+    EncoderWarning,
+    UnusedSettingWarning,
+    UserError,
+    close_errors_last,
+    positive_whole,
+    seconds,
+)
 from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
@@ -1002,7 +1010,8 @@ class PopulationBase:
         evaluated with the parameters they left with. An episode runs at most `max_steps` steps (default: the env's
         time limit, or `rlspeed.evaluation.UNLIMITED_EPISODE_STEPS` where it has none, as `rlspeed.evaluate`); one
         still running then counts with its return so far, with a warning. UserError for an index outside the
-        population or another number of seeds."""
+        population or another number of seeds. An env's close() error after the episodes is raised after them with
+        the means in its `result`, as `rlspeed.evaluate` raises one with its result."""
         raise NotImplementedError
 
     def _check_members(self, members: Sequence[int]) -> None:
@@ -1093,6 +1102,7 @@ class PopulationBase:
         return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------
+    @close_errors_last("the members' mean returns")
     def _mean_returns(self, seeds: Sequence[int], episodes: int, policy: Callable[[torch.Tensor], torch.Tensor],
                       members: Sequence[int], max_steps: int | None = None) -> torch.Tensor:
         """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
