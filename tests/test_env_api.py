@@ -2397,6 +2397,27 @@ def test_envs_whose_close_raises_are_each_said_where_none_keeps_them():
     assert [type(other.__cause__).__name__ for other in caught.value.others] == ["RuntimeError"] * 2
 
 
+@pytest.mark.parametrize("vec_env, said", [
+    ("DummyVecEnv", r"RuntimeError in close\(\): the simulator's socket"),
+    ("SubprocVecEnv", r"ChildProcessError in close\(\): worker 0 \(and 1 more\)")],
+    ids=["DummyVecEnv", "SubprocVecEnv"])
+def test_a_stable_baselines3_vec_env_whose_close_raises_is_named_and_kept_as_a_gymnasium_envs(vec_env, said):
+    """An SB3 VecEnv whose env's close() raised: a DummyVecEnv's raw error came out of rlspeed's env, never kept for
+    the end of the work (the CLI's command, learn, evaluate); a SubprocVecEnv's worker printed its traceback and
+    nothing was said. Each is an EnvStepError naming the env and close() now, kept as a Gymnasium env's is."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors
+
+    envs = (sb3.DummyVecEnv([_CloseRaising] * 2) if vec_env == "DummyVecEnv"
+            else sb3.SubprocVecEnv([_CloseRaising] * 2, start_method="fork" if "fork" in
+                                   multiprocessing.get_all_start_methods() else None))
+    env = rlspeed.make_env(envs, device="cpu")
+    with CloseErrors() as closing:
+        env.close()
+    assert [error.call for error in closing.errors] == ["close"]
+    assert re.search(r"'user-sb3-vec-env' \(sb3 backend\) raised " + said, str(closing.errors[0]))
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

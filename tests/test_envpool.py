@@ -403,3 +403,25 @@ def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to
     with pytest.raises(UserError, match=r"^This model trained on EnvPool's 'Taxi-v3', .*rlspeed.evaluate\(model, "
                                         r"make_env\('Taxi-v3', num_envs=N, backend='envpool', seed=S\), episodes=N\)"):
         rlspeed.evaluate(model, episodes=2)
+
+
+@needs_envpool
+def test_an_envpool_env_whose_close_raises_is_named_and_kept_as_a_gymnasium_envs():
+    """EnvPool's pool whose close() raised came out raw from rlspeed's env, never kept for the end of the work (the
+    CLI's command, learn, evaluate): an EnvStepError naming the env and close() now, kept as a Gymnasium env's is."""
+    import types
+
+    from rlspeed.errors import CloseErrors
+
+    env = envpool_env.EnvPoolEnv("CartPole-v1", num_envs=1)
+    pool = env.pool
+
+    def failing_close() -> None:
+        pool.close()
+        raise RuntimeError("the pool's threads did not stop")
+
+    env.pool = types.SimpleNamespace(close=failing_close)
+    with CloseErrors() as closing:
+        env.close()
+    assert [str(error) for error in closing.errors] == [
+        "The env 'CartPole-v1' (envpool backend) raised RuntimeError in close(): the pool's threads did not stop"]

@@ -30,7 +30,7 @@ import torch
 
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, numpy_dtype, observation_layout
-from rlspeed.envs.gymnasium_env import float32_rewards
+from rlspeed.envs.gymnasium_env import close_other_backend, float32_rewards
 from rlspeed.errors import UserError, warn_at_caller
 
 INSTALL = "pip install envpool"
@@ -318,8 +318,9 @@ class EnvPoolEnv(BatchedEnv):
                 torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device), info_out)
 
     def close(self) -> None:
-        """Close the pool (its threads)."""
-        self.pool.close()
+        """Close the pool (its threads); an error its close() raises is an `EnvStepError` naming the env, kept or
+        raised as `close_envs` says (`close_other_backend`)."""
+        close_other_backend(self.pool.close, self.spec.env_id, self.backend)
 
 
 __all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_refusal", "envpool_task",

@@ -22,7 +22,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 import gymnasium as gym
@@ -1005,10 +1005,26 @@ def _close_failed(env_id: str, backend: str, errors: Sequence[BaseException], be
     kept.errors.extend(failures)
 
 
-def _worker_close_error(inner: gym.vector.AsyncVectorEnv) -> BaseException | None:
-    """An error for the workers of the closed AsyncVectorEnv `inner` whose env's close() raised, None where none did:
-    a worker answers "closed" before it closes its env, so the error ends the worker (its traceback on stderr, exit
-    code 1) where Gymnasium's close, which reads only the answer, says nothing."""
+def close_other_backend(close: Callable[[], object], env_id: str, backend: str, inner=None) -> None:
+    """Call `close`, the close of an env of another backend (an SB3 VecEnv's, an EnvPool pool's), by `close_envs`'s
+    rule: an error it raises is an `EnvStepError` naming the env `env_id` and close(), kept within a `CloseErrors`
+    block, else raised. `inner`: the subprocess vector env inside (SB3's SubprocVecEnv), whose workers close their
+    envs after the parent stops listening (`_worker_close_error`)."""
+    try:
+        close()
+    except Exception as error:  # noqa: BLE001 (said: `_close_failed`)
+        _close_failed(env_id, backend, [error])
+        return
+    if inner is not None and (error := _worker_close_error(inner)) is not None:
+        _close_failed(env_id, backend, [error])
+
+
+def _worker_close_error(inner) -> BaseException | None:
+    """An error for the workers of the closed subprocess vector env `inner` (Gymnasium's AsyncVectorEnv, SB3's
+    SubprocVecEnv: its `processes`) whose env's close() raised, None where none did: a Gymnasium worker answers
+    "closed" before it closes its env, an SB3 one answers nothing, so the error ends the worker (its traceback on
+    stderr, exit code 1) where the vector env's close, which reads only the answer or joins the worker, says
+    nothing."""
     failed = [(index, process.exitcode) for index, process in enumerate(inner.processes)
               if process.exitcode not in (0, None)]
     if not failed:

@@ -26,6 +26,7 @@ from rlspeed.envs.gymnasium_env import (
     _vector_env_spec,
     add_success,
     check_action_masks,
+    close_other_backend,
     float32_rewards,
     host_tensor,
     host_to,
@@ -364,5 +365,8 @@ class SB3VecEnv(BatchedEnv):
         return probe_contract(self.spec.env_id, call, envs[0], shape, None if actions is None else actions[0])
 
     def close(self) -> None:
-        """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""
-        self.vec_env.close()
+        """Close the VecEnv (for SubprocVecEnv, its worker processes too); an error of an env's close() is an
+        `EnvStepError` naming the env, kept or raised as `close_envs` says (`close_other_backend`)."""
+        inner = self.vec_env.unwrapped
+        close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
+                            inner if isinstance(getattr(inner, "processes", None), list) else None)
