@@ -481,6 +481,27 @@ def test_evaluate_seeds_each_member_from_its_own_seed_by_default():
         population.evaluate([5], episodes=2)
 
 
+@pytest.mark.parametrize("algo, env_id", [(PPO, "CartPole-v1"), (SAC, "Pendulum-v1")], ids=["PPO", "SAC"])
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_an_evaluation_of_more_episodes_than_the_cap_runs_in_waves_of_the_same_episodes(algo, env_id, backend,
+                                                                                        monkeypatch):
+    """population.evaluate made one env of members x episodes rows whatever their count (10**7 episodes of 2 members
+    did not finish in 200 s). It runs in waves of at most `evaluation_env_cap` rows now, as rlspeed.evaluate does,
+    each member's episodes seeded as in one env of them all: the same means."""
+    from rlspeed import evaluation
+
+    settings = SMALL if algo is PPO else {"learning_starts": 10}
+    population = Population(algo, env_id, seeds=[0, 1], device="cpu", env_backend=backend, **settings)
+    whole = population.evaluate(episodes=5)
+    made, make = [], population._make_env
+    monkeypatch.setattr(population, "_make_env", lambda rows, seeds, *args, **kwargs: (
+        made.append(rows * len(seeds)), make(rows, seeds, *args, **kwargs))[1])
+    monkeypatch.setattr(evaluation, "NATIVE_EVALUATION_ENVS" if backend == "torch" else "GYMNASIUM_EVALUATION_ENVS", 4)
+    # (the same episodes; SAC's batched actor may round in float32's last bit by the rows it acts on)
+    torch.testing.assert_close(population.evaluate(episodes=5), whole, rtol=1e-9, atol=0)
+    assert made == [4, 4, 2]
+
+
 def test_other_algorithms_and_envs_are_refused():
     from rlspeed import RecurrentPPO  # (DQN, SAC, TD3 and DDPG have populations: rlspeed.population.offpolicy)
 

@@ -166,7 +166,7 @@ def _close_evaluation_env(env, failure: BaseException | None) -> None:
         env.close()
 
 
-@close_errors_last("the evaluation's result (every episode's score)")
+@close_errors_last("the evaluation's result, every episode's score")
 def evaluate(model: rlspeed.algos.Algorithm,
              env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | gym.Env | None = None,
              episodes: int = 10, seed: int | None = None,
@@ -426,6 +426,16 @@ def evaluation_env_cap(backend: str) -> int | float:
     return max(MIN_SUBPROCESS_EVALUATION_ENVS, SUBPROCESS_EVALUATION_ENVS_PER_CPU * (os.cpu_count() or 1))
 
 
+def evaluation_waves(episodes: int, cap: int | float, members: int = 1) -> typing.Iterator[tuple[int, int]]:
+    """(first, count) of each wave an evaluation of `episodes` episodes (of each of a population's `members`) runs in,
+    one after the other, with at most `cap` env rows at once (`evaluation_env_cap`; at least one episode of each
+    member a wave): its episodes `first .. first + count - 1`, which start as those of one env of them all (the wave
+    from episode `first` seeded `seed + first`, a native env's rows as rows `first ..`)."""
+    per_wave = max(1, int(min(cap, members * episodes)) // members)
+    for first in range(0, episodes, per_wave):
+        yield first, min(per_wave, episodes - first)
+
+
 def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, deterministic: bool, backend: str, device,
                        max_steps: int | None, options: dict, progress_bar: bool) -> dict:
     """`evaluate` of more episodes than `evaluation_env_cap(backend)` envs on `backend` (resolved): in waves of at
@@ -435,14 +445,12 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
     stream seeded `seed + k` (on every backend). The full waves share one env (subprocess workers started once), the
     last, smaller one gets its own: every wave's envs and draws are those of an env of its size. The result joins the
     waves' in episode order, with one warning for the unfinished episodes of all waves."""
-    cap = int(evaluation_env_cap(backend))
     native = backend == "torch"
     played = {"returns": [], "lengths": [], "unfinished": 0, "successes": []}
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env_id}", unit="episode")  # (one, by wave)
     env = limit = failure = None
     try:
-        for first in range(0, episodes, cap):
-            count = min(cap, episodes - first)
+        for first, count in evaluation_waves(episodes, evaluation_env_cap(backend)):
             wave_seed = seed + first  # (its stream's; a native env's rows draw from `seed`, as rows `first` ..)
             if env is None or env.num_envs != count:
                 if env is not None:

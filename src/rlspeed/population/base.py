@@ -52,6 +52,8 @@ from rlspeed.evaluation import (
     RUN_LONGER,
     TIME_LIMIT,
     episode_step_limit,
+    evaluation_env_cap,
+    evaluation_waves,
     refuse_unless_results_fit,
     return_statistics,
     warn_target_without_time_limit,
@@ -1106,23 +1108,31 @@ class PopulationBase:
     def _mean_returns(self, seeds: Sequence[int], episodes: int, policy: Callable[[torch.Tensor], torch.Tensor],
                       members: Sequence[int], max_steps: int | None = None) -> torch.Tensor:
         """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
-        `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call, for
-        `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode
-        (`first_episode_returns`, at most `max_steps` steps)."""
+        `seeds[j]` as `rlspeed.evaluate` seeds one (an env of `len(seeds) x episodes` rows, made for this call, for
+        `members`: see `_normalized_env`; in waves of at most `evaluation_env_cap` rows, as `rlspeed.evaluate` runs
+        more episodes than that: `evaluation_waves`), actions from `policy(obs)` (its rows: each member's episodes of
+        the wave): each row's first episode (`first_episode_returns`, at most `max_steps` steps)."""
         max_steps = positive_whole("max_steps", max_steps)
         refuse_unless_results_fit(episodes, len(seeds))  # (a RuntimeError of torch's past int64 rows otherwise)
-        env = None
-        try:
-            env = self._make_env(episodes, seeds, members)
-            obs, info = self._reset(env, episodes, seeds)
-            # (where the members apply the env's action masks, the policy takes (obs, masks))
-            applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
-            masks = info.get("action_mask") if applies else None
-            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks, self._evaluation_stop,
-                                                                 max_steps)
-        finally:
-            if env is not None:
-                env.close()
+        backend = self._evaluation_env_backend(episodes, seeds)
+        # (where the members apply the env's action masks, the policy takes (obs, masks))
+        applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
+        waves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        for first, count in evaluation_waves(episodes, evaluation_env_cap(backend), len(seeds)):
+            env = None
+            try:
+                env = self._make_env(count, seeds, members, backend, first_row=first)
+                obs, info = self._reset(env, count, [seed + first for seed in seeds])
+                masks = info.get("action_mask") if applies else None
+                wave = first_episode_returns(env, obs, policy, masks, self._evaluation_stop, max_steps)
+            finally:
+                if env is not None:
+                    env.close()
+            waves.append(tuple(None if part is None else part.view(len(seeds), count) for part in wave))
+        # (each member's episodes in order, wave after wave: the rows of one env of them all)
+        returns, finished = (torch.cat([wave[part] for wave in waves], 1).flatten() for part in (0, 1))
+        succeeded = None if all(wave[2] is None for wave in waves) else torch.cat(
+            [torch.zeros_like(wave[1]) if wave[2] is None else wave[2] for wave in waves], 1).flatten()
         #: each evaluated member's episodes still running at the step limit (counted with their returns so far, as
         #: `rlspeed.evaluate` counts them, with its warning), the last `evaluate`'s, by position
         self.last_unfinished = (~finished).view(len(seeds), episodes).sum(1).tolist()  # ok-sync: evaluation
@@ -1145,25 +1155,36 @@ class PopulationBase:
         self.last_return_stds = [std for _, std in statistics]
         return torch.tensor([mean for mean, _ in statistics], dtype=torch.float64, device="cpu")
 
-    def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
+    def _evaluation_env_backend(self, rows_per_member: int, seeds: Sequence[int]) -> str:
+        """The backend of an evaluation env of `rows_per_member` rows per seed: the one the solo model's evaluation
+        takes, but in this process where that is one subprocess per env (members x episodes processes, 320 for 32
+        members' 10 episodes)."""
+        from rlspeed.envs import backend_for_options, import_env_module, resolve_backend
+        from rlspeed.evaluation import evaluation_backend
+
+        backend = evaluation_backend(self.env_id, self.env_backend, rows_per_member, self.device)
+        if backend == "gymnasium-async":  # (with env options: Gymnasium's, which takes them)
+            options = backend_for_options(self.env_kwargs or {}, "auto")
+            backend = resolve_backend(import_env_module(self.env_id), options, len(seeds) * rows_per_member,
+                                      self.device)
+        return backend
+
+    def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None,
+                  backend: str | None = None, first_row: int = 0):
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in
         the population's normalisation (`_normalized_env`: `members` None for the training env, else the members an
-        evaluation env serves)."""
-        from rlspeed.envs import backend_for_options, import_env_module, resolve_backend
+        evaluation env serves), on `backend` (default: the training env's, or `_evaluation_env_backend`'s). A native
+        env's and EnvPool's blocks start as rows `first_row ..` of such an env (an evaluation's later wave; Gymnasium's
+        envs take their seeds at reset: `_reset`)."""
+        from rlspeed.envs import import_env_module
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
-        from rlspeed.evaluation import evaluation_backend
 
         env_id = import_env_module(self.env_id)  # (`module:EnvId`, as the solo runs' make_env takes it: Gymnasium's id)
-
-        # (an evaluation env: on the backend the solo model's evaluation takes, but in this process where that is one
-        # subprocess per env: members x episodes processes, 320 for 32 members' 10 episodes)
-        backend = self.env_backend if members is None else evaluation_backend(self.env_id, self.env_backend,
-                                                                             rows_per_member, self.device)
-        if members is not None and backend == "gymnasium-async":  # (with env options: Gymnasium's, which takes them)
-            backend = resolve_backend(env_id, backend_for_options(self.env_kwargs or {}, "auto"),
-                                      len(seeds) * rows_per_member, self.device)
+        if backend is None:
+            backend = (self.env_backend if members is None
+                       else self._evaluation_env_backend(rows_per_member, seeds))
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
             env = EpisodeStatistics(kind(env_id, num_envs=len(seeds) * rows_per_member, device=self.device,
@@ -1173,7 +1194,7 @@ class PopulationBase:
 
             def member_env(seed: int) -> BatchedEnv:  # (Gymnasium's envs take their seeds at reset: `_reset`)
                 if backend == "envpool":
-                    return EnvPoolEnv(env_id, num_envs=rows_per_member, device=self.device, seed=seed)
+                    return EnvPoolEnv(env_id, num_envs=rows_per_member, device=self.device, seed=seed + first_row)
                 return GymnasiumEnv(env_id, num_envs=rows_per_member, device=self.device, vectorization="async",
                                     env_kwargs=self.env_kwargs)
 
@@ -1188,7 +1209,7 @@ class PopulationBase:
             env = EpisodeStatistics(MemberEnvs(parts))
         else:
             native = NATIVE_ENVS[env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
-            native.seed_row_blocks(seeds)
+            native.seed_row_blocks(seeds, first_row=first_row)
             env = EpisodeStatistics(native)
         # (outermost: an exception from inside the env names it, as a single run's envs do)
         return NamesEnvErrors(self._normalized_env(self._packed_env(self._atari_env(env, members is not None)),

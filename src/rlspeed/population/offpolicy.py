@@ -1231,14 +1231,16 @@ class OffPolicyPopulation(PopulationBase):
         count = len(members)
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
-            # (masks: given where the members apply the env's action masks, `_mean_returns`)
-            member_masks = () if masks is None else (masks.view(count, episodes, -1),)
+            # (masks: given where the members apply the env's action masks, `_mean_returns`; rows: each member's
+            # episodes of the wave it plays)
+            rows = obs.shape[0] // count
+            member_masks = () if masks is None else (masks.view(count, rows, -1),)
             self._as_solo = as_solo
             try:
-                actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
+                actions = self._deterministic(self._inputs(obs.view(count, rows, -1)), actor, *member_masks)
             finally:
                 self._as_solo = False
-            return self._to_env(actions.reshape(count * episodes, *self._action_tail))
+            return self._to_env(actions.reshape(count * rows, *self._action_tail))
 
         return self._mean_returns(seeds, episodes, policy, members, max_steps)
 

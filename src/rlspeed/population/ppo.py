@@ -673,9 +673,10 @@ class PPOPopulation(PopulationBase):
             return torch.zeros(0, dtype=torch.float64, device="cpu")
 
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
-            out, _ = self.forward(obs.view(size, episodes, -1), params)
+            rows = obs.shape[0] // size  # (each member's episodes of the wave it plays: `_mean_returns`)
+            out, _ = self.forward(obs.view(size, rows, -1), params)
             if masks is not None:  # (the deterministic action among the allowed ones)
-                out = masked_logits(out, masks.view(size, episodes, -1))
+                out = masked_logits(out, masks.view(size, rows, -1))
             return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
 
         return self._mean_returns(seeds, episodes, policy, members, max_steps)
