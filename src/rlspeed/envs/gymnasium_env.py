@@ -19,6 +19,7 @@ import pickle
 import re
 import sys
 import time
+import traceback
 import types
 import warnings
 import weakref
@@ -1019,6 +1020,20 @@ def close_other_backend(close: Callable[[], object], env_id: str, backend: str, 
         _close_failed(env_id, backend, [error])
 
 
+class _WorkerTraceback(Exception):  # noqa: N818 (not raised: the text of a traceback in another process)
+    """The traceback of an error raised in a subprocess env's worker, as its text: the cause shown under it (as
+    concurrent.futures shows a worker's)."""
+
+    def __str__(self) -> str:
+        return f"\n\"\"\"\n{self.args[0].rstrip()}\n\"\"\""
+
+
+def _worker_traced(error: BaseException, trace: str) -> BaseException:
+    """`error`, sent back from a subprocess env's worker, with the text of its traceback there as its cause."""
+    error.__cause__ = _WorkerTraceback(trace)
+    return error
+
+
 def _worker_close_error(inner) -> BaseException | None:
     """An error for the workers of the closed subprocess vector env `inner` (Gymnasium's AsyncVectorEnv, SB3's
     SubprocVecEnv: its `processes`) whose env's close() raised, None where none did: a Gymnasium worker answers
@@ -1151,12 +1166,38 @@ class SubprocessEnv(gym.Wrapper):
     - its first reset keeps the spaces it was made with (`spaces_changed_problem`): the parent read them from an env
       of its own, made and never reset, so an `action_space` set anew in reset was not seen there; and a seeded
       one, that it seeded the env's np_random (`warn_unseeded_reset`).
+    - it closes when the parent asks (`close_for_parent`), which then hears the error of its close().
     """
 
     def __init__(self, env: gym.Env, env_id: str):
         super().__init__(env)
-        self._env_id, self._checked = env_id, False
+        self._env_id, self._checked, self._closed = env_id, False, False
         self._made_spaces: tuple | None = (env.observation_space, env.action_space)
+
+    def close_for_parent(self) -> tuple[BaseException, str] | None:
+        """Close the env now, asked by the parent (`GymnasiumEnv.close`, through the worker's `call`, before
+        Gymnasium's close): Gymnasium's worker closes its env only after it answered "closed", when no one listens
+        (the error's traceback went to stderr, the parent heard an exit code). The error its close() raised, with its
+        traceback's text, for the parent to name (the error itself where it pickles back, else a ChildProcessError
+        of its type and message); None where it closed. The worker's own close then does nothing."""
+        if self._closed:
+            return None
+        self._closed = True
+        try:
+            self.env.close()
+        except Exception as error:  # noqa: BLE001 (sent to the parent, which names it: `_close_failed`)
+            trace = traceback.format_exc()
+            try:
+                pickle.loads(pickle.dumps(error))  # noqa: S301 (this process's own object)
+            except Exception:  # noqa: BLE001 (an error that does not pickle back: its type and message)
+                error = ChildProcessError(f"{type(error).__name__}: {error}")
+            return error, trace
+        return None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.env.close()
 
     def reset(self, **kwargs):
         reset = self.env.reset(**kwargs)
@@ -1729,6 +1770,8 @@ class GymnasiumEnv(BatchedEnv):
         self._worker_errors: list = []
         if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
             _hold_worker_errors(vector_env, self._worker_errors)
+        #: its workers' envs are in `SubprocessEnv`, which closes them when asked (`close_for_parent`)
+        self._closes_for_parent = made and isinstance(inner, gym.vector.AsyncVectorEnv)
         try:
             spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space, vector_env.single_action_space,
                                        max_steps, threshold)
@@ -2257,9 +2300,13 @@ class GymnasiumEnv(BatchedEnv):
             return
         try:
             if asynchronous:
+                closed = inner.call("close_for_parent") if getattr(self, "_closes_for_parent", False) else ()
                 self.vector_env.close()
-                if (error := _worker_close_error(inner)) is not None:
-                    _close_failed(self.spec.env_id, "gymnasium-async", [error])
+                errors = [_worker_traced(*answer) for answer in closed if answer is not None]
+                if not errors and (error := _worker_close_error(inner)) is not None:
+                    errors = [error]
+                if errors:
+                    _close_failed(self.spec.env_id, "gymnasium-async", errors)
             else:
                 close_envs(self.vector_env, self.spec.env_id)
         except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)
