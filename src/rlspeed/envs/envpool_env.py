@@ -128,8 +128,10 @@ def envpool_only(env_id: str) -> str | None:
         return None
     atari.register_atari()  # (ale-py's ids, for EnvPool's `<Game>-v5` of a game `_looks_like_atari` does not list)
     name = env_id.rsplit("-v", 1)[0].lower()  # (as `envpool_task` matches them: EnvPool's TicTacToe3d is ale-py's 3D)
-    versions = sorted(other for other in gym.registry if other.removeprefix("ALE/").rsplit("-v", 1)[0].lower() == name
-                      and gym.registry[other].entry_point)
+    # (in order of their version numbers: Taxi-v10 after Taxi-v4)
+    versions = sorted((other for other in gym.registry if other.removeprefix("ALE/").rsplit("-v", 1)[0].lower() == name
+                       and gym.registry[other].entry_point),
+                      key=lambda other: (gym.registry[other].version or 0, other))
     runs = [other for other in versions if envpool_refusal(other) is None]
     lacks = [other for other in versions if other not in runs]
     said = ([f"{', '.join(runs)} (EnvPool runs {'it' if len(runs) == 1 else 'them'} too: --env-backend envpool)"]
