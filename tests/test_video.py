@@ -781,6 +781,56 @@ def test_a_video_of_an_env_whose_close_raises_is_kept_and_the_error_is_one_line(
     assert (tmp_path / "v.gif").stat().st_size > 0
 
 
+class _CloseFails(gym.Wrapper):
+    """An env whose close() raises (a simulator whose socket is gone)."""
+
+    def close(self):
+        super().close()
+        raise RuntimeError("the simulator's socket is gone")
+
+
+class _FramelessCloseFails(_Sized):
+    """`_Sized` without the rgb_array render mode, whose close() raises."""
+
+    metadata = {"render_modes": []}
+
+    def close(self):
+        raise RuntimeError("the simulator's socket is gone")
+
+
+@pytest.mark.parametrize("refused, said", [
+    ("no frames", r"^'rlspeed-test/Frameless-v0' cannot render frames for a video \(its render modes: none\)"),
+    ("other spaces", r"^'CartPole-v1' gives observations and actions other than this model"),
+    ("space check", r"^the space check's own refusal$"),
+    ("no writer", r"^Cannot write a video to '.*v\.mp4': no ffmpeg here\.$")])
+def test_a_refusal_before_filming_is_not_replaced_by_the_envs_close_error(tmp_path, monkeypatch, refused, said):
+    """record_video closed its env unguarded where it refused to film (an env without RGB frames or of other spaces,
+    a space check that failed, no video writer): an env whose close() raised replaced the refusal with its
+    RuntimeError. The refusal is what the user sees now."""
+    import rlspeed.evaluation
+
+    model = _cartpole()
+    frameless = "rlspeed-test/Frameless-v0"
+    monkeypatch.setitem(gym.registry, frameless, gym.envs.registration.EnvSpec(
+        frameless, entry_point=_FramelessCloseFails, disable_env_checker=True, kwargs={"size": 1}))
+    made = gym.make("Pendulum-v1" if refused == "other spaces" else "CartPole-v1", render_mode="rgb_array")
+    if refused != "no frames":
+        monkeypatch.setattr(video, "_render_env", lambda *args: _CloseFails(made))
+    if refused == "space check":
+        def failing(*args):
+            raise UserError("the space check's own refusal")
+
+        monkeypatch.setattr(rlspeed.evaluation, "space_mismatch", failing)
+    if refused == "no writer":
+        def no_writer(*args, **kwargs):
+            raise RuntimeError("no ffmpeg here")
+
+        monkeypatch.setattr(imageio, "get_writer", no_writer)
+    with pytest.raises(UserError, match=said):
+        video.record_video(model, tmp_path / "v.mp4", seed=0, env_id=frameless if refused == "no frames" else None)
+    assert not list(tmp_path.iterdir())
+
+
 def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
     """A SIGTERM (a scheduler's, `timeout`'s) while `rlspeed eval --video` films: SDL, started by pygame's renderer,
     took SIGTERM and dropped it, so the command filmed on until a SIGKILL, which left the broken partial video. Now it
