@@ -13,7 +13,7 @@ import torch
 from conftest import needs_minatar
 
 import rlspeed
-from rlspeed.algos.base import unused_settings
+from rlspeed.algos.base import build_config, unused_settings
 from rlspeed.envs.base import EnvSpec
 from rlspeed.errors import UserError
 
@@ -46,7 +46,8 @@ def test_sb3_1x_net_arch_and_torch_activation_names_are_taken():
 def test_an_activation_is_torchs_only_under_torch_nns_names():
     """Any dotted prefix was dropped ('F.relu', torch's function, which SB3 does not take, read as relu; 'mymod.Tanh'
     as torch.nn's Tanh), and `activation=` took a class of torch's quantized layers (`torch.ao.nn`) as torch.nn's:
-    each is refused naming the table now (by RL-Zoo's translation too: not honoured); torch.nn's spellings are taken."""
+    each is refused naming the table now (by RL-Zoo's translation too: not honoured); torch.nn's spellings are taken.
+    The keyword says of the quantized class what it says of a class of one's own (one rule for "torch.nn's class")."""
     from torch.ao.nn import quantized
 
     from rlspeed.activations import activation_name
@@ -60,6 +61,8 @@ def test_an_activation_is_torchs_only_under_torch_nns_names():
         assert not read.hyper and [key for key, _ in read.refused] == ["policy_kwargs.activation_fn"]
     assert [activation_name(given) for given in ("nn.ReLU", "torch.nn.Tanh", "th.nn.ELU", "SiLU", torch.nn.GELU)] == [
         "relu", "tanh", "elu", "silu", "gelu"]
+    with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not torch\.ao\.nn\."):
+        build_config(rlspeed.PPO.config_cls, {"activation": quantized.LeakyReLU})
 
 
 def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_that_have_it():
