@@ -467,10 +467,11 @@ def _owner_name(config_cls: type) -> str:
     return config_cls.__name__.removesuffix("Config") or config_cls.__name__
 
 
-def _policy_keywords(policy_kwargs: object, config_cls: type) -> str:
+def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
     """SB3's `policy_kwargs` as the keywords to write instead (": here activation='leaky_relu', net_arch=[32]"), by
-    the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for the algorithm of `config_cls`: the settings
-    it has, then each option it has not, with why (as the translation refuses it); "" when none is."""
+    the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for the algorithm of `config_cls` (whose field
+    names are `fields`): the settings it has, then each option it has not, with why (as the translation refuses it);
+    "" when none is."""
     if not isinstance(policy_kwargs, dict):
         return ""
     owner = _owner_name(config_cls)
@@ -478,7 +479,6 @@ def _policy_keywords(policy_kwargs: object, config_cls: type) -> str:
     names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
     algo = next((names[base] for base in config_cls.__mro__ if base in names),
                 re.sub(r"(?<=[a-z])(?=[A-Z])", "_", owner).lower())
-    fields = {field.name for field in dataclasses.fields(config_cls)}
     read = Collected()
     translate_policy_kwargs(algo, policy_kwargs, read)
     written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
@@ -507,7 +507,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
-                                f"{_policy_keywords(value, config_cls) if key == 'policy_kwargs' else ''}.")
+                                f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}.")
             if key in MODEL_ARGUMENTS:
                 owner = _owner_name(config_cls)
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
