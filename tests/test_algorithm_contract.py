@@ -104,8 +104,12 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     with pytest.raises(UserError, match="Unknown hyperparameter 'learning_rat'.*learning_rate"):
         algo(env_id, device="cpu", learning_rat=1e-3)
     # (Stable-Baselines3's keywords say what to write instead)
-    with pytest.raises(UserError, match="'policy_kwargs' is Stable-Baselines3's keyword; .*plain keywords"):
+    with pytest.raises(UserError, match="'policy_kwargs' is Stable-Baselines3's keyword; .*plain keywords") as told:
         algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
+    # (the algorithm's own network keywords: PPO was told to write n_critics=... and lstm_hidden_size=...)
+    assert ("n_critics=..." in str(told.value)) == (algo.name in ("sac", "td3", "ddpg"))
+    assert ("lstm_hidden_size=..." in str(told.value)) == (algo.name == "recurrent_ppo")
+    assert ("log_std_init=..." in str(told.value)) == ("log_std_init" in algo.config_cls.__dataclass_fields__)
     # (and which: SB3's activation_fn class by rlspeed's name)
     with pytest.raises(UserError, match=r"plain keywords .*: here activation='leaky_relu', net_arch=\[32\]\.$"):
         algo(env_id, device="cpu", policy_kwargs={"activation_fn": torch.nn.LeakyReLU, "net_arch": [32]})

@@ -159,8 +159,7 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 
 #: Stable-Baselines3 keywords with no rlspeed hyperparameter of that name, and what to write instead
 SB3_KEYWORDS = {
-    "policy_kwargs": "rlspeed takes the network's options as plain keywords (net_arch=[64, 64], activation='tanh', "
-                     "log_std_init=..., n_critics=..., lstm_hidden_size=...)",
+    "policy_kwargs": "rlspeed takes the network's options as plain keywords",
     "verbose": "learn(progress_bar=False) silences training (its progress bar is all it prints), and "
                "learn(run_dir=...) writes the metrics",
     "tensorboard_log": "learn(run_dir=DIR) writes metrics.csv there, and TensorBoard logs where the tensorboard "
@@ -467,13 +466,19 @@ def _owner_name(config_cls: type) -> str:
     return config_cls.__name__.removesuffix("Config") or config_cls.__name__
 
 
+#: SB3's commonest `policy_kwargs` options as rlspeed's keywords, each named where the algorithm has it
+_NETWORK_KEYWORDS = {"net_arch": "[64, 64]", "activation": "'tanh'", "log_std_init": "...", "n_critics": "...",
+                     "lstm_hidden_size": "..."}
+
+
 def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
-    """SB3's `policy_kwargs` as the keywords to write instead (": here activation='leaky_relu', net_arch=[32]"), by
-    the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for the algorithm of `config_cls` (whose field
-    names are `fields`): the settings it has, then each option it has not, with why (as the translation refuses it);
-    "" when none is."""
+    """The network's keywords the algorithm of `config_cls` (whose field names are `fields`) has, and SB3's
+    `policy_kwargs` as the keywords to write instead (" (net_arch=[64, 64], ...): here activation='leaky_relu',
+    net_arch=[32]"), by the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for that algorithm: the
+    settings it has, then each option it has not, with why (as the translation refuses it)."""
+    keywords = f" ({', '.join(f'{key}={example}' for key, example in _NETWORK_KEYWORDS.items() if key in fields)})"
     if not isinstance(policy_kwargs, dict):
-        return ""
+        return keywords
     owner = _owner_name(config_cls)
     # (rlspeed's algorithm whose config it is, or derives from: a subclass's own config is of that algorithm)
     names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
@@ -484,7 +489,7 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
     written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
     refused = [f"{key}: {why.removesuffix('.')}" for key, why in read.refused] + [
         f"{read.origin[key]}: {owner} has no {key}" for key in read.hyper if key not in fields]
-    return (f": here {', '.join(written)}" if written else "") + "".join(f"; {line}" for line in refused)
+    return keywords + (f": here {', '.join(written)}" if written else "") + "".join(f"; {line}" for line in refused)
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
