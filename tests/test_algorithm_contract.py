@@ -117,9 +117,15 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     # features_extractor_kwargs was dropped)
     with pytest.raises(UserError) as refusal:
         algo(env_id, device="cpu", policy_kwargs={"n_critics": 3, "features_extractor_kwargs": {"features_dim": 64}})
-    assert "cnn_features_dim=64" in str(refusal.value)
-    assert ("n_critics=3" if algo.name in ("sac", "td3", "ddpg")
-            else f"policy_kwargs.n_critics: 3: rlspeed's {algo.name} has no such option") in str(refusal.value)
+    assert str(refusal.value).endswith(": here cnn_features_dim=64, n_critics=3." if algo.name in ("sac", "td3", "ddpg")
+                                       else f": here cnn_features_dim=64; policy_kwargs.n_critics=3: rlspeed's "
+                                            f"{algo.name} has no such option.")
+    # (each rule once, after the options it refuses: "builds its own optimizer" was said once per option)
+    with pytest.raises(UserError) as refusal:
+        build_config(algo.config_cls, {"policy_kwargs": {"optimizer_class": torch.optim.SGD, "optimizer_kwargs": {}}})
+    assert f"; policy_kwargs.optimizer_class={torch.optim.SGD!r}, policy_kwargs.optimizer_kwargs={{}}: rlspeed's " \
+           f"{algo.name} builds its own optimizer" in str(refusal.value)
+    assert str(refusal.value).count("builds its own optimizer") == 1
     # (a subclass's config of its own is read by its algorithm's rule: MyPPOConfig was taken for an off-policy
     # "my_ppo", whose dict net_arch is pi/qf, and refused PPO's pi/vf)
     mine = dataclasses.make_dataclass(f"My{algo.config_cls.__name__}", [("extra", int, 1)], bases=(algo.config_cls,))

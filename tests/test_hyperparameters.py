@@ -58,7 +58,7 @@ def test_an_activation_is_torchs_only_under_torch_nns_names():
             activation_name(given)
         read = Collected()
         translate_policy_kwargs("ppo", {"activation_fn": given}, read)
-        assert not read.hyper and [key for key, _ in read.refused] == ["policy_kwargs.activation_fn"]
+        assert not read.hyper and [key for key, *_ in read.refused] == ["policy_kwargs.activation_fn"]
     assert [activation_name(given) for given in ("nn.ReLU", "torch.nn.Tanh", "th.nn.ELU", "SiLU", torch.nn.GELU)] == [
         "relu", "tanh", "elu", "silu", "gelu"]
     with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not torch\.ao\.nn\."):

@@ -46,25 +46,26 @@ class PolicySettings(typing.Protocol):
     def set(self, key: str, value, origin: str) -> None:
         """rlspeed's hyperparameter `key` is `value`, from SB3's option `origin` ("policy_kwargs.net_arch")."""
 
-    def refuse(self, key: str, why: str) -> None:
-        """SB3's option `key` is not honoured, for the reason `why`."""
+    def refuse_option(self, key: str, shown: str, rule: str) -> None:
+        """SB3's option `key`, given as `shown` (its value as a message writes it), is not honoured, for the reason
+        `rule` (the same text for each option refused by the same rule)."""
 
 
 class Collected:
     """A `PolicySettings` that keeps what it is given: `hyper` (key -> value), `origin` (key -> SB3's option),
-    `refused` ((SB3's option, why) pairs), `notes`."""
+    `refused` ((SB3's option, its value shown, rule) triples), `notes`."""
 
     def __init__(self):
         self.hyper: dict = {}
         self.origin: dict[str, str] = {}
-        self.refused: list[tuple[str, str]] = []
+        self.refused: list[tuple[str, str, str]] = []
         self.notes: list[str] = []
 
     def set(self, key: str, value, origin: str) -> None:
         self.hyper[key], self.origin[key] = value, origin
 
-    def refuse(self, key: str, why: str) -> None:
-        self.refused.append((key, why))
+    def refuse_option(self, key: str, shown: str, rule: str) -> None:
+        self.refused.append((key, shown, rule))
 
 
 def _activation(item) -> str | None:
@@ -92,23 +93,23 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
                 out.set("activation", activation, key)
             else:
                 shown = getattr(item, "__name__", item)
-                out.refuse(key, f"{shown}: {PRELU_REFUSAL}" if names_prelu(item)
-                           else f"{shown}: rlspeed's activations are {torch_class_names()}")
+                out.refuse_option(key, str(shown), PRELU_REFUSAL if names_prelu(item)
+                                  else f"rlspeed's activations are {torch_class_names()}")
         elif name in ("full_std", "use_expln") and algo not in SDE_ALGORITHMS:
-            out.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {algo} has not")
+            out.refuse_option(key, repr(item), f"an option of gSDE, which rlspeed's {algo} has not")
         elif name in ("log_std_init", "full_std", "use_expln", "normalize_images"):
             out.set(name, item, key)  # (the config check refuses them where absent)
         elif name == "ortho_init" and isinstance(item, bool):
             out.set("ortho_init", item, key)
         elif name == "ortho_init":
-            out.refuse(key, f"{item!r}: ortho_init is True or False")
+            out.refuse_option(key, repr(item), "ortho_init is True or False")
         elif name == "lstm_hidden_size" and algo == "recurrent_ppo":
             out.set("lstm_hidden_size", item, key)
         elif name in SB3_CONTRIB_LSTM_LAYOUT and algo == "recurrent_ppo":
             if is_rlspeeds_lstm_layout(name, item):
                 out.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
             else:
-                out.refuse(key, f"{item!r}: {LSTM_LAYOUT_RULE}")
+                out.refuse_option(key, repr(item), LSTM_LAYOUT_RULE)
         elif name == "n_critics" and algo in ("sac", "td3", "ddpg"):
             out.set("n_critics", item, key)
         elif name in ("squash_output", "clip_mean"):
@@ -117,19 +118,19 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
             if item == default:
                 out.notes.append(f"{key} {item!r}: rlspeed's {algo} does that too")
             else:
-                out.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
-                                "SAC: squashed, mean clipped to [-2, 2])")
+                out.refuse_option(key, repr(item), "rlspeed's gSDE has SB3's defaults for it (on-policy: no "
+                                                   "squashing; SAC: squashed, mean clipped to [-2, 2])")
         elif name in ("optimizer_class", "optimizer_kwargs"):
             instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if algo == "a2c" else ""
-            out.refuse(key, f"{item!r}: rlspeed's {algo} builds its own optimizer{instead}")
+            out.refuse_option(key, repr(item), f"rlspeed's {algo} builds its own optimizer{instead}")
         elif name == "features_extractor_kwargs":
             _features_extractor_kwargs(key, item, out)
         elif name == "features_extractor_class":
-            out.refuse(key, f"{getattr(item, '__name__', item)}: rlspeed picks its encoder from the observation "
-                            "space (encoder auto, mlp or cnn; the CNN's architecture: cnn nature, strided or small), "
-                            "not from a class")
+            out.refuse_option(key, str(getattr(item, "__name__", item)),
+                              "rlspeed picks its encoder from the observation space (encoder auto, mlp or cnn; the "
+                              "CNN's architecture: cnn nature, strided or small), not from a class")
         else:
-            out.refuse(key, f"{item!r}: rlspeed's {algo} has no such option")
+            out.refuse_option(key, repr(item), f"rlspeed's {algo} has no such option")
 
 
 def _features_extractor_kwargs(key: str, value, out: PolicySettings) -> None:
@@ -137,14 +138,14 @@ def _features_extractor_kwargs(key: str, value, out: PolicySettings) -> None:
     MultiInputPolicy) are the width of rlspeed's CNN encoders, `cnn_features_dim`; rlspeed's encoders take no
     other option."""
     if not isinstance(value, dict):
-        out.refuse(key, f"{value!r}: expected dict(...)")
+        out.refuse_option(key, repr(value), "expected dict(...)")
         return
     for name, item in value.items():
         if name in ("features_dim", "cnn_output_dim"):
             out.set("cnn_features_dim", item, f"{key}.{name}")
         else:
-            out.refuse(f"{key}.{name}", f"{item!r}: rlspeed's encoders take only the CNN's output width "
-                                        "(features_dim, as cnn_features_dim)")
+            out.refuse_option(f"{key}.{name}", repr(item), "rlspeed's encoders take only the CNN's output width "
+                                                           "(features_dim, as cnn_features_dim)")
 
 
 def _net_arch(algo: str, key: str, value, out: PolicySettings) -> None:
@@ -154,13 +155,13 @@ def _net_arch(algo: str, key: str, value, out: PolicySettings) -> None:
     if isinstance(value, dict):
         widths = [value.get(part) for part in ("pi", "vf" if algo in ON_POLICY else "qf")]
         if set(value) - {"pi", "vf", "qf"} or widths[0] != widths[1] or widths[0] is None:
-            out.refuse(key, f"{value}: rlspeed uses one width list for the actor and the critic")
+            out.refuse_option(key, str(value), "rlspeed uses one width list for the actor and the critic")
             return
         value = widths[0]
     if isinstance(value, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in value):
         out.set("net_arch", value, key)
     else:
-        out.refuse(key, f"{value!r}: expected a list of layer widths")
+        out.refuse_option(key, repr(value), "expected a list of layer widths")
 
 
 __all__ = ["Collected", "ON_POLICY", "PolicySettings", "SDE_ALGORITHMS", "translate_policy_kwargs"]

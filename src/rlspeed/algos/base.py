@@ -487,9 +487,14 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
     read = Collected()
     translate_policy_kwargs(algo, policy_kwargs, read)
     written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
-    refused = [f"{key}: {why.removesuffix('.')}" for key, why in read.refused] + [
-        f"{read.origin[key]}: {owner} has no {key}" for key in read.hyper if key not in fields]
-    return keywords + (f": here {', '.join(written)}" if written else "") + "".join(f"; {line}" for line in refused)
+    # (each rule said once, after the options it refuses: "policy_kwargs.optimizer_class=..., ...optimizer_kwargs=...:
+    # rlspeed's ppo builds its own optimizer")
+    refused: dict[str, list[str]] = {}
+    for key, shown, rule in read.refused + [(read.origin[key], repr(value), f"{owner} has no {key}")
+                                            for key, value in read.hyper.items() if key not in fields]:
+        refused.setdefault(rule.removesuffix("."), []).append(f"{key}={shown}")
+    return keywords + (f": here {', '.join(written)}" if written else "") + "".join(
+        f"; {', '.join(options)}: {rule}" for rule, options in refused.items())
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:

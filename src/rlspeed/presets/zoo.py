@@ -363,6 +363,10 @@ class _Translator:
         if blocking or key.split(".")[0] in BLOCKING or (self.strict and key.split(".")[0] not in BOOKKEEPING):
             self.blocking.append(line)
 
+    def refuse_option(self, key: str, shown: str, rule: str) -> None:
+        """`PolicySettings`'s refusal: one line per option, "key: shown: rule"."""
+        self.refuse(key, f"{shown}: {rule}")
+
     def policy(self, value) -> None:
         """SB3's policy class -> rlspeed's encoder: MlpPolicy (MlpLstmPolicy) the flat MLP, CnnPolicy (CnnLstmPolicy)
         the CNN encoder (on-policy algorithms and DQN: linear heads on its features unless policy_kwargs set
