@@ -65,6 +65,20 @@ def test_an_activation_is_torchs_only_under_torch_nns_names():
         build_config(rlspeed.PPO.config_cls, {"activation": quantized.LeakyReLU})
 
 
+def test_policy_kwargs_for_a_config_without_network_keywords_names_none():
+    """The policy_kwargs sentence names the network keywords the config has: a config of one's own with none of them
+    gets no list (not "()"), and its refusal of each option."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        width: int = 1
+
+    with pytest.raises(UserError) as refused:
+        build_config(Config, {"policy_kwargs": {"net_arch": [3]}})
+    assert str(refused.value).endswith("plain keywords; policy_kwargs.net_arch=[3]: Config has no net_arch.")
+
+
 def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_that_have_it():
     """A name that shares only its first word or letters with a hyperparameter is no misspelling of it; one that
     other algorithms have says which, and misspellings still get their "Did you mean"."""

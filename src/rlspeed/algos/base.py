@@ -475,8 +475,9 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
     """The network's keywords the algorithm of `config_cls` (whose field names are `fields`) has, and SB3's
     `policy_kwargs` as the keywords to write instead (" (net_arch=[64, 64], ...): here activation='leaky_relu',
     net_arch=[32]"), by the rule RL-Zoo's translation follows (`rlspeed.policy_kwargs`) for that algorithm: the
-    settings it has, then each option it has not, with why (as the translation refuses it)."""
-    keywords = f" ({', '.join(f'{key}={example}' for key, example in _NETWORK_KEYWORDS.items() if key in fields)})"
+    settings it has, then the options it has not, each reason (as the translation refuses them) once."""
+    named = [f"{key}={example}" for key, example in _NETWORK_KEYWORDS.items() if key in fields]
+    keywords = f" ({', '.join(named)})" if named else ""
     if not isinstance(policy_kwargs, dict):
         return keywords
     owner = _owner_name(config_cls)
