@@ -1050,6 +1050,18 @@ def test_an_observation_without_a_part_of_its_tuple_or_dict_space_names_the_part
         host.write(host.empty(1), 0, observation)
 
 
+def test_a_keyed_observations_part_is_reached_by_its_layout_key():
+    """`HostObservations.part` is the one way to a keyed observation's part (an env adapter finding which call
+    returned a refused batch used the class's private helper): a Tuple's position by its key "0", "1", ..., a Dict's
+    entry by its key, and a missing part raises for the caller to name it."""
+    from rlspeed.envs.gymnasium_env import HostObservations
+
+    assert HostObservations.part((np.zeros(2), 7), "1") == 7
+    assert HostObservations.part({"a": 1, "b": 2}, "b") == 2
+    with pytest.raises(IndexError):
+        HostObservations.part((np.zeros(2),), "1")
+
+
 def _registered_sampling_env(env_id: str, observation_space: gym.Space) -> str:
     """`env_id`, registered as a Gymnasium env of random observations of `observation_space`, two actions, episodes
     of 2 steps."""

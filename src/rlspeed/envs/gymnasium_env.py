@@ -1502,7 +1502,10 @@ class HostObservations:
         self.ranges = {key: (part, *integer_range(part)) for key, part in parts.items()
                        if isinstance(part, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))}
 
-    def _part(self, value, key: str):
+    @staticmethod
+    def part(value, key: str):
+        """The part `key` of a keyed observation or batch `value` (a layout key of `layout`): a Dict's entry, or a
+        Tuple's position ("0", "1", ...); KeyError, IndexError or ValueError where `value` has no such part."""
         return value[int(key)] if isinstance(value, (tuple, list)) else value[key]
 
     def _missing_part(self, observation, key: str) -> str:
@@ -1524,7 +1527,7 @@ class HostObservations:
         if not self.keyed:
             batch = np.array(value, dtype=self._numpy_layout[1])
         else:
-            batch = {key: np.array(self._part(value, key), dtype=dtype)
+            batch = {key: np.array(self.part(value, key), dtype=dtype)
                      for key, (_, dtype) in self._numpy_layout.items()}
         for key in self.ranges:
             self._check_values(batch if key is None else batch[key], key)
@@ -1561,7 +1564,7 @@ class HostObservations:
             return
         for key, (shape, _) in self.layout.items():
             try:
-                part = self._part(observation, key)
+                part = self.part(observation, key)
             except (KeyError, IndexError, ValueError):  # (a tuple for a Dict space: int('a') raises ValueError)
                 raise UserError(self._missing_part(observation, key)) from None
             check_shape(part, shape, f" (key {key!r})", self.source)
@@ -2132,7 +2135,7 @@ class GymnasiumEnv(BatchedEnv):
         the rows that did not finish pass (a finished row's observation is its reset's), else "step"."""
         kept = np.setdiff1d(np.arange(self.num_envs), finished)
         if self._host.keyed:
-            rows = {key: np.asarray(self._host._part(obs, key))[kept] for key in self._host.layout}
+            rows = {key: np.asarray(self._host.part(obs, key))[kept] for key in self._host.layout}
         else:
             rows = np.asarray(obs)[kept]
         try:
