@@ -41,7 +41,7 @@ SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_b
                   "target_confirmation": (dict, None), "final_eval": dict,
                   "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
                   "checkpoint_encryption": (dict, None), "interrupted": bool, "stopped_by": (str, None),
-                  "error": (str, None),
+                  "error": (str, None), "close_error": (str, None),
                   "provenance": dict}
 
 

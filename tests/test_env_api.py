@@ -2253,7 +2253,8 @@ def _close_error_last(capsys) -> list[str]:
 def test_a_training_run_whose_env_close_raises_keeps_its_model_and_fails_at_the_end(tmp_path, capsys, seeds, saved):
     """An env whose close() raised after stepping ended `rlspeed train` (a population too) at the first evaluation's
     close, exit 1: no model saved. The run goes on now, saves the model (the members), summary.json and prints its
-    final evaluation; the close() error is its last line, exit code 1 (scripts notice)."""
+    final evaluation; the close() error is its last line, exit code 1 (scripts notice), and summary.json's
+    `close_error` (its `error` was null, as a finished run's)."""
     from rlspeed import cli
 
     run = tmp_path / "run"
@@ -2264,6 +2265,11 @@ def test_a_training_run_whose_env_close_raises_keeps_its_model_and_fails_at_the_
     assert code == 1
     assert {saved, "summary.json"} <= {path.name for path in run.iterdir()}
     assert any(line.startswith("rlspeed: final evaluation") for line in lines[:-1]), lines
+    # (summary.json says it too, for a script collecting runs: `error` stays null, the run finished)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["error"] is None
+    assert summary["close_error"].startswith("EnvStepError: The env 'CloseRaising-v0' (gymnasium backend) raised "
+                                             "RuntimeError in close(): the simulator's socket is gone"), summary
 
 
 def test_an_env_whose_close_raises_before_any_work_stops_the_cli_before_training(tmp_path, capsys):

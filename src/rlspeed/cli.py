@@ -868,9 +868,10 @@ def _train_population(args: argparse.Namespace) -> int:
             # (the loop's own: a finished run's keys, null where nothing was measured yet)
             partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
                        "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "error": None,
-                       "provenance": _provenance(args, device)}
+                       "close_error": None, "provenance": _provenance(args, device)}
         else:  # (stopped before the training loop began)
             partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True, "error": None,
+                       "close_error": None,
                        "total_timesteps": population.num_timesteps, "preset": args.preset_info,
                        "provenance": _provenance(args, device),
                        "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
@@ -899,7 +900,7 @@ def _train_population(args: argparse.Namespace) -> int:
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
     summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
-    summary["error"] = None
+    summary["error"] = summary["close_error"] = None
     summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     summary["provenance"] = _provenance(args, device)
@@ -909,6 +910,7 @@ def _train_population(args: argparse.Namespace) -> int:
         summary["member_models"] = None
         _write_summary(run_dir, summary)
         summary["member_models"] = _save_member_models(population, summary, run_dir)
+        args.finished_summary = run_dir / "summary.json"  # (`_record_close_error`)
         try:  # (before the summary that ends the run: a kill before it leaves a run --resume finishes, plot included)
             plot_learning_curves(summary, run_dir / "learning_curves.png")
         except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
@@ -2623,6 +2625,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                              **({"unfinished": final["unfinished"]} if final.get("unfinished") else {})})
     try:
         _write_summary(run_dir, summary)
+        args.finished_summary = run_dir / "summary.json"  # (`_record_close_error`)
     except UserError as error:  # (a full disk: the trained model is saved, and its evaluation is not lost with it)
         then = ("--resume writes it, evaluating the model again, once there is room"
                 if (run_dir / "checkpoint.safetensors").is_file()
@@ -2696,6 +2699,19 @@ def _write_ended_by_error(run: dict, run_dir: Path, error: Exception, in_trainin
         _write_summary(run_dir, summary)
 
 
+def _record_close_error(args: argparse.Namespace, errors: list) -> None:
+    """Where a command that finished a run (`args.finished_summary`, its summary.json) exits 1 for an env's close()
+    error kept to its end (`CloseErrors`): that summary's `close_error` says it (the first one's type and message).
+    `error` stays null: the run finished, model and final evaluation saved, so `--resume` has nothing to continue."""
+    path = getattr(args, "finished_summary", None)
+    summary = _run_summary(path) if errors and path is not None else None
+    if summary is None or "close_error" not in summary:
+        return
+    summary["close_error"] = _error_text(errors[0])
+    with contextlib.suppress(UserError, OSError):  # (the close() error itself is what the command reports)
+        _write_summary(path.parent, summary)
+
+
 def _error_text(error: Exception) -> str:
     """summary.json's `"error"` for a run `error` ended: its type and message, on one line."""
     return f"{type(error).__name__}: {_one_line(str(error))[:500] or '(no message)'}"
@@ -2733,7 +2749,7 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted,
-               "stopped_by": _stopped_by(result, interrupted), "error": None,
+               "stopped_by": _stopped_by(result, interrupted), "error": None, "close_error": None,
                "provenance": _provenance(args, model.device)}
     if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
         replay = model.replay_summary()
@@ -4081,6 +4097,7 @@ def _main(argv: list[str]) -> int:
         with CloseErrors() as closing:
             code = int(args.func(args) or 0)
         if code == 0:
+            _record_close_error(args, closing.errors)
             closing.raise_first()
         return code
     except UserError as error:
