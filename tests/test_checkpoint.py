@@ -1242,7 +1242,7 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
     config.yaml) records the module that registers the id (`gym_packages`): `rlspeed eval` of the file alone, where
     nothing registered the id, imports it and says so (it failed: "not a registered id here"); `--no-imports` says
     what it does not import; the file saved again keeps them. MinAtar's ids record the module whose register_envs()
-    registers them."""
+    registers them. Python's `load` imports none: `evaluate` and `learn` name them and how to import them."""
     import gymnasium as gym
 
     from rlspeed import cli
@@ -1264,6 +1264,15 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
     monkeypatch.delitem(gym.registry, "FuMoved-v0")
     again = PPO.load(path, device="cpu").save(tmp_path / "again")  # (saved again, or exported: the file's modules)
     assert rlspeed.checkpoint.load_checkpoint(again)[1]["gym_packages"] == ["fu_moved_envs"]
+    # (Python's load imports nothing: evaluate and learn named no module, "import the module that registers it"; they
+    # name the file's now, and how to import them)
+    loaded = PPO.load(path, device="cpu")
+    for use in (lambda: loaded.evaluate(episodes=1), lambda: loaded.learn(16, progress_bar=False)):
+        with pytest.raises(UserError, match=r"'FuMoved-v0', which is not a registered id here: the model's file "
+                                            r"records the module that registers it, so import it first \(import "
+                                            r"fu_moved_envs"):
+            use()
+    assert "fu_moved_envs" not in sys.modules
     assert cli.main(["eval", str(path), "--episodes", "1", "--no-imports"]) == 2
     assert f"not importing fu_moved_envs, which {path} records" in capsys.readouterr().err
     assert cli.main(["eval", str(path), "--episodes", "1"]) == 0

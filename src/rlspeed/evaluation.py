@@ -264,10 +264,11 @@ def evaluate(model: rlspeed.algos.Algorithm,
                         "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
                         "eval_freq).")
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
-        raise UserError(f"This model trained on '{env_id}', which is not a registered id here: import the module that "
-                        f"registers it first (rlspeed eval --gym-packages MODULE), or, for an env you built, pass one: "
-                        f"rlspeed.evaluate(model, env, episodes=env.num_envs) (and EvalCallback(env) instead of "
-                        "eval_freq).")
+        how = (model._recorded_modules_advice()
+               or "import the module that registers it first (rlspeed eval --gym-packages MODULE)")
+        raise UserError(f"This model trained on '{env_id}', which is not a registered id here: {how}; or, for an env "
+                        f"you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
+                        "EvalCallback(env) instead of eval_freq).")
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)

@@ -2960,6 +2960,10 @@ class Algorithm:
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
             run_dir = local_path(run_dir).absolute()  # chdir during learn)
+        if self._env is None and self._recorded_modules_advice():  # (a loaded model: no env to train on here)
+            raise UserError(f"This model trained on '{self.env_id}', which is not a registered id here: "
+                            f"{self._recorded_modules_advice()}; or give it an env you built: "
+                            f"{type(self).__name__}.load(path, env=env).")
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"
@@ -3747,6 +3751,18 @@ class Algorithm:
         as `gym_packages`), else those the file this model was loaded from records (an id no module registered in
         this process: a file moved without its run)."""
         return registering_modules(self.env_id) or list(self.__dict__.get("_recorded_gym_packages") or [])
+
+    def _recorded_modules_advice(self) -> str:
+        """Where no module registered this model's env id here and the file it was loaded from records those that
+        register it (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id;
+        "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed eval` does, and says so."""
+        recorded = list(self.__dict__.get("_recorded_gym_packages") or [])
+        if not recorded or remakeable(self.env_id):
+            return ""
+        many = len(recorded) > 1
+        return (f"the model's file records the module{'s' if many else ''} that register{'' if many else 's'} it, so "
+                f"import {'them' if many else 'it'} first ({'; '.join(f'import {module}' for module in recorded)}: "
+                f"loading a model imports no module; `rlspeed eval MODEL` imports {'them' if many else 'it'})")
 
     def _own_init_arguments(self) -> dict:
         """A subclass's own `__init__` arguments (`_own_init_parameters`) as it was called (`__new__` records them),
