@@ -2413,18 +2413,23 @@ def test_envs_whose_close_raises_are_each_said_where_none_keeps_them():
 def test_a_stable_baselines3_vec_env_whose_close_raises_is_named_and_kept_as_a_gymnasium_envs(vec_env, said):
     """An SB3 VecEnv whose env's close() raised: a DummyVecEnv's raw error came out of rlspeed's env, never kept for
     the end of the work (the CLI's command, learn, evaluate); a SubprocVecEnv's worker printed its traceback and
-    nothing was said. Each is an EnvStepError naming the env and close() now, kept as a Gymnasium env's is."""
+    nothing was said. Each is an EnvStepError naming the env and close() now, kept as a Gymnasium env's is. A
+    DummyVecEnv's close stopped at the first env that raised (the others stayed open, unnamed): every env is closed
+    now, each error kept, and the VecEnv keeps its envs."""
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
     from rlspeed.errors import CloseErrors
 
-    envs = (sb3.DummyVecEnv([_CloseRaising] * 2) if vec_env == "DummyVecEnv"
+    envs = (sb3.DummyVecEnv([_CloseRaising] * 3) if vec_env == "DummyVecEnv"
             else sb3.SubprocVecEnv([_CloseRaising] * 2, start_method="fork" if "fork" in
                                    multiprocessing.get_all_start_methods() else None))
-    env = rlspeed.make_env(envs, device="cpu")
+    env = rlspeed.make_env(sb3.VecNormalize(envs, norm_reward=False), device="cpu")  # (a wrapper's close passes on)
+    _CloseRaising.closed = set()
     with CloseErrors() as closing:
         env.close()
-    assert [error.call for error in closing.errors] == ["close"]
+    assert [error.call for error in closing.errors] == ["close"] * (3 if vec_env == "DummyVecEnv" else 1)
     assert re.search(r"'user-sb3-vec-env' \(sb3 backend\) raised " + said, str(closing.errors[0]))
+    if vec_env == "DummyVecEnv":
+        assert _CloseRaising.closed == {id(each.unwrapped) for each in envs.envs} and len(envs.envs) == 3
 
 
 class _ResetWithoutSeed(gym.Env):

@@ -1006,18 +1006,29 @@ def _close_failed(env_id: str, backend: str, errors: Sequence[BaseException], be
     kept.errors.extend(failures)
 
 
-def close_other_backend(close: Callable[[], object], env_id: str, backend: str, inner=None) -> None:
+def close_other_backend(close: Callable[[], object], env_id: str, backend: str, inner=None,
+                        envs: Sequence[gym.Env] = ()) -> None:
     """Call `close`, the close of an env of another backend (an SB3 VecEnv's, an EnvPool pool's), by `close_envs`'s
     rule: an error it raises is an `EnvStepError` naming the env `env_id` and close(), kept within a `CloseErrors`
     block, else raised. `inner`: the subprocess vector env inside (SB3's SubprocVecEnv), whose workers close their
-    envs after the parent stops listening (`_worker_close_error`)."""
+    envs after the parent stops listening (`_worker_close_error`). `envs`: the env objects inside whose own close
+    stops at the first that raises (SB3's DummyVecEnv), each closed first, every error kept (as `close_envs` does a
+    SyncVectorEnv's); `close` must then reach none of them again."""
+    errors = []
+    for each in envs:
+        try:
+            each.close()
+        except Exception as error:  # noqa: BLE001 (each is said: `_close_failed`)
+            errors.append(error)
     try:
         close()
     except Exception as error:  # noqa: BLE001 (said: `_close_failed`)
-        _close_failed(env_id, backend, [error])
-        return
-    if inner is not None and (error := _worker_close_error(inner)) is not None:
-        _close_failed(env_id, backend, [error])
+        errors.append(error)
+    else:
+        if inner is not None and (error := _worker_close_error(inner)) is not None:
+            errors.append(error)
+    if errors:
+        _close_failed(env_id, backend, errors)
 
 
 class _WorkerTraceback(Exception):  # noqa: N818 (not raised: the text of a traceback in another process)

@@ -9,6 +9,7 @@ with SB3's VecEnv methods is accepted.
 
 from __future__ import annotations
 
+import sys
 import typing
 import warnings
 
@@ -368,5 +369,20 @@ class SB3VecEnv(BatchedEnv):
         """Close the VecEnv (for SubprocVecEnv, its worker processes too); an error of an env's close() is an
         `EnvStepError` naming the env, kept or raised as `close_envs` says (`close_other_backend`)."""
         inner = self.vec_env.unwrapped
-        close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
-                            inner if isinstance(getattr(inner, "processes", None), list) else None)
+        dummy = getattr(sys.modules.get("stable_baselines3.common.vec_env.dummy_vec_env"), "DummyVecEnv", None)
+        if dummy is None or type(inner).close is not dummy.close:
+            close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
+                                inner if isinstance(getattr(inner, "processes", None), list) else None)
+            return
+        # (DummyVecEnv's close is a loop over its envs that stops at the first whose close raises: each is closed
+        # first, every error said; its wrappers' close then runs over none of them, and the VecEnv keeps its envs)
+        envs = inner.envs
+
+        def close_wrappers():
+            inner.envs = []
+            try:
+                self.vec_env.close()
+            finally:
+                inner.envs = envs
+
+        close_other_backend(close_wrappers, self.spec.env_id, self.backend, envs=list(envs))
