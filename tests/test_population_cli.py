@@ -174,6 +174,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     assert set(summary["aggregate"]) == set(documented["aggregate"])
     assert set(summary["aggregate"]["final_eval"]) == set(documented["aggregate"]["final_eval"])
     assert summary["population"] == 4 and summary["interrupted"] is False  # (a finished run, as a solo summary says)
+    assert summary["stopped_by"] is None  # (its whole budget trained, no target reached)
     assert [member["seed"] for member in summary["members"]] == [0, 3, 5, 6]
     rates = [member["hyperparameters"]["learning_rate"] for member in summary["members"]]
     assert rates == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
@@ -317,7 +318,7 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
     means = sorted(member["curve"][0][1] for member in summary["members"])
     assert f"median {sum(means) / 2:.1f}, range {means[0]:.1f} to {means[1]:.1f}" in captured.out
     assert "interrupted (Ctrl-C)" in captured.err
-    assert summary["interrupted"] is True
+    assert summary["interrupted"] is True and summary["stopped_by"] == "signal"
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[128, 256], [128, 256]]
     # each member as a model of its own, as `rlspeed eval`'s pointer for a population checkpoint says
     assert summary["member_models"] == {str(seed): f"members/seed_{seed}.safetensors" for seed in (0, 1)}
@@ -479,6 +480,7 @@ def test_a_populations_confirmations_say_how_many_episodes_were_cut_short(tmp_pa
     assert "2 of 2 members reached -1000 (confirmations on fresh episodes, 4 of 4 cut short at the step limit)" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [member["confirmations_unfinished"] for member in summary["members"]] == [[2], [2]]
+    assert summary["stopped_by"] == "target"  # (both reached at step 64 of 128; the field was missing)
 
 
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_normalises(tmp_path, capsys, monkeypatch):

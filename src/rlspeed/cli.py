@@ -848,7 +848,7 @@ def _train_population(args: argparse.Namespace) -> int:
         if not _no_rows(run_dir / "metrics.csv") or checkpoint.exists():
             ended = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds,
                      "total_timesteps": population.num_timesteps, "preset": args.preset_info, "interrupted": False,
-                     "error": _error_text(error), "provenance": _provenance(args, device)}
+                     "stopped_by": "error", "error": _error_text(error), "provenance": _provenance(args, device)}
             with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
                 _write_summary(run_dir, ended)
         raise
@@ -867,11 +867,11 @@ def _train_population(args: argparse.Namespace) -> int:
         if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
             # (the loop's own: a finished run's keys, null where nothing was measured yet)
             partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
-                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "error": None,
-                       "close_error": None, "provenance": _provenance(args, device)}
+                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "stopped_by": "signal",
+                       "error": None, "close_error": None, "provenance": _provenance(args, device)}
         else:  # (stopped before the training loop began)
-            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True, "error": None,
-                       "close_error": None,
+            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
+                       "stopped_by": "signal", "error": None, "close_error": None,
                        "total_timesteps": population.num_timesteps, "preset": args.preset_info,
                        "provenance": _provenance(args, device),
                        "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
@@ -900,6 +900,7 @@ def _train_population(args: argparse.Namespace) -> int:
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
     summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
+    summary["stopped_by"] = _population_stopped_by(summary, total)
     summary["error"] = summary["close_error"] = None
     summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
@@ -2766,6 +2767,17 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                                   "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
                                   else 0}
     return summary
+
+
+def _population_stopped_by(summary: dict, total: int) -> str | None:
+    """A finished population's summary.json `stopped_by` (a single run's field, `_stopped_by`): what ended training
+    before its budget of `total` steps per member: "target" (every member reached it, as a single run's "target") or
+    "members_left" (every member left the computation, reached, pruned or diverged: `reached`, `pruned`, `diverged`
+    count them); None where it trained its whole budget. "signal" and "error" are those of the summaries written on
+    a stop or an error."""
+    if summary["reached"] == summary["population"]:
+        return "target"
+    return "members_left" if summary["total_timesteps"] < total else None
 
 
 def _stopped_by(result, interrupted: bool) -> str | None:
