@@ -646,7 +646,14 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     stops at the target anyway; default `budget`); without a target, or where the configuration anneals its learning
     rate, clip range or exploration (`anneal_lr`, `anneal_clip`, DQN's `exploration_fraction`: schedules over a learn
     call's steps, which in the trials were `budget`), the preset gets `budget`. See the module docstring for the
-    objective, pruning and resume."""
+    objective, pruning and resume.
+
+    `algo_cls`: the algorithm (`rlspeed.PPO`, ...); `env_id`: the env, as for `rlspeed tune`; `storage` and
+    `study_name`: the Optuna storage URL (or SQLite file) and the study in it; `target_return`: the mean evaluation
+    return the objective counts steps to (None: the objective is minus the final evaluation) and `eval_freq` the env
+    steps between evaluations (None: the algorithm's default); `seed`: the sampler's seed (trial n trains with
+    `seed + n`); `device`: where the members train; `command`: the command line the preset file records in its
+    header (None: no such line); `say`: where the progress lines go (`print`)."""
     require_optuna()
     eval_episodes = positive_whole("eval_episodes", eval_episodes, needed_by="tune")  # (before the study records)
     from optuna.trial import TrialState
