@@ -639,24 +639,29 @@ def test_the_launcher_keeps_the_log_loglevel_asks_for_and_leaves_no_folder_and_i
 
 
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
-    """RecurrentPPO's minibatches are whole env columns, batch_size / num_steps of them, shared among the ranks: one
-    sequence per minibatch on 2 ranks gave each rank one column, minibatches of twice batch_size and half the
-    updates, without a word."""
+    """RecurrentPPO's minibatches are batch_size / L sequences of L = gcd(num_steps, batch_size) steps, shared among
+    the ranks: one sequence per minibatch on 2 ranks gave each rank one sequence, minibatches of twice batch_size and
+    half the updates, without a word."""
     from rlspeed import RecurrentPPO
     from rlspeed.errors import UserError
 
     small = dict(device="cpu", env_backend="gymnasium", num_envs=4, num_steps=8, lstm_hidden_size=8)
-    with pytest.raises(UserError, match=r"batch_size \(8\) holds 1 sequence of num_steps \(8\), which must be a "
-                                        r"multiple of the number of processes \(2\).*batch_size=16 would do"):
+    with pytest.raises(UserError, match=r"batch_size \(8\) holds 1 sequence of 8 steps \(the greatest common divisor "
+                                        r"of batch_size and num_steps \(8\)\), which must be a multiple of the number "
+                                        r"of processes \(2\).*batch_size=16 would do"):
         RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=8, **small)
     RecurrentPPO("CartPoleNoVel-v1", batch_size=8, **small)  # one process: any number of sequences is fine
-    model = RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=16, n_epochs=1, **small)
-    shapes = []
-    update = model._update_step
-    model._update_step = lambda *batch, **hints: (shapes.append(batch[0].shape[:2]), update(*batch, **hints))[1]
-    model.learn(32, progress_bar=False)
-    # each rank's 2 envs make 2 minibatches of 1 column: 2 columns of 8 steps, batch_size, across the ranks
-    assert shapes == [(8, 1), (8, 1)]
+    for num_steps, batch_size, shapes_seen in ((8, 16, [(8, 1)] * 2), (24, 16, [(8, 1)] * 6)):
+        options = {**small, "num_steps": num_steps}
+        model = RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=batch_size, n_epochs=1, **options)
+        shapes = []
+        update = model._update_step
+        model._update_step = (lambda *batch, shapes=shapes, update=update, **hints:
+                              (shapes.append(batch[0].shape[:2]), update(*batch, **hints))[1])
+        model.learn(4 * num_steps, progress_bar=False)
+        # each rank's 2 envs make minibatches of 1 sequence, 2 sequences of batch_size steps across the ranks: whole
+        # columns of 8 steps, or chunks of gcd(24, 16) = 8 steps, 3 per column
+        assert shapes == shapes_seen
     # a minibatch of the whole rollout splits whatever the number of sequences
     RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=32, **small)
 

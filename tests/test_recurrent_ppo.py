@@ -112,23 +112,65 @@ def test_segmented_lstm_matches_the_step_by_step_reference_and_its_gradients():
     torch.testing.assert_close(after[:, 4:, 1], segmented.view(2, steps, batch, -1)[:, 4:, 1])
 
 
-def test_the_update_reruns_the_rollout_exactly():
-    """Before any update the sequences re-run from the stored states give the rollout's own log-probs and values."""
-    model = _small_model(n_epochs=1, learning_rate=1e-12)
+@pytest.mark.parametrize("batch_size, length", [(64, 32), (16, 16)])
+def test_the_update_reruns_the_rollout_exactly(batch_size, length):
+    """Before any update the sequences re-run from the stored states give the rollout's own log-probs and values,
+    whole columns (batch_size a multiple of num_steps) or chunks of gcd(num_steps, batch_size) steps; and the fused
+    segment call's loss and gradients are the step-by-step autograd reference's on the same chunks."""
+    model = _small_model(n_epochs=1, learning_rate=1e-12, batch_size=batch_size)
     rollout = SMALL["num_envs"] * SMALL["num_steps"]
     updates = []
     update = model._update_step
     model._update_step = lambda *batch, **hints: (updates.append(batch), update(*batch, **hints))[1]
     model.learn(rollout, progress_bar=False)
-    assert len(updates) == SMALL["num_envs"] * SMALL["num_steps"] // SMALL["batch_size"]
+    assert len(updates) == rollout // batch_size
     for obs, state, starts, layout, actions, old_log_probs, old_values, *_ in updates:
-        assert obs.shape[:2] == (SMALL["num_steps"], SMALL["batch_size"] // SMALL["num_steps"])
+        assert obs.shape[:2] == (length, batch_size // length)
         with torch.no_grad():
             for used in (layout, None):
                 features = model.policy.sequence_features(obs, state, starts, used)
                 log_probs, _, values = model.policy.evaluate(features, actions)
                 torch.testing.assert_close(log_probs, old_log_probs, rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(values, old_values, rtol=1e-4, atol=1e-5)
+    batch, parameters = updates[0], list(model.policy.parameters())
+    (fused, _), (reference, _) = (model._loss(*batch[:3], used, *batch[4:]) for used in (batch[3], None))
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(reference, parameters, allow_unused=True),
+                    torch.autograd.grad(fused, parameters, allow_unused=True)):
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_size, length", [(64, 32), (8, 8)])
+def test_each_epoch_takes_every_chunk_once_from_the_state_the_rollout_stored(batch_size, length):
+    """sb3-contrib's users give batch_size in steps whatever n_steps is (RL-Zoo's PendulumNoVel-v1: n_steps 1024,
+    batch_size 128): it was refused unless a multiple of num_steps. An epoch now makes rollout / batch_size gradient
+    steps, each of batch_size steps: chunks of each env column, shuffled, each started from the LSTM state the
+    rollout stored at its first step, with the episode starts inside it."""
+    n_epochs, rollout = 2, SMALL["num_envs"] * SMALL["num_steps"]
+    model = _small_model(n_epochs=n_epochs, batch_size=batch_size)
+    updates = []
+    update = model._update_step
+    model._update_step = lambda *batch, **hints: (updates.append(batch), update(*batch, **hints))[1]
+    model.learn(rollout, progress_bar=False)
+    buf = model.buffer
+    assert len(updates) == n_epochs * rollout // batch_size
+    per_epoch = rollout // batch_size
+    for epoch in range(n_epochs):
+        taken = []
+        for obs, state, starts, _, _, log_probs, *_ in updates[epoch * per_epoch:(epoch + 1) * per_epoch]:
+            assert obs.shape[:2] == (length, batch_size // length)
+            log_probs = log_probs.view(length, -1)
+            for b in range(obs.shape[1]):
+                (k, n), = [(k, n) for k in range(SMALL["num_steps"] // length) for n in range(SMALL["num_envs"])
+                           if torch.equal(buf.log_probs[k * length:(k + 1) * length, n], log_probs[:, b])]
+                taken.append((k, n))
+                assert torch.equal(obs[:, b], buf.obs[k * length:(k + 1) * length, n])
+                assert torch.equal(starts[:, b], buf.episode_starts[k * length:(k + 1) * length, n])
+                assert torch.equal(state[:, b], buf.states[k * length][:, n])
+        assert sorted(taken) == [(k, n) for k in range(SMALL["num_steps"] // length) for n in range(SMALL["num_envs"])]
+    if length < SMALL["num_steps"]:  # (chunks that do not start a column start from a carried, non-zero state)
+        assert any(state.abs().sum() > 0 for _, state, *_ in updates)
 
 
 def test_a_graph_captured_update_gets_fixed_shapes_and_no_layout(monkeypatch):
@@ -377,12 +419,21 @@ def test_a_resume_into_fresh_episodes_starts_their_lstm_state_from_zeros(native_
     ({"train_freq": 4}, "train_freq"),
     ({"tau": 0.005}, "tau"),
     ({"num_steps": 32, "batch_size": 48}, "batch_size"),
+    ({"num_steps": 32, "num_envs": 4, "batch_size": 4}, "batch_size"),
 ])
 def test_bad_options_are_one_sentence_naming_the_option(options, named):
     with pytest.raises(UserError) as raised:
         RecurrentPPO(ENV_ID, device="cpu", **options)
     message = str(raised.value)
     assert named in message and "\n" not in message
+
+
+def test_a_batch_size_cutting_too_short_sequences_names_the_sizes_that_would_do():
+    with pytest.raises(UserError, match=r"^batch_size \(4\) cuts num_steps \(32\) into sequences of 4 steps .* at "
+                                        r"least 8 steps to train its LSTM on: batch_size=8 would do\.$"):
+        _small_model(batch_size=4)
+    with pytest.raises(UserError, match=r"sequences of 4 steps .* batch_size=16 or 24 would do\.$"):
+        _small_model(num_envs=10, num_steps=24, batch_size=20)
 
 
 @pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True},

@@ -7,9 +7,12 @@ What differs from PPO, and nothing else:
    that ends only the learner's episode (Atari's episodic life: the value bootstrap is cut there, the game and its
    memory go on, as in evaluation, whose envs play whole games). The buffer keeps the state each step started from.
 2. GAE bootstraps V(final_obs) from the critic state the step produced (one batched LSTM step for the rollout).
-3. Update: minibatches are whole sequences, i.e. env columns of the rollout (`batch_size / num_steps` columns each).
-   The LSTMs are re-run over each column from the state stored at its first step, with the state zeroed at episode
-   starts inside it; the clipped PPO loss is then PPO's own (`PPO._loss` on the LSTM features).
+3. Update: minibatches of `batch_size` steps made of sequences, as sb3-contrib's: each env column of the rollout is
+   cut into chunks of `sequence_length` steps (the rule is that function's), shuffled per epoch, `batch_size /
+   sequence_length` chunks to a minibatch, so an epoch makes rollout / batch_size gradient steps. The LSTMs are
+   re-run over each chunk from the state the rollout stored at its first step (under the rollout's policy), with the
+   state zeroed at episode starts inside it; the clipped PPO loss is then PPO's own (`PPO._loss` on the LSTM
+   features). A `batch_size` that is a multiple of `num_steps` makes chunks of whole columns.
 
 `predict(obs, state, episode_start)` follows Stable-Baselines3: the state is the actor's `(h, c)`, numpy arrays
 `[1, N, H]`, to be passed back on the next call.
@@ -17,6 +20,7 @@ What differs from PPO, and nothing else:
 
 from __future__ import annotations
 
+import math
 import typing
 import warnings
 from dataclasses import dataclass
@@ -56,6 +60,23 @@ _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, d
 _LSTM_LAYOUT_FIX = (f"{LSTM_LAYOUT_RULE} (sb3-contrib's defaults "
                     f"{', '.join(f'{key}={value!r}' for key, value in SB3_CONTRIB_LSTM_LAYOUT.items())}): remove it; "
                     "lstm_hidden_size sets the LSTMs' size")
+#: the fewest steps a sequence of the update holds (unless num_steps is fewer): shorter ones would train the LSTM to
+#: remember almost nothing beyond the stored states
+MIN_SEQUENCE_LENGTH = 8
+
+
+def sequence_length(num_steps: int, batch_size: int, rollout: int) -> int:
+    """The length of the sequences RecurrentPPO's update cuts each env column of `num_steps` steps into: the greatest
+    common divisor of `num_steps` and `batch_size` (`num_steps` itself where batch_size is a multiple of it: whole
+    columns), so that a minibatch of batch_size steps is a whole number of sequences; `num_steps` where one minibatch
+    is the whole rollout (`batch_size >= rollout`)."""
+    return num_steps if batch_size >= rollout else math.gcd(num_steps, batch_size)
+
+
+def _long_enough(num_steps: int, batch_size: int, rollout: int) -> bool:
+    """Whether `batch_size` divides the rollout into sequences of `MIN_SEQUENCE_LENGTH` steps or more (or num_steps)."""
+    return (batch_size >= rollout or rollout % batch_size == 0
+            and sequence_length(num_steps, batch_size, rollout) >= min(num_steps, MIN_SEQUENCE_LENGTH))
 
 
 @dataclass
@@ -64,8 +85,10 @@ class RecurrentPPOConfig(PPOConfig):
     size default to sb3-contrib's; the others are PPO's (`num_envs=8`, `anneal_lr=True`, where sb3-contrib keeps the
     rate constant and trains on the envs it is given).
 
-    `net_arch` is the MLP head after each LSTM (actor and critic alike). `batch_size` counts steps, as in PPO, and
-    must be a multiple of `num_steps`: a minibatch is `batch_size / num_steps` whole env columns.
+    `net_arch` is the MLP head after each LSTM (actor and critic alike). `batch_size` counts steps, as in PPO and
+    sb3-contrib: a minibatch is `batch_size / L` sequences of L = `sequence_length(num_steps, batch_size, rollout)`
+    steps (the gcd of the two: whole env columns where batch_size is a multiple of num_steps), L of at least
+    `MIN_SEQUENCE_LENGTH` steps (or num_steps).
     """
 
     num_steps: int = 128
@@ -76,16 +99,25 @@ class RecurrentPPOConfig(PPOConfig):
                                          **dict.fromkeys(SB3_CONTRIB_LSTM_LAYOUT, _LSTM_LAYOUT_FIX)}
 
     def validate(self) -> None:
-        """PPO's checks, plus: an LSTM state of at least one unit, and minibatches of whole sequences."""
+        """PPO's checks, plus: an LSTM state of at least one unit, and sequences of at least `MIN_SEQUENCE_LENGTH`
+        steps (or num_steps)."""
         require(self.lstm_hidden_size >= 1,
                 f"lstm_hidden_size must be >= 1, got {self.lstm_hidden_size}: the LSTM needs a state (64 or 256 are "
                 "usual).")
         super().validate()
         require(not self.use_sde, "rlspeed's RecurrentPPO has no gSDE (use_sde): remove it, or use ppo with use_sde.")
         rollout = self.num_envs * self.num_steps
-        require(self.batch_size % self.num_steps == 0 or self.batch_size >= rollout,
-                f"batch_size ({self.batch_size}) must be a multiple of num_steps ({self.num_steps}): RecurrentPPO's "
-                "minibatches are whole sequences (env columns of the rollout).")
+        if not _long_enough(self.num_steps, self.batch_size, rollout):
+            least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
+            below = next((size for size in range(self.batch_size - 1, 0, -1)
+                          if _long_enough(self.num_steps, size, rollout)), None)
+            above = next(size for size in range(self.batch_size + 1, rollout + 1)
+                         if _long_enough(self.num_steps, size, rollout))
+            would = f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+            raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of "
+                            f"{sequence_length(self.num_steps, self.batch_size, rollout)} steps (their greatest "
+                            f"common divisor), and RecurrentPPO's update needs sequences of at least {least} steps "
+                            f"to train its LSTM on: {would} would do.")
 
 
 class RecurrentPPO(PPO):
@@ -109,14 +141,17 @@ class RecurrentPPO(PPO):
     # --- the network and its state -------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, world = self.config, self.strategy.world_size
-        # Each rank takes batch_size / num_steps / world whole columns per minibatch from its share of the envs: a
-        # number of sequences that does not split evenly would round each rank's share up to one column (or down),
-        # changing the minibatch size and the number of updates without a word.
-        sequences = cfg.batch_size // cfg.num_steps
-        require(world == 1 or cfg.batch_size >= cfg.num_envs * cfg.num_steps or sequences % world == 0,
-                f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} of num_steps "
-                f"({cfg.num_steps}), which must be a multiple of the number of processes ({world}): each process "
-                f"takes an equal share of every minibatch's sequences (batch_size={cfg.num_steps * world} would do).")
+        # Each rank takes batch_size / L / world sequences per minibatch from its share of the envs: a number of
+        # sequences that does not split evenly would round each rank's share up to one sequence (or down), changing
+        # the minibatch size and the number of updates without a word.
+        rollout = cfg.num_envs * cfg.num_steps
+        length = sequence_length(cfg.num_steps, cfg.batch_size, rollout)
+        sequences = cfg.batch_size // length
+        require(world == 1 or cfg.batch_size >= rollout or sequences % world == 0,
+                f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} of "
+                f"{length} steps (the greatest common divisor of batch_size and num_steps ({cfg.num_steps})), which "
+                f"must be a multiple of the number of processes ({world}): each process takes an equal share of "
+                f"every minibatch's sequences (batch_size={length * world} would do).")
         super()._setup()
 
     def _build_policy(self) -> RecurrentActorCritic:
@@ -351,15 +386,21 @@ class RecurrentPPO(PPO):
     # --- update -----------------------------------------------------------------------------------------------
     def _update_epochs(self, buf: RecurrentRolloutBuffer, advantages: torch.Tensor, returns: torch.Tensor,
                        clip_range: float) -> torch.Tensor:
-        """n_epochs of clipped-objective updates over minibatches of whole env columns; returns the mean
-        [policy loss, value loss, entropy, approx_kl, clipfrac] of the updates."""
+        """n_epochs of clipped-objective updates over minibatches of sequences (chunks of `sequence_length` steps of
+        the env columns); returns the mean [policy loss, value loss, entropy, approx_kl, clipfrac] of the updates."""
         cfg = self.config
-        num_envs = buf.num_envs
-        # Data-parallel: each rank holds 1/world of the envs, so its minibatches hold 1/world of the columns.
-        columns = min(max(cfg.batch_size // cfg.num_steps // self.strategy.world_size, 1), num_envs)
+        num_envs, num_steps = buf.num_envs, buf.num_steps
+        length = sequence_length(cfg.num_steps, cfg.batch_size, cfg.num_envs * cfg.num_steps)
+        # chunk j is steps [k * length, (k + 1) * length) of env column n, for k, n = divmod(j, num_envs): with
+        # whole columns (k = 0) chunk j is column j
+        num_chunks = num_steps // length * num_envs
+        # Data-parallel: each rank holds 1/world of the envs, so its minibatches hold 1/world of the chunks.
+        chunks = min(max(cfg.batch_size // length // self.strategy.world_size, 1), num_chunks)
         segmented = self._segmented  # (see `_make_update_step`)
+        # (where the chunk indices are made: on the host for the segmented path, on the device for the graphed one)
+        offsets = torch.arange(length, device="cpu" if segmented else self.device).view(-1, 1)
         episode_starts = buf.episode_starts.cpu() if segmented else None  # ok-sync: once per rollout, not per step
-        whole = SequenceLayout(episode_starts, self.device) if segmented and columns == num_envs else None
+        whole = SequenceLayout(episode_starts, self.device) if segmented and chunks == num_chunks else None
         clip = torch.full((), clip_range, device=self.device)
         stats = torch.zeros(5, device=self.device)
         updates = 0
@@ -370,26 +411,33 @@ class RecurrentPPO(PPO):
                 updates = 0
             # one minibatch holding every column needs no shuffle: its gradient does not depend on the order; the
             # segmented path cuts sequences on the host (`SequenceLayout`), the graphed one keeps indices on the device
-            order = (None if columns == num_envs else torch.randperm(num_envs, device="cpu") if segmented
-                     else torch.randperm(num_envs, device=self.device))
-            for start in range(0, num_envs - columns + 1, columns):
+            order = (None if chunks == num_chunks else torch.randperm(num_chunks, device="cpu") if segmented
+                     else torch.randperm(num_chunks, device=self.device))
+            for start in range(0, num_chunks - chunks + 1, chunks):
                 if order is None:
-                    index, layout = slice(None), whole
+                    steps, columns, layout = slice(None), slice(None), whole
                 else:
-                    index = order[start:start + columns]
+                    index = order[start:start + chunks]
+                    # [length, chunks] each: the step and the column of every step of the minibatch's chunks
+                    steps = (index // num_envs * length).view(1, -1) + offsets
+                    columns = (index % num_envs).view(1, -1).expand_as(steps)
                     layout = None
                     if segmented:
-                        layout = SequenceLayout(episode_starts[:, index], self.device)
-                        index = index.to(self.device)  # (the host copy of an index: no wait for the device)
+                        layout = SequenceLayout(episode_starts[steps, columns], self.device)
+                        # (host copies of an index: no wait for the device)
+                        steps, columns = steps.to(self.device), columns.to(self.device)
                 # float vectors as [T, B, D]; other observations in their stored layout (the encoder runs in the loss)
-                obs = (buf.obs[:, index].flatten(2) if self.policy.obs_encoder is None
-                       else map_obs(lambda v: v[:, index], buf.obs))  # noqa: B023 (used within this iteration)
-                masks = () if buf.action_masks is None else (buf.action_masks[:, index].flatten(0, 1),)
+                obs = (buf.obs[steps, columns].flatten(2) if self.policy.obs_encoder is None
+                       else map_obs(lambda v: v[steps, columns], buf.obs))  # noqa: B023 (used within this iteration)
+                masks = () if buf.action_masks is None else (buf.action_masks[steps, columns].flatten(0, 1),)
+                # the state the rollout stored at each chunk's first step [4, B, H]
+                state = (buf.states[0] if order is None
+                         else buf.states[steps[0], :, columns[0]].transpose(0, 1).contiguous())
                 _, minibatch_stats = self._update_step(
-                    obs, buf.states[0][:, index], buf.episode_starts[:, index], layout,
-                    buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
-                    buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip,
-                    *masks)
+                    obs, state, buf.episode_starts[steps, columns], layout,
+                    buf.actions[steps, columns].flatten(0, 1), buf.log_probs[steps, columns].flatten(),
+                    buf.values[steps, columns].flatten(), advantages[steps, columns].flatten(),
+                    returns[steps, columns].flatten(), clip, *masks)
                 self._n_updates += 1
                 if epoch == cfg.n_epochs - 1 or cfg.target_kl is not None:  # the last epoch's, as PPO logs them
                     stats += minibatch_stats
