@@ -301,10 +301,16 @@ def test_values_that_fail_together_refuse_the_entry():
     assert translation.status == "none" and "batch_size" in translation.blocking[0]
 
 
-def test_recurrent_minibatches_are_rounded_to_whole_sequences_and_said():
-    translation = translated("recurrent_ppo", {"n_envs": 8, "n_steps": 32, "batch_size": 100})
-    assert translation.hyperparameters["batch_size"] == 128 and refused(translation) == {"batch_size"}
-    build_config(ALGORITHMS["recurrent_ppo"].config_cls, translation.hyperparameters)
+def test_recurrent_batch_size_is_honoured_as_sb3_contrib_takes_it():
+    """RL-Zoo's PendulumNoVel-v1 (n_steps 1024, sb3-contrib's default batch_size 128) had its batch_size rounded up to
+    whole env columns of 1024 steps (8x fewer gradient steps) and said under not_honoured: RecurrentPPO's minibatches
+    are now batch_size steps of sequences, as sb3-contrib's."""
+    for entry, batch_size in (({"n_envs": 4, "n_steps": 1024}, 128),
+                              ({"n_envs": 8, "n_steps": 32, "batch_size": 64}, 64)):
+        translation = translated("recurrent_ppo", entry)
+        assert translation.unsupported == [] and translation.status == "full"
+        config = build_config(ALGORITHMS["recurrent_ppo"].config_cls, translation.hyperparameters)
+        assert config.batch_size == batch_size and config.num_steps == entry["n_steps"]
 
 
 def test_unknown_keys_are_named_and_blocking_only_in_a_users_file():
@@ -587,11 +593,12 @@ def test_a_shipped_preset_changed_by_its_caller_leaves_the_next_load_as_shipped(
 
 
 def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_would_change(tmp_path):
-    """`1e6` (text to YAML 1.1), `!!float 1e6` and `1e2` are those numbers; RecurrentPPO's batch_size, which
-    `--preset zoo` rounds up to whole sequences, is refused in a user's own file, naming the size to give."""
+    """`1e6` (text to YAML 1.1), `!!float 1e6` and `1e2` are those numbers; a batch_size that does not divide the
+    rollout (100 of 8 x 32 steps) is refused in a user's own file, naming the sizes to give."""
     path = tmp_path / "zoo.yml"
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: !!float 1e6\nbatch_size: 1e2\n")
-    with pytest.raises(UserError, match=f"{path} .*batch_size: 100: .*give 128"):
+    with pytest.raises(UserError, match=rf"{path} .*batch_size \(100\) must divide num_envs \* num_steps \(256\): the "
+                                        "nearest sizes that do are 64 and 128"):
         load_preset("recurrent_ppo", "CartPole-v1", str(path))
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: 1e6\nbatch_size: 1.28e2\nvf_coef: 2.5e-1\n")
     preset = load_preset("recurrent_ppo", "CartPole-v1", str(path))

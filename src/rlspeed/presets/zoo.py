@@ -697,8 +697,6 @@ class _Translator:
                 hyper.pop(key)
         for origin, keys in missing.items():
             self.refuse(origin, f"rlspeed's {self.algo} has no {' or '.join(keys)}")
-        if self.algo == "recurrent_ppo":
-            self.whole_sequences(hyper, config_cls)
         try:
             build_config(config_cls, hyper)
         except UserError as error:
@@ -711,20 +709,3 @@ class _Translator:
                            notes=self.notes, blocking=self.blocking, translated=translated,
                            differences=self.differences)
 
-    def whole_sequences(self, hyper: dict, config_cls: type) -> None:
-        """sb3-contrib's RecurrentPPO cuts minibatches of `batch_size` steps out of the sequences; rlspeed's takes
-        whole env columns of `num_steps` steps: round batch_size up to the next count of columns that divides the
-        rollout, and say so."""
-        from rlspeed.algos.base import coerce
-
-        defaults = config_cls()
-        # (values `finish` has checked, still as written: "1e2" is YAML 1.1's text for 100)
-        batch_size, num_steps, num_envs = (coerce(key, hyper.get(key, getattr(defaults, key)), int)
-                                           for key in ("batch_size", "num_steps", "num_envs"))
-        if batch_size % num_steps == 0 or batch_size >= num_envs * num_steps or min(batch_size, num_steps) < 1:
-            return
-        columns = next(k for k in range(1, num_envs + 1) if num_envs % k == 0 and k * num_steps >= batch_size)
-        hyper["batch_size"] = columns * num_steps
-        rounded = f"give {columns * num_steps}" if self.strict else f"{columns * num_steps} is used"
-        self.refuse("batch_size", f"{batch_size}: rlspeed's RecurrentPPO minibatches are whole env columns of "
-                                  f"num_steps ({num_steps}) steps; {rounded}")
