@@ -1,5 +1,6 @@
 """Rollout storage for recurrent policies: `RolloutBuffer` plus the LSTM state each step started from and where
-episodes started, so that the update can re-run the LSTM over whole sequences (env columns)."""
+episodes started, so that the update can re-run the LSTM over sequences (chunks of the env columns) from the state
+stored at their first step."""
 
 from __future__ import annotations
 
