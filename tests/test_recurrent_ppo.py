@@ -543,6 +543,20 @@ def test_native_cartpole_no_vel_matches_the_gymnasium_one():
     assert (env.reset()[0][:, 1::2] == 0).all()
 
 
+def test_pendulum_no_vel_is_rl_zoos_task_without_rl_zoo():
+    """RL-Zoo's tuned ppo_lstm entry for PendulumNoVel-v1 named an env only rl_zoo3 registered: rlspeed registers it
+    (Pendulum-v1 with its angular velocity, observation component 2, zeroed; 200 steps) and has it native."""
+    gym_env = gym.make("PendulumNoVel-v1")
+    assert gym_env.spec.max_episode_steps == 200
+    obs, _ = gym_env.reset(seed=0)
+    state = gym_env.unwrapped.state
+    assert obs[2] == 0 and state[1] != 0
+    np.testing.assert_allclose(obs[:2], [np.cos(state[0]), np.sin(state[0])], rtol=1e-6)
+    env = make_env("PendulumNoVel-v1", num_envs=4, backend="torch", seed=0)
+    assert env.spec.max_episode_steps == 200 and (env.reset()[0][:, 2] == 0).all()
+    assert (env.state[:, 1] != 0).any()
+
+
 # --- learning -----------------------------------------------------------------------------------------------------
 
 def test_learns_cartpole_without_velocities_on_a_small_budget():

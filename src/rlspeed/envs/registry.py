@@ -8,7 +8,7 @@ from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
-from rlspeed.envs.partial import CartPoleNoVel
+from rlspeed.envs.partial import CartPoleNoVel, PendulumNoVel
 from rlspeed.envs.pendulum import Pendulum
 
 #: Device-native implementations, by Gymnasium id.
@@ -19,4 +19,5 @@ NATIVE_ENVS: dict[str, type[NativeEnv]] = {
     "MountainCar-v0": MountainCar,
     "MountainCarContinuous-v0": MountainCarContinuous,
     "CartPoleNoVel-v1": CartPoleNoVel,
+    "PendulumNoVel-v1": PendulumNoVel,
 }
