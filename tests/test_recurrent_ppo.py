@@ -507,6 +507,20 @@ def test_bad_option_from_the_command_line_exits_2(capsys, monkeypatch, tmp_path)
     assert "lstm_hidden_size" in captured.err and "Traceback" not in captured.err + captured.out
 
 
+def test_sb3_contribs_lstm_options_on_another_algorithm_name_recurrent_ppo(capsys, monkeypatch, tmp_path):
+    """`PPO(env, n_lstm_layers=1)` or `--set enable_critic_lstm=true` on ppo listed every PPO hyperparameter: the
+    sentence now names the algorithm that takes them, as for any other algorithm's setting."""
+    from conftest import cli_error
+
+    for key, value in (("n_lstm_layers", 1), ("shared_lstm", False), ("lstm_kwargs", None)):
+        with pytest.raises(UserError, match=rf"^Unknown hyperparameter '{key}' for PPO\. {key} is a setting of "
+                                            r"RecurrentPPO; PPO has none\.$"):
+            rlspeed.PPO("CartPole-v1", device="cpu", **{key: value})
+    monkeypatch.chdir(tmp_path)
+    said = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "enable_critic_lstm=true", "--no-progress"])
+    assert said.endswith("enable_critic_lstm is a setting of RecurrentPPO; PPO has none.")
+
+
 # --- the task ----------------------------------------------------------------------------------------------------
 
 def test_cartpole_no_vel_hides_the_velocities_like_rl_zoo():

@@ -638,11 +638,20 @@ def _close_names(key: str, names: list[str]) -> list[str]:
     return found
 
 
+def _takes(config_cls: type, key: str) -> bool:
+    """Whether `config_cls` takes hyperparameter `key`: one of its fields, or sb3-contrib's LSTM layout option it
+    takes at the value of its layout (`build_config`)."""
+    refused = getattr(config_cls, "refused", {})
+    if key in SB3_CONTRIB_LSTM_LAYOUT:
+        return key in refused
+    return key in {field.name for field in dataclasses.fields(config_cls)} and key not in refused
+
+
 def _other_owners(key: str, config_cls: type) -> str:
-    """The other algorithms whose config has hyperparameter `key`, as "PPO, A2C and SAC" ('' for none)."""
-    owners = sorted(algo.__name__ for algo in _algorithm_classes().values() if algo.config_cls is not config_cls
-                    and key in {field.name for field in dataclasses.fields(algo.config_cls)}
-                    and key not in getattr(algo.config_cls, "refused", {}))
+    """The other algorithms whose config takes hyperparameter `key` (`_takes`), as "PPO, A2C and SAC" ('' for
+    none)."""
+    owners = sorted(algo.__name__ for algo in _algorithm_classes().values()
+                    if algo.config_cls is not config_cls and _takes(algo.config_cls, key))
     return ", ".join(owners[:-1]) + f" and {owners[-1]}" if len(owners) > 1 else "".join(owners)
 
 
