@@ -547,12 +547,69 @@ def _mark_failed(study, trial) -> None:
     import optuna
     from optuna.trial import TrialState
 
+    direct = _direct_storage(study)
+    if direct is None or getattr(trial, "_trial_id", None) is None:
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        return
     # (an older Optuna, without UpdateFinishedTrialError, raised a RuntimeError: its base class)
     finished = getattr(optuna.exceptions, "UpdateFinishedTrialError", RuntimeError)
     try:
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        direct.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except finished:  # (told as a stop cut the marking short)
         pass
+
+
+class _DirectStorage:
+    """The storage calls that `study.ask`, `study.tell` and `Trial.set_user_attr` make, made by `tune` itself so that
+    a batch takes fewer storage transactions (each an SQLite commit): `storage` (`create_new_trial`,
+    `set_trial_state_values`), the study's `study_id`, and `user_attrs(pairs)`: the user attributes of several trials
+    written in one transaction."""
+
+    def __init__(self, storage, study_id: int, backend, attribute_model, scoped_session):
+        self.storage, self.study_id = storage, study_id
+        self._backend, self._model, self._session = backend, attribute_model, scoped_session
+
+    def user_attrs(self, pairs: list[tuple[int, dict]]) -> None:
+        """Write each `(trial_id, {key: value})` of `pairs` as `Trial.set_user_attr` does, all in one transaction."""
+        with self._session(self._backend.scoped_session) as session:
+            for trial_id, attrs in pairs:
+                for key, value in attrs.items():
+                    self._backend._set_trial_attr_without_commit(session, self._model, trial_id, key, value)
+
+
+#: the leading parameters each storage call `_DirectStorage` makes takes, as this Optuna names them
+_DIRECT_CALLS = {"create_new_trial": ("study_id", "template_trial"),
+                 "set_trial_state_values": ("trial_id", "state", "values"),
+                 "_set_trial_attr_without_commit": ("session", "model_cls", "trial_id", "key", "value")}
+
+
+def _direct_storage(study) -> _DirectStorage | None:
+    """The storage calls of `study` that `tune` makes itself (`_DirectStorage`), or None where this Optuna lacks one of
+    the private names they use (`study._storage`, `_study_id`, the SQL storage's single-transaction writes, `Trial`'s
+    `_trial_id`) or names their parameters otherwise: then the public calls are made (`study.ask`, `study.tell`,
+    `Trial.set_user_attr`), which store the same in more transactions. The one place the two paths are chosen."""
+    import inspect
+
+    import optuna
+
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        storage, study_id = study._storage, study._study_id
+        backend = getattr(storage, "_backend", storage)  # (Optuna wraps an RDBStorage in a cache)
+        if not isinstance(backend, optuna.storages.RDBStorage) or not isinstance(study_id, int):
+            return None
+        calls = {name: getattr(storage if name in ("create_new_trial", "set_trial_state_values") else backend, name)
+                 for name in _DIRECT_CALLS}
+        for name, leading in _DIRECT_CALLS.items():
+            if tuple(inspect.signature(calls[name]).parameters)[:len(leading)] != leading:
+                return None
+        if tuple(inspect.signature(optuna.trial.Trial).parameters) != ("study", "trial_id"):
+            return None
+        return _DirectStorage(storage, study_id, backend, models.TrialUserAttributeModel, _create_scoped_session)
+    except (AttributeError, ImportError, TypeError, ValueError):
+        return None
 
 
 def _gives_back_process_state(function: Callable) -> Callable:
@@ -820,8 +877,10 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
     drafts.add_trials(finished)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     number = len(trials)  # (the next trial's number: one process runs the study)
+    direct = _direct_storage(study)
     for index in range(size):
-        if index < waiting:  # (trials a user enqueued, `study.enqueue_trial`: asked as Optuna asks, their values kept)
+        # (trials a user enqueued, `study.enqueue_trial`, are asked as Optuna asks, their values kept)
+        if index < waiting or direct is None:
             trial = study.ask()
             values = sample(trial, setup.space)
             trial.set_user_attr("seed", setup.seed + trial.number)
@@ -834,7 +893,7 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
             stored = create_trial(state=TrialState.RUNNING, params=draft.params, distributions=draft.distributions,
                                   user_attrs={"seed": setup.seed + number, "hyperparameters": values})
             # (Optuna's `add_trial` returns no trial to report to: the storage call it makes is made here)
-            trial = optuna.trial.Trial(study, study._storage.create_new_trial(study._study_id, template_trial=stored))
+            trial = optuna.trial.Trial(study, direct.storage.create_new_trial(direct.study_id, template_trial=stored))
             if trial.number != number:  # (another process added trials meanwhile: a database server's, unlocked)
                 trial.set_user_attr("seed", setup.seed + trial.number)
             number = trial.number + 1  # (an enqueued trial has its number already: counted in `trials`)
@@ -883,30 +942,69 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
 
     summary = setup.learn(members, on_eval)
     counts = {"complete": 0, "pruned": 0, "failed": 0, "reached": 0, "pruned_at": {}}
-    ended: set[int] = set()  # trials told pruned or failed
+    results = []  # (trial, state, value, user attributes) of each trial, as `_tell_batch` takes them
     for trial, member in zip(asked, summary["members"]):
         final = member.get("final_eval") or {}
-        trial.set_user_attr("steps_to_target", member.get("steps_to_target"))
-        trial.set_user_attr("final_eval", final.get("mean"))
+        attrs = {"steps_to_target": member.get("steps_to_target"), "final_eval": final.get("mean")}
         if final.get("unfinished"):  # (episodes still running at the step limit, counted with their return so far)
-            trial.set_user_attr("final_eval_unfinished", [final["unfinished"], final["episodes"]])
+            attrs["final_eval_unfinished"] = [final["unfinished"], final["episodes"]]
         if member.get("pruned_at") is not None:
-            study.tell(trial, state=TrialState.PRUNED)
+            results.append((trial, TrialState.PRUNED, None, attrs))
             counts["pruned"] += 1
             counts["pruned_at"][trial.number] = int(member["pruned_at"])
-            ended.add(trial.number)
         elif final.get("mean") is None or not math.isfinite(float(final["mean"])):
-            trial.set_user_attr("diverged_at", member.get("diverged_at"))
-            study.tell(trial, state=TrialState.FAIL)  # a member that diverged (non-finite parameters)
+            attrs["diverged_at"] = member.get("diverged_at")
+            results.append((trial, TrialState.FAIL, None, attrs))  # a member that diverged (non-finite parameters)
             counts["failed"] += 1
-            ended.add(trial.number)
         else:
-            study.tell(trial, objective(member, target_return, max(setup.budget, summary["total_timesteps"])))
+            results.append((trial, None, objective(member, target_return, max(setup.budget,
+                                                                             summary["total_timesteps"])), attrs))
             counts["complete"] += 1
             counts["reached"] += member.get("steps_to_target") is not None
-        told.add(trial.number)
-    pruner.forget(ended)
+    _tell_batch(study, results, told)
+    pruner.forget({trial.number for trial, state, _, _ in results if state is not None})  # (pruned or failed)
     return counts
+
+
+def _tell_batch(study, results: list, told: set[int]) -> None:
+    """Store each `(trial, state, value, user attributes)` of `results` as `trial.set_user_attr` for each attribute
+    and then `study.tell(trial, value, state=state)` store it, adding each trial's number to `told` once it is told.
+
+    Through `_direct_storage`, the attributes of all the trials are written in one storage transaction, the trials
+    read in one more, and each trial's state and values in one (`study.tell` reads the trial first, and each
+    attribute is a transaction of its own); the state, values and sampler call are `study.tell`'s: a pruned trial's
+    value is its last intermediate value (where it is a number), a value that is not a number fails the trial."""
+    import optuna
+    from optuna.trial import TrialState
+
+    direct = _direct_storage(study)
+    if direct is None or any(getattr(trial, "_trial_id", None) is None for trial, *_ in results):
+        for trial, state, value, attrs in results:
+            for key, attr in attrs.items():
+                trial.set_user_attr(key, attr)
+            study.tell(trial, value, state=state)
+            told.add(trial.number)
+        return
+    direct.user_attrs([(trial._trial_id, attrs) for trial, _, _, attrs in results])
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    filtered = getattr(optuna.pruners, "_filter_study", lambda study, trial: study)  # (as `study.tell` calls it)
+    for trial, state, value, _ in results:
+        stored = frozen.get(trial.number)
+        feasible = value is not None and isinstance(value, (int, float)) and not math.isnan(value)
+        if stored is None or (state is None and not feasible):  # (told meanwhile, or not a number: as Optuna says)
+            study.tell(trial, value, state=state)
+            told.add(trial.number)
+            continue
+        values = [float(value)] if state is None else None
+        if state == TrialState.PRUNED and stored.last_step is not None:
+            last = stored.intermediate_values[stored.last_step]
+            values = None if math.isnan(last) else [float(last)]
+        state = TrialState.COMPLETE if state is None else state
+        try:
+            filtered(study, stored).sampler.after_trial(study, stored, state, values)
+        finally:
+            direct.storage.set_trial_state_values(trial._trial_id, state, values)
+        told.add(trial.number)
 
 
 #: the most pruned trials a batch's line names one by one (`_pruned_when`); the others it counts
