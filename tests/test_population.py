@@ -406,6 +406,20 @@ def test_more_evaluation_episodes_than_their_results_fit_are_refused_up_front():
     assert population.num_timesteps == 0
 
 
+def test_an_evaluation_plan_is_checked_against_memory_once(monkeypatch):
+    """Every evaluation of a population read the host's free memory again (~0.4 ms) to check what its results keep,
+    fixed by the episodes and the members evaluated: checked where those change, and refused as before."""
+    from rlspeed.population import base
+
+    checked = []
+    monkeypatch.setattr(base, "refuse_unless_results_fit", lambda *plan: checked.append(plan))
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    for episodes in (2, 2, 3, 3):
+        population.evaluate(episodes=episodes)
+    population.evaluate(episodes=3, members=[1])
+    assert checked == [(2, 2), (3, 2), (3, 1)]
+
+
 def test_save_replay_buffer_is_refused_for_a_population_without_a_replay_buffer_as_keyword_and_attribute():
     """A PPO population refused the keyword save_replay_buffer=True but took `population.save_replay_buffer = True`
     later as a plain attribute, which no checkpoint read (a solo PPO's attribute refuses it): one rule for both, and

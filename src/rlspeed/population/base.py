@@ -1113,7 +1113,10 @@ class PopulationBase:
         more episodes than that: `evaluation_waves`), actions from `policy(obs)` (its rows: each member's episodes of
         the wave): each row's first episode (`first_episode_returns`, at most `max_steps` steps)."""
         max_steps = positive_whole("max_steps", max_steps)
-        refuse_unless_results_fit(episodes, len(seeds))  # (a RuntimeError of torch's past int64 rows otherwise)
+        plan = (episodes, len(seeds))  # (what an evaluation keeps is fixed by these: checked where they change)
+        if getattr(self, "_results_fit", None) != plan:
+            refuse_unless_results_fit(*plan)  # (a RuntimeError of torch's past int64 rows otherwise)
+            self._results_fit = plan
         backend = self._evaluation_env_backend(episodes, seeds)
         # (where the members apply the env's action masks, the policy takes (obs, masks))
         applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
