@@ -543,7 +543,8 @@ def _fail_stale(study) -> int:
 
 def _mark_failed(study, trial) -> None:
     """Mark the running `trial` (an `optuna.trial.Trial` or `FrozenTrial`) of `study` failed, in one storage
-    transaction (`study.tell` first reads the trial in two more); a trial finished already is left as it is."""
+    transaction (`study.tell` first reads the trial in two more: the call made where `_direct_storage` finds none); a
+    trial finished already is left as it is."""
     import optuna
     from optuna.trial import TrialState
 
@@ -865,7 +866,8 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
     stored with its parameters, seed and hyperparameters at once, one storage write (`study.ask()`, each `suggest_*`
     and each `set_user_attr` are a write apiece, an SQLite commit each, and every `ask` reads all running trials).
     The storage holds what `study.ask()` would have stored: optuna-dashboard shows the trials and a resumed study
-    samples from them."""
+    samples from them. Where `_direct_storage` finds none of the calls it makes, each trial is asked with `study.ask()`
+    (drawn by the study's own sampler, the same TPE sampler)."""
     import optuna
     from optuna.trial import TrialState, create_trial
 
