@@ -3,13 +3,14 @@
     python benchmarks/tune_storage.py [--trials 300] [--population 100] [--rounds 2] [--quick] [--no-write]
 
 Each round stores `--trials` trials into a fresh SQLite study file twice, the two paths taking turns: through the
-calls `tune` makes itself (`rlspeed.tune._direct_storage`: one write per asked trial, one per told trial and one for
-a batch's user attributes, one per trial marked failed), and through Optuna's public calls (`study.ask`, each
-`suggest_*` and `set_user_attr`, `study.tell`), the path `tune` takes where an Optuna lacks the private names. Per
-batch of `--population` trials, timed apart: asking for it (`_ask_batch`), reporting 4 evaluations of each trial
-(`Trial.report`, the same on both paths), telling the results (`_tell_batch`: a quarter pruned, the rest complete);
-then `--trials` more trials are asked and marked failed (`_fail_unfinished`, a stopped batch's). No training: the
-values are made up; the sampler's own arithmetic (TPE) is in the ask times of both paths.
+calls `tune` makes itself (`rlspeed.tune._direct_storage`: one write per asked trial, one per evaluation of the
+batch, one per told trial and one for a batch's user attributes, one per trial marked failed), and through Optuna's
+public calls (`study.ask`, each `suggest_*`, `Trial.report` and `set_user_attr`, `study.tell`), the path `tune` takes
+where an Optuna lacks the private names. Per batch of `--population` trials, timed apart: asking for it
+(`_ask_batch`), reporting 4 evaluations of each trial (as `_run_batch` reports), telling the results (`_tell_batch`:
+a quarter pruned, the rest complete); then `--trials` more trials are asked and marked failed (`_fail_unfinished`, a
+stopped batch's). No training: the values are made up; the sampler's own arithmetic (TPE) is in the ask times of
+both paths.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import common
@@ -59,9 +61,13 @@ def one_run(directory: Path, trials: int, population: int, public: bool) -> dict
             rlspeed.tune._ask_batch(study, setup, min(population, trials - start), asked, lambda: None)
             seconds["ask"] += time.perf_counter() - clock
             clock = time.perf_counter()
+            direct = rlspeed.tune._direct_storage(study)  # (as `_run_batch` reports: an evaluation at a time)
             for step in STEPS:
                 for trial, values in asked:
-                    trial.report(-values["clip_range"] * step, step)
+                    report = trial.report if direct is None else partial(direct.report, trial)
+                    report(-values["clip_range"] * step, step)
+                if direct is not None:
+                    direct.write_reports()
             seconds["report"] += time.perf_counter() - clock
             results = [(trial, TrialState.PRUNED if trial.number % 4 == 0 else None,
                         None if trial.number % 4 == 0 else -values["clip_range"],
@@ -101,8 +107,8 @@ def main() -> None:
              common.fmt_ratio(common.ratio(median["public"][phase], median["direct"][phase]))] for phase in PHASES]
     lines = [f"`rlspeed tune`'s storage calls for {args.trials} trials into a fresh SQLite study file, batches of "
              f"{args.population}, through the calls tune makes itself (direct) and Optuna's public ones (public: "
-             f"study.ask, set_user_attr, study.tell), median of {args.rounds} round(s), the paths in turn. Reporting "
-             f"({len(STEPS)} evaluations a trial) is the same on both. Load average (1, 5, 15 min): {load_before} "
+             f"study.ask, Trial.report, set_user_attr, study.tell), median of {args.rounds} round(s), the paths in "
+             f"turn; {len(STEPS)} evaluations reported to each trial. Load average (1, 5, 15 min): {load_before} "
              f"before, {load_after} after.", "",
              common.markdown_table(["phase", "direct s", "public s", "direct ms/trial", "public ms/trial",
                                     "public / direct"], rows)]

@@ -563,12 +563,29 @@ def _mark_failed(study, trial) -> None:
 class _DirectStorage:
     """The storage calls that `study.ask`, `study.tell` and `Trial.set_user_attr` make, made by `tune` itself so that
     a batch takes fewer storage transactions (each an SQLite commit): `storage` (`create_new_trial`,
-    `set_trial_state_values`), the study's `study_id`, and `user_attrs(pairs)`: the user attributes of several trials
-    written in one transaction."""
+    `set_trial_state_values`), the study's `study_id`, `user_attrs(pairs)`: the user attributes of several trials
+    written in one transaction, and `report` with `write_reports`: the reports of an evaluation of all the members,
+    in one transaction."""
 
     def __init__(self, storage, study_id: int, backend, attribute_model, scoped_session):
         self.storage, self.study_id = storage, study_id
         self._backend, self._model, self._session = backend, attribute_model, scoped_session
+        self._reports: list[tuple[int, int, float]] = []  # (trial id, step, value) reported, not written yet
+
+    def report(self, trial, value: float, step: int) -> None:
+        """`trial.report(value, step)` for `trial.should_prune()` (which reads the trial's own copy of its reports),
+        the storage write kept for `write_reports`; a step reported already is ignored, as Optuna ignores it."""
+        reported = trial._cached_frozen_trial.intermediate_values
+        if step not in reported:
+            self._reports.append((trial._trial_id, step, float(value)))
+            reported[step] = float(value)
+
+    def write_reports(self) -> None:
+        """Write the reports `report` kept, in one transaction."""
+        reports, self._reports = self._reports, []
+        with self._session(self._backend.scoped_session) as session:
+            for trial_id, step, value in reports:
+                self._backend._set_trial_intermediate_value_without_commit(session, trial_id, step, value)
 
     def user_attrs(self, pairs: list[tuple[int, dict]]) -> None:
         """Write each `(trial_id, {key: value})` of `pairs` as `Trial.set_user_attr` does, all in one transaction."""
@@ -581,14 +598,17 @@ class _DirectStorage:
 #: the leading parameters each storage call `_DirectStorage` makes takes, as this Optuna names them
 _DIRECT_CALLS = {"create_new_trial": ("study_id", "template_trial"),
                  "set_trial_state_values": ("trial_id", "state", "values"),
-                 "_set_trial_attr_without_commit": ("session", "model_cls", "trial_id", "key", "value")}
+                 "_set_trial_attr_without_commit": ("session", "model_cls", "trial_id", "key", "value"),
+                 "_set_trial_intermediate_value_without_commit": ("session", "trial_id", "step",
+                                                                  "intermediate_value")}
 
 
 def _direct_storage(study) -> _DirectStorage | None:
     """The storage calls of `study` that `tune` makes itself (`_DirectStorage`), or None where this Optuna lacks one of
     the private names they use (`study._storage`, `_study_id`, the SQL storage's single-transaction writes, `Trial`'s
-    `_trial_id`) or names their parameters otherwise: then the public calls are made (`study.ask`, `study.tell`,
-    `Trial.set_user_attr`), which store the same in more transactions. The one place the two paths are chosen."""
+    `_trial_id` and `_cached_frozen_trial`) or names their parameters otherwise: then the public calls are made
+    (`study.ask`, `study.tell`, `Trial.set_user_attr`, `Trial.report`), which store the same in more transactions.
+    The one place the two paths are chosen."""
     import inspect
 
     import optuna
@@ -920,13 +940,24 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     members = setup.population(seeds, per_member)
     pruner: BatchPruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
+    direct = _direct_storage(study)
+    if direct is not None and not all(hasattr(trial, "_cached_frozen_trial") for trial in asked):
+        direct = None
 
     def report(k: int, mean: float, step: int) -> None:
-        asked[k].report(-mean, step)
+        if direct is None:
+            asked[k].report(-mean, step)
+        else:  # (written with the evaluation's other reports, `write_reports`)
+            direct.report(asked[k], -mean, step)
         pruner.record(asked[k].number, step, -mean)
 
     def on_eval(num_timesteps: int, means: dict[int, float]) -> list[int]:
-        step = int(num_timesteps)
+        pruned = evaluated(int(num_timesteps), means)
+        if direct is not None:  # (a stopped evaluation's trials are marked failed: their reports are not written)
+            direct.write_reports()
+        return pruned
+
+    def evaluated(step: int, means: dict[int, float]) -> list[int]:
         for k, mean in last.items():
             if k not in means and target_return is not None and mean >= target_return:  # left with the target
                 report(k, mean, step)
