@@ -105,13 +105,17 @@ def main() -> None:
     rows = [[phase, *(f"{median[path][phase]:.2f}" for path in runs),
              *(f"{1000 * median[path][phase] / args.trials:.1f}" for path in runs),
              common.fmt_ratio(common.ratio(median["public"][phase], median["direct"][phase]))] for phase in PHASES]
-    lines = [f"`rlspeed tune`'s storage calls for {args.trials} trials into a fresh SQLite study file, batches of "
+    lines = ["## `rlspeed tune`'s storage calls (`benchmarks/tune_storage.py`)", "",
+             f"`rlspeed tune`'s storage calls for {args.trials} trials into a fresh SQLite study file, batches of "
              f"{args.population}, through the calls tune makes itself (direct) and Optuna's public ones (public: "
              f"study.ask, Trial.report, set_user_attr, study.tell), median of {args.rounds} round(s), the paths in "
              f"turn; {len(STEPS)} evaluations reported to each trial. Load average (1, 5, 15 min): {load_before} "
              f"before, {load_after} after.", "",
              common.markdown_table(["phase", "direct s", "public s", "direct ms/trial", "public ms/trial",
-                                    "public / direct"], rows)]
+                                    "public / direct"], rows), "",
+             "Storage writes on the direct path: one per asked trial, one per evaluation of a batch, one per told "
+             "trial plus one per batch for the trials' user attributes, one per trial marked failed; the public "
+             "path's ask reads every running trial at each `study.ask`, and its mark-failed reads the trial first."]
     common.publish("tune_storage", lines, {"trials": args.trials, "population": args.population,
                                            "rounds": args.rounds, "runs": runs, "load": [load_before, load_after]},
                    write=not args.no_write)
