@@ -2000,6 +2000,7 @@ class Algorithm:
         self._schedule_open = False
         self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
         self._saved_on_vec_normalize_obs = False  # (`load`: the file's run trained on an observation VecNormalize)
+        self._recorded_gym_packages: list[str] = []  # (`load`: the modules the file records as registering its env)
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
         # thread count, and the same seed must give the same model on any machine
@@ -3759,13 +3760,13 @@ class Algorithm:
         """The modules that register the env's id (`registering_modules`: what `save` and an export's sidecar record
         as `gym_packages`), else those the file this model was loaded from records (an id no module registered in
         this process: a file moved without its run)."""
-        return registering_modules(self.env_id) or list(self.__dict__.get("_recorded_gym_packages") or [])
+        return registering_modules(self.env_id) or list(self._recorded_gym_packages)
 
     def _recorded_modules_advice(self) -> str:
         """Where no module registered this model's env id here and the file it was loaded from records those that
         register it (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id;
         "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed eval` does, and says so."""
-        recorded = list(self.__dict__.get("_recorded_gym_packages") or [])
+        recorded = list(self._recorded_gym_packages)
         if not recorded or remakeable(self.env_id):
             return ""
         many = len(recorded) > 1
