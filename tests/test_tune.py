@@ -1151,6 +1151,7 @@ def test_a_batch_is_stored_with_one_storage_write_per_trial(tmp_path):
         assert frozen.user_attrs == {"seed": 10 + frozen.number, "hyperparameters": values} == {
             "seed": 10 + frozen.number, "hyperparameters": frozen.params}
         assert set(frozen.distributions) == set(SPACE)
+        assert frozen.datetime_start is not None and frozen.datetime_complete is None  # (optuna-dashboard's start)
     study.enqueue_trial({"clip_range": 0.3, "learning_rate": 1e-3})
     asked = []
     rlspeed.tune._ask_batch(study, setup, 2, asked, lambda: None)
@@ -1296,6 +1297,7 @@ def test_a_batch_is_told_in_one_write_per_trial_and_one_for_all_their_attributes
     assert [t.intermediate_values for t in stored[:2]] == [{128: -10.0, 256: -20.0}, {128: -5.0, 256: -6.0}]
     for (_, attrs), frozen in zip(told_as, stored):
         assert frozen.user_attrs == {"seed": 10 + frozen.number, "hyperparameters": frozen.params, **attrs}
+        assert frozen.duration is not None  # (optuna-dashboard's: a start and an end stored)
 
 
 @pytest.mark.parametrize("changed", ["create_new_trial", "_set_trial_attr_without_commit"])
