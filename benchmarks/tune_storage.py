@@ -37,7 +37,7 @@ def public_calls(public: bool):
     """Within: `tune`'s storage calls through Optuna's public API where `public` (as where the private names differ)."""
     direct = rlspeed.tune._direct_storage
     if public:
-        rlspeed.tune._direct_storage = lambda study: None
+        rlspeed.tune._direct_storage = lambda study, trials=(): None
     try:
         yield
     finally:
@@ -61,7 +61,7 @@ def one_run(directory: Path, trials: int, population: int, public: bool) -> dict
             rlspeed.tune._ask_batch(study, setup, min(population, trials - start), asked, lambda: None)
             seconds["ask"] += time.perf_counter() - clock
             clock = time.perf_counter()
-            direct = rlspeed.tune._direct_storage(study)  # (as `_run_batch` reports: an evaluation at a time)
+            direct = rlspeed.tune._direct_storage(study, [trial for trial, _ in asked])  # (as `_run_batch` reports)
             for step in STEPS:
                 for trial, values in asked:
                     report = trial.report if direct is None else partial(direct.report, trial)

@@ -1330,6 +1330,20 @@ def test_an_optuna_whose_private_names_differ_is_called_through_its_public_ones(
     assert [t.state.name for t in study.trials[6:]] == ["FAIL", "FAIL"]
 
 
+def test_trials_without_the_private_names_take_the_public_calls():
+    """Whether the storage calls are made through private names is chosen in one place (`_direct_storage`), the
+    trials they are made for included: a trial without `_trial_id` (or a `Trial` without its cached copy, which
+    reporting updates) takes the public calls."""
+    study = rlspeed.tune._open_study("sqlite:///:memory:", "s", 0, 2, 256, {"algo": "ppo", "env_id": "CartPole-v1"})
+    trials = [study.ask(), study.ask()]
+    assert rlspeed.tune._direct_storage(study, [*trials, study.trials[0]]) is not None
+    del trials[1]._cached_frozen_trial
+    assert rlspeed.tune._direct_storage(study, trials) is None
+    frozen = study.trials[0]
+    frozen._trial_id = None
+    assert rlspeed.tune._direct_storage(study, [frozen]) is None
+
+
 def _trained_batch() -> tuple:
     """A batch of 4 trials of `_asked_study` run through `_run_batch` by a stand-in for training: 3 evaluations,
     member k's mean return -10 k, pruned as the study's pruner (any step, 2 others) says. Returns the study, the
@@ -1371,7 +1385,7 @@ def test_each_evaluation_of_a_batch_is_reported_in_one_storage_write(monkeypatch
     the study holds the same reports, and the same trials are pruned, as through `Trial.report`."""
     study, pruned, writes = _trained_batch()
     assert writes == 3 + 1 + 4  # (an evaluation each; telling: the attributes, then each trial)
-    monkeypatch.setattr(rlspeed.tune, "_direct_storage", lambda study: None)
+    monkeypatch.setattr(rlspeed.tune, "_direct_storage", lambda study, trials=(): None)
     public, public_pruned, public_writes = _trained_batch()
     assert pruned == public_pruned and [2, 3] in pruned and public_writes > writes
     assert ([(t.state, t.values, t.intermediate_values) for t in study.trials]

@@ -42,7 +42,7 @@ import shlex
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -548,8 +548,8 @@ def _mark_failed(study, trial) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    direct = _direct_storage(study)
-    if direct is None or getattr(trial, "_trial_id", None) is None:
+    direct = _direct_storage(study, [trial])
+    if direct is None:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         return
     # (an older Optuna, without UpdateFinishedTrialError, raised a RuntimeError: its base class)
@@ -603,16 +603,21 @@ _DIRECT_CALLS = {"create_new_trial": ("study_id", "template_trial"),
                                                                   "intermediate_value")}
 
 
-def _direct_storage(study) -> _DirectStorage | None:
-    """The storage calls of `study` that `tune` makes itself (`_DirectStorage`), or None where this Optuna lacks one of
-    the private names they use (`study._storage`, `_study_id`, the SQL storage's single-transaction writes, `Trial`'s
-    `_trial_id` and `_cached_frozen_trial`) or names their parameters otherwise: then the public calls are made
+def _direct_storage(study, trials: Sequence = ()) -> _DirectStorage | None:
+    """The storage calls of `study` that `tune` makes itself (`_DirectStorage`) for `trials` (its `optuna.trial.Trial`s
+    or `FrozenTrial`s the calls are made for), or None where this Optuna lacks one of the private names they use
+    (`study._storage`, `_study_id`, the SQL storage's single-transaction writes, the trials' `_trial_id` and a
+    `Trial`'s `_cached_frozen_trial`) or names their parameters otherwise: then the public calls are made
     (`study.ask`, `study.tell`, `Trial.set_user_attr`, `Trial.report`), which store the same in more transactions.
     The one place the two paths are chosen."""
     import inspect
 
     import optuna
 
+    for trial in trials:
+        if getattr(trial, "_trial_id", None) is None or (isinstance(trial, optuna.trial.Trial)
+                                                         and not hasattr(trial, "_cached_frozen_trial")):
+            return None
     try:
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
@@ -940,9 +945,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     members = setup.population(seeds, per_member)
     pruner: BatchPruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
-    direct = _direct_storage(study)
-    if direct is not None and not all(hasattr(trial, "_cached_frozen_trial") for trial in asked):
-        direct = None
+    direct = _direct_storage(study, asked)
 
     def report(k: int, mean: float, step: int) -> None:
         if direct is None:
@@ -1010,8 +1013,8 @@ def _tell_batch(study, results: list, told: set[int]) -> None:
     import optuna
     from optuna.trial import TrialState
 
-    direct = _direct_storage(study)
-    if direct is None or any(getattr(trial, "_trial_id", None) is None for trial, *_ in results):
+    direct = _direct_storage(study, [trial for trial, *_ in results])
+    if direct is None:
         for trial, state, value, attrs in results:
             for key, attr in attrs.items():
                 trial.set_user_attr(key, attr)
