@@ -467,13 +467,18 @@ def warn_step_only_masks(spec: EnvSpec, adapter=None) -> None:
 _WARNED_UNSEEDED = _WarnedOnce()  # (`warn_unseeded_reset`)
 
 
-def warn_unseeded_reset(env_id: str, env, seed: int, adapter=None) -> None:
-    """Warn once per env id (once per `adapter` of a user's vector env) where `env`, a Gymnasium env, has just
-    returned from `reset(seed=seed)` with its `np_random` seeded otherwise: from before (its reset does not pass the
-    seed to `super().reset(seed=seed)`), so its draws differ from run to run. Read from the seed Gymnasium records
-    (`np_random_seed`), at a reset rlspeed does anyway: an env that keeps a generator of its own, none, or one it set
-    itself (recorded as -1) is not told."""
-    seen = getattr(getattr(env, "unwrapped", env), "_np_random_seed", None)
+def recorded_seed(env) -> int | None:
+    """The seed Gymnasium records for the Gymnasium env `env`'s `np_random` (its `_np_random_seed`, read without
+    making a generator): None where it has none yet, -1 where it was set directly (`warn_unseeded_reset`)."""
+    return getattr(getattr(env, "unwrapped", env), "_np_random_seed", None)
+
+
+def warn_unseeded_reset(env_id: str, seen: int | None, seed: int, adapter=None) -> None:
+    """Warn once per env id (once per `adapter` of a user's vector env) where a Gymnasium env has just returned from
+    `reset(seed=seed)` with its `np_random` seeded otherwise, `seen` (`recorded_seed`, read in the env's process):
+    from before (its reset does not pass the seed to `super().reset(seed=seed)`), so its draws differ from run to
+    run. Read at a reset rlspeed does anyway: an env that keeps a generator of its own, none, or one it set itself
+    (recorded as -1) is not told."""
     if seen is None or seen in (-1, seed) or not _WARNED_UNSEEDED.first(env_id, adapter):
         return
     warnings.warn(f"'{env_id}'.reset(seed=...) did not seed the env's np_random with the seed it was given (it is "
@@ -1175,8 +1180,10 @@ class SubprocessEnv(gym.Wrapper):
       of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
       one, and truncated episodes bootstrapped from it (the in-process backend copies each observation as it comes).
     - its first reset keeps the spaces it was made with (`spaces_changed_problem`): the parent read them from an env
-      of its own, made and never reset, so an `action_space` set anew in reset was not seen there; and a seeded
-      one, that it seeded the env's np_random (`warn_unseeded_reset`).
+      of its own, made and never reset, so an `action_space` set anew in reset was not seen there.
+    - it tells the parent the seed its env's np_random records (`recorded_seed`), which warns once where a seeded
+      reset did not seed it (`warn_unseeded_reset`: a warning in the worker would be said once per worker, out of
+      the parent's reach).
     - it closes when the parent asks (`close_for_parent`), which then hears the error of its close().
     """
 
@@ -1205,6 +1212,10 @@ class SubprocessEnv(gym.Wrapper):
             return error, trace
         return None
 
+    def recorded_seed(self) -> int | None:
+        """The seed the env's np_random records (`recorded_seed`), asked by the parent after a seeded reset."""
+        return recorded_seed(self.env)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -1217,8 +1228,6 @@ class SubprocessEnv(gym.Wrapper):
             problem = spaces_changed_problem(self._env_id, self.env, made)
             if problem:
                 raise UserError(problem)
-            if kwargs.get("seed") is not None:
-                warn_unseeded_reset(self._env_id, self.env, kwargs["seed"])
         return reset
 
     def step(self, action):
@@ -1784,8 +1793,9 @@ class GymnasiumEnv(BatchedEnv):
         self._worker_errors: list = []
         if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
             _hold_worker_errors(vector_env, self._worker_errors)
-        #: its workers' envs are in `SubprocessEnv`, which closes them when asked (`close_for_parent`)
-        self._closes_for_parent = made and isinstance(inner, gym.vector.AsyncVectorEnv)
+        #: its workers' envs are in `SubprocessEnv`, which closes them when asked (`close_for_parent`) and tells the
+        #: seeds they record (`recorded_seed`)
+        self._subprocess_wrapped = made and isinstance(inner, gym.vector.AsyncVectorEnv)
         try:
             spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space, vector_env.single_action_space,
                                        max_steps, threshold)
@@ -1886,11 +1896,14 @@ class GymnasiumEnv(BatchedEnv):
         if self._made_spaces is not None:
             made_spaces, self._made_spaces = self._made_spaces, None
             self._check_spaces_kept(made_spaces)
-        if seed is not None:  # (in-process envs; subprocess ones are asked in their worker: `SubprocessEnv`)
-            for index, env in enumerate(getattr(self.vector_env.unwrapped, "envs", None) or ()):
+        if seed is not None:  # (in-process envs, and the subprocess envs rlspeed made: `SubprocessEnv` answers)
+            envs = getattr(self.vector_env.unwrapped, "envs", None) or ()
+            seen = ([recorded_seed(env) for env in envs] if envs else
+                    self.vector_env.unwrapped.call("recorded_seed") if self._subprocess_wrapped else ())
+            for index, each_seen in enumerate(seen):
                 each = seed + index if isinstance(seed, int) else seed[index]  # (as Gymnasium seeds env i)
                 if each is not None:
-                    warn_unseeded_reset(self.spec.env_id, env, each, self)
+                    warn_unseeded_reset(self.spec.env_id, each_seen, each, self)
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
             warn_unapplied_masks(self.spec, self)
@@ -2314,7 +2327,7 @@ class GymnasiumEnv(BatchedEnv):
             return
         try:
             if asynchronous:
-                closed = inner.call("close_for_parent") if getattr(self, "_closes_for_parent", False) else ()
+                closed = inner.call("close_for_parent") if getattr(self, "_subprocess_wrapped", False) else ()
                 self.vector_env.close()
                 errors = [_worker_traced(*answer) for answer in closed if answer is not None]
                 if not errors and (error := _worker_close_error(inner)) is not None:

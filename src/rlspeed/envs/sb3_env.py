@@ -34,6 +34,7 @@ from rlspeed.envs.gymnasium_env import (
     mask_size,
     obs_and_final,
     probe_contract,
+    recorded_seed,
     records_episodes,
     refuse_failed_asks,
     registered_vector_env_id,
@@ -236,7 +237,7 @@ class SB3VecEnv(BatchedEnv):
         if seed is not None:  # (a DummyVecEnv's envs, seeded seed + i by its seed(): SubprocVecEnv's are elsewhere)
             envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
             for index, env in enumerate(envs if isinstance(envs, list) else []):
-                warn_unseeded_reset(self.spec.env_id, env, seed + index, self)
+                warn_unseeded_reset(self.spec.env_id, recorded_seed(env), seed + index, self)
         infos = self._reset_infos() or []
         bad = next((i for i, info in enumerate(infos) if not isinstance(info, dict)), None)
         if bad is not None:  # (SB3 unpacked an old-API reset's observation of 2 values as (obs, info))
