@@ -2407,6 +2407,22 @@ def test_envs_whose_close_raises_are_each_said_where_none_keeps_them():
     assert [type(other.__cause__).__name__ for other in caught.value.others] == ["RuntimeError"] * 2
 
 
+def test_a_sync_vector_env_subclass_keeps_its_own_close_extras():
+    """Closing a SyncVectorEnv closes each of its envs first (every close() error kept), and marked it closed: the
+    close_extras of a user's subclass (releasing a resource its envs share) was never called. It is now."""
+    from rlspeed.envs.gymnasium_env import close_envs
+
+    released = []
+
+    class SharedSimulator(gym.vector.SyncVectorEnv):
+        def close_extras(self, **kwargs):
+            super().close_extras(**kwargs)
+            released.append(True)
+
+    close_envs(SharedSimulator([lambda: gym.make("CartPole-v1")] * 2), "CartPole-v1")
+    assert released == [True]
+
+
 @pytest.mark.parametrize("vec_env, said", [
     ("DummyVecEnv", r"RuntimeError in close\(\): the simulator's socket"),
     ("SubprocVecEnv", r"ChildProcessError in close\(\): worker 0 \(and 1 more\)")],

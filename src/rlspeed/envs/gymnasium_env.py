@@ -966,7 +966,9 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bo
     training)."""
     errors = []
     inner = getattr(env, "unwrapped", env)
-    if isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed:
+    # (a SyncVectorEnv whose close_extras is Gymnasium's, a loop over its envs: a subclass's runs as it is)
+    if (isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed
+            and type(inner).close_extras is gym.vector.SyncVectorEnv.close_extras):
         for each in inner.envs:  # (every one, each error kept: Gymnasium's close stops at the first that raises)
             try:
                 each.close()
