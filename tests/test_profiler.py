@@ -348,6 +348,14 @@ def test_update_advice_names_accelerate_auto_only_where_it_has_a_faster_precisio
                                  activation="gelu"))
         assert line.endswith(" They run by autograd, not the hand-derived update: activation=gelu (the hand-derived "
                              "update covers tanh and relu).")
+    # (the sentence keys on the run's activation, not on the reason's wording: gelu kept on autograd by another rule
+    # gives that rule's reason; tanh on autograd for any reason is no activation's doing)
+    for activation, said in (("gelu", " They run by autograd, not the hand-derived update: fused_update=false."),
+                             ("tanh", "")):
+        kept = {"implementation": "autograd", "reason": "fused_update=false"}
+        [line] = advise(_profile(parameters=200_000, phases=update_bound, auto_candidates=["bf16"], update=kept,
+                                 activation=activation))
+        assert line.endswith("and keeps fp32 eager where nothing is faster)." + said)
 
 
 def test_auto_candidates_are_those_the_hand_derived_update_would_time(monkeypatch):
