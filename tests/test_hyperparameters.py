@@ -59,6 +59,8 @@ def test_an_activation_is_torchs_only_under_torch_nns_names():
         read = Collected()
         translate_policy_kwargs("ppo", {"activation_fn": given}, read)
         assert not read.hyper and [key for key, *_ in read.refused] == ["policy_kwargs.activation_fn"]
+        # (by its module's name: the quantized LeakyReLU was shown as "LeakyReLU", refused beside nn.LeakyReLU)
+        assert read.refused[0][1] == (given if isinstance(given, str) else f"{given.__module__}.{given.__qualname__}")
     assert [activation_name(given) for given in ("nn.ReLU", "torch.nn.Tanh", "th.nn.ELU", "SiLU", torch.nn.GELU)] == [
         "relu", "tanh", "elu", "silu", "gelu"]
     with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not torch\.ao\.nn\."):

@@ -61,10 +61,19 @@ def activation_name(value: object) -> str:
     another prefix ("F.relu", torch's function, which Stable-Baselines3 does not take either)."""
     spelled = _torch_nn_spelling(value)
     name = _BY_KEY.get(_key(spelled)) if spelled is not None else None
-    if name is None:  # (a class by its name where it is torch's, by its module's where it is one's own)
-        check_activation(value if not isinstance(value, type) else value.__name__ if spelled is not None
-                         else f"{value.__module__}.{value.__qualname__}")
+    if name is None:
+        check_activation(refusal_name(value) if isinstance(value, type) else value)
     return name
+
+
+def refusal_name(value: object) -> object:
+    """`value` as a refusal names it: torch.nn's class by its name (`PReLU`), another class or a function by its
+    module's (`mymod.Tanh`, `torch.nn.functional.relu`), so that it does not read as torch.nn's; anything else as it
+    is."""
+    if isinstance(value, type) and is_torch_nn_class(value):
+        return value.__name__
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else value
 
 
 def check_activation(name: object) -> None:

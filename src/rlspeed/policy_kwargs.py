@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typing
 
-from rlspeed.activations import PRELU_REFUSAL, activation_name, names_prelu, torch_class_names
+from rlspeed.activations import PRELU_REFUSAL, activation_name, names_prelu, refusal_name, torch_class_names
 from rlspeed.errors import UserError
 
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
@@ -92,8 +92,7 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
             if activation is not None:
                 out.set("activation", activation, key)
             else:
-                shown = getattr(item, "__name__", item)
-                out.refuse_option(key, str(shown), PRELU_REFUSAL if names_prelu(item)
+                out.refuse_option(key, str(refusal_name(item)), PRELU_REFUSAL if names_prelu(item)
                                   else f"rlspeed's activations are {torch_class_names()}")
         elif name in ("full_std", "use_expln") and algo not in SDE_ALGORITHMS:
             out.refuse_option(key, repr(item), f"an option of gSDE, which rlspeed's {algo} has not")
