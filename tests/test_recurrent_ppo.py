@@ -173,8 +173,10 @@ def test_each_epoch_takes_every_chunk_once_from_the_state_the_rollout_stored(bat
         assert any(state.abs().sum() > 0 for _, state, *_ in updates)
 
 
-def test_a_graph_captured_update_gets_fixed_shapes_and_no_layout(monkeypatch):
-    """Whole-step graphs (CUDA) need fixed shapes and no host sync: there the update runs the step-by-step LSTM."""
+@pytest.mark.parametrize("batch_size, length", [(64, 32), (16, 16)])
+def test_a_graph_captured_update_gets_fixed_shapes_and_no_layout(monkeypatch, batch_size, length):
+    """Whole-step graphs (CUDA) need fixed shapes and no host sync: there the update runs the step-by-step LSTM, on
+    whole columns or chunks (their indices made on the device)."""
     from rlspeed.algos import on_policy
     from rlspeed.algos.update import GRAPHS, UpdateChoice
 
@@ -186,13 +188,20 @@ def test_a_graph_captured_update_gets_fixed_shapes_and_no_layout(monkeypatch):
         return update
 
     monkeypatch.setattr(on_policy.OnPolicyAlgorithm, "_make_update_step", as_on_a_graph_device)
-    model = _small_model(n_epochs=2)
+    model = _small_model(n_epochs=2, batch_size=batch_size)
     update = model._update_step
     shapes = []
-    model._update_step = lambda *batch, **hints: (shapes.append((batch[0].shape, batch[3])), update(*batch))[1]
-    model.learn(2 * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
-    assert len(shapes) == 2 * 2 * 2  # rollouts x epochs x minibatches
-    assert {shape for shape, _ in shapes} == {(SMALL["num_steps"], 2, 4)}
+    taken = []  # each minibatch's rollout log-probs
+    model._update_step = lambda *batch, **hints: (shapes.append((batch[0].shape, batch[3])), taken.append(batch[5]),
+                                                  update(*batch))[2]
+    rollout = SMALL["num_envs"] * SMALL["num_steps"]
+    model.learn(2 * rollout, progress_bar=False)
+    assert len(shapes) == 2 * 2 * rollout // batch_size  # rollouts x epochs x minibatches
+    assert {shape for shape, _ in shapes} == {(length, batch_size // length, 4)}
+    for epoch in (-2, -1):  # (the last rollout's, which the buffer holds: each step once per epoch)
+        per_epoch = rollout // batch_size
+        epoch_steps = torch.cat(taken[len(taken) + epoch * per_epoch:][:per_epoch])
+        assert torch.equal(epoch_steps.sort().values, model.buffer.log_probs.flatten().sort().values)
     assert all(layout is None for _, layout in shapes)
 
 
