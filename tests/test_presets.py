@@ -597,8 +597,8 @@ def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_wo
     rollout (100 of 8 x 32 steps) is refused in a user's own file, naming the sizes to give."""
     path = tmp_path / "zoo.yml"
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: !!float 1e6\nbatch_size: 1e2\n")
-    with pytest.raises(UserError, match=rf"{path} .*batch_size \(100\) must divide num_envs \* num_steps \(256\): the "
-                                        "nearest sizes that do are 64 and 128"):
+    with pytest.raises(UserError, match=rf"{path} .*batch_size \(100\) must divide num_envs \* num_steps \(256\) into "
+                                        "sequences .*: batch_size=64 or 128 would do"):
         load_preset("recurrent_ppo", "CartPole-v1", str(path))
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: 1e6\nbatch_size: 1.28e2\nvf_coef: 2.5e-1\n")
     preset = load_preset("recurrent_ppo", "CartPole-v1", str(path))

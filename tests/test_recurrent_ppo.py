@@ -445,6 +445,17 @@ def test_a_batch_size_cutting_too_short_sequences_names_the_sizes_that_would_do(
         _small_model(num_envs=10, num_steps=24, batch_size=20)
 
 
+def test_a_batch_size_not_dividing_the_rollout_names_sizes_valid_for_the_sequences_too():
+    """PPO's sentence named 2 and 4 for batch_size=3 with num_steps=32 (sizes that divide the rollout), which were
+    then refused for sequences under 8 steps: one sentence now names sizes that pass both rules."""
+    with pytest.raises(UserError, match=r"^batch_size \(3\) must divide num_envs \* num_steps \(64\) into sequences "
+                                        r"of at least 8 steps .*: batch_size=8 would do\.$"):
+        _small_model(num_envs=2, num_steps=32, batch_size=3)
+    with pytest.raises(UserError, match=r"batch_size=16 or 24 would do\.$"):
+        _small_model(num_envs=4, num_steps=24, batch_size=20)
+    _small_model(num_envs=2, num_steps=32, batch_size=8)
+
+
 @pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True},
                                     {"lstm_kwargs": {"dropout": 0.1}}, {"enable_critic_lstm": 1}, {"shared_lstm": 0},
                                     {"n_lstm_layers": True}, {"enable_critic_lstm": "false"}])

@@ -57,7 +57,11 @@ class PPOConfig(OnPolicyConfig):
                 f"clip_range_vf must be > 0, or null for no value clipping, got {self.clip_range_vf}.")
         require(self.target_kl is None or self.target_kl > 0,
                 f"target_kl must be > 0, or null for no early stop, got {self.target_kl}.")
-        rollout = self.num_envs * self.num_steps
+        self._check_batch_size(self.num_envs * self.num_steps)
+
+    def _check_batch_size(self, rollout: int) -> None:
+        """Refuse a `batch_size` that does not divide the rollout of `rollout` steps, naming the nearest that do (a
+        subclass with a stricter rule overrides it, so that one sentence names the sizes valid under every rule)."""
         if rollout % self.batch_size and self.batch_size < rollout:
             # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
             below = next(size for size in range(self.batch_size - 1, 0, -1) if rollout % size == 0)

@@ -99,25 +99,34 @@ class RecurrentPPOConfig(PPOConfig):
                                          **dict.fromkeys(SB3_CONTRIB_LSTM_LAYOUT, _LSTM_LAYOUT_FIX)}
 
     def validate(self) -> None:
-        """PPO's checks, plus: an LSTM state of at least one unit, and sequences of at least `MIN_SEQUENCE_LENGTH`
-        steps (or num_steps)."""
+        """PPO's checks (its batch_size rule with the sequences' one: `_check_batch_size`), plus: an LSTM state of at
+        least one unit."""
         require(self.lstm_hidden_size >= 1,
                 f"lstm_hidden_size must be >= 1, got {self.lstm_hidden_size}: the LSTM needs a state (64 or 256 are "
                 "usual).")
         super().validate()
         require(not self.use_sde, "rlspeed's RecurrentPPO has no gSDE (use_sde): remove it, or use ppo with use_sde.")
-        rollout = self.num_envs * self.num_steps
-        if not _long_enough(self.num_steps, self.batch_size, rollout):
-            least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
-            below = next((size for size in range(self.batch_size - 1, 0, -1)
-                          if _long_enough(self.num_steps, size, rollout)), None)
-            above = next(size for size in range(self.batch_size + 1, rollout + 1)
-                         if _long_enough(self.num_steps, size, rollout))
-            would = f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
-            raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of "
-                            f"{sequence_length(self.num_steps, self.batch_size, rollout)} steps (their greatest "
-                            f"common divisor), and RecurrentPPO's update needs sequences of at least {least} steps "
-                            f"to train its LSTM on: {would} would do.")
+
+    def _check_batch_size(self, rollout: int) -> None:
+        """PPO's rule (batch_size divides the rollout) and the sequences' (at least `MIN_SEQUENCE_LENGTH` steps, or
+        num_steps) in one check, so that the sizes its sentence suggests pass both."""
+        if _long_enough(self.num_steps, self.batch_size, rollout):
+            return
+        least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
+        below = next((size for size in range(self.batch_size - 1, 0, -1)
+                      if _long_enough(self.num_steps, size, rollout)), None)
+        above = next(size for size in range(self.batch_size + 1, rollout + 1)
+                     if _long_enough(self.num_steps, size, rollout))
+        would = f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+        if rollout % self.batch_size:
+            raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}) into "
+                            f"sequences of at least {least} steps (the greatest common divisor of batch_size and "
+                            f"num_steps ({self.num_steps})) for RecurrentPPO's update to train its LSTM on: {would} "
+                            "would do.")
+        raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of "
+                        f"{sequence_length(self.num_steps, self.batch_size, rollout)} steps (their greatest "
+                        f"common divisor), and RecurrentPPO's update needs sequences of at least {least} steps "
+                        f"to train its LSTM on: {would} would do.")
 
 
 class RecurrentPPO(PPO):
