@@ -655,3 +655,86 @@ def test_a_rollout_whose_lstm_states_do_not_fit_in_memory_is_refused_before_allo
     # the same rollout with an LSTM of 16 (0.04 GiB) fits
     buffer = RecurrentRolloutBuffer(1024, 64, space, (), torch.int64, cpu, (4, 64, 16))
     assert buffer.states.shape == (1024, 4, 64, 16)
+
+
+# --- gSDE ----------------------------------------------------------------------------------------------------------
+
+def _sde_model(**overrides) -> RecurrentPPO:
+    return RecurrentPPO("PendulumNoVel-v1", device="cpu", seed=0,
+                        **{"env_backend": "gymnasium", **SMALL, "use_sde": True, "log_std_init": -1.0, **overrides})
+
+
+@pytest.mark.parametrize("full_std, use_expln", [(True, False), (False, True)])
+def test_gsde_log_prob_and_entropy_are_ppos_formulas_on_the_actors_lstm_mlp_output(full_std, use_expln):
+    """sb3-contrib's RecurrentPPO with use_sde: the noise's latent is the actor's LSTM then MLP output (the input of
+    the mean's layer); log-probabilities and entropy are gSDE's (SB3's formulas, float64 reference) on it; the
+    rollout's actions are mean + latent @ E with each env's matrix."""
+    from test_sde import reference_log_prob_entropy
+
+    policy = _sde_model(full_std=full_std, use_expln=use_expln).policy
+    assert policy.sde.log_std.shape == (16, 1)  # (net_arch (16,); PendulumNoVel's 1 action)
+    with torch.no_grad():
+        policy.sde.log_std.normal_()  # (values on both sides of 0: expln's two branches)
+    generator = torch.Generator().manual_seed(0)
+    steps, batch = 5, 3
+    obs = torch.randn(steps, batch, 3, generator=generator)
+    state = 0.1 * torch.randn(4, batch, 16, generator=generator)
+    features = policy.sequence_features(obs, state, torch.zeros(steps, batch, dtype=torch.bool))
+    mean, _, latent = policy.forward_latent(features)
+    last = policy.body(features, with_hidden=True)[1][0]  # the actor's last hidden layer, after its LSTM
+    torch.testing.assert_close(latent, last)
+    actions = mean + 0.3 * torch.randn(mean.shape, generator=generator)
+    log_prob, entropy, _ = policy.evaluate(features, actions)
+    ref_log_prob, ref_entropy = reference_log_prob_entropy(actions.detach(), mean.detach(), latent.detach(),
+                                                           policy.sde.log_std.detach(), use_expln)
+    np.testing.assert_allclose(log_prob.detach().numpy(), ref_log_prob, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy.detach().numpy(), ref_entropy, rtol=1e-5, atol=1e-5)
+    policy.resample(batch)
+    with torch.no_grad():
+        sampled, log_probs, _, _ = policy.act_step(obs[0], state)
+        features = policy.step(policy.encode(obs[0]), state)[0]
+        mean, _, latent = policy.forward_latent(features)
+        torch.testing.assert_close(sampled, mean + torch.bmm(latent.unsqueeze(1), policy.sde.exploration).squeeze(1))
+        torch.testing.assert_close(log_probs, policy.evaluate(features, sampled)[0])
+
+
+def test_gsde_resamples_at_the_rollout_start_and_every_sde_sample_freq_steps():
+    """RL-Zoo's PendulumNoVel-v1 entry's sde_sample_freq=4: the matrices held for 4 steps, new at each rollout."""
+    from test_sde import _exploration_per_step
+
+    model = _sde_model(num_envs=2, num_steps=8, batch_size=16, n_epochs=1, sde_sample_freq=4)
+    seen = _exploration_per_step(model, rollouts=2)
+    assert len(seen) == 16
+    for start in range(0, 16, 4):
+        assert all(torch.equal(seen[start], matrix) for matrix in seen[start:start + 4])
+        assert start == 0 or not torch.equal(seen[start - 1], seen[start])
+    assert not torch.equal(seen[0][0], seen[0][1])  # one matrix per env
+
+
+def test_gsde_update_reruns_the_rollouts_log_probs_and_a_checkpoint_keeps_sigma(tmp_path):
+    """Before any update, the sequences re-run give the rollout's gSDE log-probs; save/load keeps log_std, the
+    deterministic actions, and explores with the saved sigma (as PPO's gSDE)."""
+    model = _sde_model(n_epochs=1, learning_rate=1e-12, use_expln=True)
+    updates = []
+    update = model._update_step
+    model._update_step = lambda *batch, **hints: (updates.append(batch), update(*batch, **hints))[1]
+    model.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    assert updates
+    for obs, state, starts, layout, actions, old_log_probs, *_ in updates:
+        with torch.no_grad():
+            log_probs = model.policy.evaluate(model.policy.sequence_features(obs, state, starts, layout), actions)[0]
+        torch.testing.assert_close(log_probs, old_log_probs, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        model.policy.sde.log_std.fill_(1.0)  # sigma e, where log_std_init gives exp(-1)
+    model.save(tmp_path / "model")
+    loaded = RecurrentPPO.load(tmp_path / "model")
+    assert loaded.config.use_sde and loaded.config.use_expln
+    torch.testing.assert_close(loaded.policy.sde.log_std, model.policy.sde.log_std)
+    assert 1.0 < loaded.policy.sde.exploration.std().item() < 2.6  # (expln(1) = 1.69, not 0.37; 16 draws)
+    obs = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+
+
+def test_gsde_on_discrete_actions_is_one_sentence():
+    with pytest.raises(UserError, match=r"^use_sde=true needs a Box action space .*: drop use_sde for recurrent_ppo"):
+        _small_model(use_sde=True)

@@ -165,7 +165,7 @@ def test_export_gives_the_mean(tmp_path):
     (["train", "ppo", "CartPole-v1", "--set", "use_sde=true"], "needs a Box action space"),
     (["train", "a2c", "Pendulum-v1", "--set", "use_sde=true", "--set", "sde_sample_freq=0"],
      "sde_sample_freq must be -1"),
-    (["train", "recurrent_ppo", "Pendulum-v1", "--set", "use_sde=true"], "RecurrentPPO has no gSDE"),
+    (["train", "recurrent_ppo", "CartPoleNoVel-v1", "--set", "use_sde=true"], "needs a Box action space"),
     (["train", "ppo", "Pendulum-v1", "--seeds", "0,1", "--set", "use_sde=true"], "Populations do not support gSDE"),
     (["train", "sac", "Pendulum-v1", "--seeds", "0,1", "--set", "use_sde=true"], "Populations do not support gSDE"),
     (["train", "td3", "Pendulum-v1", "--set", "use_sde=true"], "Unknown hyperparameter 'use_sde'"),

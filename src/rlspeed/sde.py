@@ -15,6 +15,7 @@ which gives its log-probability and entropy; the deterministic action is mu(s). 
 parameter [latent_dim, action_dim] (`full_std`) or [latent_dim, 1] (one sigma per feature, shared by the actions).
 
 `SDEActorCritic` is PPO's and A2C's policy with gSDE (SB3's `use_sde` with an `ActorCriticPolicy`),
+`RecurrentSDEActorCritic` RecurrentPPO's (sb3-contrib's `RecurrentActorCriticPolicy` with `use_sde`),
 `SDESquashedGaussianActor` SAC's actor with gSDE; `SDENoise` holds the parameter and the matrices. Only autograd
 updates these policies (`rlspeed.algos.update.select_update` says so).
 """
@@ -33,9 +34,11 @@ from torch import nn
 from rlspeed.errors import UserError
 from rlspeed.nn import (
     SB3_ACTOR_CRITIC_ATTRIBUTES,
+    SB3_RECURRENT_ATTRIBUTES,
     SB3_SAC_ACTOR_ATTRIBUTES,
     ActorCritic,
     Encoder,
+    RecurrentActorCritic,
     SB3Names,
     _encode,
     mlp,
@@ -192,18 +195,17 @@ def _follow_loaded_std(noise: SDENoise, incompatible_keys) -> None:
     noise.exploration = noise.standard_draws * noise.std()
 
 
-class SDEActorCritic(ActorCritic):
-    """`ActorCritic` for Box actions with gSDE instead of the state-independent `log_std`: the actor's last hidden
-    features (its MLP's last layer input; the observation features without hidden layers) drive the noise.
-    `act` samples mean + noise with the current matrices (`resample` draws new ones); `evaluate` gives the
-    log-probability and entropy of stored actions under the state-dependent variance; `mode` is the mean."""
+class SDEHead:
+    """gSDE's action head over an `ActorCritic`'s actor (shared by `SDEActorCritic` and the recurrent
+    `RecurrentSDEActorCritic`): the actor's last hidden features (its MLP's last layer input; the head's input without
+    hidden layers) drive the noise. `act` samples mean + noise with the current matrices (`resample` draws new ones);
+    `evaluate` gives the log-probability and entropy of stored actions under the state-dependent variance; `mode` is
+    the mean. `features` and `body` are the `ActorCritic`'s."""
 
-    sb3_names = SB3_SDE_ACTOR_CRITIC_ATTRIBUTES
+    sde: SDENoise
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "tanh",
-                 log_std_init: float = 0.0, encoder: Encoder | None = None, action_space: gym.Space | None = None,
-                 full_std: bool = True, use_expln: bool = False):
-        super().__init__(obs_dim, action_dim, False, hidden, activation, log_std_init, encoder, action_space)
+    def _use_sde(self, log_std_init: float, full_std: bool, use_expln: bool, action_space: gym.Space | None) -> None:
+        """Replace the state-independent `log_std` by gSDE's `SDENoise` (UserError unless the actions are a Box)."""
         if self.kind != "gaussian":
             raise UserError(f"gSDE needs Box actions, not {action_space}.")
         del self.log_std  # (the state-independent one: gSDE's lives in `sde`)
@@ -237,11 +239,46 @@ class SDEActorCritic(ActorCritic):
 
     def sample(self, out: torch.Tensor, deterministic: bool = False, action_masks: torch.Tensor | None = None):
         """Not available from the mean alone: gSDE's noise and log-probabilities need the latent features."""
-        raise TypeError("SDEActorCritic samples from observations (act), not from the actor's output alone.")
+        raise TypeError(f"{type(self).__name__} samples from observations (act), not from the actor's output alone.")
 
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor, action_masks: torch.Tensor | None = None):
         """Not available from the mean alone (see `sample`)."""
-        raise TypeError("SDEActorCritic evaluates from observations (evaluate), not from the actor's output alone.")
+        raise TypeError(f"{type(self).__name__} evaluates from observations (evaluate), not from the actor's output "
+                        "alone.")
+
+
+class SDEActorCritic(SDEHead, ActorCritic):
+    """`ActorCritic` for Box actions with gSDE (`SDEHead`) instead of the state-independent `log_std`."""
+
+    sb3_names = SB3_SDE_ACTOR_CRITIC_ATTRIBUTES
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                 log_std_init: float = 0.0, encoder: Encoder | None = None, action_space: gym.Space | None = None,
+                 full_std: bool = True, use_expln: bool = False):
+        super().__init__(obs_dim, action_dim, False, hidden, activation, log_std_init, encoder, action_space)
+        self._use_sde(log_std_init, full_std, use_expln, action_space)
+
+
+class RecurrentSDEActorCritic(SDEHead, RecurrentActorCritic):
+    """`RecurrentActorCritic` for Box actions with gSDE (`SDEHead`), as sb3-contrib's RecurrentPPO with `use_sde`:
+    the noise takes the actor's LSTM and MLP output (`latent_pi`), detached."""
+
+    sb3_names = {**SB3_RECURRENT_ATTRIBUTES, "reset_noise": SB3_SDE_ACTOR_CRITIC_ATTRIBUTES["reset_noise"]}
+
+    def __init__(self, obs_dim: int, action_dim: int, lstm_hidden_size: int = 64, hidden: Sequence[int] = (64,),
+                 activation: str = "relu", log_std_init: float = 0.0, encoder: Encoder | None = None,
+                 action_space: gym.Space | None = None, full_std: bool = True, use_expln: bool = False):
+        super().__init__(obs_dim, action_dim, False, lstm_hidden_size, hidden, activation, log_std_init, encoder,
+                         action_space)
+        self._use_sde(log_std_init, full_std, use_expln, action_space)
+
+    def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True,
+                   action_masks: torch.Tensor | None = None):
+        """The actor alone (inference, `predict`): (actions, h, c), the mean or mean + latent @ E."""
+        h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
+        out, hidden = self.body(h.unsqueeze(0), members=slice(0, 1), with_hidden=True)  # the actor's head alone
+        mean = out[0]
+        return (mean if deterministic else mean + self.sde.noise(hidden[0])), h, c
 
 
 class SDESquashedGaussianActor(SB3Names, nn.Module):
@@ -292,6 +329,15 @@ def build_sde_actor_critic(algo) -> SDEActorCritic:
     return SDEActorCritic(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.log_std_init,
                           encoder=algo._make_encoder("policy"), action_space=spec.action_space,
                           full_std=cfg.full_std, use_expln=cfg.use_expln)
+
+
+def build_recurrent_sde_actor_critic(algo) -> RecurrentSDEActorCritic:
+    """RecurrentPPO's gSDE policy from its config and env spec (UserError for non-Box actions)."""
+    cfg, spec = algo.config, algo.spec
+    check_sde_action_space(spec.action_space, algo.name)
+    return RecurrentSDEActorCritic(spec.obs_dim, spec.action_dim, cfg.lstm_hidden_size, cfg.net_arch, cfg.activation,
+                                   cfg.log_std_init, encoder=algo._make_encoder("policy"),
+                                   action_space=spec.action_space, full_std=cfg.full_std, use_expln=cfg.use_expln)
 
 
 def resample_due(step: int, sample_freq: int) -> bool:

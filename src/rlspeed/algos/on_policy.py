@@ -143,9 +143,13 @@ class OnPolicyAlgorithm(Algorithm):
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1), never a masked action;
         with gSDE, new exploration matrices at the rollout's start and every `sde_sample_freq` steps."""
+        self._resample_noise(step)
+        return self.policy.act(obs, action_masks=action_masks)
+
+    def _resample_noise(self, step: int) -> None:
+        """With gSDE, new exploration matrices before rollout step `step` where they are due (`resample_due`)."""
         if self.config.use_sde and resample_due(step, self.config.sde_sample_freq):
             self.policy.resample(self._env.num_envs)
-        return self.policy.act(obs, action_masks=action_masks)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after each rollout step with the rows whose whole episode ended (bool `[N]`, `info["done"]`: not

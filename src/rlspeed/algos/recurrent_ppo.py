@@ -47,6 +47,7 @@ from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
 from rlspeed.nn import RecurrentActorCritic, SequenceLayout, acting, reset_at_episode_starts
 from rlspeed.policy_kwargs import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT
+from rlspeed.sde import build_recurrent_sde_actor_critic
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
@@ -105,7 +106,6 @@ class RecurrentPPOConfig(PPOConfig):
                 f"lstm_hidden_size must be >= 1, got {self.lstm_hidden_size}: the LSTM needs a state (64 or 256 are "
                 "usual).")
         super().validate()
-        require(not self.use_sde, "rlspeed's RecurrentPPO has no gSDE (use_sde): remove it, or use ppo with use_sde.")
 
     def _check_batch_size(self, rollout: int) -> None:
         """PPO's rule (batch_size divides the rollout) and the sequences' (at least `MIN_SEQUENCE_LENGTH` steps, or
@@ -165,6 +165,8 @@ class RecurrentPPO(PPO):
 
     def _build_policy(self) -> RecurrentActorCritic:
         cfg, spec = self.config, self.spec
+        if cfg.use_sde:
+            return build_recurrent_sde_actor_critic(self)
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
                                     cfg.activation, cfg.log_std_init,
                                     encoder=self._make_encoder("policy"),
@@ -379,6 +381,7 @@ class RecurrentPPO(PPO):
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
         state = reset_at_episode_starts(self._state, self._episode_start)
+        self._resample_noise(step)
         actions, log_probs, values, next_state = self.policy.act_step(obs, state, action_masks=action_masks)
         self.buffer.add_state(step, state, next_state, self._episode_start)
         self._state = next_state
