@@ -269,8 +269,11 @@ def test_meaning_differences():
                                                  "use_expln")} == {"use_sde": True, "sde_sample_freq": 16,
                                                                    "log_std_init": -2, "full_std": False,
                                                                    "use_expln": True}
-    lstm = translated("recurrent_ppo", {"use_sde": True, "sde_sample_freq": 4})
-    assert refused(lstm) == {"use_sde", "sde_sample_freq"} and lstm.status == "partial"
+    lstm = translated("recurrent_ppo", {"use_sde": True, "sde_sample_freq": 4,
+                                        "policy_kwargs": "dict(full_std=False, use_expln=True)"})
+    assert lstm.status == "full"  # (sb3-contrib's RecurrentPPO has gSDE, and rlspeed's since)
+    assert {k: lstm.hyperparameters[k] for k in ("use_sde", "sde_sample_freq", "full_std", "use_expln")} == {
+        "use_sde": True, "sde_sample_freq": 4, "full_std": False, "use_expln": True}
 
 
 def test_what_changes_the_problem_makes_the_entry_unusable():
@@ -656,13 +659,24 @@ def test_a_missing_preset_file_names_the_choices(tmp_path):
 
 
 @requires_zoo
-def test_auto_leaves_a_preset_tuned_with_gsde_to_an_explicit_zoo_request():
-    """Values tuned around gSDE's exploration (RL-Zoo's recurrent_ppo PendulumNoVel-v1) do not suit an algorithm
-    without gSDE: auto keeps rlspeed's default and says why; --preset zoo still takes them."""
+def test_auto_leaves_a_preset_tuned_with_gsde_to_an_explicit_zoo_request(monkeypatch):
+    """Values tuned around gSDE's exploration do not suit an algorithm without gSDE (RecurrentPPO's before it had
+    it, made so here): auto keeps rlspeed's default and says why; --preset zoo still takes them."""
+    monkeypatch.setattr(zoo, "SDE_ALGORITHMS", ("ppo", "a2c", "sac"))
     assert any(line.startswith("use_sde") for line in zoo.translate("recurrent_ppo", "PendulumNoVel-v1").unsupported)
     auto = load_preset("recurrent_ppo", "PendulumNoVel-v1", "auto")
     assert auto.source == "rlspeed-default" and "tuned with gSDE" in auto.message()
     assert load_preset("recurrent_ppo", "PendulumNoVel-v1", "zoo").source == "zoo"
+
+
+@requires_zoo
+def test_rl_zoos_recurrent_ppo_pendulum_novel_entry_honours_use_sde():
+    """RL-Zoo's ppo_lstm PendulumNoVel-v1 (use_sde, sde_sample_freq 4) was partly translated, gSDE refused, and auto
+    kept rlspeed's default: the entry is now used as it is, and builds RecurrentPPO's gSDE policy."""
+    translation = zoo.translate("recurrent_ppo", "PendulumNoVel-v1")
+    assert translation.status == "full" and translation.hyperparameters["use_sde"] is True
+    auto = load_preset("recurrent_ppo", "PendulumNoVel-v1", "auto")
+    assert auto.source == "zoo" and auto["use_sde"] is True and auto["sde_sample_freq"] == 4
 
 
 @requires_zoo

@@ -15,7 +15,7 @@ from rlspeed.errors import UserError
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
 ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
 #: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are
-SDE_ALGORITHMS = ("ppo", "a2c", "sac")
+SDE_ALGORITHMS = ("ppo", "a2c", "sac", "recurrent_ppo")
 
 #: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
 #: other value builds a network rlspeed's RecurrentPPO has not. One rule (`is_rlspeeds_lstm_layout`) for a keyword or
