@@ -2970,9 +2970,9 @@ class Algorithm:
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
             run_dir = local_path(run_dir).absolute()  # chdir during learn)
-        if self._env is None and self._recorded_modules_advice():  # (a loaded model: no env to train on here)
-            raise UserError(f"This model trained on '{self.env_id}', which is not a registered id here: "
-                            f"{self._recorded_modules_advice()}; or give it an env you built: "
+        if self._env is None and (advice := self._recorded_modules_advice()):  # (a loaded model: no env here)
+            raise UserError(f"This model trained on '{self.env_id}', which is not a registered id here: {advice}; "
+                            "or give it an env you built: "
                             f"{type(self).__name__}.load(path, env=env).")
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
