@@ -1382,3 +1382,24 @@ def test_a_run_resumed_after_a_crash_in_its_callbacks_runs_their_owed_action_at_
                   progress_bar=False)
     assert [event[1] for event in child.events if event[0] == "rollout_end"] == [384, 512]
     assert [steps for steps, _, _ in resumed.result.evaluations] == [512]
+
+
+def test_a_further_learn_after_ctrl_c_in_an_evaluation_makes_that_evaluation_at_once(monkeypatch):
+    """Ctrl-C during learn's evaluation at 256 steps (a notebook's stop button), then a further learn of the same
+    model: the evaluation that call owed is made at the first iteration's end (384), as a resumed run makes it and as
+    the callbacks' owed action is; it was skipped (made at 512), the further call's schedule starting anew."""
+    model = _small_ppo()
+    evaluate = model.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(1024, eval_freq=256, eval_episodes=1, progress_bar=False)
+    assert model.num_timesteps == 256
+    monkeypatch.setattr(model, "evaluate", evaluate)
+    child = Recorder()
+    model.learn(256, eval_freq=256, eval_episodes=1, callback=EveryNTimesteps(256, child), progress_bar=False)
+    assert [steps for steps, _, _ in model.result.evaluations] == [384, 512]
+    assert [event[1] for event in child.events if event[0] == "rollout_end"] == [384, 512]

@@ -3094,11 +3094,11 @@ class Algorithm:
             clock_before = float(earlier.get("clock_before", 0.0)) + (
                 float(earlier.get("train_wall_s", 0.0)) if resume is None else 0.0)
             start_steps = self.num_timesteps
-            # the next evaluation and checkpoint, at multiples of their frequencies of the step count (`next_due`): a
-            # resumed run's as the interrupted run's (one it had not made yet at its checkpoint's step, due then, is
-            # made at the first iteration's end)
-            next_eval = resumed_due(saved_loop, "eval", eval_freq, self.num_timesteps)
-            next_checkpoint = (resumed_due(saved_loop, "checkpoint", checkpoint_freq, self.num_timesteps)
+            # the next evaluation and checkpoint, at multiples of their frequencies of the step count (`next_due`): as
+            # the run this call continues (a resume's checkpoint, a further learn's call before) had them (one it had
+            # not made yet at its step count, due then, is made at the first iteration's end)
+            next_eval = resumed_due(earlier, "eval", eval_freq, self.num_timesteps)
+            next_checkpoint = (resumed_due(earlier, "checkpoint", checkpoint_freq, self.num_timesteps)
                                if checkpoint_freq else None)
             # the step count the callbacks last ran at (`on_rollout_end`), from which their periods count at training
             # start: where the run this call continues (a resume, a further learn) counted an iteration whose
