@@ -664,6 +664,13 @@ def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
         assert shapes == shapes_seen
     # a minibatch of the whole rollout splits whatever the number of sequences
     RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=32, **small)
+    # the size named is one the processes can share: batch_size=16 was named for chunks of 8 of num_steps 16, and it
+    # makes whole columns, 1 sequence, refused again
+    options = {**small, "num_steps": 16}
+    with pytest.raises(UserError, match=r"holds 1 sequence of 8 steps .*\(batch_size=(\d+) would do\)\.$") as refused:
+        RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=8, **options)
+    named = int(re.search(r"batch_size=(\d+) would do", str(refused.value)).group(1))
+    RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=named, **options)
 
 
 @pytest.mark.filterwarnings("ignore:Resuming from .* gymnasium-async envs cannot restore:UserWarning")

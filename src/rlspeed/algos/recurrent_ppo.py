@@ -80,6 +80,14 @@ def _long_enough(num_steps: int, batch_size: int, rollout: int) -> bool:
             and sequence_length(num_steps, batch_size, rollout) >= min(num_steps, MIN_SEQUENCE_LENGTH))
 
 
+def _nearest_sizes(batch_size: int, rollout: int, works: typing.Callable[[int], bool]) -> str:
+    """"batch_size=B or A": the nearest sizes below and above `batch_size` for which `works` holds (the whole
+    rollout, which always does, at the most)."""
+    below = next((size for size in range(batch_size - 1, 0, -1) if works(size)), None)
+    above = next(size for size in range(batch_size + 1, rollout + 1) if works(size))
+    return f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+
+
 @dataclass
 class RecurrentPPOConfig(PPOConfig):
     """RecurrentPPO hyperparameters: PPO's (`PPOConfig`) plus the LSTM's size. `num_steps`, `batch_size` and the LSTM's
@@ -113,11 +121,7 @@ class RecurrentPPOConfig(PPOConfig):
         if _long_enough(self.num_steps, self.batch_size, rollout):
             return
         least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
-        below = next((size for size in range(self.batch_size - 1, 0, -1)
-                      if _long_enough(self.num_steps, size, rollout)), None)
-        above = next(size for size in range(self.batch_size + 1, rollout + 1)
-                     if _long_enough(self.num_steps, size, rollout))
-        would = f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+        would = _nearest_sizes(self.batch_size, rollout, lambda size: _long_enough(self.num_steps, size, rollout))
         if rollout % self.batch_size:
             raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}) into "
                             f"sequences of at least {least} steps (the greatest common divisor of batch_size and "
@@ -156,11 +160,17 @@ class RecurrentPPO(PPO):
         rollout = cfg.num_envs * cfg.num_steps
         length = sequence_length(cfg.num_steps, cfg.batch_size, rollout)
         sequences = cfg.batch_size // length
-        require(world == 1 or cfg.batch_size >= rollout or sequences % world == 0,
-                f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} of "
-                f"{length} steps (the greatest common divisor of batch_size and num_steps ({cfg.num_steps})), which "
-                f"must be a multiple of the number of processes ({world}): each process takes an equal share of "
-                f"every minibatch's sequences (batch_size={length * world} would do).")
+
+        def splits(size: int) -> bool:  # (a size whose sequences the processes share evenly; L depends on the size)
+            return size >= rollout or (rollout % size == 0 and _long_enough(cfg.num_steps, size, rollout)
+                                       and size // sequence_length(cfg.num_steps, size, rollout) % world == 0)
+
+        if world > 1 and not splits(cfg.batch_size):
+            raise UserError(f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} "
+                            f"of {length} steps (the greatest common divisor of batch_size and num_steps "
+                            f"({cfg.num_steps})), which must be a multiple of the number of processes ({world}): each "
+                            f"process takes an equal share of every minibatch's sequences "
+                            f"({_nearest_sizes(cfg.batch_size, rollout, splits)} would do).")
         super()._setup()
 
     def _build_policy(self) -> RecurrentActorCritic:
