@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.activations import activation_name, check_activation, is_torch_nn_class
+from rlspeed.activations import activation_name, check_activation, is_torch_nn_class, refusal_name
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
 from rlspeed.callbacks import CallbackLike, next_due, resumed_due
@@ -744,7 +744,7 @@ def coerce(key: str, value, hint):
             if isinstance(value, type):  # (a class for a named choice: torch.nn.ReLU for activation="relu")
                 if key == "activation" and not is_torch_nn_class(value):  # (one's own Tanh is not torch's)
                     raise UserError(f"Hyperparameter '{key}' takes a name, or torch's own class for it, not "
-                                    f"{value.__module__}.{value.__qualname__}: the network is built from the name, "
+                                    f"{refusal_name(value)}: the network is built from the name, "
                                     "so your class would be replaced by torch's; give your network to a subclass "
                                     "(docs/algorithms.md).")
                 return activation_name(value) if key == "activation" else value.__name__.lower()
