@@ -483,6 +483,19 @@ def test_a_populations_confirmations_say_how_many_episodes_were_cut_short(tmp_pa
     assert summary["stopped_by"] == "target"  # (both reached at step 64 of 128; the field was missing)
 
 
+def test_a_population_whose_members_all_left_early_says_members_left():
+    """summary.json's `stopped_by` of a population that trained fewer steps than its budget because every member left
+    (pruned, diverged, or some reached and the rest left) is "members_left", not the "target" of all reaching it nor
+    the null of a whole budget trained."""
+    def summary(reached, trained):
+        return {"population": 4, "reached": reached, "total_timesteps": trained}
+
+    assert cli._population_stopped_by(summary(1, 64), 128) == "members_left"
+    assert cli._population_stopped_by(summary(0, 127), 128) == "members_left"
+    assert cli._population_stopped_by(summary(4, 64), 128) == "target"
+    assert cli._population_stopped_by(summary(1, 128), 128) is None
+
+
 def test_an_off_policy_population_under_a_zoo_preset_that_normalises_normalises(tmp_path, capsys, monkeypatch):
     """RL-Zoo's `normalize: True` for SAC is normalize_obs and normalize_reward, which off-policy populations left
     out (they refused them): `--preset zoo --seeds` trains with both, as the solo runs would."""
