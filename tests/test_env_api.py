@@ -2271,6 +2271,11 @@ def test_a_training_run_whose_env_close_raises_keeps_its_model_and_fails_at_the_
     assert summary["error"] is None
     assert summary["close_error"].startswith("EnvStepError: The env 'CloseRaising-v0' (gymnasium backend) raised "
                                              "RuntimeError in close(): the simulator's socket is gone"), summary
+    # (and how many more close() errors followed, as the error shown counts them: the first alone hid them)
+    more = re.search(r"\(and (\d+) more close\(\) errors? of the env 'CloseRaising-v0'", lines[-1])
+    assert more is not None, lines[-1]
+    assert summary["close_error"].endswith(f"(and {more[1]} more close() error{'s' if more[1] != '1' else ''} of "
+                                           "the env 'CloseRaising-v0')"), summary
 
 
 def test_an_env_whose_close_raises_before_any_work_stops_the_cli_before_training(tmp_path, capsys):

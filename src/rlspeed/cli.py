@@ -2700,15 +2700,17 @@ def _write_ended_by_error(run: dict, run_dir: Path, error: Exception, in_trainin
         _write_summary(run_dir, summary)
 
 
-def _record_close_error(args: argparse.Namespace, errors: list) -> None:
+def _record_close_error(args: argparse.Namespace, closing: CloseErrors) -> None:
     """Where a command that finished a run (`args.finished_summary`, its summary.json) exits 1 for an env's close()
-    error kept to its end (`CloseErrors`): that summary's `close_error` says it (the first one's type and message).
-    `error` stays null: the run finished, model and final evaluation saved, so `--resume` has nothing to continue."""
+    error kept to its end (`CloseErrors`): that summary's `close_error` says it (the first one's type and message,
+    and how many more followed, as the error the command shows counts them). `error` stays null: the run finished,
+    model and final evaluation saved, so `--resume` has nothing to continue."""
     path = getattr(args, "finished_summary", None)
-    summary = _run_summary(path) if errors and path is not None else None
+    summary = _run_summary(path) if closing.errors and path is not None else None
     if summary is None or "close_error" not in summary:
         return
-    summary["close_error"] = _error_text(errors[0])
+    more = closing.others_note()
+    summary["close_error"] = _error_text(closing.errors[0]) + (f" ({more})" if more else "")
     with contextlib.suppress(UserError, OSError):  # (the close() error itself is what the command reports)
         _write_summary(path.parent, summary)
 
@@ -4109,7 +4111,7 @@ def _main(argv: list[str]) -> int:
         with CloseErrors() as closing:
             code = int(args.func(args) or 0)
         if code == 0:
-            _record_close_error(args, closing.errors)
+            _record_close_error(args, closing)
             closing.raise_first()
         return code
     except UserError as error:

@@ -108,6 +108,16 @@ class CloseErrors:
             CLOSE_ERRORS.reset(self._token)
             self._token = None
 
+    def others_note(self) -> str:
+        """How many close() errors followed the first, and of which envs ("and 2 more close() errors of the env
+        'X'"), as the first one's message (`raise_first`) and summary.json's `close_error` count them; "" for one."""
+        others = self.errors[1:]
+        if not others:
+            return ""
+        envs = list(dict.fromkeys(f"'{error.env_id}'" for error in others))
+        return (f"and {len(others)} more close() error{'s' if len(others) > 1 else ''} of the "
+                f"env{'s' if len(envs) > 1 else ''} {', '.join(envs)}")
+
     def raise_first(self, result: object = None, kept: str = "its result") -> None:
         """Raise the first kept close() error, if any (once the work is saved and shown): the others in its `others`,
         its message naming how many and whose; where the work returns `result` (not None), in its `result` too, its
@@ -117,9 +127,7 @@ class CloseErrors:
         first, others = self.errors[0], self.errors[1:]
         notes = []
         if others:
-            envs = list(dict.fromkeys(f"'{error.env_id}'" for error in others))
-            notes.append(f"and {len(others)} more close() error{'s' if len(others) > 1 else ''} of the "
-                         f"env{'s' if len(envs) > 1 else ''} {', '.join(envs)}, in this error's `others`")
+            notes.append(f"{self.others_note()}, in this error's `others`")
             first.others = tuple(others)
         if result is not None:
             notes.append(f"this error's `result` holds {kept}")
