@@ -142,6 +142,34 @@ def test_a_finite_reward_past_float32s_range_is_named_as_such():
         PPO(env, seed=0, device="cpu", **SMALL[PPO]).learn(64, progress_bar=False)
 
 
+class RewardBeyond32ThenNaNObservation(RewardBeyond32):
+    """RewardBeyond32 while `overflow` (a class switch), then rewards of 1 and a NaN observation from step 3 on."""
+
+    overflow = True
+
+    def step(self, action):
+        if self.overflow:
+            return super().step(action)
+        self.steps += 1
+        return np.full(2, np.nan if self.steps >= 3 else 0.0, np.float32), 1.0, False, False, {}
+
+
+def test_a_reward_past_float32s_range_is_not_named_for_a_later_nan_observation(monkeypatch):
+    """The env's mark of a reward past float32's range stayed set: a model trained later on the same env object,
+    whose env then returned a NaN observation (and finite rewards), was told a finite reward had become infinite. A
+    guard names only what happened in the steps it counted."""
+    monkeypatch.setattr(RewardBeyond32ThenNaNObservation, "overflow", True)
+    env = make_env(gym.vector.SyncVectorEnv([RewardBeyond32ThenNaNObservation] * 2,
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (numpy's overflow in the cast, the masked rows: tested elsewhere)
+        PPO(env, seed=0, device="cpu", nan_policy="mask", **SMALL[PPO]).learn(64, progress_bar=False)
+    monkeypatch.setattr(RewardBeyond32ThenNaNObservation, "overflow", False)
+    with pytest.raises(NonFiniteEnvError, match="in env 0 at its step") as caught:
+        PPO(env, seed=1, device="cpu", **SMALL[PPO]).learn(64, progress_bar=False)
+    assert "past float32's range" not in str(caught.value), caught.value
+
+
 def test_float32_rewards_marks_only_a_finite_reward_past_float32s_range():
     """The adapters' rule for rewards: float32 copies, and the env marked where a reward finite as the env gave it
     became infinite (not for the env's own inf or NaN), in any batch shape (a vector env's rewards of shape [N, 1]

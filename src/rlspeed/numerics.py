@@ -325,7 +325,7 @@ class NumericsGuard:
         self.normalising = (bool(normalize_obs), bool(normalize_reward))
         if not self.enabled:
             return
-        from rlspeed.envs.base import find_episode_statistics
+        from rlspeed.envs.base import clear_reward_flags, find_episode_statistics
 
         stats = find_episode_statistics(env)
         self.env_checked = stats is not None
@@ -338,6 +338,7 @@ class NumericsGuard:
                 self._masked_before = self.masked_env_rows
             self.env_guard = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
             self._guarded = weakref.ref(stats)
+            clear_reward_flags(getattr(env, "unwrapped", env))  # (marked before this guard counted: not its values)
         stats.numerics = self.env_guard
         self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
         # (its `rewards_overflowed`, named in a refusal; held weakly, so that a closed model's env goes and the model
@@ -391,8 +392,12 @@ class NumericsGuard:
             if rows and self.first_env_index is None:
                 self.first_env_index, self.first_env_step = first_env, first_step
             self.masked_env_rows = self._masked_before + masked
+            source = self._source and self._source()
+            if not rows:  # (the guard saw no non-finite value: a mark is of steps it did not count)
+                from rlspeed.envs.base import clear_reward_flags
+
+                clear_reward_flags(source)
             if rows and self.nan_policy == "raise":
-                source = self._source and self._source()
                 raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats,
                                         wide_rewards=bool(getattr(source, "rewards_overflowed", False)),
                                         nan_reward_cause=(getattr(source, "nan_reward_cause", "")

@@ -503,7 +503,8 @@ class BatchedEnv:
     #: none (no `vec_env` or `vector_env`)
     without_env_objects = "this one has no env objects of its own to reach"
     #: Whether a finite reward the env returned was past float32's range (about 3.4e38) and became infinite in the
-    #: float32 rlspeed keeps rewards in (set by the adapters of float64 rewards: Gymnasium, SB3, EnvPool)
+    #: float32 rlspeed keeps rewards in (set by the adapters of float64 rewards: Gymnasium, SB3, EnvPool; cleared by
+    #: the NaN guard, `clear_reward_flags`, as `rewards_nan` is)
     rewards_overflowed = False
     #: Whether a reward was NaN as the adapter received it (set by `float32_rewards`), and what such a NaN may have been
     #: where a vector env the adapter wraps stored the env's reward before it saw it (SB3's VecEnvs: a reward of None
@@ -913,6 +914,14 @@ def find_wrapper(env, kind: type):
             return env
         env = env.__dict__.get("env") if isinstance(env, EnvWrapper) else None
     return None
+
+
+def clear_reward_flags(env) -> None:
+    """Forget what the adapter `env` marked about its rewards (`rewards_overflowed`, `rewards_nan`), which stay set
+    until a NaN guard clears them: where it starts counting, and at a read that found no non-finite value, so that
+    its refusal names no cause of a value it did not count (an earlier model's masked steps on the same env)."""
+    if isinstance(env, BatchedEnv):
+        env.rewards_overflowed = env.rewards_nan = False
 
 
 def find_episode_statistics(env):

@@ -1525,13 +1525,14 @@ class PopulationBase:
     def _attach_env_guard(self) -> None:
         """Check the training env's observations and rewards for NaN and infinity as a single run does (its
         `EnvValueGuard`, read with the divergence flags); a new env (members left) gets a new guard."""
-        from rlspeed.envs.base import find_episode_statistics
+        from rlspeed.envs.base import clear_reward_flags, find_episode_statistics
         from rlspeed.numerics import EnvValueGuard
 
         stats = find_episode_statistics(self._env) if self._env is not None else None
         self._env_guard = None
         if stats is not None:
             stats.numerics = self._env_guard = EnvValueGuard(stats.num_envs, stats.device, "raise")
+            clear_reward_flags(getattr(self._env, "unwrapped", None))  # (marked before this guard counted)
 
     def _env_error(self, own: int, first: int) -> None:
         """NonFiniteEnvError (a `UserError`) naming the member whose env returned a NaN or infinite observation or
