@@ -34,6 +34,7 @@ from rlspeed.envs.gymnasium_env import (
     _wrapper_layers,
     life_loss_wrappers,
 )
+from rlspeed.envs.packages import registering_modules
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
 from rlspeed.errors import UserError, close_errors_last, no_such_keyword, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
@@ -61,6 +62,35 @@ SB3_EVALUATE_KEYWORDS = {
     "warn": "evaluate counts the env's own episodes (an SB3 VecEnv's Monitor's, where each env has one) and warns "
             "only where a wrapper changes their rewards or ends them at a lost life: leave it out",
 }
+
+
+def gym_packages(model) -> list[str]:
+    """The modules that register `model`'s env id (`registering_modules`: what `save` and an export's sidecar record
+    as `gym_packages`), else those the file the model was loaded from records (an id no module registered in this
+    process: a file moved without its run)."""
+    return registering_modules(model.env_id) or list(model._recorded_gym_packages)
+
+
+def recorded_modules_advice(model) -> str:
+    """Where no module registered `model`'s env id here and the file it was loaded from records those that register it
+    (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id
+    (`unregistered_id_refusal`); "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed
+    eval` does, and says so."""
+    recorded = list(model._recorded_gym_packages)
+    if not recorded or remakeable(model.env_id):
+        return ""
+    many = len(recorded) > 1
+    return (f"the model's file records the module{'s' if many else ''} that register{'' if many else 's'} it, so "
+            f"import {'them' if many else 'it'} first ({'; '.join(f'import {module}' for module in recorded)}: "
+            f"loading a model imports no module; `rlspeed eval MODEL` imports {'them' if many else 'it'})")
+
+
+def unregistered_id_refusal(model, instead: str, how: str = "import the module that registers it first") -> str:
+    """The refusal of a use of `model` that makes envs of its env id where nothing here registered the id (evaluate,
+    a loaded model's learn): how to register it (`recorded_modules_advice` where the model's file records the modules,
+    else the caller's `how`); then `instead`, the caller's way with an env one built ("or give it ...")."""
+    how = recorded_modules_advice(model) or how
+    return f"This model trained on '{model.env_id}', which is not a registered id here: {how}; {instead}."
 
 
 def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = None) -> None:
@@ -264,11 +294,10 @@ def evaluate(model: rlspeed.algos.Algorithm,
                         "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
                         "eval_freq).")
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
-        how = (model._recorded_modules_advice()
-               or "import the module that registers it first (rlspeed eval --gym-packages MODULE)")
-        raise UserError(f"This model trained on '{env_id}', which is not a registered id here: {how}; or, for an env "
-                        f"you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
-                        "EvalCallback(env) instead of eval_freq).")
+        raise UserError(unregistered_id_refusal(
+            model, "or, for an env you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
+                   "EvalCallback(env) instead of eval_freq)",
+            how="import the module that registers it first (rlspeed eval --gym-packages MODULE)"))
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)

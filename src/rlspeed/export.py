@@ -63,6 +63,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError, true_or_false, warn_at_caller
+from rlspeed.evaluation import gym_packages
 from rlspeed.files import given_path, local_path, write_atomic
 from rlspeed.nn import (
     ActorCritic,
@@ -595,7 +596,7 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     options = recorded_env_kwargs(model.spec)  # (the env's options: the same env needs them)
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
             # (the modules to import before gymnasium.make(env_id): a user's `module:EnvId`, MinAtar's minatar.gym)
-            "gym_packages": model._registering_modules(), "seed": model.seed,
+            "gym_packages": gym_packages(model), "seed": model.seed,
             "env_kwargs": options, "env_kwargs_tuples": tuple_paths(options),  # (as a checkpoint records them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,

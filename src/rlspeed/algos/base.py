@@ -102,7 +102,6 @@ from rlspeed.envs.gymnasium_env import (
     normalising_wrappers,
     single_env_id,
 )
-from rlspeed.envs.packages import registering_modules
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
@@ -122,6 +121,7 @@ from rlspeed.errors import (
     true_or_false,
     warn_at_caller,
 )
+from rlspeed.evaluation import gym_packages, recorded_modules_advice, unregistered_id_refusal
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
@@ -2970,10 +2970,9 @@ class Algorithm:
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
             run_dir = local_path(run_dir).absolute()  # chdir during learn)
-        if self._env is None and (advice := self._recorded_modules_advice()):  # (a loaded model: no env here)
-            raise UserError(f"This model trained on '{self.env_id}', which is not a registered id here: {advice}; "
-                            "or give it an env you built: "
-                            f"{type(self).__name__}.load(path, env=env).")
+        if self._env is None and recorded_modules_advice(self):  # (a loaded model: no env here)
+            raise UserError(unregistered_id_refusal(self, "or give it an env you built: "
+                                                          f"{type(self).__name__}.load(path, env=env)"))
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"
@@ -3724,7 +3723,7 @@ class Algorithm:
                     **({"derives_from": base} if (base := _derived_algorithm(type(self))) else {}),
                     "env_id": self.env_id,
                     # (the modules that register the id, which another process imports before making the env)
-                    "gym_packages": self._registering_modules(),
+                    "gym_packages": gym_packages(self),
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
@@ -3755,24 +3754,6 @@ class Algorithm:
         replay = metadata["resume"].get("replay_buffer")
         return save_with_staged(path, tensors, metadata, replay["file"] if replay is not None else None,
                                 digest=digest)
-
-    def _registering_modules(self) -> list[str]:
-        """The modules that register the env's id (`registering_modules`: what `save` and an export's sidecar record
-        as `gym_packages`), else those the file this model was loaded from records (an id no module registered in
-        this process: a file moved without its run)."""
-        return registering_modules(self.env_id) or list(self._recorded_gym_packages)
-
-    def _recorded_modules_advice(self) -> str:
-        """Where no module registered this model's env id here and the file it was loaded from records those that
-        register it (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id;
-        "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed eval` does, and says so."""
-        recorded = list(self._recorded_gym_packages)
-        if not recorded or remakeable(self.env_id):
-            return ""
-        many = len(recorded) > 1
-        return (f"the model's file records the module{'s' if many else ''} that register{'' if many else 's'} it, so "
-                f"import {'them' if many else 'it'} first ({'; '.join(f'import {module}' for module in recorded)}: "
-                f"loading a model imports no module; `rlspeed eval MODEL` imports {'them' if many else 'it'})")
 
     def _own_init_arguments(self) -> dict:
         """A subclass's own `__init__` arguments (`_own_init_parameters`) as it was called (`__new__` records them),
