@@ -1273,6 +1273,12 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
                                             r"fu_moved_envs"):
             use()
     assert "fu_moved_envs" not in sys.modules
+    # (a file that records no module, as an older rlspeed wrote: learn(eval_freq) said the id was "an env built and
+    # passed in"; it is the id nothing here registered, as evaluate says)
+    loaded._recorded_gym_packages = []
+    with pytest.raises(UserError, match=r"'FuMoved-v0', which is not a registered id here: import the module that "
+                                        r"registers it first; or give it an env you built: PPO\.load\(path, env=env\)"):
+        loaded.learn(16, eval_freq=8, progress_bar=False)
     assert cli.main(["eval", str(path), "--episodes", "1", "--no-imports"]) == 2
     assert f"not importing fu_moved_envs, which {path} records" in capsys.readouterr().err
     assert cli.main(["eval", str(path), "--episodes", "1"]) == 0

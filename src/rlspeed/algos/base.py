@@ -98,6 +98,8 @@ from rlspeed.envs.base import (
     tuple_positions,
 )
 from rlspeed.envs.gymnasium_env import (
+    USER_SB3_VEC_ENV,
+    USER_VECTOR_ENV,
     check_action_masks,
     normalising_wrappers,
     single_env_id,
@@ -2970,11 +2972,14 @@ class Algorithm:
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
             run_dir = local_path(run_dir).absolute()  # chdir during learn)
-        if self._env is None and recorded_modules_advice(self):  # (a loaded model: no env here)
+        evaluates = target_return is not None or eval_freq is not None  # (on fresh envs made from the id)
+        # a loaded model (no env here) of an id nothing here registered: where its file records the modules that do,
+        # said before anything else; where it evaluates, said now, not after the first rollout
+        if self._env is None and self.env_id not in (USER_VECTOR_ENV, USER_SB3_VEC_ENV) and (
+                recorded_modules_advice(self) or (evaluates and not remakeable(self.env_id))):
             raise UserError(unregistered_id_refusal(self, "or give it an env you built: "
                                                           f"{type(self).__name__}.load(path, env=env)"))
-        if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
-            # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
+        if evaluates and not remakeable(self.env_id):  # (an env built and passed in)
             asked = "target_return" if target_return is not None else "eval_freq"
             raise UserError(f"learn({asked}=...) evaluates on fresh envs made from the env id, and "
                             f"'{self.env_id}' (an env built and passed in) is no id rlspeed can make an env of: "
@@ -2983,7 +2988,7 @@ class Algorithm:
                             + (", callback_on_new_best=StopTrainingOnRewardThreshold(target)" if target_return
                                is not None else "") + ") from rlspeed.callbacks (an env of your own can also be "
                             "registered with gymnasium.register when it is a gymnasium.Env).")
-        if target_return is not None or eval_freq is not None:  # (evaluations on envs made from the id)
+        if evaluates:
             from rlspeed.evaluation import check_evaluation_env, warn_target_without_time_limit
 
             check_evaluation_env(self, self.env_id)
