@@ -1,4 +1,5 @@
-"""RecurrentPPO on CartPoleNoVel-v1: rlspeed against sb3-contrib's RecurrentPPO, side by side, seeds interleaved.
+"""RecurrentPPO on CartPoleNoVel-v1 (or PendulumNoVel-v1): rlspeed against sb3-contrib's RecurrentPPO, seeds
+interleaved.
 
 (a) Throughput: env steps per second of training at identical hyperparameters, RL-Zoo's ppo_lstm CartPoleNoVel-v1
     settings (rl_zoo3 2.9.2): 8 envs x 32 steps, batch 256 (the whole rollout), 20 epochs, gamma 0.98, gae_lambda
@@ -9,9 +10,16 @@
     return of 475, both at the settings above (rlspeed's shipped preset is the same), evaluated every `eval_freq`
     env steps, evaluation time excluded from the training clock of both.
 
-Both libraries train on the same task: rlspeed's `CartPoleNoVel-v1` registration (RL-Zoo's velocity mask on
-CartPole-v1), so rl_zoo3 is not imported. torch.set_num_threads(--threads, default 1) for every run. Only `learn` is
-timed. Usage: python benchmarks/recurrent_ppo.py [--quick] [--seeds N] [--skip-sb3] ...
+`--env PendulumNoVel-v1`: part (a) only (no target: 100k steps of sb3-contrib take about 10 minutes a seed here),
+at RL-Zoo's ppo_lstm PendulumNoVel-v1 settings: 4 envs x 1024 steps, batch 128 (sb3-contrib's default, rlspeed's
+too), 10 epochs, gamma 0.9, gae_lambda 0.95, lr 1e-3 and clip range 0.2 constant, ent_coef 0, gSDE resampled every 4
+steps, ortho_init off, the same LSTMs and ReLU layers, VecNormalize. rlspeed takes `--preset zoo`'s translation of
+that entry (`rlspeed.presets.zoo.translate`, which reads rl_zoo3's file); sb3-contrib the entry's values. It writes
+its own section (`recurrent_ppo_pendulum`) and results/recurrent_ppo_pendulum.json.
+
+Both libraries train on the same task: rlspeed's `CartPoleNoVel-v1` / `PendulumNoVel-v1` registration (RL-Zoo's
+velocity masks), so rl_zoo3's envs are not imported. torch.set_num_threads(--threads, default 1) for every run. Only
+`learn` is timed. Usage: python benchmarks/recurrent_ppo.py [--env ID] [--quick] [--seeds N] [--skip-sb3] ...
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ import time
 import common
 
 from rlspeed.algos.recurrent_ppo import RecurrentPPO  # importing rlspeed registers CartPoleNoVel-v1
-from rlspeed.presets import load_preset, split_run_settings
+from rlspeed.presets import load_preset, split_run_settings, zoo
 
 ENV_ID = "CartPoleNoVel-v1"
+PENDULUM_ID = "PendulumNoVel-v1"
 TARGET_RETURN = 475.0
 EVAL_EPISODES = 10
 EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
@@ -37,6 +46,36 @@ ZOO_RLSPEED = dict(num_envs=NUM_ENVS, num_steps=32, batch_size=256, n_epochs=20,
                    learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0, vf_coef=1.0,
                    lstm_hidden_size=64, net_arch=(64,), activation="relu", normalize_obs=True, normalize_reward=True)
 
+# sb3-contrib's arguments for each env: RL-Zoo's ppo_lstm entry (rl_zoo3 2.9.2), its schedules as callables
+SB3_POLICY_KWARGS = dict(ortho_init=False, lstm_hidden_size=64, enable_critic_lstm=True,
+                         net_arch=dict(pi=[64], vf=[64]))
+PENDULUM_SB3 = dict(n_steps=1024, batch_size=128, n_epochs=10, gamma=0.9, gae_lambda=0.95, learning_rate=1e-3,
+                    clip_range=0.2, ent_coef=0.0, use_sde=True, sde_sample_freq=4)
+NUM_ENVS_OF = {ENV_ID: NUM_ENVS, PENDULUM_ID: 4}
+SECTION_OF = {ENV_ID: "recurrent_ppo", PENDULUM_ID: "recurrent_ppo_pendulum"}  # README markers and results JSON
+
+
+def rlspeed_hyperparameters(env_id: str) -> tuple[dict, str]:
+    """rlspeed's hyperparameters for `env_id`'s throughput runs and where they come from: CartPoleNoVel-v1's as
+    written above, PendulumNoVel-v1's `--preset zoo`'s translation of RL-Zoo's entry (refused unless complete)."""
+    if env_id == ENV_ID:
+        return dict(ZOO_RLSPEED), "RL-Zoo's values in rlspeed's names (ZOO_RLSPEED)"
+    translation = zoo.translate("recurrent_ppo", env_id)
+    if translation.status != "full":
+        raise SystemExit(f"RL-Zoo's {env_id} entry does not translate completely: {translation.unsupported}")
+    return dict(translation.hyperparameters), f"--preset zoo: {translation.source}"
+
+
+def sb3_arguments(env_id: str) -> dict:
+    """sb3-contrib RecurrentPPO's keyword arguments at RL-Zoo's settings for `env_id`."""
+    from torch import nn
+
+    policy_kwargs = dict(SB3_POLICY_KWARGS, activation_fn=nn.ReLU)
+    if env_id == PENDULUM_ID:
+        return dict(PENDULUM_SB3, policy_kwargs=policy_kwargs)
+    return dict(n_steps=32, batch_size=256, n_epochs=20, gamma=GAMMA, gae_lambda=0.8, learning_rate=linear(1e-3),
+                clip_range=linear(0.2), ent_coef=0.0, policy_kwargs=policy_kwargs)
+
 
 def linear(initial: float):
     """RL-Zoo's `lin_<value>` schedule: decays linearly from `initial` to 0 over training."""
@@ -47,26 +86,23 @@ def linear(initial: float):
     return schedule
 
 
-def sb3_model(seed: int):
-    """sb3-contrib's RecurrentPPO at the RL-Zoo settings, on DummyVecEnv + VecNormalize (RL-Zoo's `normalize`)."""
+def sb3_model(seed: int, env_id: str = ENV_ID):
+    """sb3-contrib's RecurrentPPO at the RL-Zoo settings, on DummyVecEnv + VecNormalize (RL-Zoo's `normalize`, with
+    the entry's gamma as RL-Zoo passes it)."""
     from sb3_contrib import RecurrentPPO as ContribRecurrentPPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
-    from torch import nn
 
-    env = VecNormalize(make_vec_env(ENV_ID, n_envs=NUM_ENVS, seed=seed), gamma=GAMMA)
-    model = ContribRecurrentPPO(
-        "MlpLstmPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gamma=GAMMA, gae_lambda=0.8,
-        learning_rate=linear(1e-3), clip_range=linear(0.2), ent_coef=0.0, device="cpu", seed=seed,
-        policy_kwargs=dict(ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True,
-                           net_arch=dict(pi=[64], vf=[64])))
+    arguments = sb3_arguments(env_id)
+    env = VecNormalize(make_vec_env(env_id, n_envs=NUM_ENVS_OF[env_id], seed=seed), gamma=arguments["gamma"])
+    model = ContribRecurrentPPO("MlpLstmPolicy", env, device="cpu", seed=seed, **arguments)
     return model, env
 
 
 # --- (a) throughput ----------------------------------------------------------------------------------------------
 def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
-    model = RecurrentPPO(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
-                         **ZOO_RLSPEED)
+    model = RecurrentPPO(args.env, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                         **args.hyperparameters)
     model.make_training_env()  # built outside the timed region, like SB3's env
     started = time.perf_counter()
     model.learn(steps, progress_bar=False)
@@ -75,7 +111,7 @@ def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
 
 
 def sb3_throughput(seed: int, steps: int, args) -> dict:
-    model, env = sb3_model(seed)
+    model, env = sb3_model(seed, args.env)
     return common.sb3_throughput_record(model, env, steps, args.threads, library="sb3-contrib")
 
 
@@ -107,28 +143,40 @@ def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
 # --- report ------------------------------------------------------------------------------------------------------
 THROUGHPUT_ROWS = {  # run name -> (library, env column)
     "rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
-    "rlspeed-torch": ("rlspeed", "native torch CartPoleNoVel (env_backend=\"torch\")"),
+    "rlspeed-torch": ("rlspeed", "native torch {env} (env_backend=\"torch\")"),
     "sb3": ("sb3-contrib", "Gymnasium DummyVecEnv"),
 }
 
 
 def report(summary: dict, settings: dict) -> list[str]:
     """The README section's lines (without its heading and machine block)."""
-    seeds, threads = settings["seeds"], settings["threads"]
+    seeds, threads, env_id = settings["seeds"], settings["threads"], settings["env_id"]
     lines = []
     if settings["quick"]:
         lines += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
     lines += [f"### (a) Throughput at identical hyperparameters ({settings['steps']:,} env steps, no evaluation)", "",
-              f"RL-Zoo ppo_lstm CartPoleNoVel-v1 settings for both, {seeds} seeds interleaved, "
+              f"RL-Zoo ppo_lstm {env_id} settings for both, {seeds} seeds interleaved, "
               f"torch.set_num_threads({threads}), rlspeed on device `{settings['device']}`, sb3-contrib on `cpu`. "
               "Env steps per second of `learn`.", ""]
+    if env_id == PENDULUM_ID:
+        lines += ["rlspeed takes `--preset zoo`'s translation of RL-Zoo's entry (`rlspeed.presets.zoo.translate`), "
+                  "sb3-contrib the entry's values with VecNormalize (gamma 0.9): 4 envs x 1,024 steps, sequence-chunk "
+                  "minibatches of 128 steps, 10 epochs, gSDE resampled every 4 steps, ortho_init off, an LSTM of 64 "
+                  "for each of actor and critic then one ReLU layer of 64; lr 1e-3 and clip range 0.2 constant. "
+                  "Time to target is not run for this env (100k steps of sb3-contrib take about 10 minutes a seed "
+                  "here).", ""]
     rows = []
     for name, stats in summary["throughput"].items():
         library, env = THROUGHPUT_ROWS[name]
-        rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
-                     common.fmt_ratio(stats["ratio_to_sb3"])])
-    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median", f"Range ({seeds} seeds)",
-                                     "rlspeed / sb3-contrib"], rows), ""]
+        rows.append([library, env.format(env=env_id.split("-")[0]), common.fmt(stats["median"]),
+                     common.fmt_range(stats), common.fmt_ratio(stats["ratio_to_sb3"])])
+    lines += [common.markdown_table(["Library", f"Envs ({NUM_ENVS_OF[env_id]})", "Steps/s median",
+                                     f"Range ({seeds} seeds)", "rlspeed / sb3-contrib"], rows), ""]
+    load = [f"Load (`uptime`) before the runs: `{settings['uptime_before']}`; after: `{settings['uptime_after']}` (a "
+            "load above the machine's usable cores means other jobs shared them; the seeds are interleaved, so compare "
+            "the ratios)."]
+    if settings["skip_target"]:  # (part (b) not run)
+        return lines + load
     lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
               f"Both at the RL-Zoo settings above (rlspeed: its shipped preset `recurrent_ppo` / `{ENV_ID}`, the same "
               f"values); deterministic {EVAL_EPISODES}-episode evaluation on a separate env every "
@@ -137,8 +185,8 @@ def report(summary: dict, settings: dict) -> list[str]:
               "the seeds that reached it. The last column is sb3-contrib / rlspeed.", ""]
     lines += [common.time_to_target_table(summary["time_to_target"], {
         "rlspeed": ("rlspeed", f"shipped preset `recurrent_ppo` / `{ENV_ID}`"),
-        "sb3": ("sb3-contrib", f"RL-Zoo ppo_lstm {ENV_ID}")})]
-    return lines
+        "sb3": ("sb3-contrib", f"RL-Zoo ppo_lstm {ENV_ID}")}), ""]
+    return lines + load
 
 
 def parse_args() -> argparse.Namespace:
@@ -147,6 +195,8 @@ def parse_args() -> argparse.Namespace:
                                    steps=(16_384, 2048),
                                    budget=(int(run_settings.get("total_timesteps", 100_000)), 8192),
                                    eval_freq=int(run_settings.get("eval_freq", 4096)))
+    parser.add_argument("--env", default=ENV_ID, choices=sorted(SECTION_OF),
+                        help=f"the task; {PENDULUM_ID} runs part (a) only and writes its own section")
     parser.add_argument("--skip-target", action="store_true", help="run the throughput part (a) only")
     return common.peer_defaults(parser.parse_args())
 
@@ -155,11 +205,20 @@ def main() -> None:
     args = parse_args()
     args.threads = common.set_threads(args.threads)
     seeds = list(range(args.seeds))
-    settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
-                "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
-                "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
-                "zoo_hyperparameters_rlspeed": ZOO_RLSPEED, "rlspeed_preset": load_preset("recurrent_ppo", ENV_ID)}
-    print(f"RecurrentPPO {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), "
+    args.hyperparameters, source = rlspeed_hyperparameters(args.env)
+    args.skip_target = args.skip_target or args.env != ENV_ID  # (b) is CartPoleNoVel-v1's only
+    settings = {"env_id": args.env, "seeds": args.seeds, "steps": args.steps, "threads": args.threads,
+                "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
+                "skip_target": args.skip_target, "zoo_hyperparameters_rlspeed": args.hyperparameters,
+                "rlspeed_hyperparameters_from": source,
+                "sb3_arguments": {**{key: value for key, value in sb3_arguments(args.env).items()
+                                     if not callable(value) and key != "policy_kwargs"},  # (lin_ schedules left out)
+                                  "policy_kwargs": {**SB3_POLICY_KWARGS, "activation_fn": "ReLU"}},
+                "uptime_before": common.uptime()}
+    if not args.skip_target:
+        settings.update(budget=args.budget, eval_freq=args.eval_freq, eval_episodes=EVAL_EPISODES,
+                        target_return=TARGET_RETURN, rlspeed_preset=load_preset("recurrent_ppo", ENV_ID))
+    print(f"RecurrentPPO {args.env}: {args.seeds} seeds, torch.set_num_threads({args.threads}), "
           f"rlspeed device {args.device}")
     throughput_runs = {
         "rlspeed-gymnasium": lambda seed, steps: rlspeed_throughput(seed, steps, "gymnasium", args),
@@ -181,12 +240,14 @@ def main() -> None:
         if not args.skip_sb3:
             target_runs["sb3"] = lambda seed: sb3_time_to_target(seed, args.budget, args.eval_freq, args)
         to_target = common.interleave(seeds, target_runs)
+    settings["uptime_after"] = common.uptime()
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3",
                                           "sb3-contrib"))
     machine["torch_threads"] = args.threads
     summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
-    common.publish("recurrent_ppo", ["## RecurrentPPO on CartPoleNoVel-v1 (`benchmarks/recurrent_ppo.py`)", "",
-                                     *report(summary, settings)],
+    command = "benchmarks/recurrent_ppo.py" + ("" if args.env == ENV_ID else f" --env {args.env}")
+    heading = f"## RecurrentPPO on {args.env} (`{command}`)"
+    common.publish(SECTION_OF[args.env], [heading, "", *report(summary, settings)],
                    {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target},
                    not args.no_write, machine=machine)
 
