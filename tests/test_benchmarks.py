@@ -119,3 +119,31 @@ def test_fused_updates_auto_side_decides_in_its_warm_up(monkeypatch):
     models = {"fused": build(True, "off"), "accelerate": build(True, "auto")}
     fused_updates.warm_up(models, step, 3)
     assert models["accelerate"].acceleration_summary()["chosen_by"] == "search"
+
+
+def test_recurrent_ppo_benchmarks_pendulum_sides_run_rl_zoos_settings_into_their_own_section(monkeypatch):
+    """recurrent_ppo.py --env PendulumNoVel-v1 times both libraries at RL-Zoo's ppo_lstm entry: rlspeed's side
+    (`--preset zoo`'s translation) and sb3-contrib's agree on every setting both have, and the run writes its own
+    README section and results file, not the published CartPoleNoVel-v1 one."""
+    pytest.importorskip("sb3_contrib")
+    from rlspeed.algos.recurrent_ppo import RecurrentPPOConfig
+    from rlspeed.presets import zoo
+
+    if zoo.zoo_version() is None:
+        pytest.skip("rl_zoo3 is not installed")
+    script = _benchmark_script("recurrent_ppo", monkeypatch)
+    env_id = script.PENDULUM_ID
+    hyperparameters, _ = script.rlspeed_hyperparameters(env_id)
+    config = RecurrentPPOConfig(**hyperparameters)
+    sb3 = script.sb3_arguments(env_id)
+    names = {"n_steps": "num_steps", "batch_size": "batch_size", "n_epochs": "n_epochs", "gamma": "gamma",
+             "gae_lambda": "gae_lambda", "learning_rate": "learning_rate", "clip_range": "clip_range",
+             "ent_coef": "ent_coef", "use_sde": "use_sde", "sde_sample_freq": "sde_sample_freq"}
+    assert {key: getattr(config, name) for key, name in names.items()} == {key: sb3[key] for key in names}
+    assert (config.num_envs, config.anneal_lr, config.anneal_clip) == (script.NUM_ENVS_OF[env_id], False, False)
+    policy = sb3["policy_kwargs"]
+    assert (config.ortho_init, config.lstm_hidden_size, list(config.net_arch), config.activation) == (
+        policy["ortho_init"], policy["lstm_hidden_size"], policy["net_arch"]["pi"], "relu")
+    assert policy["activation_fn"].__name__ == "ReLU" and policy["enable_critic_lstm"]
+    assert config.normalize_obs and config.normalize_reward
+    assert script.SECTION_OF[env_id] != script.SECTION_OF[script.ENV_ID] == "recurrent_ppo"
