@@ -44,7 +44,8 @@ GAMMA = 0.98
 # loss is 0.5 * MSE).
 ZOO_RLSPEED = dict(num_envs=NUM_ENVS, num_steps=32, batch_size=256, n_epochs=20, gamma=GAMMA, gae_lambda=0.8,
                    learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0, vf_coef=1.0,
-                   lstm_hidden_size=64, net_arch=(64,), activation="relu", normalize_obs=True, normalize_reward=True)
+                   lstm_hidden_size=64, net_arch=(64,), activation="relu", normalize_obs=True, normalize_reward=True,
+                   ortho_init=False)
 
 # sb3-contrib's arguments for each env: RL-Zoo's ppo_lstm entry (rl_zoo3 2.9.2), its schedules as callables
 SB3_POLICY_KWARGS = dict(ortho_init=False, lstm_hidden_size=64, enable_critic_lstm=True,
