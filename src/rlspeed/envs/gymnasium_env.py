@@ -969,11 +969,7 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bo
     # (a SyncVectorEnv whose close_extras is Gymnasium's, a loop over its envs: a subclass's runs as it is)
     if (isinstance(inner, gym.vector.SyncVectorEnv) and not inner.closed
             and type(inner).close_extras is gym.vector.SyncVectorEnv.close_extras):
-        for each in inner.envs:  # (every one, each error kept: Gymnasium's close stops at the first that raises)
-            try:
-                each.close()
-            except Exception as error:  # noqa: BLE001 (each is said: `_close_failed`)
-                errors.append(error)
+        errors += _close_each(inner.envs)  # (Gymnasium's close stops at the first that raises)
         inner.closed = True  # (its envs closed: the wrappers' close below reaches none of them again)
     try:
         env.close()
@@ -981,6 +977,17 @@ def close_envs(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bo
         errors.append(error)
     if errors:
         _close_failed(env_id, "gymnasium", errors, before_work)
+
+
+def _close_each(envs: Sequence[gym.Env]) -> list[Exception]:
+    """Close every env of `envs`, each even where one before raised; the errors their close() raised."""
+    errors = []
+    for each in envs:
+        try:
+            each.close()
+        except Exception as error:  # noqa: BLE001 (each is said: `_close_failed`)
+            errors.append(error)
+    return errors
 
 
 @contextlib.contextmanager
@@ -1021,12 +1028,7 @@ def close_other_backend(close: Callable[[], object], env_id: str, backend: str, 
     envs after the parent stops listening (`_worker_close_error`). `envs`: the env objects inside whose own close
     stops at the first that raises (SB3's DummyVecEnv), each closed first, every error kept (as `close_envs` does a
     SyncVectorEnv's); `close` must then reach none of them again."""
-    errors = []
-    for each in envs:
-        try:
-            each.close()
-        except Exception as error:  # noqa: BLE001 (each is said: `_close_failed`)
-            errors.append(error)
+    errors = _close_each(envs)
     try:
         close()
     except Exception as error:  # noqa: BLE001 (said: `_close_failed`)
