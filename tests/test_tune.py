@@ -1380,8 +1380,8 @@ def _trained_batch() -> tuple:
 
 
 def test_each_evaluation_of_a_batch_is_reported_in_one_storage_write(monkeypatch):
-    """Every evaluation of every trial was its own storage write (`Trial.report`: an SQLite commit, ~25 ms on a
-    loaded machine, more than asking and telling the trial together). An evaluation of the batch is one write now;
+    """Every evaluation of every trial was its own storage write (`Trial.report`: an SQLite commit each;
+    benchmarks/tune_storage.py measures the cost). An evaluation of the batch is one write now;
     the study holds the same reports, and the same trials are pruned, as through `Trial.report`."""
     study, pruned, writes = _trained_batch()
     assert writes == 3 + 1 + 4  # (an evaluation each; telling: the attributes, then each trial)
