@@ -162,7 +162,7 @@ class RecurrentPPO(PPO):
         sequences = cfg.batch_size // length
 
         def splits(size: int) -> bool:  # (a size whose sequences the processes share evenly; L depends on the size)
-            return size >= rollout or (rollout % size == 0 and _long_enough(cfg.num_steps, size, rollout)
+            return size >= rollout or (_long_enough(cfg.num_steps, size, rollout)
                                        and size // sequence_length(cfg.num_steps, size, rollout) % world == 0)
 
         if world > 1 and not splits(cfg.batch_size):
