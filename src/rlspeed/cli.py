@@ -3019,17 +3019,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             recorded = run_config.get("gym_packages") or []
         except (yaml.YAMLError, AttributeError, OSError):
             run_config, recorded = {}, []
-        if isinstance(recorded, list) and recorded and args.no_imports:
-            print(f"rlspeed: --no-imports: not importing {', '.join(map(str, recorded))}, which {config_file} records "
-                  "(gym_packages)", file=sys.stderr, flush=True)
-        elif isinstance(recorded, list):
-            if recorded:  # (importing runs a module's code: said, for a run directory from elsewhere)
-                print(f"rlspeed: importing {', '.join(map(str, recorded))}, which {config_file} records "
-                      "(gym_packages: the modules that register its env)", file=sys.stderr, flush=True)
-                from rlspeed.envs import import_gym_packages
-
-                import_gym_packages(list(map(str, recorded)), why=f"(recorded in {config_file})")
-            args.gym_packages = [*recorded, *(args.gym_packages or [])]
+        if isinstance(recorded, list) and recorded:
+            _import_recorded(args, [str(module) for module in recorded], config_file, "its env")
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
@@ -3188,17 +3179,23 @@ def _import_recorded_env_modules(args: argparse.Namespace, meta: dict, path: Pat
     _check_registered(env_id)  # (ids rlspeed registers itself: MinAtar's, ale-py's, ...)
     if env_id in gym.registry:
         return
-    recorded = [str(module) for module in recorded]
+    _import_recorded(args, [str(module) for module in recorded], path, f"its env {env_id}")
+
+
+def _import_recorded(args: argparse.Namespace, recorded: list[str], source: Path, env: str) -> None:
+    """`rlspeed eval`'s import of the modules `source` (a run's config.yaml, a model file) records as registering
+    `env` ("its env"): said first (importing runs a module's code: a file from elsewhere), and added to
+    `args.gym_packages`; `--no-imports` says so and imports nothing."""
     if args.no_imports:
-        print(f"rlspeed: --no-imports: not importing {', '.join(recorded)}, which {path} records (gym_packages)",
+        print(f"rlspeed: --no-imports: not importing {', '.join(recorded)}, which {source} records (gym_packages)",
               file=sys.stderr, flush=True)
         return
-    print(f"rlspeed: importing {', '.join(recorded)}, which {path} records (gym_packages: the modules that register "
-          f"its env {env_id})", file=sys.stderr, flush=True)
+    print(f"rlspeed: importing {', '.join(recorded)}, which {source} records (gym_packages: the modules that register "
+          f"{env})", file=sys.stderr, flush=True)
     from rlspeed.envs import import_gym_packages
 
-    import_gym_packages(recorded, why=f"(recorded in {path})")
-    args.gym_packages = [*(args.gym_packages or []), *recorded]
+    import_gym_packages(recorded, why=f"(recorded in {source})")
+    args.gym_packages = [*recorded, *(args.gym_packages or [])]
 
 
 def cmd_export(args: argparse.Namespace) -> int:
