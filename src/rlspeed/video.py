@@ -17,7 +17,9 @@ import importlib.util
 import math
 import numbers
 import os
+import signal
 import tempfile
+import threading
 import typing
 import warnings
 from collections.abc import Iterator
@@ -251,10 +253,40 @@ class _WriteFailed(Exception):
 
 
 def _append(writer, frame) -> None:
+    """Write `frame` whole (`_stops_after_the_write`); the writer's OSError as `_WriteFailed`."""
     try:
-        writer.append_data(frame)
+        with _stops_after_the_write():
+            writer.append_data(frame)
     except OSError as error:
         raise _WriteFailed(error) from None
+
+
+#: the signals that stop a command or a notebook's cell: Ctrl-C's and the `rlspeed` command's (`cli.STOP_SIGNALS`)
+_STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+               if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _stops_after_the_write() -> Iterator[None]:
+    """Within the block, a stop (`_STOPS`) whose handler is Python's (Ctrl-C's KeyboardInterrupt, the `rlspeed`
+    command's SIGTERM) waits: its handler runs as the block ends. A frame reaches ffmpeg whole, so a stop leaves
+    ffmpeg's input at a frame's end and it ends quietly; a stop inside the write left part of a frame, and ffmpeg,
+    killed as it began its complaint ("[in#0/rawvideo @ 0x...] Packet corrupt"), left the line open under the
+    command's last one. Only the main thread runs such handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {number: handler for number in _STOPS if callable(handler := signal.getsignal(number))}
+    arrived: list[tuple[int, typing.Any]] = []
+    for number in handlers:
+        signal.signal(number, lambda number, frame: arrived.append((number, frame)))
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        if arrived:  # (the first, as it would have come: a stop wins over an error of the write)
+            handlers[arrived[0][0]](*arrived[0])
 
 
 class _GifWriter:
