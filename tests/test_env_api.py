@@ -1965,12 +1965,12 @@ def test_a_refused_observation_in_an_array_shared_with_a_reset_is_named_step():
     ("DummyVecEnv", "reward_none", "of env 1 returned reward=None (NoneType)"),
     ("DummyVecEnv", "reward_number_str", "of env 1 returned reward='1.0' (str)"),
     ("SubprocVecEnv", "reward_none", "of env 1 returned reward=None (NoneType)"),
-    # (stacked with a number, a string makes every row's reward text: no row is named)
-    ("SubprocVecEnv", "reward_number_str", "returned reward='1.0' (str)")])
+    ("SubprocVecEnv", "reward_number_str", "of env 1 returned reward='1.0' (str)")])
 def test_a_stable_baselines3_vec_envs_reward_that_is_no_number_is_one_sentence(vec_env, fault, said):
     """A user's DummyVecEnv or SubprocVecEnv whose env returned a reward of None was stored as NaN by SB3 and the NaN
     guard stopped without naming the reward; "1.0" trained as 1.0. The first step's rewards are checked now, as the
-    Gymnasium backends check them: one sentence naming step(), the env's index in the VecEnv and the reward."""
+    Gymnasium backends check them: one sentence naming step(), the env's index in the VecEnv and the reward (a
+    SubprocVecEnv's "1.0" too, which SB3 stacks with the other envs' numbers into text, every row's alike)."""
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
     makers = [functools.partial(_ContractBreakingEnv), functools.partial(_ContractBreakingEnv, fault)]
     envs = (sb3.DummyVecEnv(makers) if vec_env == "DummyVecEnv"

@@ -135,6 +135,21 @@ def _raised_by(error: BaseException, owner) -> bool:
                                                                                   gym.Wrapper))
 
 
+class _CheckedAnswers:
+    """A SubprocVecEnv's pipe to one worker (its `remotes`), in its place while its `step_wait` reads the answers
+    (`recv`, all it calls): each answer's reward, (observation, reward, done, info, reset info), is checked
+    (`reward_problem`, as `name`) as it arrives: `problem`, the first."""
+
+    def __init__(self, remote, name: str):
+        self._remote, self._name, self.problem = remote, name, None
+
+    def recv(self):
+        answer = self._remote.recv()
+        if self.problem is None and isinstance(answer, tuple) and len(answer) > 1:
+            self.problem = reward_problem(self._name, answer[1])
+        return answer
+
+
 class SB3VecEnv(BatchedEnv):
     """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`).
 
@@ -303,8 +318,9 @@ class SB3VecEnv(BatchedEnv):
         """`step_wait` at the first step, each env's reward checked as the Gymnasium backends check it
         (`reward_problem`): SB3 stores a reward of None as NaN, which the NaN guard stops without naming the reward,
         and "1.0" as 1.0. The envs of a DummyVecEnv (in this process), which writes rewards into a float32 buffer,
-        are checked as they return (their `step`, for this step only); another VecEnv's stacked rewards
-        (SubprocVecEnv's: an object or text array) here."""
+        are checked as they return (their `step`, for this step only); a SubprocVecEnv's as its workers' answers
+        arrive (`_CheckedAnswers`: stacked with numbers, a text reward makes every row's text); another VecEnv's
+        stacked rewards here."""
         def name(index: int) -> str:
             return f"'{self.spec.env_id}'.step() of env {index}"
 
@@ -329,6 +345,12 @@ class SB3VecEnv(BatchedEnv):
 
         for index, env in indices.values():
             env.step = checked(env.step, index)
+        vec_env = getattr(self.vec_env, "unwrapped", self.vec_env)
+        remotes = getattr(vec_env, "remotes", None)
+        answers = ([_CheckedAnswers(remote, name(index)) for index, remote in enumerate(remotes)]
+                   if isinstance(remotes, (list, tuple)) and len(remotes) == self.num_envs else None)
+        if answers is not None:
+            vec_env.remotes = type(remotes)(answers)
         try:
             stepped = self.vec_env.step_wait()
         finally:
@@ -337,6 +359,11 @@ class SB3VecEnv(BatchedEnv):
                     del env.step
                 else:
                     env.step = step
+            if answers is not None:
+                vec_env.remotes = remotes
+        problem = next(filter(None, (each.problem for each in answers or ())), None)
+        if problem:  # (raised once every answer is read: the VecEnv waits for none, and closes as always)
+            raise UserError(problem)
         rewards = np.asarray(stepped[1])
         if rewards.dtype.kind in "OUS":  # (stacked text: every row's is text, numbers too, so no row is named)
             problem = next(filter(None, (reward_problem(name(index) if rewards.dtype.kind == "O" else
