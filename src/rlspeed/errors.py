@@ -92,10 +92,11 @@ class CloseErrors:
     close() error must not lose the work done (a trained model, scores, a video), so the work goes on, and the caller
     raises them (`raise_first`) once its results are saved and shown, with the result it returns where it returns one;
     where the work fails instead, the caller drops them for that first error. Nested, the outermost keeps them: an
-    inner one's `errors` stay empty (its `raise_first` raises nothing)."""
+    inner one's `errors` stay empty (its `raise_first` raises nothing). `errors`: close() errors to hold from the start
+    (`CloseErrors(errors).raise_first()` raises them as a block would, where none is open)."""
 
-    def __init__(self) -> None:
-        self.errors: list[EnvStepError] = []
+    def __init__(self, errors: Sequence[EnvStepError] = ()) -> None:
+        self.errors: list[EnvStepError] = list(errors)
         self._token: contextvars.Token | None = None
 
     def __enter__(self) -> CloseErrors:

@@ -32,6 +32,7 @@ from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
     _wrapper_layers,
+    close_quietly,
     life_loss_wrappers,
 )
 from rlspeed.envs.packages import registering_modules
@@ -190,10 +191,9 @@ def _close_evaluation_env(env, failure: BaseException | None) -> None:
     """Close the env an evaluation made; where the evaluation failed (`failure`: an env's step error, say), an error
     the env's close() raises too is dropped: the first error is the one to show."""
     if failure is None:
-        env.close()
-        return
-    with contextlib.suppress(Exception):
-        env.close()
+        env.close()  # (a batched env's close says its envs' close() errors by `close_envs`'s rule)
+    else:
+        close_quietly(env)
 
 
 @close_errors_last("the evaluation's result, every episode's score")

@@ -31,7 +31,7 @@ import numpy as np
 
 import rlspeed
 from rlspeed import evaluation
-from rlspeed.envs.gymnasium_env import closed_after
+from rlspeed.envs.gymnasium_env import close_quietly, closed_after
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
@@ -143,7 +143,7 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     except gym.error.Error as error:
         raise UserError(f"'{env_id}' cannot render frames for a video ({error}).") from None
     if "rgb_array" not in (env.metadata.get("render_modes") or []):
-        _close_quietly(env)
+        close_quietly(env)
         raise UserError(f"'{env_id}' cannot render frames for a video (its render modes: "
                         f"{', '.join(env.metadata.get('render_modes') or []) or 'none'}): {_RGB_FRAMES}.")
     return env
@@ -373,15 +373,6 @@ def _put_in_place(temporary: Path, path: Path, overwrite: bool) -> None:
         raise _WriteFailed(error) from None
 
 
-def _close_quietly(closing) -> None:
-    """Close a video writer or the video's env after a failure or a refusal, whose own errors on closing are beside
-    the point then: the refusal is the one to show."""
-    try:
-        closing.close()
-    except Exception:  # noqa: S110 (imageio's backends and envs close with their own exception types)
-        pass
-
-
 @_headless_rendering()
 def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int = 1, seed: int | None = None,
                  env_id: str | None = None, fps: int | None = None, max_steps: int | None = None,
@@ -439,10 +430,10 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
         given = EnvSpec.from_spaces(env_id or model.env_id, env.observation_space, env.action_space, None, None)
         wrong = space_mismatch(model.spec, given)
     except BaseException:
-        _close_quietly(env)
+        close_quietly(env)
         raise
     if wrong:
-        _close_quietly(env)
+        close_quietly(env)
         raise UserError(f"'{env_id or model.env_id}' gives {' and '.join(wrong)} other than this model trained on "
                         f"(observations {space_text(model.spec.observation_space)}, actions "
                         f"{space_text(model.spec.action_space)}): it cannot be filmed on that env.")
@@ -477,7 +468,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
 
             writer = imageio.get_writer(temporary, fps=fps, macro_block_size=1)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
-        _close_quietly(env)
+        close_quietly(env)
         temporary.unlink(missing_ok=True)
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
     # (a stochastic policy samples from a stream of its own, seeded by `seed`; the caller's generators stay as they are)
@@ -538,7 +529,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                 raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
             _put_in_place(temporary, path, overwrite)
         except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
-            _close_quietly(writer)
+            close_quietly(writer)
             temporary.unlink(missing_ok=True)
             error = failed.args[0]
             raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
@@ -547,7 +538,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
             # (an interruption, Ctrl-C or a notebook's stop button, or an error of the env or the model: the episodes
             # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
             # lands in a frame's write) that refuses the same call run again)
-            _close_quietly(writer)
+            close_quietly(writer)
             temporary.unlink(missing_ok=True)
             raise
     if cut:  # (as `evaluate` says it; stacklevel 3: past the _headless_rendering wrapper, the caller's line)

@@ -992,15 +992,21 @@ def _close_each(envs: Sequence[gym.Env]) -> list[Exception]:
 
 @contextlib.contextmanager
 def closed_after(env: gym.Env | gym.vector.VectorEnv, env_id: str, before_work: bool = False):
-    """Close `env` when the block ends: with `close_envs` where the block succeeded, quietly where it raised (the
-    block's error is the one to show)."""
+    """Close `env` when the block ends: with `close_envs` where the block succeeded, quietly where it raised
+    (`close_quietly`)."""
     try:
         yield env
     except BaseException:
-        with contextlib.suppress(Exception):
-            env.close()
+        close_quietly(env)
         raise
     close_envs(env, env_id, before_work)
+
+
+def close_quietly(closing) -> None:
+    """Close `closing` (an env, a video writer) after the work failed or was refused: an error of its close() is
+    dropped, the work's error being the one to show (envs and writers close with their own exception types)."""
+    with contextlib.suppress(Exception):
+        closing.close()
 
 
 def _close_failed(env_id: str, backend: str, errors: Sequence[BaseException], before_work: bool = False) -> None:
@@ -1013,11 +1019,10 @@ def _close_failed(env_id: str, backend: str, errors: Sequence[BaseException], be
         failure.__cause__ = error
         failures.append(failure)
     kept = None if before_work else CLOSE_ERRORS.get()
-    if kept is None:
-        kept = CloseErrors()  # (none open: raised at once)
-        kept.errors = failures
-        kept.raise_first()
-    kept.errors.extend(failures)
+    if kept is not None:
+        kept.errors.extend(failures)
+    else:  # (none open, or no work yet: raised now, as a block raises what it kept)
+        CloseErrors(failures).raise_first()
 
 
 def close_other_backend(close: Callable[[], object], env_id: str, backend: str, inner=None,
