@@ -97,15 +97,17 @@ def register_family(env_id: str) -> None:
     if env_id in SHIMMY_GYM_IDS:
         _register_shimmy(env_id)
         return
-    if env_id in gym.registry:
+    if env_id in gym.registry or (found := _package_family(env_id)) is None:
         return
-    for prefix, (family, module, package) in PACKAGE_FAMILIES.items():
-        if env_id.startswith(prefix):
-            if importlib.util.find_spec(module.split(".")[0]) is None:
-                raise UserError(f"'{env_id}' is a {family} id, and {family} envs need {package}: pip install "
-                                f"{package}.")
-            import_gym_packages([module], f"(which registers the {family} envs)")
-            return
+    family, module, package = found
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise UserError(f"'{env_id}' is a {family} id, and {family} envs need {package}: pip install {package}.")
+    import_gym_packages([module], f"(which registers the {family} envs)")
+
+
+def _package_family(env_id: str) -> tuple[str, str, str] | None:
+    """(family, module, package) of the `PACKAGE_FAMILIES` entry whose prefix `env_id` starts with; None if none."""
+    return next((found for prefix, found in PACKAGE_FAMILIES.items() if env_id.startswith(prefix)), None)
 
 
 def registering_modules(env_id: str) -> list[str]:
@@ -117,9 +119,8 @@ def registering_modules(env_id: str) -> list[str]:
     gives."""
     if ":" in env_id:
         return [env_id.split(":", 1)[0]]
-    for prefix, (_, module, _) in PACKAGE_FAMILIES.items():
-        if env_id.startswith(prefix):
-            return [module]
+    if (found := _package_family(env_id)) is not None:
+        return [found[1]]
     spec = gym.registry.get(env_id)
     entry = getattr(spec, "entry_point", None)
     # (a class's or function's module; an object's, a functools.partial's, names its class's module)
