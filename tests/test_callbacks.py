@@ -777,6 +777,24 @@ def test_a_recorded_key_tensorboard_would_draw_in_a_loop_columns_series_goes_to_
     assert row["std"] == 0.9 and row["sps"] == 1000.0
 
 
+def test_record_mean_logs_the_mean_of_the_values_recorded_since_the_last_row():
+    """Stable-Baselines3's `logger.record_mean(key, value)`: the row gets the mean of the values recorded for `key`
+    since the last row (it had the last value alone); the next row's mean starts afresh, and so does it from the value
+    a `record` of the key gives."""
+    from rlspeed.callbacks import MetricsRecorder
+
+    recorder = MetricsRecorder()
+    for value in (1.0, 2.0, torch.tensor(6.0)):
+        recorder.record_mean("custom/loss", value)
+    assert recorder.take() == {"custom/loss": 3.0}
+    recorder.record_mean("custom/loss", 10.0)
+    assert recorder.take() == {"custom/loss": 10.0}
+    recorder.record_mean("custom/loss", 4.0)
+    recorder.record("custom/loss", 1.0)
+    recorder.record_mean("custom/loss", 3.0)
+    assert recorder.take() == {"custom/loss": 2.0}
+
+
 def test_a_loop_column_missing_from_some_rows_is_not_taken_over_by_a_callback(tmp_path):
     """A key the loop writes on some rows only (eval_mean between evaluations, DQN's loss before learning_starts)
     was the callback's column from its first row on: its values replaced the loop's, without a warning."""

@@ -179,22 +179,39 @@ class MetricsRecorder:
         self.values: dict[str, float] = {}
         self._warned: set[str] = set()
         self._given: set[str] = set()  # the columns `take` has returned
+        self._counts: dict[str, int] = {}  # how many values `record_mean` has averaged per key since the last row
 
     def record(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
                exclude: str | tuple[str, ...] | None = None) -> None:
         """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
+        number = self._number(key, value)
+        if number is not None:
+            self.values[str(key)] = number
+            self._counts[str(key)] = 1  # (a later `record_mean` averages from it)
+
+    def record_mean(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
+                    exclude: str | tuple[str, ...] | None = None) -> None:
+        """As `record`, but the next metrics row gets the mean of the values recorded for `key` since the last row
+        (Stable-Baselines3's `record_mean`, whose mean runs over a dump interval); a `record` of the key starts the
+        mean again from its value."""
+        number = self._number(key, value)
+        if number is None:
+            return
+        key = str(key)
+        count = self._counts.get(key, 0) if key in self.values else 0
+        self.values[key] = number if count == 0 else self.values[key] + (number - self.values[key]) / (count + 1)
+        self._counts[key] = count + 1
+
+    def _number(self, key: str, value) -> float | None:
+        """`value` as a float, or None, with a warning once per key, where it is no number."""
         try:
-            self.values[str(key)] = float(value.item() if hasattr(value, "item") else value)
+            return float(value.item() if hasattr(value, "item") else value)
         except (TypeError, ValueError, RuntimeError):
             if str(key) not in self._warned:
                 self._warned.add(str(key))
                 warnings.warn(f"logger.record('{key}', ...): rlspeed's metrics hold numbers only, so this "
-                              f"{type(value).__name__} is left out.", stacklevel=2)
-
-    def record_mean(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
-                    exclude: str | tuple[str, ...] | None = None) -> None:
-        """As `record` (Stable-Baselines3's running mean over a dump interval: here the last value)."""
-        self.record(key, value, exclude)
+                              f"{type(value).__name__} is left out.", stacklevel=3)
+            return None
 
     def dump(self, step: int = 0) -> None:
         """Nothing: the loop writes recorded values with its next metrics row."""
@@ -213,6 +230,7 @@ class MetricsRecorder:
         such a column's (Stable-Baselines3's `train/std` is `std`'s), comes back as `custom/<key>`, with a warning
         once per key, so a callback's value never replaces the loop's, in metrics.csv or in a TensorBoard series."""
         values, self.values = self.values, {}
+        self._counts.clear()
         loops = {column for column in columns if column not in self._given}
         tags = {tensorboard_tag(column): column for column in (*LOOP_COLUMNS, *loops)}
         clashes = {key: key if key in LOOP_COLUMNS or key in loops else tags.get(tensorboard_tag(key))
