@@ -1402,6 +1402,48 @@ def test_a_run_resumed_after_a_crash_in_its_callbacks_runs_their_owed_action_at_
     assert [steps for steps, _, _ in resumed.result.evaluations] == [512]
 
 
+def _ran_at(recorder: Recorder) -> list[int]:
+    return [event[1] for event in recorder.events if event[0] == "rollout_end"]
+
+
+def test_a_run_resumed_from_a_checkpoint_callbacks_save_acts_once_per_period_for_each_callback(tmp_path):
+    """A CheckpointCallback in the middle of a callback list saves at 256 steps: the callbacks before it had run at
+    that iteration, those after it had not. Resumed from its file, those after it act at once (384), those before it
+    (and it) at their next period (512): each callback's action once per period. Every callback was taken as run
+    (those after it skipped the action of 256)."""
+    first = _small_ppo()
+    first.learn(256, callback=[EveryNTimesteps(256, Recorder()), CheckpointCallback(256, tmp_path),
+                               EveryNTimesteps(256, Recorder())], progress_bar=False)
+    resumed = _small_ppo()
+    resumed.resume(tmp_path / "rl_model_256_steps.safetensors")
+    before, after, saves = Recorder(), Recorder(), CheckpointCallback(256, tmp_path / "resumed")
+    resumed.learn(256, callback=[EveryNTimesteps(256, before), saves, EveryNTimesteps(256, after)],
+                  progress_bar=False)
+    assert (_ran_at(before), _ran_at(after)) == ([512], [384, 512])
+    assert [path.name for path in saves.saved] == ["rl_model_512_steps.safetensors"]
+
+
+def test_a_further_learn_after_a_callback_raised_mid_list_acts_once_per_period_for_each_callback():
+    """A callback raises at 256 steps in the middle of a list: the callbacks before it had run at that iteration,
+    those after it had not. A further learn with the same list makes the actions owed by those after it at once (384)
+    and those before it at their next period (512); it made theirs again at 384 too (twice in one period)."""
+
+    class CrashOnce(BaseCallback):
+        def _on_step(self):
+            if self.num_timesteps == 256 and self.n_calls == 2:
+                raise RuntimeError("crash")
+            return True
+
+    model = _small_ppo()
+    before, after = Recorder(), Recorder()
+    callbacks = [EveryNTimesteps(256, before), CrashOnce(), EveryNTimesteps(256, after)]
+    with pytest.raises(RuntimeError, match="crash"):
+        model.learn(1024, callback=callbacks, progress_bar=False)
+    assert (model.num_timesteps, _ran_at(before), _ran_at(after)) == (256, [256], [])
+    model.learn(256, callback=callbacks, progress_bar=False)
+    assert (_ran_at(before), _ran_at(after)) == ([256, 512], [384, 512])
+
+
 def test_a_further_learn_after_ctrl_c_in_an_evaluation_makes_that_evaluation_at_once(monkeypatch):
     """Ctrl-C during learn's evaluation at 256 steps (a notebook's stop button), then a further learn of the same
     model: the evaluation that call owed is made at the first iteration's end (384), as a resumed run makes it and as

@@ -84,6 +84,62 @@ class _Period:
         return True
 
 
+class CallbackRuns:
+    """The step count each of learn's callbacks last ran at (its `on_rollout_end`), for the periods they start at
+    training start (`BaseCallback._periods_from`). Its callbacks are those learn got, a `CallbackList`'s each (its
+    own lists' too, in their order). The rule: each callback's action happens once per period. A callback counts as
+    run at an iteration from the moment its `on_rollout_end` starts (a save it makes there, CheckpointCallback's,
+    holds it as run, and the callbacks after it as not yet) unless it raises; so a run resumed from that save, or a
+    further learn after a callback raised, does at once the actions owed by the callbacks that had not run at that
+    iteration, and not again those of the callbacks before them.
+
+    Checkpoints hold the counts as the learn loop's `callbacks_ran_at` (`at`, one per callback), beside
+    `callbacks_at`, the count every callback had run at; a run whose callbacks are not as many as those counts (or
+    an older rlspeed's checkpoint) takes `callbacks_at` for each."""
+
+    def __init__(self, callbacks: BaseCallback, saved: dict, timesteps: int):
+        listed = _listed(callbacks)
+        # (their ids, not themselves: a copy of the model a callback takes, which holds this, holds no callback; learn
+        # holds them while this is in use)
+        self._index = {id(callback): index for index, callback in enumerate(listed)}
+        every = min(int(saved.get("callbacks_at", timesteps)), timesteps)
+        ran = saved.get("callbacks_ran_at")
+        #: the step count each callback last ran at, in order (the list checkpoints save)
+        self.at = ([min(int(step), timesteps) for step in ran]
+                   if isinstance(ran, list) and len(ran) == len(listed) else [every] * len(listed))
+
+    def ran_at(self, callback: BaseCallback) -> int:
+        """The step count `callback` (or the one of learn's callbacks that runs it, its parent's) last ran at."""
+        while callback is not None and id(callback) not in self._index:
+            callback = callback.parent
+        return min(self.at, default=0) if callback is None else self.at[self._index[id(callback)]]
+
+    def start(self, callback: BaseCallback, timesteps: int) -> int | None:
+        """`callback` runs at `timesteps`: counted as run there; the count it had before (for `failed`), or None
+        where it is none of learn's callbacks (a child a callback runs)."""
+        index = self._index.get(id(callback))
+        if index is None:
+            return None
+        before, self.at[index] = self.at[index], timesteps
+        return before
+
+    def all_ran(self, timesteps: int) -> None:
+        """learn's callbacks returned from the iteration at `timesteps`: every one ran there."""
+        self.at[:] = [timesteps] * len(self.at)
+
+    def failed(self, callback: BaseCallback, before: int | None) -> None:
+        """`callback` raised: it did not run at this iteration (the count it had `before` it started)."""
+        if before is not None:
+            self.at[self._index[id(callback)]] = before
+
+
+def _listed(callback: BaseCallback) -> list[BaseCallback]:
+    """learn's `callback` as the callbacks whose `on_rollout_end` it runs, in order: a CallbackList's, each listed."""
+    if not isinstance(callback, CallbackList):
+        return [callback]
+    return [listed for inner in callback.callbacks for listed in _listed(inner)]
+
+
 #: every column the training loop writes to metrics.csv (docs/cli.md's table), also where a row lacks it (a DQN loss
 #: before learning_starts, an evaluation's mean between evaluations): a callback's value never takes one of them over
 LOOP_COLUMNS = frozenset({
@@ -349,8 +405,15 @@ class BaseCallback:
         self.locals = locals_
         self.metrics = metrics
         self.num_timesteps = self.model.num_timesteps
-        keep_going = self._said_go_on(self._on_rollout_end(), "_on_rollout_end")
-        return self._said_go_on(self._on_step(), "_on_step") and keep_going
+        runs = getattr(self.model, "_callback_runs", None)  # (learn's: where each callback ran, `CallbackRuns`)
+        before = runs.start(self, self.num_timesteps) if runs is not None else None
+        try:
+            keep_going = self._said_go_on(self._on_rollout_end(), "_on_rollout_end")
+            return self._said_go_on(self._on_step(), "_on_step") and keep_going
+        except BaseException:
+            if runs is not None:
+                runs.failed(self, before)
+            raise
 
     def on_evaluation(self, evaluation: dict[str, typing.Any]) -> bool:
         """Called after each of learn's own evaluations (with a target); False stops training."""
@@ -395,11 +458,12 @@ class BaseCallback:
 
     def _periods_from(self) -> int:
         """The step count this callback's env-step periods start from (`_Period.start`, at training start): the
-        model's, or, where learn continues a run that counted iterations its callbacks did not run at (a crash after
-        its checkpoint, an interrupt), the step count they last ran at (learn's `callbacks_at`), so that an action
-        that run owed is due at once, as learn's own evaluations and checkpoints are (`resumed_due`)."""
-        ran_at = self.locals.get("callbacks_at") if isinstance(self.locals, dict) else None
-        return self.num_timesteps if ran_at is None else min(int(ran_at), self.num_timesteps)
+        model's, or, where learn continues a run that counted iterations this callback did not run at (a crash after
+        its checkpoint, an interrupt, a callback before it that raised, a CheckpointCallback before it that saved
+        the checkpoint), the step count it last ran at (`CallbackRuns`), so that an action that run owed is due at
+        once, as learn's own evaluations and checkpoints are (`resumed_due`)."""
+        runs = getattr(self.model, "_callback_runs", None)
+        return self.num_timesteps if runs is None else min(runs.ran_at(self), self.num_timesteps)
 
     def _stop_name(self, hook: str) -> str:
         """How `result.stopped_by` names this callback's `hook`."""

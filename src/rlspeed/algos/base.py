@@ -37,7 +37,7 @@ from rlspeed._version import __version__
 from rlspeed.activations import activation_name, check_activation, is_torch_nn_class, refusal_name
 from rlspeed.buffers.her import goal_strategy_name
 from rlspeed.buffers.replay import ReplayBuffer, layout_nbytes, refuse_unless_fits
-from rlspeed.callbacks import CallbackLike, next_due, resumed_due
+from rlspeed.callbacks import CallbackLike, CallbackRuns, next_due, resumed_due
 from rlspeed.checkpoint import (
     beside,
     checkpoint_path,
@@ -1917,6 +1917,7 @@ class Algorithm:
         self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
+        self._callback_runs: CallbackRuns | None = None  # (in learn: the step count each callback last ran at)
         self._run_dir: Path | None = None  # the run directory it trained in or was loaded from (`_continues`)
         self._left_runs: dict[Path, int] = {}  # run directories it trained in before `_run_dir`: the step it left at
         self._tensorboard = KeptWriter()  # (its TensorBoard writer from one learn call in a run directory to the next)
@@ -3104,15 +3105,19 @@ class Algorithm:
             next_eval = resumed_due(earlier, "eval", eval_freq, self.num_timesteps)
             next_checkpoint = (resumed_due(earlier, "checkpoint", checkpoint_freq, self.num_timesteps)
                                if checkpoint_freq else None)
-            # the step count the callbacks last ran at (`on_rollout_end`), from which their periods count at training
-            # start: where the run this call continues (a resume, a further learn) counted an iteration whose
-            # callbacks did not run (a crash after its checkpoint, an interrupt before or in them), an action of
-            # theirs it owed is due at once, as learn's own are
+            # the step count every callback last ran at (`on_rollout_end`), and each one's (`CallbackRuns`), from
+            # which their periods count at training start: where the run this call continues (a resume, a further
+            # learn) counted an iteration whose callbacks did not run, or not all of them (a crash after its
+            # checkpoint, an interrupt before or in them), an action it owed is due at once, as learn's own are
             callbacks_at = min(int(earlier.get("callbacks_at", self.num_timesteps)), self.num_timesteps)
             self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
                           "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
                           "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
                           "clock_before": clock_before, "callbacks_at": callbacks_at}
+            self._callback_runs = (CallbackRuns(callbacks, earlier, self.num_timesteps)
+                                   if callbacks is not None and main else None)
+            if self._callback_runs is not None:  # (the list itself: a save a callback makes holds it as it stands)
+                self._loop["callbacks_ran_at"] = self._callback_runs.at
             guarded = self._guarded_tensors() if self._numerics.enabled else {}
             if self._numerics.enabled:
                 self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
@@ -3330,13 +3335,13 @@ class Algorithm:
                 if callbacks is not None or self.stop_requested is not None:
                     paused = paused_at = time.perf_counter()  # (callbacks' evaluations are not training time)
                     if callbacks is not None and main:
-                        # (a save a callback makes, CheckpointCallback's, holds where the run stands, with this
-                        # iteration's callbacks taken as run)
+                        # (a save a callback makes, CheckpointCallback's, holds where the run stands, with the
+                        # callbacks that started at this iteration taken as run: `CallbackRuns`)
                         record_loop()
-                        self._loop["callbacks_at"] = self.num_timesteps
                         if not callbacks.on_rollout_end(LearnLocals.of(locals(), total_timesteps=self._total_timesteps),
                                                         logged):
                             callback_stop = True
+                        self._callback_runs.all_ran(self.num_timesteps)
                     if callbacks is not None:
                         self._follow_replaced_optimizers()
                         self._follow_frozen_parameters()  # (a layer a callback froze, after a warm-up say)
@@ -3375,6 +3380,7 @@ class Algorithm:
             # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:
             # the checkpoint and summary.json an interruption writes then still hold the run's clock and schedule)
             record_loop()
+            self._callback_runs = None  # (their counts stay in the loop, for a further learn or a checkpoint)
             # (this call's; right after `resume`, the resumed run's from its start, as steps_to_target and
             # time_to_target_s count and summary.json says)
             result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
