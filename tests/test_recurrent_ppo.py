@@ -664,6 +664,22 @@ def _sde_model(**overrides) -> RecurrentPPO:
                         **{"env_backend": "gymnasium", **SMALL, "use_sde": True, "log_std_init": -1.0, **overrides})
 
 
+def test_gsde_predicts_step_samples_the_rollouts_noise_on_the_actor_member():
+    """predict's actor step with gSDE: the mean, or mean + latent @ E with env i's matrix for row i, as the rollout's
+    two-member step gives for the same state."""
+    policy = _sde_model().policy
+    torch.manual_seed(0)
+    obs, state = torch.randn(4, policy.lstm_actor.input_size), torch.randn(4, 4, 16)
+    policy.resample(4)
+    with torch.no_grad():
+        features = policy.step(policy.encode(obs), state)[0]
+        mean, _, latent = policy.forward_latent(features)
+        for deterministic, expected in ((True, mean), (False, mean + policy.sde.noise(latent))):
+            actions, h, c = policy.actor_step(obs, state[0], state[1], deterministic=deterministic)
+            torch.testing.assert_close(actions, expected)
+            torch.testing.assert_close(h, features[0])
+
+
 @pytest.mark.parametrize("full_std, use_expln", [(True, False), (False, True)])
 def test_gsde_log_prob_and_entropy_are_ppos_formulas_on_the_actors_lstm_mlp_output(full_std, use_expln):
     """sb3-contrib's RecurrentPPO with use_sde: the noise's latent is the actor's LSTM then MLP output (the input of

@@ -1382,9 +1382,15 @@ class RecurrentActorCritic(ActorCritic):
                    action_masks: torch.Tensor | None = None):
         """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
         h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
-        out = self.body(h.unsqueeze(0), members=slice(0, 1))[0]  # the actor's head alone (member 0)
-        actions = self.mode(out, action_masks) if deterministic else self.sample(out, False, action_masks)[0]
-        return actions, h, c
+        out, latent = self.body(h.unsqueeze(0), members=slice(0, 1), with_hidden=True)  # the actor's head alone
+        return self._actor_actions(out, latent, deterministic, action_masks), h, c
+
+    def _actor_actions(self, out: torch.Tensor, latent: torch.Tensor, deterministic: bool,
+                       action_masks: torch.Tensor | None) -> torch.Tensor:
+        """`actor_step`'s actions from the actor head's output `out` `[1, N, A]` (`latent` `[1, N, width]`: the
+        head's last hidden features, which gSDE's noise takes; indexed only where used: `predict` runs this)."""
+        out = out[0]
+        return self.mode(out, action_masks) if deterministic else self.sample(out, False, action_masks)[0]
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V `[N]` of observations reached from `state` (the critic LSTM one step, then its head)."""

@@ -272,13 +272,10 @@ class RecurrentSDEActorCritic(SDEHead, RecurrentActorCritic):
                          action_space)
         self._use_sde(log_std_init, full_std, use_expln, action_space)
 
-    def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True,
-                   action_masks: torch.Tensor | None = None):
-        """The actor alone (inference, `predict`): (actions, h, c), the mean or mean + latent @ E."""
-        h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
-        out, hidden = self.body(h.unsqueeze(0), members=slice(0, 1), with_hidden=True)  # the actor's head alone
-        mean = out[0]
-        return (mean if deterministic else mean + self.sde.noise(hidden[0])), h, c
+    def _actor_actions(self, out: torch.Tensor, latent: torch.Tensor, deterministic: bool,
+                       action_masks: torch.Tensor | None) -> torch.Tensor:
+        """`actor_step`'s actions: the mean `out[0]`, or mean + latent @ E."""
+        return out[0] if deterministic else out[0] + self.sde.noise(latent[0])
 
 
 class SDESquashedGaussianActor(SB3Names, nn.Module):
@@ -322,22 +319,16 @@ class SDESquashedGaussianActor(SB3Names, nn.Module):
         return torch.tanh(self(obs)[0])
 
 
-def build_sde_actor_critic(algo) -> SDEActorCritic:
-    """The gSDE policy of an on-policy algorithm from its config and env spec (UserError for non-Box actions)."""
+def build_sde_actor_critic(algo, recurrent: bool = False) -> SDEActorCritic | RecurrentSDEActorCritic:
+    """The gSDE policy of an on-policy algorithm from its config and env spec: PPO's and A2C's, or with `recurrent`
+    RecurrentPPO's (its config's `lstm_hidden_size`). UserError for non-Box actions."""
     cfg, spec = algo.config, algo.spec
     check_sde_action_space(spec.action_space, algo.name)
-    return SDEActorCritic(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.log_std_init,
-                          encoder=algo._make_encoder("policy"), action_space=spec.action_space,
-                          full_std=cfg.full_std, use_expln=cfg.use_expln)
-
-
-def build_recurrent_sde_actor_critic(algo) -> RecurrentSDEActorCritic:
-    """RecurrentPPO's gSDE policy from its config and env spec (UserError for non-Box actions)."""
-    cfg, spec = algo.config, algo.spec
-    check_sde_action_space(spec.action_space, algo.name)
-    return RecurrentSDEActorCritic(spec.obs_dim, spec.action_dim, cfg.lstm_hidden_size, cfg.net_arch, cfg.activation,
-                                   cfg.log_std_init, encoder=algo._make_encoder("policy"),
-                                   action_space=spec.action_space, full_std=cfg.full_std, use_expln=cfg.use_expln)
+    policy_class, lstm = ((RecurrentSDEActorCritic, {"lstm_hidden_size": cfg.lstm_hidden_size}) if recurrent
+                          else (SDEActorCritic, {}))
+    return policy_class(spec.obs_dim, spec.action_dim, hidden=cfg.net_arch, activation=cfg.activation,
+                        log_std_init=cfg.log_std_init, encoder=algo._make_encoder("policy"),
+                        action_space=spec.action_space, full_std=cfg.full_std, use_expln=cfg.use_expln, **lstm)
 
 
 def resample_due(step: int, sample_freq: int) -> bool:

@@ -47,7 +47,7 @@ from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError, true_or_false
 from rlspeed.nn import RecurrentActorCritic, SequenceLayout, acting, reset_at_episode_starts
 from rlspeed.policy_kwargs import LSTM_LAYOUT_RULE, SB3_CONTRIB_LSTM_LAYOUT
-from rlspeed.sde import build_recurrent_sde_actor_critic
+from rlspeed.sde import build_sde_actor_critic
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
@@ -176,7 +176,7 @@ class RecurrentPPO(PPO):
     def _build_policy(self) -> RecurrentActorCritic:
         cfg, spec = self.config, self.spec
         if cfg.use_sde:
-            return build_recurrent_sde_actor_critic(self)
+            return build_sde_actor_critic(self, recurrent=True)
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
                                     cfg.activation, cfg.log_std_init,
                                     encoder=self._make_encoder("policy"),
