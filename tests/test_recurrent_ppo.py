@@ -449,7 +449,9 @@ def test_a_batch_size_not_dividing_the_rollout_names_sizes_valid_for_the_sequenc
     """PPO's sentence named 2 and 4 for batch_size=3 with num_steps=32 (sizes that divide the rollout), which were
     then refused for sequences under 8 steps: one sentence now names sizes that pass both rules."""
     with pytest.raises(UserError, match=r"^batch_size \(3\) must divide num_envs \* num_steps \(64\) into sequences "
-                                        r"of at least 8 steps .*: batch_size=8 would do\.$"):
+                                        r"of at least 8 steps for RecurrentPPO's update to train its LSTM on \(a "
+                                        r"sequence is as long as the greatest common divisor of batch_size and "
+                                        r"num_steps \(32\), here 1\): batch_size=8 would do\.$"):
         _small_model(num_envs=2, num_steps=32, batch_size=3)
     with pytest.raises(UserError, match=r"batch_size=16 or 24 would do\.$"):
         _small_model(num_envs=4, num_steps=24, batch_size=20)

@@ -7,6 +7,7 @@ minibatch updates. No host sync inside; metrics are device tensors read once per
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -64,11 +65,17 @@ class PPOConfig(OnPolicyConfig):
         subclass with a stricter rule overrides it, so that one sentence names the sizes valid under every rule)."""
         if rollout % self.batch_size and self.batch_size < rollout:
             # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
-            below = next(size for size in range(self.batch_size - 1, 0, -1) if rollout % size == 0)
-            above = next(size for size in range(self.batch_size + 1, rollout + 1) if rollout % size == 0)
-            raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}): the nearest "
-                            f"sizes that do are {below} and {above} (batch_size={below}, on the command line --set "
-                            f"batch_size={below}).")
+            would = _nearest_sizes(self.batch_size, rollout, lambda size: rollout % size == 0)
+            raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}): {would} "
+                            "would do.")
+
+
+def _nearest_sizes(batch_size: int, rollout: int, works: Callable[[int], bool]) -> str:
+    """"batch_size=B or A": the nearest sizes below and above `batch_size` for which `works` holds (the whole
+    rollout, which always does, at the most), as the sentences refusing a batch_size name them."""
+    below = next((size for size in range(batch_size - 1, 0, -1) if works(size)), None)
+    above = next(size for size in range(batch_size + 1, rollout + 1) if works(size))
+    return f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
 
 
 class PPO(OnPolicyAlgorithm):

@@ -39,7 +39,7 @@ from rlspeed.algos.base import (
     require,
 )
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
-from rlspeed.algos.ppo import PPO, PPOConfig
+from rlspeed.algos.ppo import PPO, PPOConfig, _nearest_sizes
 from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.envs import BatchedEnv
@@ -80,14 +80,6 @@ def _long_enough(num_steps: int, batch_size: int, rollout: int) -> bool:
             and sequence_length(num_steps, batch_size, rollout) >= min(num_steps, MIN_SEQUENCE_LENGTH))
 
 
-def _nearest_sizes(batch_size: int, rollout: int, works: typing.Callable[[int], bool]) -> str:
-    """"batch_size=B or A": the nearest sizes below and above `batch_size` for which `works` holds (the whole
-    rollout, which always does, at the most)."""
-    below = next((size for size in range(batch_size - 1, 0, -1) if works(size)), None)
-    above = next(size for size in range(batch_size + 1, rollout + 1) if works(size))
-    return f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
-
-
 @dataclass
 class RecurrentPPOConfig(PPOConfig):
     """RecurrentPPO hyperparameters: PPO's (`PPOConfig`) plus the LSTM's size. `num_steps`, `batch_size` and the LSTM's
@@ -122,15 +114,15 @@ class RecurrentPPOConfig(PPOConfig):
             return
         least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
         would = _nearest_sizes(self.batch_size, rollout, lambda size: _long_enough(self.num_steps, size, rollout))
+        length = sequence_length(self.num_steps, self.batch_size, rollout)
         if rollout % self.batch_size:
             raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}) into "
-                            f"sequences of at least {least} steps (the greatest common divisor of batch_size and "
-                            f"num_steps ({self.num_steps})) for RecurrentPPO's update to train its LSTM on: {would} "
-                            "would do.")
-        raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of "
-                        f"{sequence_length(self.num_steps, self.batch_size, rollout)} steps (their greatest "
-                        f"common divisor), and RecurrentPPO's update needs sequences of at least {least} steps "
-                        f"to train its LSTM on: {would} would do.")
+                            f"sequences of at least {least} steps for RecurrentPPO's update to train its LSTM on (a "
+                            f"sequence is as long as the greatest common divisor of batch_size and num_steps "
+                            f"({self.num_steps}), here {length}): {would} would do.")
+        raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of {length} "
+                        f"steps (their greatest common divisor), and RecurrentPPO's update needs sequences of at least "
+                        f"{least} steps to train its LSTM on: {would} would do.")
 
 
 class RecurrentPPO(PPO):
