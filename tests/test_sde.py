@@ -285,3 +285,17 @@ def test_sac_gsde_trains_with_accelerate_auto():
     assert not torch.equal(before, model.actor.sde.log_std.detach())
     summary = model.acceleration_summary()  # (each step's search ran on the first update)
     assert summary["precision"] and summary["actor_step"]["precision"]
+
+
+def test_the_algorithms_named_as_having_gsde_are_those_whose_config_takes_use_sde():
+    """`SDE_ALGORITHMS` (read without torch by RL-Zoo's translation and the policy_kwargs rule) is kept beside the
+    configs: an algorithm given or stripped of `use_sde` must be named there too, or RL-Zoo's gSDE entries for it would
+    be refused (or translated into a setting its config refuses)."""
+    import dataclasses
+
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.policy_kwargs import SDE_ALGORITHMS
+
+    takes_use_sde = {name for name, cls in ALGORITHMS.items()
+                     if "use_sde" in {field.name for field in dataclasses.fields(cls.config_cls)}}
+    assert takes_use_sde == set(SDE_ALGORITHMS)

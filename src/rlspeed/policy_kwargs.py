@@ -14,7 +14,8 @@ from rlspeed.errors import UserError
 
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
 ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
-#: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are
+#: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are (named here, without
+#: torch, rather than read from their configs: tests/test_sde.py ties the two)
 SDE_ALGORITHMS = ("ppo", "a2c", "sac", "recurrent_ppo")
 
 #: sb3-contrib's `MlpLstmPolicy` layout options at the values that build `RecurrentActorCritic` (its defaults); any
