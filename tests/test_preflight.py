@@ -146,8 +146,8 @@ def test_members_made_in_python_that_cannot_fit_are_told_the_keywords(memory_of,
     memory_of(2**30)  # (as above: 2 members' replays of 10,000,000 transitions fit, 4 do not)
     with base.planned_timesteps(10**8, progress_bar=False), pytest.raises(UserError) as refused:
         Population(SAC, "Pendulum-v1", seeds=[0, 1, 2, 3], buffer_size=10**7)
-    assert re.search(r"^A population of 4 members \(seeds=\) .* train at most 2 members at once \(for example "
-                     r"seeds=range\(2\)\), or give buffer_size [\d,]+ or less \(buffer_size=\d+\)\.$",
+    assert re.search(r"^A population of 4 members \(one per seed of seeds\) at .* train at most 2 members at once "
+                     r"\(for example seeds=range\(2\)\), or give buffer_size [\d,]+ or less \(buffer_size=\d+\)\.$",
                      str(refused.value)), refused.value
     solo, reads = SAC("Pendulum-v1", device="cpu"), []
     monkeypatch.setattr(replay, "available_memory",

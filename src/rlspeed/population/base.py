@@ -319,9 +319,9 @@ def _forked_generators(device: torch.device) -> contextlib.ExitStack:
 
 
 #: what sets the number of a population's members, as `check_members_fit` names it in a refusal, in Python: the
-#: keyword, an example of it that asks for `{fits}` members (`{last}`: the last seed of a range from 0), and how a
-#: `{buffer}` buffer_size is given
-SEEDS_KEYWORD = ("seeds=", "seeds=range({fits})", "buffer_size={buffer}")
+#: keyword (in words: the sentence reads "A population of 4 members (one per seed of seeds) ..."), an example of it
+#: that asks for `{fits}` members (`{last}`: the last seed of a range from 0), and how a `{buffer}` buffer_size is given
+SEEDS_KEYWORD = ("one per seed of seeds", "seeds=range({fits})", "buffer_size={buffer}")
 #: the same on the command line (`rlspeed train --seeds`, which passes it to `planned_timesteps`)
 SEEDS_OPTION = ("--seeds", "--seeds 0-{last}", "--set buffer_size={buffer}")
 
