@@ -1390,3 +1390,34 @@ def test_each_evaluation_of_a_batch_is_reported_in_one_storage_write(monkeypatch
     assert pruned == public_pruned and [2, 3] in pruned and public_writes > writes
     assert ([(t.state, t.values, t.intermediate_values) for t in study.trials]
             == [(t.state, t.values, t.intermediate_values) for t in public.trials])
+
+
+def test_a_sampler_reads_the_trials_a_batch_stored_as_after_optunas_own_ask_and_tell():
+    """Optuna's samplers read a study's trials through a cache that `study.ask` and `study.tell` drop before they
+    store a trial; the batch's own storage calls (`_direct_storage`) kept it, so a sampler reading after them saw the
+    batch's trials as they were (not asked yet, or still running)."""
+    study, setup = _asked_study("sqlite:///:memory:")
+
+    def sampler_reads() -> list[str]:
+        return [t.state.name for t in study._get_trials(deepcopy=False, use_cache=True)[2:]]
+
+    assert sampler_reads() == []
+    asked = []
+    rlspeed.tune._ask_batch(study, setup, 2, asked, lambda: None)
+    assert sampler_reads() == ["RUNNING", "RUNNING"]
+    rlspeed.tune._tell_batch(study, [(asked[0][0], None, -1.0, {})], set())
+    assert sampler_reads() == ["COMPLETE", "RUNNING"]
+    assert rlspeed.tune._fail_stale(study) == 1 and sampler_reads() == ["COMPLETE", "FAIL"]
+
+
+def test_marking_trials_failed_chooses_optunas_calls_once_for_all_of_them(monkeypatch):
+    """`_fail_stale` and `_fail_unfinished` chose between Optuna's private and public calls (`_direct_storage`,
+    checking the private calls' signatures) once per trial marked; once for all of them now, each still marked."""
+    study, _ = _asked_study("sqlite:///:memory:")
+    asked = [(study.ask(), {}) for _ in range(4)]
+    choices = []
+    direct_storage = rlspeed.tune._direct_storage
+    monkeypatch.setattr(rlspeed.tune, "_direct_storage", lambda *args: choices.append(1) or direct_storage(*args))
+    assert rlspeed.tune._fail_unfinished(study, asked[:2], set()) == "marked failed" and len(choices) == 1
+    assert rlspeed.tune._fail_stale(study) == 2 and len(choices) == 2
+    assert [t.state.name for t in study.trials[2:]] == ["FAIL"] * 4

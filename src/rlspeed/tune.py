@@ -536,25 +536,26 @@ def _fail_stale(study) -> int:
     from optuna.trial import TrialState
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    direct = _direct_storage(study, stale)
     for trial in stale:
-        _mark_failed(study, trial)
+        _mark_failed(study, trial, direct)
     return len(stale)
 
 
-def _mark_failed(study, trial) -> None:
+def _mark_failed(study, trial, direct: _DirectStorage | None) -> None:
     """Mark the running `trial` (an `optuna.trial.Trial` or `FrozenTrial`) of `study` failed, in one storage
-    transaction (`study.tell` first reads the trial in two more: the call made where `_direct_storage` finds none); a
-    trial finished already is left as it is."""
+    transaction through `direct` (`_direct_storage(study, trials)` for the trials marked, this one among them; where it
+    is None, `study.tell`, which first reads the trial in two more); a trial finished already is left as it is."""
     import optuna
     from optuna.trial import TrialState
 
-    direct = _direct_storage(study, [trial])
     if direct is None:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
         return
     # (an older Optuna, without UpdateFinishedTrialError, raised a RuntimeError: its base class)
     finished = getattr(optuna.exceptions, "UpdateFinishedTrialError", RuntimeError)
     try:
+        direct.forget_cached_trials()
         direct.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except finished:  # (told as a stop cut the marking short)
         pass
@@ -563,14 +564,20 @@ def _mark_failed(study, trial) -> None:
 class _DirectStorage:
     """The storage calls that `study.ask`, `study.tell` and `Trial.set_user_attr` make, made by `tune` itself so that
     a batch takes fewer storage transactions (each an SQLite commit): `storage` (`create_new_trial`,
-    `set_trial_state_values`), the study's `study_id`, `user_attrs(pairs)`: the user attributes of several trials
-    written in one transaction, and `report` with `write_reports`: the reports of an evaluation of all the members,
-    in one transaction."""
+    `set_trial_state_values`, each after `forget_cached_trials`, as `study.ask` and `study.tell` do), the study's
+    `study_id`, `user_attrs(pairs)`: the user attributes of several trials written in one transaction, and `report`
+    with `write_reports`: the reports of an evaluation of all the members, in one transaction."""
 
-    def __init__(self, storage, study_id: int, backend, attribute_model, scoped_session):
+    def __init__(self, storage, study_id: int, backend, attribute_model, scoped_session, study_thread_local):
         self.storage, self.study_id = storage, study_id
         self._backend, self._model, self._session = backend, attribute_model, scoped_session
+        self._thread_local = study_thread_local
         self._reports: list[tuple[int, int, float]] = []  # (trial id, step, value) reported, not written yet
+
+    def forget_cached_trials(self) -> None:
+        """Drop the study's cached copy of its trials (which samplers read), as `study.ask` and `study.tell` do before
+        they store a trial: a sampler called after the write reads the trials as stored."""
+        self._thread_local.cached_all_trials = None
 
     def report(self, trial, value: float, step: int) -> None:
         """`trial.report(value, step)` for `trial.should_prune()` (which reads the trial's own copy of its reports),
@@ -606,8 +613,9 @@ _DIRECT_CALLS = {"create_new_trial": ("study_id", "template_trial"),
 def _direct_storage(study, trials: Sequence = ()) -> _DirectStorage | None:
     """The storage calls of `study` that `tune` makes itself (`_DirectStorage`) for `trials` (its `optuna.trial.Trial`s
     or `FrozenTrial`s the calls are made for), or None where this Optuna lacks one of the private names they use
-    (`study._storage`, `_study_id`, the SQL storage's single-transaction writes, the trials' `_trial_id` and a
-    `Trial`'s `_cached_frozen_trial`) or names their parameters otherwise: then the public calls are made
+    (`study._storage`, `_study_id`, the trials cache `_thread_local.cached_all_trials`, the SQL storage's
+    single-transaction writes, the trials' `_trial_id` and a `Trial`'s `_cached_frozen_trial`) or names their
+    parameters otherwise: then the public calls are made
     (`study.ask`, `study.tell`, `Trial.set_user_attr`, `Trial.report`), which store the same in more transactions.
     The one place the two paths are chosen."""
     import inspect
@@ -624,7 +632,9 @@ def _direct_storage(study, trials: Sequence = ()) -> _DirectStorage | None:
 
         storage, study_id = study._storage, study._study_id
         backend = getattr(storage, "_backend", storage)  # (Optuna wraps an RDBStorage in a cache)
-        if not isinstance(backend, optuna.storages.RDBStorage) or not isinstance(study_id, int):
+        thread_local = study._thread_local
+        if (not isinstance(backend, optuna.storages.RDBStorage) or not isinstance(study_id, int)
+                or not hasattr(thread_local, "cached_all_trials")):
             return None
         calls = {name: getattr(storage if name in ("create_new_trial", "set_trial_state_values") else backend, name)
                  for name in _DIRECT_CALLS}
@@ -633,7 +643,8 @@ def _direct_storage(study, trials: Sequence = ()) -> _DirectStorage | None:
                 return None
         if tuple(inspect.signature(optuna.trial.Trial).parameters) != ("study", "trial_id"):
             return None
-        return _DirectStorage(storage, study_id, backend, models.TrialUserAttributeModel, _create_scoped_session)
+        return _DirectStorage(storage, study_id, backend, models.TrialUserAttributeModel, _create_scoped_session,
+                              thread_local)
     except (AttributeError, ImportError, TypeError, ValueError):
         return None
 
@@ -863,9 +874,10 @@ def _fail_unfinished(study, asked: list, told: set[int]) -> str:
     left = "left running in the storage (the next run marks them failed)"
     for _ in range(_MARKING_STOPS + 1):
         try:
+            direct = _direct_storage(study, [trial for trial, _ in asked])
             for trial, _ in asked:
                 if trial.number not in told:  # (one a stop cut short is either marked or not: marked, or skipped)
-                    _mark_failed(study, trial)
+                    _mark_failed(study, trial, direct)
             return "marked failed"
         except KeyboardInterrupt:
             continue
@@ -920,6 +932,7 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
             stored = create_trial(state=TrialState.RUNNING, params=draft.params, distributions=draft.distributions,
                                   user_attrs={"seed": setup.seed + number, "hyperparameters": values})
             # (Optuna's `add_trial` returns no trial to report to: the storage call it makes is made here)
+            direct.forget_cached_trials()
             trial = optuna.trial.Trial(study, direct.storage.create_new_trial(direct.study_id, template_trial=stored))
             if trial.number != number:  # (another process added trials meanwhile: a database server's, unlocked)
                 trial.set_user_attr("seed", setup.seed + trial.number)
@@ -1036,6 +1049,7 @@ def _tell_batch(study, results: list, told: set[int]) -> None:
             last = stored.intermediate_values[stored.last_step]
             values = None if math.isnan(last) else [float(last)]
         state = TrialState.COMPLETE if state is None else state
+        direct.forget_cached_trials()
         try:
             filtered(study, stored).sampler.after_trial(study, stored, state, values)
         finally:
