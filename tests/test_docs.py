@@ -573,7 +573,9 @@ DEFAULTS_SECTIONS = {
     "DQN": ("dqn.DQNConfig",),
     "SAC": ("sac.SACConfig",),
     "TD3 and DDPG": ("td3.TD3Config",),
-    "gSDE: state-dependent exploration (PPO, A2C, SAC)": ("ppo.PPOConfig", "a2c.A2CConfig", "sac.SACConfig"),
+    "gSDE: state-dependent exploration (PPO, A2C, RecurrentPPO, SAC)": ("ppo.PPOConfig", "a2c.A2CConfig",
+                                                                        "recurrent_ppo.RecurrentPPOConfig",
+                                                                        "sac.SACConfig"),
     "Observations: encoders (every algorithm)": ("ppo.PPOConfig", "a2c.A2CConfig", "recurrent_ppo.RecurrentPPOConfig",
                                                  "dqn.DQNConfig", "sac.SACConfig", "td3.TD3Config", "ddpg.DDPGConfig"),
 }
