@@ -538,6 +538,8 @@ def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_
     `PPO(policy="MlpPolicy", env=...)` are each one sentence saying what rlspeed does instead."""
     import io
 
+    import rlspeed
+
     algo, env_id, _, model, path = trained
     with pytest.raises(UserError, match="save writes a file: give a path"):
         model.save(io.BytesIO())
@@ -545,6 +547,15 @@ def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_
         model.save(tmp_path / "model", exclude=["env"])
     with pytest.raises(UserError, match="custom_objects: Stable-Baselines3's keywords"):
         algo.load(path, custom_objects={"learning_rate": 0.0})
+    # (SB3's positional load(path, env) and evaluate_policy(model, env, n, deterministic): the argument named, not
+    # "Unknown device 'cartpole-v1'" or "a seed ..., not False")
+    for load, name in ((algo.load, f"{algo.__name__}.load"), (rlspeed.load, "rlspeed.load")):
+        with pytest.raises(UserError, match=rf"^{name}'s second argument is the device \(Stable-Baselines3's is the "
+                                            rf"env\): write {name}\(path, env=\.\.\.\)\.$"):
+            load(path, env_id)
+    with pytest.raises(UserError, match=r"evaluate_policy's fourth argument is deterministic, evaluate's is seed\): "
+                                        r"write deterministic=False\.$"):
+        rlspeed.evaluate(model, env_id, 2, False)
     with pytest.raises(UserError, match="'policy' is Stable-Baselines3's keyword; .*without a policy"):
         algo(env=env_id, policy="MlpPolicy", device="cpu")
     with pytest.raises(UserError, match="predict takes observations of shape .* as numbers, got 'abc'"):
@@ -589,6 +600,28 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
     with pytest.raises(UserError, match=r"learn takes no 'use_masking': it is a setting of the model.*PPO\(env, "):
         rlspeed.PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32).learn(32, use_masking=False)
 
+
+def test_stable_baselines3_helpers_imported_from_rlspeed_say_what_to_use_instead():
+    """A script ported by swapping `stable_baselines3` for `rlspeed` in its imports (`from rlspeed import
+    make_vec_env`, `from rlspeed.evaluation import evaluate_policy`, ...) got a bare "cannot import name": now one
+    sentence naming rlspeed's way; attribute lookups keep their AttributeError, as for any name."""
+    import rlspeed
+    import rlspeed.evaluation
+
+    with pytest.raises(ImportError, match=r"rlspeed has no evaluate_policy \(Stable-Baselines3's\): "
+                                          r"rlspeed.evaluate\(model, env, episodes=N\)"):
+        from rlspeed.evaluation import evaluate_policy  # noqa: F401
+    with pytest.raises(ImportError, match=r"rlspeed has no make_vec_env .*num_envs=N"):
+        from rlspeed import make_vec_env  # noqa: F401
+    with pytest.raises(ImportError, match=r"rlspeed has no set_random_seed .*seed=S"):
+        from rlspeed import set_random_seed  # noqa: F401
+    with pytest.raises(AttributeError, match=r"rlspeed has no VecNormalize .*normalize_obs=True"):
+        rlspeed.VecNormalize  # noqa: B018
+    with pytest.raises(AttributeError, match=r"rlspeed.evaluate\(model, env"):
+        rlspeed.evaluate_policy  # noqa: B018
+    assert getattr(rlspeed.evaluation, "evaluate_policy", None) is None and not hasattr(rlspeed, "Monitor")
+    with pytest.raises(AttributeError, match="module 'rlspeed.evaluation' has no attribute 'no_such_name'"):
+        rlspeed.evaluation.no_such_name  # noqa: B018
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):

@@ -58,12 +58,13 @@ def _lazy_getattr(name: str):
     (`rlspeed.algos`, ...) is imported as `import rlspeed.algos` would."""
     source = _SOURCES.get(name)
     if source is None:
-        if not name.startswith("_") and name[:1].isupper():
-            from rlspeed.errors import peer_algorithm_advice
+        if not name.startswith("_"):
+            from rlspeed.errors import peer_algorithm_advice, sb3_name_advice
 
-            advice = peer_algorithm_advice(name)
-            if advice is not None:
-                text = advice if advice.startswith("rlspeed has no") else f"rlspeed has no {name}: {advice}"
+            advice = peer_algorithm_advice(name) if name[:1].isupper() else None
+            text = sb3_name_advice(name) if advice is None else (
+                advice if advice.startswith("rlspeed has no") else f"rlspeed has no {name}: {advice}")
+            if text is not None:
                 # `from rlspeed import MaskablePPO` turns an AttributeError into a bare "cannot import name": there
                 # the advice is an ImportError of its own; hasattr and getattr with a default keep their AttributeError
                 if _importing_from(sys._getframe(1)):

@@ -197,6 +197,33 @@ def peer_algorithm_advice(name: str) -> str | None:
     return _PEER_ALGORITHMS.get(name.lower().replace("_", "").replace("-", ""))
 
 
+#: Stable-Baselines3's helper functions and env wrappers under their names, each with rlspeed's way to do their work:
+#: `from rlspeed import make_vec_env` (and `from rlspeed.evaluation import evaluate_policy`) says it (`sb3_name_advice`)
+_SB3_NAMES = {
+    "evaluate_policy": "rlspeed.evaluate(model, env, episodes=N) plays the episodes and returns a dict whose 'mean' "
+                       "and 'std' are evaluate_policy's pair (its 'returns' and 'lengths' what return_episode_rewards "
+                       "gives)",
+    **dict.fromkeys(("make_vec_env", "DummyVecEnv", "SubprocVecEnv"),
+                    "give the algorithm the env id and num_envs=N (PPO('CartPole-v1', num_envs=8); "
+                    "env_backend='gymnasium-async' steps them in subprocesses), or rlspeed.make_env(env_id, "
+                    "num_envs=N) for a batched env of tensors; a Stable-Baselines3 VecEnv you build also trains as it "
+                    "is"),
+    "set_random_seed": "give the model seed=S (PPO(env, seed=0)): its weights, samples and envs draw from streams "
+                       "of their own, which a global seed does not reach",
+    "VecNormalize": "normalize_obs=True and normalize_reward=True (with normalize_obs_clip and "
+                    "normalize_reward_clip) keep the statistics on the device and in the model's checkpoint; a "
+                    "Stable-Baselines3 VecEnv wrapped in VecNormalize also trains as it is",
+    "Monitor": "rlspeed counts the episodes' returns and lengths itself (metrics.csv's episode_return, evaluate's "
+               "returns and lengths), and keeps a Monitor of a Stable-Baselines3 VecEnv you give it",
+}
+
+
+def sb3_name_advice(name: str) -> str | None:
+    """What rlspeed offers in place of Stable-Baselines3's helper or wrapper `name` (`evaluate_policy`,
+    `make_vec_env`, `VecNormalize`, ...), a sentence without its full stop, or None for other names."""
+    advice = _SB3_NAMES.get(name)
+    return None if advice is None else f"rlspeed has no {name} (Stable-Baselines3's): {advice}"
+
 def infinite_advice(key: str) -> str:
     """How to write here what an infinite `key` means in Stable-Baselines3, for the refusal of it (hyperparameters
     are finite numbers); '' for keys where infinity means nothing."""

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import secrets
+import sys
 import typing
 
 import gymnasium as gym
@@ -37,7 +38,15 @@ from rlspeed.envs.gymnasium_env import (
 )
 from rlspeed.envs.packages import registering_modules
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
-from rlspeed.errors import UserError, close_errors_last, no_such_keyword, positive_whole, true_or_false, warn_at_caller
+from rlspeed.errors import (
+    UserError,
+    close_errors_last,
+    no_such_keyword,
+    positive_whole,
+    sb3_name_advice,
+    true_or_false,
+    warn_at_caller,
+)
 from rlspeed.logging import ProgressBar
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
@@ -258,6 +267,9 @@ def evaluate(model: rlspeed.algos.Algorithm,
     check_evaluated_model(model)
     deterministic = true_or_false("evaluate(deterministic=...)", deterministic)
     progress_bar = true_or_false("evaluate(progress_bar=...)", progress_bar)
+    if isinstance(seed, bool):  # (Stable-Baselines3's evaluate_policy(model, env, 10, False): deterministic, there)
+        raise UserError(f"evaluate's seed is a whole number, not {seed} (evaluate_policy's fourth argument is "
+                        f"deterministic, evaluate's is seed): write deterministic={seed}.")
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
@@ -929,3 +941,15 @@ def _observation_signature(space) -> object:
     if isinstance(space, gym.spaces.Box):
         return observation_layout(space)
     return space_to_json(space)
+
+
+if not typing.TYPE_CHECKING:  # (for type checkers a misspelt name stays an error)
+    def __getattr__(name: str):
+        """Stable-Baselines3's `evaluate_policy`, asked of this module as of its own: what to write instead, an
+        ImportError under `from rlspeed.evaluation import evaluate_policy` as under `from rlspeed import ...`."""
+        text = sb3_name_advice(name) if name == "evaluate_policy" else None
+        if text is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if rlspeed._importing_from(sys._getframe(1)):
+            raise ImportError(f"{text}.", name=__name__)
+        raise AttributeError(f"{text}.")

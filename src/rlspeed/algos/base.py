@@ -3835,6 +3835,10 @@ class Algorithm:
             raise UserError(f"load's {', '.join(sb3)}: Stable-Baselines3's keywords; rlspeed checkpoints hold no "
                             "pickled objects (replace a saved hyperparameter with a keyword: load(path, "
                             "learning_rate=...)), and an env given to load starts fresh episodes.")
+        if hasattr(device, "step") or isinstance(device, str) and device in gym.registry:  # (SB3's load(path, env))
+            name = "rlspeed.load" if cls is Algorithm else f"{cls.__name__}.load"
+            raise UserError(f"{name}'s second argument is the device (Stable-Baselines3's is the env): write "
+                            f"{name}(path, env=...).")
         device = resolve_device(device)
         path = run_model(path) if isinstance(path, (str, os.PathLike)) else path  # (a run directory: its model)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
