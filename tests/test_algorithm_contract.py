@@ -412,7 +412,8 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
                               ("policy_kwargs", r"model.config.net_arch"), ("ent_coef_optimizer", "model.log_alpha"),
                               ("log_ent_coef", r"model.log_alpha.exp\(\)"), ("ep_info_buffer", "'episode_return'"),
                               ("replay_buffer", r"len\(model.buffer\) transitions .*sample\(n\) a dict"),
-                              ("rollout_buffer", r"\[num_steps, num_envs\] tensors obs, .*advantages and returns")):
+                              ("rollout_buffer", r"\[num_steps, num_envs\] tensors obs, .*advantages and returns"),
+                              ("set_random_seed", r"Algo\(env, seed=S\), Algo.load\(path, seed=S\)")):
         with pytest.raises(AttributeError, match=rf"^{name}.{attribute} is Stable-Baselines3's; .*{advice}"):
             getattr(model, attribute)
     with pytest.raises(AttributeError, match=r"model.config.gamma"):  # (a hyperparameter, also where SB3's is named)

@@ -235,6 +235,8 @@ SB3_ATTRIBUTES = {
                                         "one like them, rlspeed.make_env(model.env_id) another, model.evaluate() "
                                         "plays episodes and model.close() closes them"),
     "set_env": "give the env when making or loading the model (Algo(env, ...), Algo.load(path, env=...))",
+    "set_random_seed": "give the seed when making or loading the model (Algo(env, seed=S), Algo.load(path, seed=S)): "
+                       "its weights, samples and envs draw from streams of their own",
     "get_parameters": "model.policy.state_dict() holds the policy's weights, model.save(path) the whole model (whose "
                       "networks model.set_parameters(path) takes)",
     "replay_buffer": "the model's storage is model.buffer (once learn made it): len(model.buffer) transitions (SB3's "
