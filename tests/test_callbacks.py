@@ -694,6 +694,19 @@ def test_eval_callback_refuses_a_next_step_vector_env_before_training():
     envs.close()
 
 
+def test_eval_callbacks_seed_is_checked_when_it_is_made():
+    """Stable-Baselines3's positional EvalCallback(env, None, None, 5, 1000, None, None, True, False) gives its ninth
+    argument, render, as this one's seed: False was taken as a seed and refused only at the first evaluation, after
+    training (a negative seed likewise). Both are refused when the callback is made, the first naming render."""
+    from rlspeed.callbacks import EvalCallback
+
+    with pytest.raises(UserError, match=r"EvalCallback's seed is a whole number, not False \(Stable-Baselines3's "
+                                        r"ninth argument is render, this one's is seed\): give render=\.\.\. by name"):
+        EvalCallback("CartPole-v1", None, None, 5, 1000, None, None, True, False)
+    with pytest.raises(UserError, match="A seed is a whole number from 0 to 2\\*\\*63 - 1, not -5"):
+        EvalCallback("CartPole-v1", seed=-5)
+    assert EvalCallback("CartPole-v1", seed=7).seed == 7
+
 @pytest.mark.parametrize("use", ["EvalCallback", "evaluate"])
 def test_a_next_step_vector_env_is_refused_after_a_same_step_one_of_its_env_was_made(use):
     """Gymnasium 1.1 to 1.3 (rlspeed's floor is 1.1) write a vector env's autoreset mode into the metadata dict of

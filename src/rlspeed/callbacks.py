@@ -903,7 +903,12 @@ class EvalCallback(BaseCallback):
         self.best_model_save_path = (given_path("EvalCallback's best_model_save_path", best_model_save_path)
                                      if best_model_save_path is not None else None)
         self.deterministic = true_or_false("EvalCallback(deterministic=...)", deterministic)
-        self.seed = seed
+        if isinstance(seed, bool):  # (Stable-Baselines3's ninth argument, render, given in seed's place)
+            raise UserError(f"EvalCallback's seed is a whole number, not {seed} (Stable-Baselines3's ninth argument is "
+                            "render, this one's is seed): give render=... by name.")
+        from rlspeed.envs.base import check_seed
+
+        self.seed = None if seed is None else check_seed(seed, limit_bits=63)  # (refused now, not at an evaluation)
         self.best_mean_reward: float = -math.inf
         self.last_mean_reward: float = -math.inf
         self.best_eval_seed: int | None = None
