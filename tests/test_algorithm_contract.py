@@ -450,7 +450,8 @@ def test_stable_baselines3_policy_attributes_say_what_to_use_instead(trained):
     for network in networks:
         for attribute, advice in (("optimizer", "model.optimizer"), ("set_training_mode", r"train\(mode\)"),
                                   ("obs_to_tensor", "model.device"), ("features_extractor", "encoder"),
-                                  ("predict", r"model.predict\(obs\)")):
+                                  ("predict", r"model.predict\(obs\)"), ("save", r"model.save\(path\) saves the "
+                                  r"whole model"), ("load", r"Algo.load\(path\) \(or rlspeed.load\(path\)\)")):
             with pytest.raises(AttributeError, match=rf"^{type(network).__name__}.{attribute} is Stable-Baselines3's; "
                                                      rf".*{advice}"):
                 getattr(network, attribute)

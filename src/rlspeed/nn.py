@@ -288,6 +288,11 @@ SB3_NETWORK_ATTRIBUTES = {
                     "the observation encoder is the network's encoder attribute (None for vector observations, "
                     "which the layers take flattened as they are)"),
     "device": "the model's device is model.device",
+    "save": "model.save(path) saves the whole model (Algo.load(path) gives it back, its policy model.policy), "
+            "model.export(path) the deterministic policy alone (ONNX, TorchScript), and "
+            "torch.save(model.policy.state_dict(), path) the weights",
+    "load": "Algo.load(path) (or rlspeed.load(path)) gives back a saved model, its policy model.policy; weights saved "
+            "with torch.save(network.state_dict(), path) go back with network.load_state_dict(torch.load(path))",
     **dict.fromkeys(("observation_space", "action_space"), "the spaces are model.observation_space and "
                                                              "model.action_space"),
 }
