@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import re
 import types
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -805,6 +806,9 @@ def test_record_mean_logs_the_mean_of_the_values_recorded_since_the_last_row():
     recorder.record_mean("custom/loss", 4.0)
     recorder.record("custom/loss", 1.0)
     recorder.record_mean("custom/loss", 3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recorder.record_mean("custom/loss", None)  # (skipped without a warning, as Stable-Baselines3's)
     assert recorder.take() == {"custom/loss": 2.0}
 
 

@@ -239,7 +239,8 @@ class MetricsRecorder:
 
     def record(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
                exclude: str | tuple[str, ...] | None = None) -> None:
-        """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
+        """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`. `exclude` is
+        taken and changes nothing: the value goes to metrics.csv and TensorBoard alike."""
         number = self._number(key, value)
         if number is not None:
             self.values[str(key)] = number
@@ -249,8 +250,8 @@ class MetricsRecorder:
                     exclude: str | tuple[str, ...] | None = None) -> None:
         """As `record`, but the next metrics row gets the mean of the values recorded for `key` since the last row
         (Stable-Baselines3's `record_mean`, whose mean runs over a dump interval); a `record` of the key starts the
-        mean again from its value."""
-        number = self._number(key, value)
+        mean again from its value. None is skipped, as there."""
+        number = None if value is None else self._number(key, value)
         if number is None:
             return
         key = str(key)
