@@ -3092,3 +3092,19 @@ def test_a_retired_mujoco_version_names_the_version_to_use():
     message = str(_dependency_error("HalfCheetah-v3", reason))
     assert message.endswith("moved (url); use HalfCheetah-v5, which Gymnasium registers.")
     assert "use" not in str(_dependency_error("HalfCheetah-v5", reason)).split("(url)")[1]
+
+
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_an_envs_observation_space_names_single_observation_space(backend):
+    """`env.observation_space` / `env.action_space` of an env `make_env` made: a bare "no attribute" before, though a
+    Gymnasium vector env has them (batched) and a Stable-Baselines3 VecEnv too (one env's): one sentence naming the
+    `single_` spaces rlspeed's envs have."""
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, backend=backend, device="cpu")
+    try:
+        for name in ("observation_space", "action_space"):
+            with pytest.raises(AttributeError, match=rf"^an rlspeed env has no {name} .*env\.single_{name} is one "
+                                                     r"env's space, and env\.num_envs the number of envs\.$"):
+                getattr(env, name)
+        assert env.single_observation_space.shape == (4,) and not hasattr(env, "observation_space")
+    finally:
+        env.close()

@@ -567,7 +567,12 @@ class BatchedEnv:
     if not typing.TYPE_CHECKING:  # (else type checkers type a misspelt attribute as Any instead of reporting it)
         def __getattr__(self, name: str):
             # (only for names not found, here innermost: SB3's VecEnv members say where the env this one adapts has
-            # them)
+            # them; the two spaces, which Gymnasium's vector envs and SB3's VecEnvs give with different meanings, say
+            # the name that has one)
+            if name in ("observation_space", "action_space"):
+                raise AttributeError(f"an rlspeed env has no {name} (a Gymnasium vector env's is the batched space, a "
+                                     f"Stable-Baselines3 VecEnv's one env's): env.single_{name} is one env's space, "
+                                     "and env.num_envs the number of envs.")
             if name not in _SB3_VEC_ENV_MEMBERS:
                 raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
             own = object.__getattribute__(self, "__dict__")
