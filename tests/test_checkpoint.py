@@ -1267,6 +1267,8 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
     # (Python's load imports nothing: evaluate and learn named no module, "import the module that registers it"; they
     # name the file's now, and how to import them)
     loaded = PPO.load(path, device="cpu")
+    # (the model says which modules its file records, for a caller to import: evaluate and export read them so)
+    assert loaded.recorded_gym_packages == ("fu_moved_envs",) and PPO("CartPole-v1", **TINY).recorded_gym_packages == ()
     for use in (lambda: loaded.evaluate(episodes=1), lambda: loaded.learn(16, progress_bar=False)):
         with pytest.raises(UserError, match=r"'FuMoved-v0', which is not a registered id here: the model's file "
                                             r"records the module that registers it, so import it first \(import "

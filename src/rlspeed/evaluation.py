@@ -78,7 +78,7 @@ def gym_packages(model) -> list[str]:
     """The modules that register `model`'s env id (`registering_modules`: what `save` and an export's sidecar record
     as `gym_packages`), else those the file the model was loaded from records (an id no module registered in this
     process: a file moved without its run)."""
-    return registering_modules(model.env_id) or list(model._recorded_gym_packages)
+    return registering_modules(model.env_id) or list(model.recorded_gym_packages)
 
 
 def recorded_modules_advice(model) -> str:
@@ -86,7 +86,7 @@ def recorded_modules_advice(model) -> str:
     (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id
     (`unregistered_id_refusal`); "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed
     eval` does, and says so."""
-    recorded = list(model._recorded_gym_packages)
+    recorded = model.recorded_gym_packages
     if not recorded or remakeable(model.env_id):
         return ""
     many = len(recorded) > 1

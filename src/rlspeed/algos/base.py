@@ -4007,6 +4007,14 @@ class Algorithm:
         return bool(getattr(self, "_masking", False) or getattr(self, "_saved_with_action_masks", False))
 
     @property
+    def recorded_gym_packages(self) -> tuple[str, ...]:
+        """The modules that the file this model was loaded from records as registering its env id (`gym_packages`: a
+        user's env's module, MinAtar's `minatar.gym`); () for a model built here or a file that records none. `load`
+        imports none of them: where nothing here registered the id (a file moved without its run), import them, then
+        evaluate or train (`rlspeed eval` imports them itself)."""
+        return tuple(self._recorded_gym_packages)
+
+    @property
     def trained_on_vec_normalize_obs(self) -> bool:
         """Whether this model trains (or the run it was saved from trained) on a Stable-Baselines3 VecNormalize that
         normalises observations: an env made from an id gives raw ones, which `evaluate` refuses."""
