@@ -314,6 +314,27 @@ def test_an_algorithm_of_a_users_own_loads_as_its_class_or_the_one_it_derives_fr
                 load(saved_by(cls), device="cpu")
 
 
+def test_resume_of_a_subclass_file_warns_only_once_the_resume_passed(tmp_path):
+    """`PPO.resume` of a file a user's PPO subclass saved warns that it makes it a PPO, and that the env options
+    differ, once every step that can refuse the resume passed: a refused resume (other networks) is its error alone
+    (it warned first, then refused)."""
+    tensors, meta = rlspeed.checkpoint.load_checkpoint(PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(
+        tmp_path / "ppo"))
+    path = tmp_path / "mine.safetensors"
+    rlspeed.checkpoint.save_checkpoint(path, tensors, {**meta, "class": "their_module.MyPPO",
+                                                       "env_kwargs": {"sutton_barto_reward": True}})
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(UserError, match="net_arch"):
+        warnings.simplefilter("always")
+        PPO("CartPole-v1", seed=0, device="cpu", net_arch=[8], **TINY).resume(path)
+    assert [str(warning.message) for warning in caught] == []
+    with pytest.warns(UserWarning) as caught:
+        PPO("CartPole-v1", seed=0, device="cpu", **TINY).resume(path)
+    said = [str(warning.message) for warning in caught]
+    assert sum("saved by their_module.MyPPO, a subclass of rlspeed's ppo; PPO.resume makes it" in text
+               for text in said) == 1
+    assert sum("made with the options {'sutton_barto_reward': True}" in text for text in said) == 1
+
+
 class ClashingName(rlspeed.DQN):
     """A user's DQN named as another rlspeed algorithm is."""
 

@@ -4039,15 +4039,6 @@ class Algorithm:
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
-        _warn_other_class(meta, type(self), path, "resume")
-        with warnings.catch_warnings():  # (an option no checkpoint can hold was said when this model was made)
-            warnings.simplefilter("ignore")
-            options = json.loads(json.dumps(recorded_env_kwargs(self.spec)))  # (as the file holds them)
-        saved_options = meta.get("env_kwargs") or {}
-        if isinstance(saved_options, dict) and saved_options != options:
-            warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {saved_options} and this "
-                          f"model's env has {options}: the run goes on on this model's env (make the model with the "
-                          "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
             saved = saved_config(self.config_cls, meta["config"], self.spec.observation_space)
         except UserError:
@@ -4093,6 +4084,16 @@ class Algorithm:
                         # (saved before any step: no episode in progress and no transition to lose, so a resume
                         # that starts fresh episodes and an empty replay buffer is the uninterrupted run)
                         "untrained": not int(meta.get("num_timesteps", 0))}
+        # (said once the resume has passed every step that can refuse it: a refused resume is its error alone)
+        _warn_other_class(meta, type(self), path, "resume")
+        with warnings.catch_warnings():  # (an option no checkpoint can hold was said when this model was made)
+            warnings.simplefilter("ignore")
+            options = json.loads(json.dumps(recorded_env_kwargs(self.spec)))  # (as the file holds them)
+        saved_options = meta.get("env_kwargs") or {}
+        if isinstance(saved_options, dict) and saved_options != options:
+            warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {saved_options} and this "
+                          f"model's env has {options}: the run goes on on this model's env (make the model with the "
+                          "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
 
     def _restore_counts(self, meta: dict) -> None:
         """The env steps and gradient steps a saved file holds (`load`, `resume`); a file an older rlspeed wrote after
