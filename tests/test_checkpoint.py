@@ -1299,8 +1299,10 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
     # (a file that records no module, as an older rlspeed wrote: learn(eval_freq) said the id was "an env built and
     # passed in"; it is the id nothing here registered, as evaluate says)
     loaded._recorded_gym_packages = []
-    with pytest.raises(UserError, match=r"'FuMoved-v0', which is not a registered id here: import the module that "
-                                        r"registers it first; or give it an env you built: PPO\.load\(path, env=env\)"):
+    with pytest.raises(UserError, match=r"'FuMoved-v0', which is not a registered id here: the model's file names no "
+                                        r"module that registers it \(.*\), so import the module that registers it "
+                                        r"first \(rlspeed eval MODEL --gym-packages MODULE; .*\); or give it an env "
+                                        r"you built: PPO\.load\(path, env=env\)"):
         loaded.learn(16, eval_freq=8, progress_bar=False)
     assert cli.main(["eval", str(path), "--episodes", "1", "--no-imports"]) == 2
     assert f"not importing fu_moved_envs, which {path} records" in capsys.readouterr().err
@@ -1308,3 +1310,37 @@ def test_rlspeed_eval_of_a_model_file_moved_without_its_run_imports_the_module_t
     captured = capsys.readouterr()
     assert f"rlspeed: importing fu_moved_envs, which {path} records" in captured.err
     assert "PPO on FuMoved-v0" in captured.out
+
+
+def test_rlspeed_eval_of_a_file_whose_recorded_module_registers_no_id_says_the_file_cannot_name_it(
+        tmp_path, monkeypatch, capsys):
+    """A package that registers an id whose entry point is in another module (`fu_reg_ids` registers FuRegElse-v0 as
+    `fu_reg_impl:Impl`) gets that module recorded (`gym_packages`: the file cannot know the registering one):
+    `rlspeed eval` of the moved file imported `fu_reg_impl` and then told the user to import it; it says the file
+    cannot name the module and how to pass it (--gym-packages), which then evaluates."""
+    import gymnasium as gym
+
+    from rlspeed import cli
+
+    (tmp_path / "fu_reg_impl.py").write_text(
+        "from gymnasium.envs.classic_control.cartpole import CartPoleEnv\n\n\nclass Impl(CartPoleEnv):\n    pass\n")
+    (tmp_path / "fu_reg_ids.py").write_text(
+        "import gymnasium as gym\n\n"
+        "gym.register('FuRegElse-v0', entry_point='fu_reg_impl:Impl', max_episode_steps=20)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("fu_reg_ids", "fu_reg_impl"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    import fu_reg_ids  # noqa: F401 (registers FuRegElse-v0)
+
+    path = PPO("FuRegElse-v0", seed=0, device="cpu", **TINY).save(tmp_path / "model")
+    assert rlspeed.checkpoint.load_checkpoint(path)[1]["gym_packages"] == ["fu_reg_impl"]
+    for module in ("fu_reg_ids", "fu_reg_impl"):  # (as in a process that never imported them)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.delitem(gym.registry, "FuRegElse-v0")
+    assert cli.main(["eval", str(path), "--episodes", "1"]) == 2
+    said = capsys.readouterr().err
+    assert "fu_reg_impl, which the model's file records as its env's module, is imported and registered no such id " \
+           "(another module registers it, which the file cannot name), so import the module that registers it first " \
+           "(rlspeed eval MODEL --gym-packages MODULE;" in said
+    assert cli.main(["eval", str(path), "--episodes", "1", "--gym-packages", "fu_reg_ids"]) == 0
+    assert "PPO on FuRegElse-v0" in capsys.readouterr().out

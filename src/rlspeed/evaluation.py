@@ -82,24 +82,38 @@ def gym_packages(model) -> list[str]:
 
 
 def recorded_modules_advice(model) -> str:
-    """Where no module registered `model`'s env id here and the file it was loaded from records those that register it
-    (`gym_packages`: a file moved without its run), how to import them, for the refusal naming the id
-    (`unregistered_id_refusal`); "" otherwise. Python's `load` imports none of them (docs/checkpoints.md): `rlspeed
-    eval` does, and says so."""
+    """Where no module registered `model`'s env id here, how to register it for the refusal naming the id
+    (`unregistered_id_refusal`): import the modules the file it was loaded from records as registering it
+    (`recorded_gym_packages`: a file moved without its run; Python's `load` imports none of them, docs/checkpoints.md,
+    `rlspeed eval` does and says so); where they are imported and registered no such id (an id that a module other
+    than its env's registers), that the file cannot name the module; "" where the file records none or the id is
+    registered."""
     recorded = model.recorded_gym_packages
     if not recorded or remakeable(model.env_id):
         return ""
     many = len(recorded) > 1
+    if all(module in sys.modules for module in recorded):
+        return (f"{', '.join(recorded)}, which the model's file records as its env's module{'s' if many else ''}, "
+                f"{'are' if many else 'is'} imported and registered no such id (another module registers it, which "
+                f"the file cannot name), so {_UNRECORDED_MODULE_ADVICE}")
     return (f"the model's file records the module{'s' if many else ''} that register{'' if many else 's'} it, so "
             f"import {'them' if many else 'it'} first ({'; '.join(f'import {module}' for module in recorded)}: "
             f"loading a model imports no module; `rlspeed eval MODEL` imports {'them' if many else 'it'})")
 
 
-def unregistered_id_refusal(model, instead: str, how: str = "import the module that registers it first") -> str:
+#: how to register an env id whose module a model's file cannot name (`recorded_modules_advice`)
+_UNRECORDED_MODULE_ADVICE = ("import the module that registers it first (rlspeed eval MODEL --gym-packages MODULE; an "
+                            "env of a script's own moved into a module first)")
+
+
+def unregistered_id_refusal(model, instead: str) -> str:
     """The refusal of a use of `model` that makes envs of its env id where nothing here registered the id (evaluate,
     a loaded model's learn): how to register it (`recorded_modules_advice` where the model's file records the modules,
-    else the caller's `how`); then `instead`, the caller's way with an env one built ("or give it ...")."""
-    how = recorded_modules_advice(model) or how
+    else that it names none, as `registering_modules` records none for a script's env, and
+    `_UNRECORDED_MODULE_ADVICE`); then `instead`, the caller's way with an env one built ("or give it ...")."""
+    how = recorded_modules_advice(model) or (
+        "the model's file names no module that registers it (a script registered it, in __main__, or a module other "
+        f"than its env's did: no file can name that module), so {_UNRECORDED_MODULE_ADVICE}")
     return f"This model trained on '{model.env_id}', which is not a registered id here: {how}; {instead}."
 
 
@@ -308,8 +322,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
         raise UserError(unregistered_id_refusal(
             model, "or, for an env you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
-                   "EvalCallback(env) instead of eval_freq)",
-            how="import the module that registers it first (rlspeed eval --gym-packages MODULE)"))
+                   "EvalCallback(env) instead of eval_freq)"))
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
