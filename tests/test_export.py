@@ -939,20 +939,35 @@ class _Branchy(Encoder):
         return torch.tanh(features)
 
 
-@pytest.mark.parametrize("format", ["torchscript", "exported_program"])
-def test_an_encoder_of_ones_own_that_a_graph_cannot_follow_is_one_sentence_and_no_file(tmp_path, format):
+class _BatchFixed(_Branchy):
+    """An encoder of the caller's own that reads the batch size as a Python int: a trace keeps the example's."""
+
+    kind = "batch-fixed encoder"
+
+    def forward(self, obs):
+        return torch.tanh(self.linear(obs.float())) * torch.ones(int(obs.shape[0]), 1)
+
+
+@pytest.mark.parametrize("format, encoder", [("torchscript", _Branchy), ("exported_program", _Branchy),
+                                             ("torchscript", _BatchFixed)])
+def test_an_encoder_of_ones_own_that_a_graph_cannot_follow_is_one_sentence_and_no_file(tmp_path, format, encoder):
     """A TorchScript trace of an encoder that branches on values kept the example's branch: the file gave other
     actions than predict (1 of 64 agreed), silently. torch.export refuses such code with torch's multi-paragraph
-    error. Each is one sentence naming the encoder and what to do, and nothing is written."""
-    class BranchyPPO(rlspeed.PPO):
+    error. A trace of one that fixes the batch size fails when the export runs it on its check batch: torch's
+    RuntimeError came out with the TorchScript interpreter's traceback (dozens of lines, no word of rlspeed's; the
+    CLI's user saw it all). Each is one sentence naming the encoder and what to do (torch's whole error its cause,
+    which --debug shows), and nothing is written."""
+    class OwnEncoderPPO(rlspeed.PPO):
         def _make_encoder(self, network):
-            return _Branchy()
+            return encoder()
 
-    model = BranchyPPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model = OwnEncoderPPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
     path = tmp_path / f"policy{FORMATS[format]}"
-    with pytest.raises(UserError, match=r"_Branchy") as error:
+    with pytest.raises(UserError, match=encoder.__name__) as error:
         model.export(path, format=format)
     assert "\n" not in str(error.value)
+    if encoder is _BatchFixed:
+        assert "(torch: The size of tensor a (64) must match the size of tensor b" in str(error.value)
     assert not path.exists() and not path.with_name(path.name + ".json").exists()
 
 

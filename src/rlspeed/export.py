@@ -748,8 +748,13 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
                     # observations below, which decides)
                     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
                     module.dtype_check = torch.jit.script(_checked_dtype)
-                    traced = torch.jit.trace(module, example)
-                    check_matches_model(model, module, graph=traced)
+                    try:
+                        traced = torch.jit.trace(module, example)
+                        check_matches_model(model, module, graph=traced)
+                    except UserError:
+                        raise
+                    except Exception as error:  # noqa: BLE001 (whatever a trace of the caller's own code raises)
+                        raise _uncapturable(model, module, format, error) from error
                     _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
             else:
                 try:
@@ -771,15 +776,23 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
 
 
 def _uncapturable(model, module: nn.Module, format: str, error: Exception) -> Exception:
-    """What to raise where torch.export failed on `module`: a UserError in one sentence where the policy holds
-    networks of the caller's own (an encoder of a subclass's `_make_encoder`, a `_build_policy` network), whose code
-    can fix the batch size or branch on values (torch's whole message stays the `__cause__`); torch's error as it is
-    where every layer is rlspeed's or torch's (rlspeed's fault)."""
+    """What to raise where torch.export, or a TorchScript trace (made, or run on the check's other batch), failed on
+    `module`: a UserError in one sentence where the policy holds networks of the caller's own (an encoder of a
+    subclass's `_make_encoder`, a `_build_policy` network), whose code can fix the batch size or branch on values
+    (torch's whole message, a TorchScript traceback ending in the error, stays the `__cause__`); torch's error as it
+    is where every layer is rlspeed's or torch's (rlspeed's fault)."""
     own = _own_modules(module)
     if not own:
         return error
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-    first = re.split(r"(?<=[.!?])\s", first)[0]  # (its first sentence: the rest points at torch's own logs)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    if format == "torchscript":  # (the interpreter's traceback first, the error last)
+        said = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+        return UserError(f"A TorchScript trace of {type(model).__name__}'s policy fails (torch: {said.rstrip('.')}) "
+                         f"in code that includes your {own}, which may fix the batch size or branch on values (the "
+                         "trace is run on 64 observations besides its example): change that code, or export "
+                         "format='exported_program' or 'onnx' (torch.export, which says where) instead of "
+                         "torchscript.")
+    first = re.split(r"(?<=[.!?])\s", lines[0])[0]  # (its first sentence: the rest points at torch's own logs)
     return UserError(f"torch.export cannot capture {type(model).__name__}'s policy as a graph for every batch size "
                      f"(torch: {first.rstrip('.')}), in code that includes your {own}, which may fix the "
                      f"batch size or branch on values (TORCH_LOGS=+dynamic shows where): change that code, or export "
