@@ -335,6 +335,21 @@ def test_resume_of_a_subclass_file_warns_only_once_the_resume_passed(tmp_path):
     assert sum("made with the options {'sutton_barto_reward': True}" in text for text in said) == 1
 
 
+def test_load_of_a_file_onto_an_env_it_does_not_fit_is_its_refusal_alone(tmp_path):
+    """`load(path, env=id)` of a file trained with env options warned that the env is made without them, then refused
+    the env (other spaces): a refused load is its error alone; a load that succeeds says it once."""
+    path = PPO("CartPole-v1", seed=0, device="cpu", env_kwargs={"sutton_barto_reward": True}, **TINY).save(
+        tmp_path / "options")
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(UserError, match="MountainCar-v0"):
+        warnings.simplefilter("always")
+        PPO.load(path, device="cpu", env="MountainCar-v0")
+    assert [str(warning.message) for warning in caught] == []
+    with pytest.warns(UserWarning, match=r"made with the options \{'sutton_barto_reward': True\}; "
+                                         r"load\(env='CartPole-v1'\) makes that env without them") as caught:
+        PPO.load(path, device="cpu", env="CartPole-v1").close()
+    assert len(caught) == 1
+
+
 class ClashingName(rlspeed.DQN):
     """A user's DQN named as another rlspeed algorithm is."""
 

@@ -3895,11 +3895,13 @@ class Algorithm:
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
         made = isinstance(env, str)  # (an id: this call makes the env)
+        # (warnings said once the model is loaded: a refused load is its error alone)
+        unsaid: list[tuple[str, type[Warning]]] = []
         if env is not None:
             if made and meta.get("env_kwargs") and env_kwargs is None:
-                warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
-                              f"load(env={env!r}) makes that env without them (pass them again: "
-                              "load(path, env=env_id, env_kwargs=options)).", stacklevel=2)
+                unsaid.append((f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
+                               f"load(env={env!r}) makes that env without them (pass them again: "
+                               "load(path, env=env_id, env_kwargs=options)).", UserWarning))
             if made:  # as many envs as the run trained with (as load without an env, whose learn makes them), on
                 # the backend given to load (else the one that fits the id and options, as a new model's)
                 num_envs = int(config.get("num_envs", 1))
@@ -3948,18 +3950,17 @@ class Algorithm:
             raise UserError(f"{algo.__name__}.load could not build the model of '{path}' without "
                             f"{', '.join(missing)}, a {', a '.join(missing.values())} its file does not keep "
                             f"({type(error).__name__}: {first_line(error)[:200]}): pass it again ({again}).") from error
-        unsaid = [name for name in missing if (algo, name) not in _UNSAVED_ARGUMENTS_SAID]
-        if unsaid:  # (built with the default, which may act otherwise; said once a process, as save says it)
-            _UNSAVED_ARGUMENTS_SAID.update((algo, name) for name in unsaid)
-            warnings.warn(f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
-                          f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
-                          f"default; pass it again ({again}).", stacklevel=2)
+        defaulted = [name for name in missing if (algo, name) not in _UNSAVED_ARGUMENTS_SAID]
+        if defaulted:  # (built with the default, which may act otherwise; said once a process, as save says it)
+            unsaid.append((f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
+                           f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
+                           f"default; pass it again ({again}).", UserWarning))
         model._env_given = env is not None and not made  # (an env load made from an id is made again after close,
         if made:  # on the same backend)
             model.env_backend = env_backend
         for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
             if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
-                warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)
+                unsaid.append((sentence, UnusedSettingWarning))
         model.seed = overrides["seed"] if "seed" in overrides else meta.get("seed")
         if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
@@ -3996,6 +3997,9 @@ class Algorithm:
         model._recorded_gym_packages = list(meta.get("gym_packages") or [])  # (saved again and exported with it)
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
+        _UNSAVED_ARGUMENTS_SAID.update((algo, name) for name in defaulted)
+        for sentence, category in unsaid:
+            warnings.warn(sentence, category, stacklevel=2)
         # (said once the model is built: a load that fails names the subclass in its error, one outcome)
         _warn_other_class(meta, algo, path, "load")
         return model
