@@ -350,6 +350,26 @@ def test_load_of_a_file_onto_an_env_it_does_not_fit_is_its_refusal_alone(tmp_pat
     assert len(caught) == 1
 
 
+def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypatch):
+    """`load(path, env=id, ...)` makes the env from the id, then builds the model: a build that refuses an override
+    (learning_rate=-1) left that env open (its worker processes too, for an async backend); it is closed."""
+    import rlspeed.algos.base
+
+    path = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "model")
+    closed = []
+
+    def make_env(*args, **kwargs):
+        env = rlspeed.make_env(*args, **kwargs)
+        close = env.close
+        env.close = lambda: closed.append(close())
+        return env
+
+    monkeypatch.setattr(rlspeed.algos.base, "make_env", make_env)
+    with pytest.raises(UserError, match="learning_rate must be > 0"):
+        PPO.load(path, device="cpu", env="CartPole-v1", learning_rate=-1.0)
+    assert len(closed) == 1
+
+
 class ClashingName(rlspeed.DQN):
     """A user's DQN named as another rlspeed algorithm is."""
 

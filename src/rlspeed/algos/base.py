@@ -3944,6 +3944,8 @@ class Algorithm:
                 warnings.simplefilter("ignore", EncoderWarning)
                 model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
         except Exception as error:
+            if made:  # (the env this call made goes with the model it was for; one the caller built is theirs)
+                env.close()
             if not missing or isinstance(error, UserError):
                 raise
             # (the subclass's code failed on the default it got: say which argument the file could not give it)
@@ -3974,9 +3976,11 @@ class Algorithm:
             model._schedule_open = bool(meta.get("schedule_continues", True))
         try:
             model._restore(tensors, meta, path)
-        except UserError as error:
+        except Exception as error:
+            if made:
+                env.close()
             other = _other_class(meta, algo)
-            if other is None:
+            if other is None or not isinstance(error, UserError):
                 raise
             # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
             detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
