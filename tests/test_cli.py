@@ -3601,3 +3601,22 @@ def test_resume_runs_also_checkpoint_by_wall_time_unless_a_step_frequency_is_ask
     assert asked[-1] == (6, cli.CHECKPOINT_INTERVAL_S)  # (1/20 of the budget and the wall-time bound)
     assert cli.main([*argv, "--out", "b", "--checkpoint-freq", "64"]) == 0
     assert asked[-1] == (64, None)
+
+
+def test_env_options_that_keep_the_task_keep_its_target_and_others_say_none_is_set(capsys):
+    """`--env-kwargs render_mode=rgb_array` (or an option at its registered value) left CartPole-v1 without its
+    475 target, training the whole budget; options that make another task left a run without one in silence, where
+    the same command without them named the target it stops at."""
+    from rlspeed.envs import env_spec
+
+    def target(env_id, env_kwargs):
+        args = argparse.Namespace(target_return=None, eval_freq=None, env_id=env_id, env_kwargs=["x"])
+        return cli._target_and_eval_freq(args, {}, env_spec(env_id, env_kwargs))[0]
+
+    assert target("CartPole-v1", {"render_mode": "rgb_array", "max_episode_steps": 500}) == 475
+    assert target("FrozenLake-v1", {"is_slippery": True}) == 0.7
+    assert capsys.readouterr().err == ""
+    assert target("FrozenLake-v1", {"is_slippery": False}) is None
+    assert capsys.readouterr().err == (
+        "rlspeed: note: no target: 0.7 is FrozenLake-v1's reward threshold without the env options is_slippery=False, "
+        "which make another task: give --target-return R to stop at one\n")

@@ -366,8 +366,22 @@ def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) ->
                 and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None))):
             print(f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as registered; with env "
                   "options it may not fit: give --target-return R (or none)", file=sys.stderr, flush=True)
+        elif target is None and "target_return" not in run_settings and getattr(spec, "env_kwargs", None):
+            _say_dropped_threshold(args.env_id, spec.env_kwargs)
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
     return target, eval_freq
+
+
+def _say_dropped_threshold(env_id: str, env_kwargs: dict) -> None:
+    """A note where the env options leave a run without the target the env id registers (`EnvSpec.with_options`:
+    its reward threshold says nothing of another task), so that no target is not taken for one."""
+    import gymnasium as gym
+
+    registered = getattr(gym.registry.get(env_id), "reward_threshold", None)
+    if registered is not None:
+        print(f"rlspeed: note: no target: {registered:g} is {env_id}'s reward threshold without the env options "
+              f"{as_keywords(env_kwargs)}, which make another task: give --target-return R to stop at one",
+              file=sys.stderr, flush=True)
 
 
 def _algorithm(name: str):
@@ -3368,7 +3382,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "the model, trains and writes nothing")
     train.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
-                            "reward_threshold; none: train the whole budget)")
+                            "reward_threshold, which env options that change its task leave out; none: train the "
+                            "whole budget)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
                        help="evaluate at the end of the first iteration at or past every multiple of N env steps "
                             "(default: the preset's, else a 40th of the budget and at least 2,048: with a target, or "

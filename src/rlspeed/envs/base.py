@@ -361,6 +361,7 @@ def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = 
     options = dict(env_kwargs)
     max_steps = time_limit_option(options, spec.max_episode_steps)
     options.pop("max_episode_steps", None)  # (gymnasium.make's own keyword, not the env's)
+    options.pop("render_mode", None)  # (how the env is shown, not which task it is)
     defaults = constructor_defaults(spec.entry_point)
     kwargs = {**defaults, **(spec.kwargs or {}), **options}
     own = {**defaults, **(spec.kwargs or {})}
@@ -376,6 +377,25 @@ def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = 
         if same:
             return other_id
     return None
+
+
+def same_task(env_id: str, env_kwargs: dict | None) -> bool:
+    """Whether `gymnasium.make(env_id, **env_kwargs)` makes `env_id`'s own task: each option at the value the id
+    registers (or its constructor's default), `render_mode` aside (how the env is shown, not which task it is), and
+    the id's time limit; False for an id Gymnasium does not register."""
+    try:
+        spec = gym.spec(env_id)
+    except Exception:  # (not a registered id: a user's vector env, a module:EnvId not imported)
+        return False
+    options = dict(env_kwargs or {})
+    if time_limit_option(options, spec.max_episode_steps) != spec.max_episode_steps:
+        return False
+    own = {**constructor_defaults(spec.entry_point), **(spec.kwargs or {})}
+    try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
+        return all(key in own and bool(own[key] == value) for key, value in options.items()
+                   if key not in ("max_episode_steps", "render_mode"))
+    except (ValueError, TypeError):
+        return False
 
 
 #: the `max_episode_steps` option with which `gymnasium.make` leaves the time limit out (Gymnasium's own value)
@@ -444,12 +464,14 @@ class EnvSpec:
         """This spec for the env made with the Gymnasium options `env_kwargs` (itself without any): the options
         recorded, the time limit a `max_episode_steps` option sets, and no reward threshold (the registered env's
         says nothing of a variant), unless the options make another registered id (`registered_variant`), whose
-        threshold is the task's."""
+        threshold is the task's, or the id's own task (`same_task`: `render_mode`, options at their registered
+        values), whose threshold stays."""
         if not env_kwargs:
             return self
         variant = registered_variant(self.env_id, env_kwargs)
-        return dataclasses.replace(self, env_kwargs=dict(env_kwargs),
-                                   reward_threshold=gym.spec(variant).reward_threshold if variant else None,
+        threshold = (gym.spec(variant).reward_threshold if variant
+                     else self.reward_threshold if same_task(self.env_id, env_kwargs) else None)
+        return dataclasses.replace(self, env_kwargs=dict(env_kwargs), reward_threshold=threshold,
                                    max_episode_steps=time_limit_option(env_kwargs, self.max_episode_steps))
 
     @functools.cached_property
