@@ -3620,3 +3620,14 @@ def test_env_options_that_keep_the_task_keep_its_target_and_others_say_none_is_s
     assert capsys.readouterr().err == (
         "rlspeed: note: no target: 0.7 is FrozenLake-v1's reward threshold without the env options is_slippery=False, "
         "which make another task: give --target-return R to stop at one\n")
+
+
+def test_a_typo_in_a_dry_runs_preset_file_is_one_short_sentence(tmp_path, capsys):
+    """The docs' way to a preset file (`--dry-run > my.yaml`, edited) with a misspelled key was refused with what the
+    file's use would have left out first ("not taken from it: seed 0, env_backend torch (flags)"), the mistake last."""
+    assert cli.main(["train", "ppo", "CartPole-v1", "--dry-run", "--total-timesteps", "2048"]) == 0
+    text = capsys.readouterr().out
+    (tmp_path / "my.yaml").write_text(text.replace("learning_rate:", "learnin_rate:"))
+    error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--preset", str(tmp_path / "my.yaml"), "--dry-run"])
+    assert error == (f"rlspeed: error: {tmp_path / 'my.yaml'}, a run's config.yaml (CartPole-v1): Unknown "
+                     "hyperparameter 'learnin_rate' for PPO. Did you mean learning_rate?")

@@ -190,8 +190,9 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
                                              for field in dataclasses.fields(cls.config_cls)}
     # (a hyperparameter may hold a mapping too, net_arch: {pi: [...], vf: [...]}: not an env entry)
     nested = [isinstance(value, dict) and str(key) not in names for key, value in data.items()]
+    taken = ""  # (what of a run's config.yaml the preset takes: said where it is used, not in a refusal)
     if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
-        entry, where = _from_run_config(path, data, algo, env_id)  # (checked below as any entry)
+        entry, where, taken = _from_run_config(path, data, algo, env_id)  # (checked below as any entry)
     elif all(nested):  # env id -> entry
         atari = ATARI_KEY if ATARI_KEY in data and images and atari_image_id(env_id) else None
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), atari, "default") if k in data), None)
@@ -224,7 +225,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     if any(k in entry for k in ZOO_KEYS):
         from rlspeed.presets import zoo
 
-        translation = zoo.translate_entry(algo, entry, f"{where}, RL-Zoo's format", strict=True,
+        translation = zoo.translate_entry(algo, entry, f"{where}{taken}, RL-Zoo's format", strict=True,
                                           atari=images and atari_image_id(env_id))
         if translation.blocking:
             raise UserError(f"{where} (RL-Zoo's format) cannot be used: {'; '.join(translation.blocking)}.")
@@ -236,13 +237,13 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
         build_config(ALGORITHMS[algo].config_cls, hyper)
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
-    return Preset(entry, "file", f"{where}, rlspeed's format")
+    return Preset(entry, "file", f"{where}{taken}, rlspeed's format")
 
 
-def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> tuple[dict, str]:
-    """(entry, where) of a run's config.yaml given as a preset: its hyperparameters and run settings (the seed, env
-    backend and env options are the command line's: `where` names the run's). UserError for another algorithm's run
-    or a population's (per-member values)."""
+def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> tuple[dict, str, str]:
+    """(entry, where, taken) of a run's config.yaml given as a preset: its hyperparameters and run settings (the
+    seed, env backend and env options are the command line's: `taken` names the run's). UserError for another
+    algorithm's run or a population's (per-member values)."""
     if data["algo"] != algo:
         raise UserError(f"{path} is the config.yaml of a {data['algo']} run: train {data['algo']} with it, or give "
                         f"{algo} a preset of its own.")
@@ -261,7 +262,7 @@ def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> tuple[di
     note = f"; not taken from it: {', '.join(f'{k} {v}' for k, v in given.items())} (flags)" if given else ""
     if other_env:
         note += f"; its target_return is {data['env_id']}'s, not taken"
-    return entry, f"{path}, a run's config.yaml ({data['env_id']}){note}"
+    return entry, f"{path}, a run's config.yaml ({data['env_id']})", note
 
 
 def _tuned_algorithm(text: str) -> str | None:
