@@ -3631,3 +3631,16 @@ def test_a_typo_in_a_dry_runs_preset_file_is_one_short_sentence(tmp_path, capsys
     error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--preset", str(tmp_path / "my.yaml"), "--dry-run"])
     assert error == (f"rlspeed: error: {tmp_path / 'my.yaml'}, a run's config.yaml (CartPole-v1): Unknown "
                      "hyperparameter 'learnin_rate' for PPO. Did you mean learning_rate?")
+
+
+def test_train_help_names_the_budget_a_run_without_one_trains(capsys):
+    """`rlspeed train --help` said the budget defaults to "the preset's"; on an env without a preset (Blackjack-v1)
+    the run trained 1,000,000 steps, which nothing said before it began."""
+    assert cli.main(["train", "--help"]) == 0
+    said = re.search(r"--total-timesteps N env steps, e\.g\. 1e5 \(default: the preset's, else ([\d,]+)\)",
+                     " ".join(capsys.readouterr().out.split()))
+    assert said is not None
+    assert cli.main(["train", "ppo", "Blackjack-v1", "--dry-run"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["preset"]["source"] == "rlspeed-default"
+    assert config["total_timesteps"] == int(said[1].replace(",", ""))

@@ -348,9 +348,14 @@ def _target(arg: str | None, spec, name: str = "--target-return") -> float | Non
     return value
 
 
+#: a run's budget where neither `--total-timesteps` nor the preset gives one
+_DEFAULT_TOTAL_TIMESTEPS = 1_000_000
+
+
 def _total_timesteps(run_settings: dict, flag: int | None = None) -> int:
-    """A run's budget: `--total-timesteps` (`flag`), else the preset's total_timesteps, else 1,000,000 steps."""
-    return flag or run_settings.get("total_timesteps") or 1_000_000
+    """A run's budget: `--total-timesteps` (`flag`), else the preset's total_timesteps, else
+    `_DEFAULT_TOTAL_TIMESTEPS`."""
+    return flag or run_settings.get("total_timesteps") or _DEFAULT_TOTAL_TIMESTEPS
 
 
 def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) -> tuple[float | None, int | None]:
@@ -3368,7 +3373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", parents=[model], help="train an agent (presets per algorithm and env)")
     train.add_argument("--total-timesteps", type=_whole(1), default=None, metavar="N",
-                       help="env steps, e.g. 1e5 (default: the preset's)")
+                       help=f"env steps, e.g. 1e5 (default: the preset's, else {_DEFAULT_TOTAL_TIMESTEPS:,})")
     train.add_argument("--out", default=None, metavar="DIR",
                        help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a numbered suffix if that "
                             "exists)")
