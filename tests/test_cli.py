@@ -3644,3 +3644,14 @@ def test_train_help_names_the_budget_a_run_without_one_trains(capsys):
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["preset"]["source"] == "rlspeed-default"
     assert config["total_timesteps"] == int(said[1].replace(",", ""))
+
+
+def test_a_mujoco_v5_id_on_rl_zoos_v4_entry_is_not_told_another_envs_change(capsys):
+    """`rlspeed train ppo Swimmer-v5` said it took RL-Zoo's Swimmer-v4 entry because v5 "revises the env (Ant's
+    observations differ)": the reason named Ant as if it were Swimmer's change."""
+    pytest.importorskip("rl_zoo3")
+    pytest.importorskip("mujoco")
+    assert cli.main(["train", "ppo", "Swimmer-v5", "--dry-run", "--total-timesteps", "2048"]) == 0
+    origin = yaml.safe_load(capsys.readouterr().out)["preset"]["origin"]
+    assert "its Swimmer-v4 entry" in origin and "(Ant's" not in origin
+    assert "Ant-v5's observations differ from Ant-v4's, for one" in origin

@@ -239,7 +239,8 @@ def _entry_key(entries: dict, env_id: str) -> str | None:
 
 
 #: how a preset says that a MuJoCo v5 id took RL-Zoo's v4 entry
-MUJOCO_V4_NOTE = "its {older} entry: RL-Zoo has none for v5, which revises the env (Ant's observations differ)"
+MUJOCO_V4_NOTE = ("its {older} entry: RL-Zoo has none for v5, whose envs revise v4's (Ant-v5's observations differ "
+                  "from Ant-v4's, for one)")
 
 
 def _mujoco_v4(env_id: str) -> str | None:
