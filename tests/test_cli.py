@@ -3655,3 +3655,17 @@ def test_a_mujoco_v5_id_on_rl_zoos_v4_entry_is_not_told_another_envs_change(caps
     origin = yaml.safe_load(capsys.readouterr().out)["preset"]["origin"]
     assert "its Swimmer-v4 entry" in origin and "(Ant's" not in origin
     assert "Ant-v5's observations differ from Ant-v4's, for one" in origin
+
+
+def test_a_command_line_whose_words_an_option_took_names_the_option_and_the_fix(capsys):
+    """`rlspeed train --gym-packages myenvs ppo MyLine-v0` was refused as 'the following arguments are required: ALGO,
+    ENV_ID', which the command gave (--gym-packages took them as modules); `--set learning_rate 1e-3` as
+    'unrecognized arguments: 1e-3'. Neither named the fix."""
+    assert cli_error(capsys, ["train", "--gym-packages", "mymod", "ppo", "MyLine-v0"]) == (
+        "rlspeed: error: the following arguments are required: ALGO, ENV_ID; --gym-packages took mymod ppo MyLine-v0 "
+        "as modules (it takes every word up to the next option): give ALGO ENV_ID before it (see 'rlspeed train "
+        "--help').")
+    assert cli_error(capsys, ["train", "ppo", "--gym-packages", "mymod"]) == (
+        "rlspeed: error: the following arguments are required: ENV_ID (see 'rlspeed train --help').")
+    assert cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "learning_rate", "1e-3"]) == (
+        "rlspeed: error: unrecognized arguments: 1e-3; --set takes KEY=VALUE as one word: --set learning_rate=1e-3.")

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -3979,6 +3980,32 @@ def _pairs_after_flag(unknown: list[str], argv: list[str]) -> tuple[str, list[st
     return argv[start - 1], argv[start:end]
 
 
+def _value_after_key(unknown: list[str], argv: list[str]) -> tuple[str, str] | None:
+    """(flag, key) where the first unrecognized argument follows `--set KEY` or `--env-kwargs KEY` (a key without
+    `=`: its value given as a word of its own), else None."""
+    if not unknown or unknown[0].startswith("--") or unknown[0] not in argv:
+        return None
+    at = argv.index(unknown[0])
+    if at < 2 or argv[at - 2] not in ("--set", "--env-kwargs") or "=" in argv[at - 1]:
+        return None
+    return argv[at - 2], argv[at - 1]
+
+
+def _swallowed_hint(text: str, argv: list[str]) -> str:
+    """`--gym-packages MODULE ALGO ENV_ID`: the option takes every word up to the next option, so argparse said the
+    command's arguments, taken as modules, were missing; the error names the words it took and where to put it."""
+    missing = re.match(r"^the following arguments are required: ([^(]+?) \(see", text)
+    at = next((i for i, arg in enumerate(argv) if len(arg) > 3 and "--gym-packages".startswith(arg)), None)
+    if missing is None or at is None:
+        return text
+    taken = list(itertools.takewhile(lambda arg: not arg.startswith("-"), argv[at + 1:]))
+    if len(taken) < 2:
+        return text
+    return (f"the following arguments are required: {missing[1]}; --gym-packages took {' '.join(taken)} as modules (it "
+            f"takes every word up to the next option): give {missing[1].replace(',', '')} before it"
+            + text[missing.end(1):])
+
+
 #: the flag of each command that takes the env steps to run, and the names other commands or tools give it
 #: the names of a command's env steps to run, here (an option's dest: train's total_timesteps, profile's steps, tune's
 #: budget) and in other tools
@@ -3998,6 +4025,11 @@ def _unrecognized_hint(text: str, argv: list[str], command: str, parser: argpars
     from rlspeed.algos.base import _SHORT_NAMES, CLEANRL_NAMES
 
     unknown = text.removeprefix("unrecognized arguments:").split(" (see ")[0].split()
+    split = _value_after_key(unknown, argv)
+    if split is not None:  # (`--set learning_rate 1e-3`: the key and its value as two words)
+        flag, key = split
+        return (f"unrecognized arguments: {' '.join(unknown)}; {flag} takes KEY=VALUE as one word: {flag} "
+                f"{shlex.quote(f'{key}={unknown[0]}')}.")
     pairs = _pairs_after_flag(unknown, argv)
     if pairs is not None:  # (RL-Zoo's --env-kwargs and --hyperparams take several after one flag)
         flag, given = pairs
@@ -4105,6 +4137,8 @@ def _main(argv: list[str]) -> int:
             # (options after the command are checked by the top parser: point to the command's own help)
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
             text = _unrecognized_hint(text, argv, command, parser)
+        elif text.startswith("the following arguments are required"):
+            text = _swallowed_hint(text, argv)
         elif command is None and text.startswith("a command is required") and set(argv) - {"--debug"}:
             # (`rlspeed --verison`: the unknown option is named, and its closest one, not the missing command)
             unknown = [arg for arg in argv if arg != "--debug"]
