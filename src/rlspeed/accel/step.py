@@ -27,6 +27,7 @@ for good (with a warning and a note in the report).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 import warnings
@@ -167,6 +168,11 @@ class AcceleratedStep:
         if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
             raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
                             "argument.")
+        for optimizer in self.optimizers:
+            if _needs_closure(optimizer):
+                raise UserError(f"{type(optimizer).__name__} needs a closure at each step (it evaluates the loss "
+                                "several times per step), which accelerate_step does not give: keep its own loop, "
+                                "optimizer.step(closure), and accelerate the model with auto_accelerate.")
         self._given_params = list(params) if params is not None else None
         self.params: list[torch.Tensor] = self._trained_params()
         if not self.params:
@@ -648,6 +654,15 @@ def _switch_to_fused(optimizer: torch.optim.Optimizer) -> None:
     fuse(optimizer)
     optimizer.register_state_dict_post_hook(saved)
     optimizer.register_load_state_dict_post_hook(fuse)
+
+
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step` must be given a closure (torch.optim.LBFGS: `step(closure)`, no default)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # (a step without a signature to read: stepped as the others)
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def _fused_request(value: bool | str | None) -> bool | str:
