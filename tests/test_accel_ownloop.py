@@ -4,10 +4,14 @@ acceleration layer) is accelerated as the plain loop runs, or refused or reporte
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
+import rlspeed
 from rlspeed.accel import accelerate_step
 from rlspeed.errors import UserError
 
@@ -28,3 +32,38 @@ def test_an_optimizer_that_needs_a_closure_is_refused_in_one_sentence_before_any
     with pytest.raises(UserError, match="LBFGS needs a closure.*auto_accelerate"):
         accelerate_step(lambda x: model(x).pow(2).mean(), optimizer)
     assert all(torch.equal(a, b) and p.grad is None for a, b, p in zip(before, model.parameters(), model.parameters()))
+
+
+def _imported_at_import(module: str) -> set[str]:
+    """The rlspeed modules importing `module` runs: its module-level imports (not those inside functions, which run
+    when called), their packages' `__init__`s, and theirs in turn."""
+    root = Path(rlspeed.__file__).parent.parent
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        path = root / Path(*name.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if name in seen or not path.exists():
+            continue
+        seen.add(name)
+        todo.extend(".".join(name.split(".")[:i]) for i in range(2, name.count(".") + 1))  # (its packages)
+        nodes = list(ast.parse(path.read_text()).body)
+        while nodes:
+            node = nodes.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(node, ast.Import):
+                todo.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                todo.extend([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+            else:
+                nodes.extend(ast.iter_child_nodes(node))
+    return {name for name in seen if name.startswith("rlspeed")}
+
+
+def test_the_acceleration_layer_imports_no_environments_or_algorithms():
+    """A script that imports only `accelerate_step`/`auto_accelerate` pays for the acceleration layer alone: it used to
+    import `rlspeed.nn` (for its gradient clipping) and through it `rlspeed.envs`, about 0.1 s of CPU of every run."""
+    imported = _imported_at_import("rlspeed.accel")
+    assert "rlspeed.accel.step" in imported and "rlspeed.device" in imported  # (it follows the imports)
+    assert not {name for name in imported if name.startswith(("rlspeed.envs", "rlspeed.algos", "rlspeed.nn"))}

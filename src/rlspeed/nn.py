@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.accel.grads import clip_grad_norm as clip_grad_norm  # (re-exported: the updates clip with it)
 from rlspeed.activations import ACTIVATION_CLASSES, check_activation
 from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
@@ -1185,18 +1186,6 @@ def make_adam(params, lr: float, device: torch.device, eps: float = 1e-5) -> tor
         except (RuntimeError, TypeError):
             pass
     return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
-
-
-def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before clipping.
-
-    The same maths as `torch.nn.utils.clip_grad_norm_` in a handful of foreach kernels and no host sync
-    (the library version spends dozens of small ops grouping tensors by device and dtype).
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
-    return total
 
 
 class SquashedGaussianActor(SB3Names, nn.Module):

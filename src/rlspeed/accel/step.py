@@ -43,6 +43,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from rlspeed.accel import cache
 from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule, shared by steps)
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
+from rlspeed.accel.grads import clip_grad_norm
 from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
 from rlspeed.accel.introspect import (
@@ -67,7 +68,6 @@ from rlspeed.accel.strategy import (
 )
 from rlspeed.device import describe, resolve_device
 from rlspeed.errors import UserError, no_such_keyword
-from rlspeed.nn import clip_grad_norm
 
 GUARD_WINDOW = 32  # fp16: steps between the (single) host reads of the skipped-step count
 GUARD_MAX_SKIPS = 8  # more skipped steps than this in a window (after the first) -> fall back to fp32
