@@ -226,7 +226,8 @@ def test_user_errors_are_one_sentence():
     with pytest.raises(UserError, match="has no forward.*agent.actor = auto_accelerate"):
         auto_accelerate(Agent(), device="cpu")
     # (a torch.compile()d module has its forward on the instance: what it wraps is accelerated, not refused)
-    compiled = auto_accelerate(torch.compile(make_policy()), device="cpu")
+    with pytest.warns(UserWarning, match="torch.compile\\(\\)d module"):  # (compiled no more on a CPU: said)
+        compiled = auto_accelerate(torch.compile(make_policy()), device="cpu")
     assert isinstance(compiled, nn.Module) and compiled(torch.randn(3, 4)).shape[0] == 3
     model = make_policy()
     with pytest.raises(UserError, match="needs a torch.optim.Optimizer"):  # the model where the optimizer goes

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import rlspeed
-from rlspeed.accel import accelerate_step
+from rlspeed.accel import accelerate_step, auto_accelerate
 from rlspeed.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("isolated_accel")  # conftest: own cache, nothing forced, short timing
@@ -67,3 +67,15 @@ def test_the_acceleration_layer_imports_no_environments_or_algorithms():
     imported = _imported_at_import("rlspeed.accel")
     assert "rlspeed.accel.step" in imported and "rlspeed.device" in imported  # (it follows the imports)
     assert not {name for name in imported if name.startswith(("rlspeed.envs", "rlspeed.algos", "rlspeed.nn"))}
+
+
+def test_a_compiled_model_given_to_auto_accelerate_says_its_compilation_is_replaced():
+    """`auto_accelerate(torch.compile(model))` returns the module inside; on a device where it tries no compilation
+    the user's torch.compile used to be dropped without a word."""
+    model, x = _mlp(), torch.ones(3, 4)
+    expected = model(x)
+    with pytest.warns(UserWarning, match="torch.compile\\(\\)d module.*runs uncompiled; pass compile=True"):
+        accelerated = auto_accelerate(torch.compile(model), device="cpu")
+    assert accelerated is model
+    assert any("torch.compile()d module" in note for note in accelerated.accel_report.notes)
+    assert torch.equal(accelerated(x), expected)

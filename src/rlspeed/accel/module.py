@@ -109,7 +109,8 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
     if not isinstance(model, nn.Module):
         raise UserError(f"auto_accelerate expects a torch.nn.Module, got {type(model).__name__}.")
     original = getattr(model, "_orig_mod", None)  # a torch.compile()d module: accelerate what it wraps
-    if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
+    unwrapped = isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule"
+    if unwrapped:
         model = original
     if type(model).forward is nn.Module.forward:  # (CleanRL's Agent: methods that call its submodules)
         raise UserError(f"{type(model).__name__} has no forward() for auto_accelerate to speed up: accelerate the "
@@ -120,6 +121,8 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
     base = made_as(model)
     # (made before the model changes: a request the device refuses leaves the model as it was)
     accelerator = ModuleAccelerator(base, target, request, floating_dtype(model.parameters()))
+    if unwrapped:
+        _say_compile_replaced(accelerator)
     before = type(model), model.__dict__.get("_rlspeed_accelerator")
     model.to(target)  # in place: the Parameter objects stay the same
     model.__class__ = _accelerated_class(base)
@@ -136,6 +139,20 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
                 model.__dict__["_rlspeed_accelerator"] = before[1]
             raise
     return model
+
+
+def _say_compile_replaced(accelerator: ModuleAccelerator) -> None:
+    """`auto_accelerate` was given a torch.compile()d module and returns the module it wraps: the report says so, and
+    a warning too where none of the candidates compiles (the user's compilation would be dropped unseen)."""
+    compiles = any(s.compile != "off" for s in accelerator._candidates)
+    message = ("auto_accelerate was given a torch.compile()d module: it returns the module inside, accelerated, "
+               "whose compilation its own setting decides: "
+               + ("its candidates include torch.compile" if compiles else
+                  f"none of its candidates on {accelerator.device.type} compiles (see its notes), so the model runs "
+                  "uncompiled; pass compile=True to time torch.compile among them"))
+    accelerator.report.note(message + ".")
+    if not compiles:
+        warnings.warn(message + ".", stacklevel=3)
 
 
 def _target_device(model: nn.Module, device) -> torch.device:
