@@ -79,3 +79,43 @@ def test_a_compiled_model_given_to_auto_accelerate_says_its_compilation_is_repla
     assert accelerated is model
     assert any("torch.compile()d module" in note for note in accelerated.accel_report.notes)
     assert torch.equal(accelerated(x), expected)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x, state):
+        out, state = self.lstm(x, state)
+        return self.head(out), state
+
+
+class _CountingConverter:
+    """Stands in for a module accelerator's input converter, counting the calls that went through it."""
+
+    def __init__(self, converter):
+        self.converter, self.convert_dtypes, self.calls = converter, converter.convert_dtypes, 0
+
+    def __call__(self, args, kwargs):
+        self.calls += 1
+        return self.converter(args, kwargs)
+
+
+def test_a_recurrent_state_tuple_of_tensors_in_place_is_not_converted_at_each_call():
+    """A rollout's `policy(x, (h, c))` went through the general input conversion at every call (+25-30 us a call of
+    a small LSTM on a CPU, a quarter of the call); tensors in place in a tuple now take the plain tensors' path."""
+    torch.manual_seed(0)
+    model = _Recurrent()
+    x, state = torch.randn(1, 3, 4), (torch.zeros(1, 3, 8), torch.zeros(1, 3, 8))
+    with torch.no_grad():
+        expected = model(x, state)
+        auto_accelerate(model, device="cpu")
+        model(x, state)  # (the first call of a kind decides it)
+        counting = _CountingConverter(model.__dict__["_rlspeed_accelerator"].converter)
+        model.__dict__["_rlspeed_accelerator"].converter = counting
+        outputs = model(x, state)
+        assert counting.calls == 0
+        assert torch.equal(outputs[0], expected[0]) and all(map(torch.equal, outputs[1], expected[1]))
+        converted = model(x, tuple(t.numpy() for t in state))  # (a state that needs converting still is)
+    assert counting.calls == 1 and torch.equal(converted[0], expected[0])

@@ -341,14 +341,27 @@ class ModuleAccelerator:
         if self._local.__dict__.get("depth") or _STEP_SCOPE.__dict__.get("depth"):  # a nested call (a method calling
             # self() inside an accelerated call), or a call inside an accelerated step's loss function
             return self.base_forward(module, *args, **kwargs)
-        if args and not kwargs:  # fast path: tensors already in place (policy(obs), critic(obs, action)), a plain
-            # or a waiting kind of call; the batch size is the first one of at least two dimensions (`batch_size_of`)
+        if args and not kwargs:  # fast path: tensors already in place (policy(obs), critic(obs, action), lstm(x, (h,
+            # c))), a plain or a waiting kind of call; the batch size is the first one of at least two dimensions in
+            # argument order (`batch_size_of`)
             device, convert, size = self.device, self.converter.convert_dtypes, None
             for x in args:
-                if type(x) is not torch.Tensor or x.device != device or x.dtype in convert:
+                if type(x) is torch.Tensor:
+                    if x.device != device or x.dtype in convert:
+                        break
+                    if size is None and x.ndim >= 2:
+                        size = x.shape[0]
+                elif type(x) is tuple:  # (a recurrent policy's state, (h, c), in place alike: no conversion either)
+                    for t in x:
+                        if type(t) is not torch.Tensor or t.device != device or t.dtype in convert:
+                            break
+                        if size is None and t.ndim >= 2:
+                            size = t.shape[0]
+                    else:
+                        continue
                     break
-                if size is None and x.ndim >= 2:
-                    size = x.shape[0]
+                else:
+                    break
             else:
                 if size is not None and type(size) is not int:  # (torch.jit.trace: shapes are traced values)
                     return self.base_forward(module, *args)
