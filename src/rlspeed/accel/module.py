@@ -69,6 +69,7 @@ SEARCH_COST_SHARE = 0.03
 _STEP_SCOPE = threading.local()
 
 _CLASS_ATTRIBUTE = "_rlspeed_accelerated_class"  # where `_accelerated_class` keeps a class's accelerated subclass
+_FAST_SCALARS = (bool, int, float)  # argument types the fast path of a call passes as they are (as the converter does)
 _ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
 
 
@@ -341,11 +342,11 @@ class ModuleAccelerator:
         if self._local.__dict__.get("depth") or _STEP_SCOPE.__dict__.get("depth"):  # a nested call (a method calling
             # self() inside an accelerated call), or a call inside an accelerated step's loss function
             return self.base_forward(module, *args, **kwargs)
-        if args and not kwargs:  # fast path: tensors already in place (policy(obs), critic(obs, action), lstm(x, (h,
-            # c))), a plain or a waiting kind of call; the batch size is the first one of at least two dimensions in
-            # argument order (`batch_size_of`)
+        if args:  # fast path: tensors already in place (policy(obs), critic(obs, action), lstm(x, (h, c)),
+            # model(x, scale=2.0)), a plain or a waiting kind of call; the batch size is the first one of at least two
+            # dimensions in argument order (`batch_size_of`); numbers and None pass as the converter passes them
             device, convert, size = self.device, self.converter.convert_dtypes, None
-            for x in args:
+            for x in (args if not kwargs else (*args, *kwargs.values())):
                 if type(x) is torch.Tensor:
                     if x.device != device or x.dtype in convert:
                         break
@@ -360,17 +361,17 @@ class ModuleAccelerator:
                     else:
                         continue
                     break
-                else:
+                elif x is not None and type(x) not in _FAST_SCALARS:
                     break
             else:
                 if size is not None and type(size) is not int:  # (torch.jit.trace: shapes are traced values)
-                    return self.base_forward(module, *args)
+                    return self.base_forward(module, *args, **kwargs)
                 key = (1 << (size - 1).bit_length() if size is not None else None, torch.is_grad_enabled(),
                        module.training)
                 decision = self._plain.get(key)
                 if decision is not None:
                     decision.calls += 1
-                    return self.base_forward(module, *args)
+                    return self.base_forward(module, *args, **kwargs)
                 waiting = self._waiting.get(key)
                 if waiting is not None and waiting.spent_s < waiting.threshold_s:
                     return self._timed(waiting, module, args, kwargs)
