@@ -226,6 +226,19 @@ def test_a_population_members_sidecar_records_its_seed():
     assert sidecar["seed"] == 4 and sidecar["gym_packages"] == []
 
 
+def test_the_sidecar_names_the_module_that_registers_rlspeeds_own_gymnasium_ids():
+    """An env id rlspeed registers with Gymnasium (PendulumNoVel-v1, RecurrentPPO's task) needs `rlspeed.envs`
+    imported before `gymnasium.make` works: the sidecar's `gym_packages` names it (it was empty, as for Gymnasium's
+    own ids, and a deployment that made the env from the sidecar stopped at Gymnasium's NameNotFound)."""
+    from pathlib import Path
+
+    from rlspeed.export import describe, export_module
+
+    model = rlspeed.RecurrentPPO("PendulumNoVel-v1", seed=0, num_envs=1, lstm_hidden_size=4, device="cpu")
+    sidecar = describe(model, export_module(model), "onnx", Path("policy.onnx"))
+    assert sidecar["gym_packages"] == ["rlspeed.envs"]
+
+
 def test_an_onnx_graph_names_each_dynamic_dimension_as_the_export_declares_it(tmp_path):
     """Each dynamic dimension of the ONNX graph gets the name the export module's `dynamic_shapes()` gives it: every
     symbolic one was named `batch`, right only while the batch was the only one (a policy of one's own that also

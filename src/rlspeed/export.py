@@ -596,7 +596,7 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     options = recorded_env_kwargs(model.spec)  # (the env's options: the same env needs them)
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
             # (the modules to import before gymnasium.make(env_id): a user's `module:EnvId`, MinAtar's minatar.gym)
-            "gym_packages": gym_packages(model), "seed": model.seed,
+            "gym_packages": _sidecar_gym_packages(model), "seed": model.seed,
             "env_kwargs": options, "env_kwargs_tuples": tuple_paths(options),  # (as a checkpoint records them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,
@@ -608,6 +608,18 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
             "action_mapping": (module.action_mapping if module.action_mask
                                else re.sub(r" \(masked [^)]*\)", "", module.action_mapping)),
             "preprocessing": _preprocessing(model.env_id, model.spec.env_kwargs)}
+
+
+def _sidecar_gym_packages(model) -> list[str]:
+    """The sidecar's `gym_packages`: the modules to import before `gymnasium.make(env_id)` works in a process that
+    has not imported rlspeed; for an id rlspeed registers with Gymnasium (`CartPoleNoVel-v1`, `PendulumNoVel-v1`,
+    `rlspeed/<id>`: an entry point of rlspeed's), `rlspeed.envs`, whose import registers them (a model file records
+    none: loading it imports rlspeed)."""
+    spec = gym.registry.get(model.env_id)
+    entry = getattr(spec, "entry_point", None)
+    if isinstance(entry, str) and entry.split(".", 1)[0] == "rlspeed":
+        return ["rlspeed.envs"]
+    return gym_packages(model)
 
 
 def _preprocessing(env_id: str, env_kwargs: dict | None = None) -> dict | None:
