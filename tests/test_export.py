@@ -239,6 +239,24 @@ def test_the_sidecar_names_the_module_that_registers_rlspeeds_own_gymnasium_ids(
     assert sidecar["gym_packages"] == ["rlspeed.envs"]
 
 
+def test_a_mask_row_that_allows_no_action_gives_action_0_in_the_exported_policy():
+    """A mask row allowing no action, which `predict` refuses, gives action 0 in the graph (which checks no
+    values), as docs/export.md tells a deployment that must refuse such rows itself; the other rows are unchanged."""
+    from rlspeed.export import export_module
+
+    model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=1, num_steps=16, batch_size=16, net_arch=(8,), device="cpu")
+    policy = export_module(model).with_action_mask()
+    favourites = model.predict(np.arange(500))[0]
+    states = torch.tensor([int(np.flatnonzero(favourites != 0)[0]), 17, 328])  # (row 0's own favourite is not 0)
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[1] = True  # row 1: every action allowed
+    mask[2, 5] = True  # row 2: only action 5
+    with pytest.raises(UserError, match="allows no action"):
+        model.predict(states.numpy(), action_masks=mask.numpy())
+    actions = policy(states, mask)
+    assert actions[0] == 0 and actions[2] == 5 and actions[1] == model.predict(states[1:2].numpy())[0][0]
+
+
 def test_an_onnx_graph_names_each_dynamic_dimension_as_the_export_declares_it(tmp_path):
     """Each dynamic dimension of the ONNX graph gets the name the export module's `dynamic_shapes()` gives it: every
     symbolic one was named `batch`, right only while the batch was the only one (a policy of one's own that also
