@@ -17,6 +17,13 @@ steps, ortho_init off, the same LSTMs and ReLU layers, VecNormalize. rlspeed tak
 that entry (`rlspeed.presets.zoo.translate`, which reads rl_zoo3's file); sb3-contrib the entry's values. It writes
 its own section (`recurrent_ppo_pendulum`) and results/recurrent_ppo_pendulum.json.
 
+`--env PendulumNoVel-v1 --learning`: (c) learning instead of (a). Each side trains `--budget` env steps (default
+102,400 = 25 rollouts of 4 x 1,024) at the settings above, with a deterministic 10-episode evaluation on a separate
+env (seeded apart, observations normalised with the training run's statistics, frozen; raw returns) at the first
+rollout boundary at or past half the budget and at the end, for each seed; every (side, seed) run in a fresh process,
+`--jobs` of them at once (sb3-contrib's first: they are the slow ones). It writes its own section
+(`recurrent_ppo_pendulum_learning`) and results/recurrent_ppo_pendulum_learning.json.
+
 Both libraries train on the same task: rlspeed's `CartPoleNoVel-v1` / `PendulumNoVel-v1` registration (RL-Zoo's
 velocity masks), so rl_zoo3's envs are not imported. torch.set_num_threads(--threads, default 1) for every run. Only
 `learn` is timed. Usage: python benchmarks/recurrent_ppo.py [--env ID] [--quick] [--seeds N] [--skip-sb3] ...
@@ -25,7 +32,11 @@ velocity masks), so rl_zoo3's envs are not imported. torch.set_num_threads(--thr
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import common
 
@@ -54,6 +65,9 @@ PENDULUM_SB3 = dict(n_steps=1024, batch_size=128, n_epochs=10, gamma=0.9, gae_la
                     clip_range=0.2, ent_coef=0.0, use_sde=True, sde_sample_freq=4)
 NUM_ENVS_OF = {ENV_ID: NUM_ENVS, PENDULUM_ID: 4}
 SECTION_OF = {ENV_ID: "recurrent_ppo", PENDULUM_ID: "recurrent_ppo_pendulum"}  # README markers and results JSON
+LEARNING_SECTION = "recurrent_ppo_pendulum_learning"
+LEARNING_BUDGET = (102_400, 8192)  # (default, --quick): 25 rollouts of 4 x 1,024 steps, and 2
+LEARNING_SIDES = ("sb3", "rlspeed")  # (the order the runs start in: sb3-contrib's are the slow ones)
 
 
 def rlspeed_hyperparameters(env_id: str) -> tuple[dict, str]:
@@ -127,18 +141,159 @@ def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict
 
 
 def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+
+    model, env = sb3_model(seed)
+    result = common.sb3_time_to_target(model, env, sb3_eval_env(env, seed, ENV_ID), budget, eval_freq,
+                                       seed + EVAL_SEED_OFFSET, TARGET_RETURN, EVAL_EPISODES, args.threads)
+    return {**result, "library": "sb3-contrib"}
+
+
+def sb3_eval_env(env, seed: int, env_id: str):
+    """sb3-contrib's evaluation env beside training env `env`: EVAL_EPISODES envs seeded apart, which normalise
+    observations with `env`'s current statistics (shared, not updated) and report raw returns, as rlspeed's
+    evaluation does."""
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    model, env = sb3_model(seed)
-    # evaluation normalises observations with the training env's current statistics (shared, not updated) and
-    # reports raw returns, as rlspeed's evaluation does
-    eval_env = VecNormalize(make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET), training=False,
-                            norm_reward=False, gamma=GAMMA)
+    eval_env = VecNormalize(make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET), training=False,
+                            norm_reward=False, gamma=env.gamma)
     eval_env.obs_rms = env.obs_rms
-    result = common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET,
-                                       TARGET_RETURN, EVAL_EPISODES, args.threads)
-    return {**result, "library": "sb3-contrib"}
+    return eval_env
+
+
+# --- (c) learning (PendulumNoVel-v1) -----------------------------------------------------------------------------
+def rlspeed_learning(seed: int, budget: int, args) -> dict:
+    """rlspeed trains `budget` steps at args.hyperparameters, evaluated at half the budget and at the end."""
+    model = RecurrentPPO(args.env, env_backend="auto", device=args.device, seed=seed, num_threads=args.threads,
+                         **args.hyperparameters)
+    model.learn(budget, eval_freq=budget // 2, eval_episodes=EVAL_EPISODES, progress_bar=False)
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s,
+            "evaluations": [list(e) for e in result.evaluations], "threads": args.threads}
+
+
+def sb3_learning(seed: int, budget: int, args) -> dict:
+    """sb3-contrib trains `budget` steps at RL-Zoo's settings, evaluated as `rlspeed_learning` evaluates."""
+    model, env = sb3_model(seed, args.env)
+    result = common.sb3_time_to_target(model, env, sb3_eval_env(env, seed, args.env), budget, budget // 2,
+                                       seed + EVAL_SEED_OFFSET, math.inf, EVAL_EPISODES, args.threads)
+    kept = ("env_backend", "device", "steps", "train_wall_s", "evaluations", "threads")
+    return {"library": "sb3-contrib", **{key: result[key] for key in kept}}
+
+
+def learning_runs(seeds: list[int], args) -> list[dict]:
+    """Every (side, seed) learning run in a fresh process (this script with --learning-run), `args.jobs` at once,
+    sb3-contrib's first; each result gets `name`, `seed` and the load average as it ended."""
+    sides = [side for side in LEARNING_SIDES if not (side == "sb3" and args.skip_sb3)]
+    flags = ["--env", args.env, "--budget", str(args.budget), "--threads", str(args.threads), "--device", args.device]
+
+    def run(job: tuple[str, int]) -> dict:
+        side, seed = job
+        started = time.perf_counter()
+        result = common.run_child(__file__, *flags, "--learning-run", side, str(seed), what=f"{side} seed {seed}")
+        result = {"name": side, "seed": seed, **result, "load_average_after": common.load_average()}
+        evaluations = ", ".join(f"{steps:,}: {mean:.1f}" for steps, _clock, mean in result["evaluations"])
+        print(f"  {side} seed {seed}: {evaluations} ({time.perf_counter() - started:.0f}s)", flush=True)
+        print(json.dumps(result), flush=True)  # (a record kept in the log should a later run fail)
+        return result
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(run, [(side, seed) for side in sides for seed in seeds]))
+
+
+def learning_summary(runs: list[dict]) -> dict:
+    """Per side: the evaluation steps, the mean over seeds of each evaluation's return and of the training seconds;
+    and, per evaluation, the seeds on which rlspeed's return is above sb3-contrib's."""
+    summary: dict = {}
+    for side in LEARNING_SIDES:
+        mine = [run for run in runs if run["name"] == side]
+        if mine:
+            steps = [e[0] for e in mine[0]["evaluations"]]
+            summary[side] = {"steps": steps, "mean": [statistics.fmean(run["evaluations"][i][2] for run in mine)
+                                                      for i in range(len(steps))],
+                             "train_wall_s_mean": statistics.fmean(run["train_wall_s"] for run in mine)}
+    if set(LEARNING_SIDES) <= summary.keys():
+        by_seed = {(run["name"], run["seed"]): run for run in runs}
+        seeds = sorted({run["seed"] for run in runs})
+        summary["rlspeed_ahead_seeds"] = [
+            [seed for seed in seeds if by_seed["rlspeed", seed]["evaluations"][i][2]
+             > by_seed["sb3", seed]["evaluations"][i][2]] for i in range(len(summary["rlspeed"]["steps"]))]
+    return summary
+
+
+def learning_report(runs: list[dict], summary: dict, settings: dict) -> list[str]:
+    """The learning section's lines (without its heading and machine block)."""
+    seeds = sorted({run["seed"] for run in runs})
+    sides = [side for side in ("rlspeed", "sb3") if side in summary]
+    steps = summary[sides[0]]["steps"]
+    lines = []
+    if settings["quick"]:
+        lines += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
+    lines += [f"### (c) Learning: evaluation return after {steps[0]:,} and {steps[-1]:,} env steps", "",
+              f"RL-Zoo ppo_lstm {settings['env_id']} settings for both, as in (a) (rlspeed `--preset zoo`'s "
+              "translation, sb3-contrib the entry's values): one training run of "
+              f"{settings['budget']:,} env steps per seed and library, evaluated (deterministic, {EVAL_EPISODES} "
+              "episodes on a separate env seeded apart, observations normalised with the run's statistics, frozen; "
+              f"raw returns) at the first rollout boundary at or past half the budget ({steps[0]:,} steps) and at "
+              "the end. Mean evaluation return, higher is better (a Pendulum episode's best is about -150). rlspeed "
+              f"env_backend `{settings['rlspeed_env_backend']}` on `{settings['device']}`; "
+              f"torch.set_num_threads({settings['threads']}) for both; each run in a fresh process, "
+              f"{settings['jobs']} at once.", ""]
+    by_seed = {(run["name"], run["seed"]): run for run in runs}
+    names = {"rlspeed": "rlspeed", "sb3": "sb3-contrib"}
+    headers = ["Seed", *[f"{names[side]} @ {step:,}" for step in steps for side in sides],
+               *[f"{names[side]} train s" for side in sides]]
+    rows = [[str(seed), *[common.fmt(by_seed[side, seed]["evaluations"][i][2], ".1f") for i in range(len(steps))
+                          for side in sides],
+             *[common.fmt(by_seed[side, seed]["train_wall_s"]) for side in sides]] for seed in seeds]
+    rows.append([f"mean of {len(seeds)}", *[common.fmt(summary[side]["mean"][i], ".1f") for i in range(len(steps))
+                                            for side in sides],
+                 *[common.fmt(summary[side]["train_wall_s_mean"]) for side in sides]])
+    lines += [common.markdown_table(headers, rows), ""]
+    if "rlspeed_ahead_seeds" in summary:
+        said = []
+        for i, step in enumerate(steps):
+            ours, theirs = summary["rlspeed"]["mean"][i], summary["sb3"]["mean"][i]
+            said.append(f"after {step:,} steps rlspeed's mean return is {ours:.1f}, sb3-contrib's {theirs:.1f} "
+                        f"(rlspeed {'ahead' if ours > theirs else 'behind'} on the mean, ahead on "
+                        f"{len(summary['rlspeed_ahead_seeds'][i])} of {len(seeds)} seeds)")
+        lines += [f"In words: {'; '.join(said)}. {len(seeds)} seeds a side are weak evidence about learning: one "
+                  "seed's return differs from another's by hundreds here, so this says whether the two learn alike "
+                  "at this budget, not which learns better.", ""]
+    lines += [f"Load (`uptime`) before the runs: `{settings['uptime_before']}`; after: `{settings['uptime_after']}` "
+              "(each run's record in the results JSON has the load average as it ended). The cores are shared, so "
+              "the train seconds are no throughput measurement: (a) is."]
+    return lines
+
+
+def learning_worker(args) -> None:
+    """--learning-run SIDE SEED: one learning run, its record printed as JSON on the last line of stdout."""
+    side, seed = args.learning_run[0], int(args.learning_run[1])
+    run = {"rlspeed": rlspeed_learning, "sb3": sb3_learning}[side]
+    print(json.dumps(run(seed, args.budget, args)), flush=True)
+
+
+def learning_main(args) -> None:
+    """(c): the learning runs, then their section and results JSON."""
+    settings = {"env_id": args.env, "seeds": args.seeds, "budget": args.budget, "threads": args.threads,
+                "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3, "jobs": args.jobs,
+                "eval_episodes": EVAL_EPISODES, "eval_seed_offset": EVAL_SEED_OFFSET,
+                "zoo_hyperparameters_rlspeed": args.hyperparameters,
+                "rlspeed_hyperparameters_from": args.hyperparameters_from, "sb3_arguments": sb3_recorded(args.env),
+                "uptime_before": common.uptime()}
+    print(f"RecurrentPPO {args.env} learning: {args.seeds} seeds, budget {args.budget:,}, {args.jobs} runs at once, "
+          f"torch.set_num_threads({args.threads})", flush=True)
+    runs = learning_runs(list(range(args.seeds)), args)
+    settings["uptime_after"] = common.uptime()
+    settings["rlspeed_env_backend"] = next(run["env_backend"] for run in runs if run["name"] == "rlspeed")
+    summary = learning_summary(runs)
+    machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3",
+                                          "sb3-contrib"))
+    machine["torch_threads"] = args.threads
+    heading = f"## RecurrentPPO learning on {args.env} (`benchmarks/recurrent_ppo.py --env {args.env} --learning`)"
+    common.publish(LEARNING_SECTION, [heading, "", *learning_report(runs, summary, settings)],
+                   {"settings": settings, "summary": summary, "runs": runs}, not args.no_write, machine=machine)
 
 
 # --- report ------------------------------------------------------------------------------------------------------
@@ -199,7 +354,26 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--env", default=ENV_ID, choices=sorted(SECTION_OF),
                         help=f"the task; {PENDULUM_ID} runs part (a) only and writes its own section")
     parser.add_argument("--skip-target", action="store_true", help="run the throughput part (a) only")
-    return common.peer_defaults(parser.parse_args())
+    parser.add_argument("--learning", action="store_true",
+                        help=f"{PENDULUM_ID} only: run the learning part (c) instead of (a); --budget steps per run, "
+                             f"default {LEARNING_BUDGET[0]}, quick {LEARNING_BUDGET[1]}")
+    parser.add_argument("--jobs", type=int, default=2, help="learning runs (c) at once, each its own process")
+    parser.add_argument("--learning-run", nargs=2, metavar=("SIDE", "SEED"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if (args.learning or args.learning_run) and args.env != PENDULUM_ID:
+        parser.error(f"--learning is {PENDULUM_ID}'s: add --env {PENDULUM_ID}")
+    if args.jobs < 1:
+        parser.error(f"--jobs takes a count of 1 or more, got {args.jobs}")
+    if (args.learning or args.learning_run) and args.budget is None:
+        args.budget = LEARNING_BUDGET[1 if args.quick else 0]
+    return common.peer_defaults(args)
+
+
+def sb3_recorded(env_id: str) -> dict:
+    """sb3_arguments(env_id) as the results JSON records them (lin_ schedules left out)."""
+    return {**{key: value for key, value in sb3_arguments(env_id).items()
+               if not callable(value) and key != "policy_kwargs"},
+            "policy_kwargs": {**SB3_POLICY_KWARGS, "activation_fn": "ReLU"}}
 
 
 def main() -> None:
@@ -207,14 +381,17 @@ def main() -> None:
     args.threads = common.set_threads(args.threads)
     seeds = list(range(args.seeds))
     args.hyperparameters, source = rlspeed_hyperparameters(args.env)
+    args.hyperparameters_from = source
+    if args.learning_run:
+        return learning_worker(args)
+    if args.learning:
+        return learning_main(args)
     args.skip_target = args.skip_target or args.env != ENV_ID  # (b) is CartPoleNoVel-v1's only
     settings = {"env_id": args.env, "seeds": args.seeds, "steps": args.steps, "threads": args.threads,
                 "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
                 "skip_target": args.skip_target, "zoo_hyperparameters_rlspeed": args.hyperparameters,
                 "rlspeed_hyperparameters_from": source,
-                "sb3_arguments": {**{key: value for key, value in sb3_arguments(args.env).items()
-                                     if not callable(value) and key != "policy_kwargs"},  # (lin_ schedules left out)
-                                  "policy_kwargs": {**SB3_POLICY_KWARGS, "activation_fn": "ReLU"}},
+                "sb3_arguments": sb3_recorded(args.env),
                 "uptime_before": common.uptime()}
     if not args.skip_target:
         settings.update(budget=args.budget, eval_freq=args.eval_freq, eval_episodes=EVAL_EPISODES,
