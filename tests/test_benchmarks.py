@@ -121,29 +121,71 @@ def test_fused_updates_auto_side_decides_in_its_warm_up(monkeypatch):
     assert models["accelerate"].acceleration_summary()["chosen_by"] == "search"
 
 
-def test_recurrent_ppo_benchmarks_pendulum_sides_run_rl_zoos_settings_into_their_own_section(monkeypatch):
-    """recurrent_ppo.py --env PendulumNoVel-v1 times both libraries at RL-Zoo's ppo_lstm entry: rlspeed's side
-    (`--preset zoo`'s translation) and sb3-contrib's agree on every setting both have, and the run writes its own
-    README section and results file, not the published CartPoleNoVel-v1 one."""
-    pytest.importorskip("sb3_contrib")
+def _assert_sides_agree(script, env_id: str, hyperparameters: dict) -> None:
+    """recurrent_ppo.py's rlspeed `hyperparameters` for `env_id` and its sb3-contrib arguments agree on every setting
+    both have (a `lin_` schedule: the rate it starts from and its halving at mid-training)."""
     from rlspeed.algos.recurrent_ppo import RecurrentPPOConfig
-    from rlspeed.presets import zoo
 
-    if zoo.zoo_version() is None:
-        pytest.skip("rl_zoo3 is not installed")
-    script = _benchmark_script("recurrent_ppo", monkeypatch)
-    env_id = script.PENDULUM_ID
-    hyperparameters, _ = script.rlspeed_hyperparameters(env_id)
     config = RecurrentPPOConfig(**hyperparameters)
     sb3 = script.sb3_arguments(env_id)
     names = {"n_steps": "num_steps", "batch_size": "batch_size", "n_epochs": "n_epochs", "gamma": "gamma",
              "gae_lambda": "gae_lambda", "learning_rate": "learning_rate", "clip_range": "clip_range",
              "ent_coef": "ent_coef", "use_sde": "use_sde", "sde_sample_freq": "sde_sample_freq"}
+    for key in ("learning_rate", "clip_range"):  # (a lin_ schedule where rlspeed anneals)
+        annealed = getattr(config, "anneal_lr" if key == "learning_rate" else "anneal_clip")
+        value = sb3[key]
+        assert callable(value) == annealed
+        if callable(value):
+            assert value(0.5) == 0.5 * value(1.0)
+            sb3 = {**sb3, key: value(1.0)}
+    sb3.setdefault("use_sde", False)  # (sb3-contrib's defaults where the entry sets none)
+    sb3.setdefault("sde_sample_freq", -1)
     assert {key: getattr(config, name) for key, name in names.items()} == {key: sb3[key] for key in names}
-    assert (config.num_envs, config.anneal_lr, config.anneal_clip) == (script.NUM_ENVS_OF[env_id], False, False)
+    assert config.num_envs == script.NUM_ENVS_OF[env_id]
     policy = sb3["policy_kwargs"]
     assert (config.ortho_init, config.lstm_hidden_size, list(config.net_arch), config.activation) == (
         policy["ortho_init"], policy["lstm_hidden_size"], policy["net_arch"]["pi"], "relu")
+    assert policy["net_arch"]["vf"] == policy["net_arch"]["pi"]
     assert policy["activation_fn"].__name__ == "ReLU" and policy["enable_critic_lstm"]
     assert config.normalize_obs and config.normalize_reward
-    assert script.SECTION_OF[env_id] != script.SECTION_OF[script.ENV_ID] == "recurrent_ppo"
+
+
+def _recurrent_ppo_script(monkeypatch):
+    """benchmarks/recurrent_ppo.py, where sb3-contrib and rl_zoo3 (whose entries it compares with) are installed."""
+    pytest.importorskip("sb3_contrib")
+    from rlspeed.presets import zoo
+
+    if zoo.zoo_version() is None:
+        pytest.skip("rl_zoo3 is not installed")
+    return _benchmark_script("recurrent_ppo", monkeypatch)
+
+
+def test_recurrent_ppo_benchmarks_pendulum_sides_run_rl_zoos_settings_into_their_own_section(monkeypatch):
+    """recurrent_ppo.py --env PendulumNoVel-v1 times both libraries at RL-Zoo's ppo_lstm entry: rlspeed's side
+    (`--preset zoo`'s translation) and sb3-contrib's agree on every setting both have, and the run writes its own
+    README section and results file, not the published CartPoleNoVel-v1 one (its --learning run another again)."""
+    script = _recurrent_ppo_script(monkeypatch)
+    env_id = script.PENDULUM_ID
+    hyperparameters, _ = script.rlspeed_hyperparameters(env_id)
+    _assert_sides_agree(script, env_id, hyperparameters)
+    assert not hyperparameters["anneal_lr"] and not hyperparameters["anneal_clip"]
+    sections = [script.SECTION_OF[env_id], script.SECTION_OF[script.ENV_ID], script.LEARNING_SECTION]
+    assert len(set(sections)) == 3 and sections[1] == "recurrent_ppo"
+
+
+def test_recurrent_ppo_benchmarks_cartpole_sides_are_rl_zoos_entry(monkeypatch):
+    """recurrent_ppo.py's CartPoleNoVel-v1 settings were written by hand (ZOO_RLSPEED, and sb3-contrib's arguments
+    beside them), with nothing tying them to RL-Zoo's entry: they are `--preset zoo`'s translation of it, both
+    sides agree on every setting, and part (b)'s shipped preset is the same but for RL-Zoo's ortho_init=False (which
+    the preset leaves at rlspeed's orthogonal initialisation, as its comment says)."""
+    from rlspeed.presets import load_preset, split_run_settings, zoo
+
+    script = _recurrent_ppo_script(monkeypatch)
+    env_id = script.ENV_ID
+    translation = zoo.translate("recurrent_ppo", env_id)
+    assert translation.status == "full"
+    assert {**script.ZOO_RLSPEED, "net_arch": list(script.ZOO_RLSPEED["net_arch"])} == translation.hyperparameters
+    assert script.rlspeed_hyperparameters(env_id)[0] == script.ZOO_RLSPEED
+    _assert_sides_agree(script, env_id, script.ZOO_RLSPEED)
+    _run, preset = split_run_settings(load_preset("recurrent_ppo", env_id))
+    assert preset == {key: value for key, value in translation.hyperparameters.items() if key != "ortho_init"}
