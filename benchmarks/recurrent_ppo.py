@@ -7,8 +7,9 @@ interleaved.
     for the actor and another for the critic, then one ReLU layer of 64 each. Gymnasium envs for both (rlspeed
     env_backend="gymnasium", sb3-contrib DummyVecEnv + VecNormalize), plus rlspeed on its device-native env.
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
-    return of 475, both at the settings above (rlspeed's shipped preset is the same), evaluated every `eval_freq`
-    env steps, evaluation time excluded from the training clock of both.
+    return of 475, both at the settings above (rlspeed's shipped preset is the same but for ortho_init, which it
+    leaves at rlspeed's orthogonal initialisation), evaluated every `eval_freq` env steps, evaluation time excluded
+    from the training clock of both.
 
 `--env PendulumNoVel-v1`: part (a) only (no target: 100k steps of sb3-contrib take about 10 minutes a seed here),
 at RL-Zoo's ppo_lstm PendulumNoVel-v1 settings: 4 envs x 1024 steps, batch 128 (sb3-contrib's default, rlspeed's
@@ -335,7 +336,8 @@ def report(summary: dict, settings: dict) -> list[str]:
         return lines + load
     lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
               f"Both at the RL-Zoo settings above (rlspeed: its shipped preset `recurrent_ppo` / `{ENV_ID}`, the same "
-              f"values); deterministic {EVAL_EPISODES}-episode evaluation on a separate env every "
+              "values but RL-Zoo's ortho_init=False: the preset keeps orthogonal initialisation); deterministic "
+              f"{EVAL_EPISODES}-episode evaluation on a separate env every "
               f"{settings['eval_freq']:,} env steps, evaluation time excluded from the training clock. Medians count "
               "a seed that missed the target as never reaching it (no median when most seeds miss); ranges are over "
               "the seeds that reached it. The last column is sb3-contrib / rlspeed.", ""]
