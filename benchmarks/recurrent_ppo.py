@@ -38,6 +38,7 @@ import math
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import common
 
@@ -259,9 +260,8 @@ def learning_report(runs: list[dict], summary: dict, settings: dict) -> list[str
             said.append(f"after {step:,} steps rlspeed's mean return is {ours:.1f}, sb3-contrib's {theirs:.1f} "
                         f"(rlspeed {'ahead' if ours > theirs else 'behind'} on the mean, ahead on "
                         f"{len(summary['rlspeed_ahead_seeds'][i])} of {len(seeds)} seeds)")
-        lines += [f"In words: {'; '.join(said)}. {len(seeds)} seeds a side are weak evidence about learning: one "
-                  "seed's return differs from another's by hundreds here, so this says whether the two learn alike "
-                  "at this budget, not which learns better.", ""]
+        lines += [f"In words: {'; '.join(said)}. {len(seeds)} seeds a side are weak evidence about learning: read "
+                  "this as whether the two learn alike at this budget, not as which learns better.", ""]
     lines += [f"Load (`uptime`) before the runs: `{settings['uptime_before']}`; after: `{settings['uptime_after']}` "
               "(each run's record in the results JSON has the load average as it ended). The cores are shared, so "
               "the train seconds are no throughput measurement: (a) is."]
@@ -287,14 +287,20 @@ def learning_main(args) -> None:
           f"torch.set_num_threads({args.threads})", flush=True)
     runs = learning_runs(list(range(args.seeds)), args)
     settings["uptime_after"] = common.uptime()
-    settings["rlspeed_env_backend"] = next(run["env_backend"] for run in runs if run["name"] == "rlspeed")
-    summary = learning_summary(runs)
+    settings["rlspeed_env_backend"] = next((run["env_backend"] for run in runs if run["name"] == "rlspeed"), None)
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3",
                                           "sb3-contrib"))
     machine["torch_threads"] = args.threads
-    heading = f"## RecurrentPPO learning on {args.env} (`benchmarks/recurrent_ppo.py --env {args.env} --learning`)"
+    learning_publish(runs, settings, machine, not args.no_write)
+
+
+def learning_publish(runs: list[dict], settings: dict, machine: dict, write: bool) -> None:
+    """The learning section and results JSON of `runs` (also from a results JSON again: --learning-from)."""
+    summary = learning_summary(runs)
+    env_id = settings["env_id"]
+    heading = f"## RecurrentPPO learning on {env_id} (`benchmarks/recurrent_ppo.py --env {env_id} --learning`)"
     common.publish(LEARNING_SECTION, [heading, "", *learning_report(runs, summary, settings)],
-                   {"settings": settings, "summary": summary, "runs": runs}, not args.no_write, machine=machine)
+                   {"settings": settings, "summary": summary, "runs": runs}, write, machine=machine)
 
 
 # --- report ------------------------------------------------------------------------------------------------------
@@ -361,6 +367,8 @@ def parse_args() -> argparse.Namespace:
                              f"default {LEARNING_BUDGET[0]}, quick {LEARNING_BUDGET[1]}")
     parser.add_argument("--jobs", type=int, default=2, help="learning runs (c) at once, each its own process")
     parser.add_argument("--learning-run", nargs=2, metavar=("SIDE", "SEED"), help=argparse.SUPPRESS)
+    parser.add_argument("--learning-from", metavar="JSON",
+                        help="write (c)'s section again from a results JSON that --learning wrote (no runs)")
     args = parser.parse_args()
     if (args.learning or args.learning_run) and args.env != PENDULUM_ID:
         parser.error(f"--learning is {PENDULUM_ID}'s: add --env {PENDULUM_ID}")
@@ -386,6 +394,9 @@ def main() -> None:
     args.hyperparameters_from = source
     if args.learning_run:
         return learning_worker(args)
+    if args.learning_from:  # (the section again from a learning run's results JSON: its text, not its numbers, new)
+        data = json.loads(Path(args.learning_from).read_text())
+        return learning_publish(data["runs"], data["settings"], data["machine"], not args.no_write)
     if args.learning:
         return learning_main(args)
     args.skip_target = args.skip_target or args.env != ENV_ID  # (b) is CartPoleNoVel-v1's only

@@ -189,3 +189,27 @@ def test_recurrent_ppo_benchmarks_cartpole_sides_are_rl_zoos_entry(monkeypatch):
     _assert_sides_agree(script, env_id, script.ZOO_RLSPEED)
     _run, preset = split_run_settings(load_preset("recurrent_ppo", env_id))
     assert preset == {key: value for key, value in translation.hyperparameters.items() if key != "ortho_init"}
+
+
+def test_recurrent_ppo_learning_section_gives_each_seed_the_means_and_says_which_side_is_behind(monkeypatch):
+    """recurrent_ppo.py --learning's section: one row per seed with both evaluations of each side, a row of their
+    means, and a sentence that says, per evaluation, which side's mean is behind and on how many seeds rlspeed leads
+    (a reader choosing between the two reads the sentence, not only the table)."""
+    script = _benchmark_script("recurrent_ppo", monkeypatch)
+
+    def run(name: str, seed: int, half: float, end: float) -> dict:
+        return {"name": name, "seed": seed, "env_backend": "gymnasium", "train_wall_s": 10.0,
+                "evaluations": [[53_248, 1.0, half], [102_400, 2.0, end]]}
+
+    runs = [run("sb3", 0, -600.0, -200.0), run("sb3", 1, -700.0, -300.0),
+            run("rlspeed", 0, -650.0, -150.0), run("rlspeed", 1, -750.0, -400.0)]
+    summary = script.learning_summary(runs)
+    assert summary["rlspeed"]["mean"] == [-700.0, -275.0] and summary["sb3"]["mean"] == [-650.0, -250.0]
+    assert summary["rlspeed_ahead_seeds"] == [[], [0]]
+    settings = {"env_id": script.PENDULUM_ID, "budget": 102_400, "quick": False, "rlspeed_env_backend": "gymnasium",
+                "device": "cpu", "threads": 1, "jobs": 2, "uptime_before": "before", "uptime_after": "after"}
+    text = "\n".join(script.learning_report(runs, summary, settings))
+    assert "| 1 | -750.0 | -700.0 | -400.0 | -300.0 |" in text
+    assert "| mean of 2 | -700.0 | -650.0 | -275.0 | -250.0 |" in text
+    assert "after 102,400 steps rlspeed's mean return is -275.0, sb3-contrib's -250.0 (rlspeed behind on the mean, " \
+           "ahead on 1 of 2 seeds)" in text
