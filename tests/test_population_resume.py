@@ -755,6 +755,26 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
     assert sorted(json.loads((early / "summary.json").read_text())["member_models"]) == ["0", "1"]
 
 
+def test_resume_runs_the_final_evaluation_a_stop_as_training_ended_skipped(tmp_path, capsys, finished_run):
+    """A Ctrl-C as the last iteration ends saves the training and skips the final evaluation (its summary.json ends
+    with every member's final_eval null). --resume said "nothing left to train" (exit 0) and left it so for ever, and
+    rlspeed report refused the run: now --resume finishes it from its checkpoint, with the final evaluation the
+    uninterrupted run has, and the report's refusal names --resume."""
+    out = _copy_of(finished_run, tmp_path)
+    finished = json.loads((out / "summary.json").read_text())
+    stopped = {**finished, "aggregate": {**finished["aggregate"], "final_eval": None},
+               "members": [{**member, "final_eval": None} for member in finished["members"]]}
+    (out / "summary.json").write_text(json.dumps(stopped))  # (what the stop writes: `_summary(evaluate=False)`)
+    capsys.readouterr()
+    assert "rlspeed train ... --resume --out" in cli_error(capsys, ["report", str(out), "--out", str(tmp_path / "r")])
+    assert cli.main([*FINISHED, "--out", str(out), "--resume"]) == 0
+    assert "nothing left to train: the population run finished" not in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert [m["final_eval"] for m in summary["members"]] == [m["final_eval"] for m in finished["members"]]
+    assert summary["aggregate"]["final_eval"] == finished["aggregate"]["final_eval"]
+    assert cli.main(["report", str(out), "--out", str(tmp_path / "r")]) == 0
+
+
 @pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),
                                                # (the members' CNN encoders)
                                                pytest.param("PPO", "MinAtar/Breakout-v1", marks=needs_minatar)])

@@ -950,7 +950,8 @@ def _train_population(args: argparse.Namespace) -> int:
                    f"S's takes --seed S+{offset}" if first is not None else
                    f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
         print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
-              f"in {run_dir}" + (f", without the final evaluation ({command})" if skipped else ""), file=sys.stderr,
+              f"in {run_dir}" + (f", without the final evaluation (--resume runs it; {command})" if skipped else ""),
+              file=sys.stderr,
               flush=True)
         return 130 if signals[0] == signal.SIGINT else 143
     steps = summary["aggregate"]["steps_to_target"]
@@ -2004,11 +2005,22 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same {differ}, or another "
                         "--out.")
-    if _finished_summary(run_dir / "summary.json"):
+    summary = _ended_summary(run_dir / "summary.json")
+    if summary is not None:
         if config.get("total_timesteps") == total and config.get("target_return") == target:
-            return True
+            # (a stop as its last iteration ended skipped the final evaluation: its checkpoint finishes it)
+            from rlspeed.population.base import CHECKPOINT_NAME
+
+            return not _final_evaluation_skipped(summary) or not (run_dir / CHECKPOINT_NAME).exists()
         raise _finished_population(run_dir)
     return False
+
+
+def _final_evaluation_skipped(summary: dict) -> bool:
+    """Whether a population's `summary` lacks the final evaluation of a member that did not diverge (a signal as
+    training ended skips it)."""
+    return any((member.get("final_eval") or {}).get("mean") is None and member.get("diverged_at") is None
+               for member in summary.get("members") or [])
 
 
 def _finished_population(run_dir, seeds: str = "") -> UserError:

@@ -157,8 +157,8 @@ def _load(run_dir: Path, own_env: tuple | None = None, envs: dict | None = None)
         final = member.get("final_eval") or {}
         if final.get("mean") is None and member.get("diverged_at") is None:
             raise UserError(f"The run '{run_dir}' has no final evaluation of seed {member.get('seed')} (a signal "
-                            "during the final evaluation skips it): evaluate its members with rlspeed eval, or leave "
-                            "it out of the report.")
+                            "as training ended or during the final evaluation skips it): run it with rlspeed train ... "
+                            f"--resume --out {run_dir} (the run's command), or leave it out of the report.")
         own = {**settings, "hyperparameters": _effective(common["algo"], {**hyperparameters,
                                                                           **(member.get("hyperparameters") or {})},
                                                          env)}
