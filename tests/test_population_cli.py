@@ -273,6 +273,28 @@ def test_iqm_band_holds_a_finished_curve_at_its_last_value():
 
 
 @pytest.mark.plots
+def test_the_plot_legend_names_the_member_lines_and_leaves_the_curves_uncovered(tmp_path, monkeypatch):
+    """A reader of learning_curves.png must see what the thin lines are and every point of the IQM: the legend named
+    only the band, the IQM and the target, and sat in the lower right, over curves that end low (a population at 0
+    below a target of 90, as SAC's first steps on MountainCarContinuous)."""
+    from rlspeed.population import plot
+
+    figures = []
+    made = plot.agg_figure
+    monkeypatch.setattr(plot, "agg_figure", lambda *args, **kw: figures.append(made(*args, **kw)) or figures[-1])
+    members = [{"curve": [[2048, -0.01 * k], [3008, -0.001 * k]]} for k in range(1, 5)]
+    summary = {"algo": "sac", "env_id": "MountainCarContinuous-v0", "target_return": 90.0, "members": members}
+    assert plot.plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
+    ax = figures[0].axes[0]
+    legend = ax.get_legend()
+    assert "each member" in [text.get_text() for text in legend.get_texts()]
+    box = legend.get_window_extent(figures[0].canvas.get_renderer())
+    centre = next(line for line in ax.lines if line.get_linewidth() > 2)
+    points = ax.transData.transform(list(zip(centre.get_xdata(), centre.get_ydata())))
+    assert not any(box.contains(x, y) for x, y in points)
+
+
+@pytest.mark.plots
 def test_the_plots_iqm_leaves_a_member_out_from_the_step_it_diverged_at(tmp_path, monkeypatch):
     """A member that diverged after its first evaluations held its last finite evaluation in the IQM to the end of
     the plot, while summary.json's final-evaluation aggregate leaves it out: a policy with NaN weights drawn as one

@@ -44,11 +44,10 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
     ax = fig.add_subplot()
     # (a curve of one evaluation, a run as long as its eval_freq, is a line of no length: drawn as a dot, its band as
     # a bar, or the picture showed nothing)
-    for curve in curves:
-        if curve:
-            ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, linewidth=0.8, marker="o" if len(curve) == 1 else None,
-                    markersize=3)
     drawn = [curve for curve in curves if curve]
+    for index, curve in enumerate(drawn):  # (one legend entry names them all)
+        ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, linewidth=0.8, marker="o" if len(curve) == 1 else None,
+                markersize=3, label="each member" if index == 0 else "_")
     if drawn:
         steps, centre, low, high = iqm_band(drawn, ends=[end for curve, end in zip(curves, ends) if curve])
         if len(steps) == 1:
@@ -69,7 +68,7 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
     ax.set_ylabel("evaluation return (deterministic)")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")  # (where it covers the fewest points: curves may end low or high)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_figure(fig, path)
