@@ -808,8 +808,10 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     progress = (f"{finished} of {trials} trials finished; {batches} batch(es) of up to {population} to go"
                 if finished < trials else f"{finished} trials finished, {trials} asked for: none to train (a larger "
                 "--trials adds more)")
+    # (a trial trains whole iterations, as `learn` does: a budget that is none says what each trial trains)
+    whole = -(-int(budget) // probe.steps_per_iteration) * probe.steps_per_iteration
     say(f"rlspeed: study '{study_name}' in {without_password(storage_url(storage))}: {progress}, {budget:,} steps "
-        "per trial"
+        "per trial" + (f" ({whole:,}: whole iterations of {probe.steps_per_iteration:,})" if whole != budget else "")
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
