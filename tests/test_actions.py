@@ -96,7 +96,7 @@ def test_on_policy_algorithms_train_on_multi_discrete_and_multi_binary_actions(a
 
 def test_off_policy_algorithms_refuse_multi_discrete_actions_in_one_sentence():
     pytest.importorskip("stable_baselines3")
-    with pytest.raises(UserError, match="does not take MultiDiscrete actions.*use ppo, a2c or recurrent_ppo"):
+    with pytest.raises(UserError, match=r"does not take MultiDiscrete actions.*use a2c, ppo or recurrent_ppo\.$"):
         rlspeed.DQN(_sb3_env("multi_discrete"), seed=0)
 
 

@@ -231,8 +231,8 @@ def test_predict_and_evaluate_use_masks():
     with pytest.raises(UserError, match=r"allows no action in rows \[0, 1, 2\]: .*allow one for each observation\.$"):
         model.predict(obs, action_masks=np.zeros((3, 6), dtype=bool))  # (not "fix the env's mask": the caller's)
     # an algorithm without masks names those that take them, DQN among them
-    with pytest.raises(UserError, match="^SAC does not take action masks: drop action_masks, or use ppo, a2c, "
-                                        "recurrent_ppo or dqn.$"):
+    with pytest.raises(UserError, match="^SAC does not take action masks: drop action_masks, or use a2c, dqn, "
+                                        "ppo or recurrent_ppo.$"):
         rlspeed.SAC("Pendulum-v1").act(torch.zeros(2, 3), action_masks=torch.ones(2, 2, dtype=torch.bool))
     assert (rlspeed.DQN("Taxi-v4").act(torch.tensor([0, 1, 2]), action_masks=torch.as_tensor(masks)) == 4).all()
     # deterministic evaluation on Taxi never takes an illegal move: one would leave the state unchanged, so the

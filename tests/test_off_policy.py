@@ -338,8 +338,9 @@ def test_cli_trains_sac_end_to_end(tmp_path, capsys):
     assert "SAC on Pendulum-v1" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("algo", "env_id", "hint"), [("sac", "CartPole-v1", "use ppo or dqn"),
-                                                       ("dqn", "Pendulum-v1", "use ppo, sac, td3 or ddpg")])
+@pytest.mark.parametrize(("algo", "env_id", "hint"), [
+    ("sac", "CartPole-v1", "use a2c, dqn, ppo or recurrent_ppo."),
+    ("dqn", "Pendulum-v1", "use a2c, ddpg, ppo, recurrent_ppo, sac or td3.")])
 def test_cli_rejects_the_wrong_action_space(tmp_path, capsys, algo, env_id, hint):
     assert main(["train", algo, env_id, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert hint in capsys.readouterr().err
@@ -376,11 +377,11 @@ def test_the_wrong_action_space_names_the_envs_option_for_the_other_one():
         if env_id not in gym.registry:
             gym.register(env_id, entry_point=_Racing if "Racing" in env_id else _Switch, max_episode_steps=10,
                          kwargs=kwargs)
-    with pytest.raises(UserError, match=r"use ppo or dqn, or rlspeed-test/SwitchContinuous-v0, the same env with "
-                                        r"continuous actions\.$"):
+    with pytest.raises(UserError, match=r"use a2c, dqn, ppo or recurrent_ppo, or rlspeed-test/SwitchContinuous-v0, "
+                                        r"the same env with continuous actions\.$"):
         SAC("rlspeed-test/Switch-v0")
-    with pytest.raises(UserError, match=r"use ppo, sac, td3 or ddpg, or rlspeed-test/Switch-v0, the same env with "
-                                        r"discrete actions\.$"):
+    with pytest.raises(UserError, match=r"use a2c, ddpg, ppo, recurrent_ppo, sac or td3, or rlspeed-test/Switch-v0, "
+                                        r"the same env with discrete actions\.$"):
         DQN("rlspeed-test/SwitchContinuous-v0")
     with pytest.raises(UserError, match=r"or rlspeed-test/Switch-v0 without the option continuous=True\.$"):
         DQN("rlspeed-test/Switch-v0", env_kwargs={"continuous": True})
@@ -393,7 +394,7 @@ def test_the_wrong_action_space_names_the_envs_option_for_the_other_one():
     assert registered_variant("rlspeed-test/SwitchContinuous-v0", {"continuous": False}) == "rlspeed-test/Switch-v0"
     assert registered_variant("rlspeed-test/Switch-v0", {"continuous": False}) is None  # (itself)
     with pytest.raises(UserError, match=r"needs continuous \(Box\) actions, but CartPole-v1 has discrete actions; "
-                                        r"use ppo or dqn\.$"):  # (no such option)
+                                        r"use a2c, dqn, ppo or recurrent_ppo\.$"):  # (no such option)
         SAC("CartPole-v1")
 
 

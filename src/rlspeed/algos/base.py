@@ -1538,6 +1538,13 @@ def _algorithm_classes() -> dict[str, type]:
     return found
 
 
+def _algorithms_taking(takes: Callable[[type], bool]) -> str:
+    """The names of rlspeed's algorithms for which `takes(cls)` holds (from their own `supports_*` declarations), in
+    alphabetical order, as a sentence's list: "a2c, ppo or recurrent_ppo"."""
+    names = sorted(name for name, algo in _algorithm_classes().items() if takes(algo))
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 #: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
@@ -2491,10 +2498,12 @@ class Algorithm:
             raise UserError(problem)
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
             raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "
-                            f"actions; use ppo or dqn{_continuous_option_hint(spec, True)}.")
+                            f"actions; use {_algorithms_taking(lambda algo: algo.supports_discrete)}"
+                            f"{_continuous_option_hint(spec, True)}.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
-                            f"actions; use ppo, sac, td3 or ddpg{_continuous_option_hint(spec, False)}.")
+                            f"actions; use {_algorithms_taking(lambda algo: algo.supports_continuous)}"
+                            f"{_continuous_option_hint(spec, False)}.")
         if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
             # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
             # not be members of the space
@@ -2504,7 +2513,8 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 and not self.supports_multi_actions:
             # this algorithm's actors emit a flat action vector; nothing reshapes it to the space's shape
             raise UserError(f"{type(self).__name__} supports 1-D Box actions and {spec.env_id} has Box actions of "
-                            f"shape {space.shape}: use ppo or a2c, or flatten them with a gymnasium.ActionWrapper.")
+                            f"shape {space.shape}: use {_algorithms_taking(lambda algo: algo.supports_multi_actions)}"
+                            ", or flatten them with a gymnasium.ActionWrapper.")
         if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(np.asarray(space.start) != 0):
             # the policies act in indices 0..n-1 and the env adapters pass them on as they are
             raise UserError(f"{spec.env_id} has {type(space).__name__} actions starting at {space.start}; rlspeed "
@@ -2512,7 +2522,7 @@ class Algorithm:
                             "offset).")
         if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)) and not self.supports_multi_actions:
             raise UserError(f"{type(self).__name__} does not take {type(space).__name__} actions ({spec.env_id}): use "
-                            "ppo, a2c or recurrent_ppo.")
+                            f"{_algorithms_taking(lambda algo: algo.supports_multi_actions)}.")
         if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete,
                                   gym.spaces.MultiBinary)):
             raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete, "
@@ -2841,8 +2851,8 @@ class Algorithm:
             if action_masks is None:
                 return self._policy_actions(obs, deterministic)
             if not self.supports_action_masks:
-                raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use ppo, "
-                                "a2c, recurrent_ppo or dqn.")
+                raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use "
+                                f"{_algorithms_taking(lambda algo: algo.supports_action_masks)}.")
             return self._policy_actions(obs, deterministic, action_masks=action_masks)
 
     @property
