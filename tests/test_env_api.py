@@ -685,6 +685,35 @@ def test_a_whole_float_time_limit_is_the_envs_time_limit():
         env.close()
 
 
+def test_a_misspelled_env_option_names_the_option_the_env_takes():
+    """`--env-kwargs is_slipery=false` on FrozenLake-v1 got the env's TypeError alone; now the sentence names the
+    constructor's option spelled nearly so, and nothing for a name close to none of them."""
+    from rlspeed.envs.gymnasium_env import rejected_options
+
+    misspelled = rejected_options("FrozenLake-v1", {"is_slipery": False},
+                                  TypeError("FrozenLakeEnv.__init__() got an unexpected keyword argument 'is_slipery'"))
+    assert str(misspelled).endswith("'is_slipery'; did you mean is_slippery?")
+    unknown = rejected_options("FrozenLake-v1", {"colour": 1},
+                               TypeError("FrozenLakeEnv.__init__() got an unexpected keyword argument 'colour'"))
+    assert str(unknown).endswith("'colour'.") and "did you mean" not in str(unknown)
+
+
+def test_an_unknown_env_id_suggests_only_ids_of_a_name_spelled_alike():
+    """`MyLine-v0` (a user's env no package registered) was offered "Alien-v0, Skiing-v0, Pooyan-v0", ids sharing
+    letters with it; a misspelled, miscased or outdated id still gets the registered ones of its name."""
+    from rlspeed.envs.gymnasium_env import close_env_ids
+
+    ids = ["CartPole-v0", "CartPole-v1", "Alien-v0", "ALE/Alien-v5", "Skiing-v0", "Pooyan-v0", "Tennis-v0",
+           "FrozenLake-v1", "FrozenLake8x8-v1", "Freeway-v0", "ALE/Pong-v5"]
+    assert close_env_ids("MyLine-v0", ids) == [] and close_env_ids("mymodule:Test-v0", ids) == []
+    assert close_env_ids("CartPol-v1", ids) == ["CartPole-v1", "CartPole-v0"]
+    assert close_env_ids("FrozenLake-v0", ids) == ["FrozenLake-v1", "FrozenLake8x8-v1"]
+    assert close_env_ids("ALE/pong-v4", ids) == ["ALE/Pong-v5"]
+    with pytest.raises(rlspeed.UserError) as raised:
+        rlspeed.make_env("MyLine-v0", num_envs=1, device="cpu")
+    assert "Did you mean" not in str(raised.value)
+
+
 def test_an_option_value_the_env_cannot_use_is_named():
     """FrozenLake's map_name="9x9" raises KeyError in its constructor (an internal error, exit 1, before); a value
     the env takes but fails on later (Pendulum's g=None, in its first step) names the options it was made with."""

@@ -412,15 +412,20 @@ def time_limit_option(env_kwargs: dict, registered: int | None) -> int | None:
     return None if limit == NO_TIME_LIMIT else limit
 
 
-def constructor_defaults(entry_point) -> dict:
-    """The keyword defaults of a registered env's constructor (`gym.spec(id).entry_point`); {} where it cannot be
-    loaded or inspected (its package missing: Box2D's envs without box2d)."""
+def constructor_parameters(entry_point) -> list[inspect.Parameter]:
+    """The parameters of a registered env's constructor (`gym.spec(id).entry_point`); [] where it cannot be loaded
+    or inspected (its package missing: Box2D's envs without box2d)."""
     try:
         creator = gym.envs.registration.load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
-        parameters = inspect.signature(creator).parameters.values()
+        return list(inspect.signature(creator).parameters.values())
     except Exception:
-        return {}
-    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        return []
+
+
+def constructor_defaults(entry_point) -> dict:
+    """The keyword defaults of a registered env's constructor (`constructor_parameters`); {} where it has none or
+    cannot be inspected."""
+    return {p.name: p.default for p in constructor_parameters(entry_point) if p.default is not inspect.Parameter.empty}
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import difflib
 import functools
+import inspect
 import math
 import multiprocessing
 import numbers
@@ -39,6 +40,7 @@ from rlspeed.envs.base import (
     Observation,
     ResetResult,
     StepResult,
+    constructor_parameters,
     integer_range,
     mask_size,
     numpy_dtype,
@@ -64,8 +66,7 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     try:
         return gym.spec(env_id)
     except Exception:
-        ids = list(gym.registry.keys())
-        close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+        close = close_env_ids(env_id, gym.registry)
         ram = re.fullmatch(r"(ALE/[A-Za-z]+)-ram(-v\d+)", env_id)  # (ale-py 0.9+ registers no -ram v5 ids)
         if ram and ram.group(1) + ram.group(2) in gym.registry:
             raise UserError(f"Unknown env id '{env_id}': ale-py gives the RAM of {ram.group(1)}{ram.group(2)} with the "
@@ -79,6 +80,21 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             "also takes `--gym-packages MODULE`); `python -c \"import gymnasium; print(list(gymnasium.registry))\"` "
             "lists the registered ids.")
         raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
+
+
+def _env_name(env_id: str) -> str:
+    """The name part of an env id, without its namespace, version and case: "ALE/Pong-v5" -> "pong"."""
+    return re.sub(r"-v\d+$", "", env_id.rpartition(":")[2].rpartition("/")[2]).lower()
+
+
+def close_env_ids(env_id: str, ids: Collection[str]) -> list[str]:
+    """Up to three of `ids` for an unknown `env_id`, closest first: those whose name part (`_env_name`) is spelled
+    nearly as its own (a misspelling, another case, another version or namespace), none where no name is (an id of
+    the user's own env that no package registered: letters shared with another name are no advice)."""
+    name = _env_name(env_id)
+    named_alike = [other for other in ids
+                   if difflib.SequenceMatcher(None, name, _env_name(other)).ratio() >= 0.75]
+    return difflib.get_close_matches(env_id, named_alike, n=3, cutoff=0.0)
 
 
 def old_gym_registered(env_id: str) -> str | None:
@@ -1675,7 +1691,24 @@ def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> Use
     message = str(error).split(" was raised from the environment creator")[0].rstrip(".")
     hint = (" (an option it takes as a tuple is written !!python/tuple [a, b] in --env-kwargs, whose [a, b] is a list;"
             " a tuple in Python)" if "tuple" in message and has_list(env_kwargs) else "")
-    return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}{hint}.")
+    unexpected = re.search(r"unexpected keyword argument '(\w+)'", message)
+    meant = _option_named_like(env_id, unexpected.group(1)) if unexpected else None
+    hint += f"; did you mean {meant}?" if meant else ""
+    return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}{hint}"
+                     f"{'' if meant else '.'}")
+
+
+def _option_named_like(env_id: str, name: str) -> str | None:
+    """The option of the env's constructor whose name is close to `name` (a misspelling: `is_slipery` for
+    FrozenLake's `is_slippery`); None where none is, or the constructor cannot be inspected."""
+    try:
+        entry_point = gym.spec(env_id).entry_point
+    except Exception:  # noqa: BLE001 (an id Gymnasium no longer finds: nothing to add to the env's own message)
+        return None
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [p.name for p in constructor_parameters(entry_point) if p.kind in keywords]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def _unpicklable_options(env_kwargs: dict) -> list[str]:
