@@ -964,7 +964,7 @@ def test_preset_source_is_said_and_recorded(tmp_path, monkeypatch, capsys):
     assert yaml.safe_load((tmp_path / "mine" / "config.yaml").read_text())["hyperparameters"]["num_steps"] == 16
     code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none",
                      "--no-progress", "--out", "own"])
-    assert code == 0 and "using" not in capsys.readouterr().out
+    assert code == 0 and "rlspeed: using rlspeed's preset for ppo CartPole-v1.\n" in capsys.readouterr().out
     assert json.loads((tmp_path / "own" / "summary.json").read_text())["preset"]["source"] == "rlspeed"
 
 
@@ -3611,7 +3611,9 @@ def test_env_options_that_keep_the_task_keep_its_target_and_others_say_none_is_s
 
     def target(env_id, env_kwargs):
         args = argparse.Namespace(target_return=None, eval_freq=None, env_id=env_id, env_kwargs=["x"])
-        return cli._target_and_eval_freq(args, {}, env_spec(env_id, env_kwargs))[0]
+        found = cli._target_and_eval_freq(args, {}, env_spec(env_id, env_kwargs))[0]
+        cli._say_preset(args)  # (which says the notes, after the preset's line)
+        return found
 
     assert target("CartPole-v1", {"render_mode": "rgb_array", "max_episode_steps": 500}) == 475
     assert target("FrozenLake-v1", {"is_slippery": True}) == 0.7
@@ -3620,6 +3622,17 @@ def test_env_options_that_keep_the_task_keep_its_target_and_others_say_none_is_s
     assert capsys.readouterr().err == (
         "rlspeed: note: no target: 0.7 is FrozenLake-v1's reward threshold without the env options is_slippery=False, "
         "which make another task: give --target-return R to stop at one\n")
+
+
+def test_a_dry_run_names_rlspeeds_own_preset_on_stderr_before_the_notes_on_its_target(capsys):
+    """With rlspeed's own preset for the pair no line said which preset a run used (RL-Zoo's and the default one each
+    had one), a dry run said none of them, and the target's note came before the preset's line where one was said."""
+    assert cli.main(["train", "ppo", "CartPole-v1", "--env-kwargs", "sutton_barto_reward=true", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert yaml.safe_load(captured.out)["preset"]["source"] == "rlspeed"  # (stdout: the YAML alone)
+    lines = captured.err.splitlines()
+    assert lines[0] == "rlspeed: using rlspeed's preset for ppo CartPole-v1."
+    assert lines[1].startswith("rlspeed: note: no target: 475 is CartPole-v1's reward threshold") and len(lines) == 3
 
 
 def test_a_typo_in_a_dry_runs_preset_file_is_one_short_sentence(tmp_path, capsys):

@@ -361,7 +361,8 @@ def test_translate_reads_the_installed_yaml():
 # --- load_preset: sources ---------------------------------------------------------------------------------------------
 def test_the_existing_call_gives_rlspeeds_own_presets():
     preset = load_preset("ppo", "CartPole-v1")
-    assert preset.source == "rlspeed" and preset["num_steps"] == 8 and preset.message() is None
+    assert preset.source == "rlspeed" and preset["num_steps"] == 8
+    assert preset.message() == "rlspeed: using rlspeed's preset for ppo CartPole-v1."
     assert load_preset("ppo", "rlspeed/CartPole-v1") == preset
     default = load_preset("ppo", "NoSuchEnv-v0")
     assert default.source == "rlspeed-default" and default == load_preset("ppo", "default")

@@ -362,7 +362,9 @@ def _total_timesteps(run_settings: dict, flag: int | None = None) -> int:
 def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) -> tuple[float | None, int | None]:
     """A run's target return and evaluation frequency: each flag, else the preset's run setting, else the env's
     reward_threshold (`spec`'s: none for a variant made with env options, unless they make another registered id)
-    and None (the algorithm's own frequency)."""
+    and None (the algorithm's own frequency). A note on that target goes in `args.target_notes`, which
+    `_say_preset` says after the preset's line."""
+    args.target_notes = []
     if args.target_return is not None:
         target = _target(args.target_return, spec)
     else:
@@ -370,24 +372,25 @@ def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) ->
         # (a threshold `spec` keeps with options is that of the registered id they make, as is `env_variant`'s preset)
         if (run_settings.get("target_return") is not None and not getattr(args, "env_variant", None)
                 and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None))):
-            print(f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as registered; with env "
-                  "options it may not fit: give --target-return R (or none)", file=sys.stderr, flush=True)
+            args.target_notes = [f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as "
+                                 "registered; with env options it may not fit: give --target-return R (or none)"]
         elif target is None and "target_return" not in run_settings and getattr(spec, "env_kwargs", None):
-            _say_dropped_threshold(args.env_id, spec.env_kwargs)
+            args.target_notes = _dropped_threshold_notes(args.env_id, spec.env_kwargs)
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
     return target, eval_freq
 
 
-def _say_dropped_threshold(env_id: str, env_kwargs: dict) -> None:
-    """A note where the env options leave a run without the target the env id registers (`EnvSpec.with_options`:
-    its reward threshold says nothing of another task), so that no target is not taken for one."""
+def _dropped_threshold_notes(env_id: str, env_kwargs: dict) -> list[str]:
+    """The note where the env options leave a run without the target the env id registers (`EnvSpec.with_options`:
+    its reward threshold says nothing of another task), so that no target is not taken for one ([] where the id
+    registers none)."""
     import gymnasium as gym
 
     registered = getattr(gym.registry.get(env_id), "reward_threshold", None)
-    if registered is not None:
-        print(f"rlspeed: note: no target: {registered:g} is {env_id}'s reward threshold without the env options "
-              f"{as_keywords(env_kwargs)}, which make another task: give --target-return R to stop at one",
-              file=sys.stderr, flush=True)
+    if registered is None:
+        return []
+    return [f"rlspeed: note: no target: {registered:g} is {env_id}'s reward threshold without the env options "
+            f"{as_keywords(env_kwargs)}, which make another task: give --target-return R to stop at one"]
 
 
 def _algorithm(name: str):
@@ -1087,6 +1090,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _configure_threads(args)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
+    for note in getattr(args, "target_notes", []):
+        print(note, file=sys.stderr)
     command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
     _stage("tuning", left="the study keeps the trials that finished (the same command goes on)")
     tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
@@ -1112,7 +1117,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if preset is None:
         preset_id, preset = args.env_id, load_preset(algo_cls.name, args.env_id, source, _env_kwargs(args))
     args.env_variant = preset_id if preset_id != args.env_id else None
-    args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
+    args.preset_message = preset.message()
     # (`requested`: the --preset value as given, which a --resume naming the same preset is compared with)
     args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported,
                         "requested": str(getattr(args, "preset", "auto"))}
@@ -1264,10 +1269,11 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
 
 
 def _say_preset(args: argparse.Namespace, say=print) -> None:
-    """The preset's line (where it is not rlspeed's own for the pair) and the notes on how --set combined with it."""
+    """The preset's line (none for a resumed run: its config.yaml's), then the notes on how --set combined with it
+    and on the run's target (`_target_and_eval_freq`)."""
     if getattr(args, "preset_message", None):
         say(args.preset_message)
-    for note in getattr(args, "setting_notes", []):
+    for note in [*getattr(args, "setting_notes", []), *getattr(args, "target_notes", [])]:
         say(note, file=sys.stderr)
 
 
@@ -2220,8 +2226,14 @@ def _refuse_with_dry_run(args: argparse.Namespace) -> None:
 
 
 def _print_dry_run(args: argparse.Namespace, config: dict) -> int:
-    """`--dry-run`: the config.yaml the command would write, on stdout (the notes of building the model went to
-    stderr), and a line on stderr saying nothing was trained or written; returns 0."""
+    """`--dry-run`: the preset's line and notes (`_say_preset`) on stderr, the config.yaml the command would write on
+    stdout (the notes of building the model went to stderr), and a line on stderr saying nothing was trained or
+    written; returns 0."""
+    def say(*values, file=None, flush: bool = False) -> None:  # (stdout holds the YAML alone; --quiet keeps notes)
+        if file is not None or not getattr(args, "quiet", False):
+            print(*values, file=sys.stderr, flush=flush)
+
+    _say_preset(args, say)
     stdout = getattr(args, "dry_run_stdout", sys.stdout)
     stdout.write(yamlfile.dump_run_file(config))
     stdout.flush()

@@ -46,10 +46,8 @@ class Preset(dict[str, Any]):
         self.notes = list(notes or [])
         self.differences = list(differences or [])
 
-    def message(self) -> str | None:
-        """The line for the CLI to print when the preset is not rlspeed's own for the pair (None when it is)."""
-        if self.source == "rlspeed":
-            return None
+    def message(self) -> str:
+        """The line for the CLI to print naming the preset a run uses (and what of it is not honoured)."""
         line = f"rlspeed: using {self.origin}"
         if self.unsupported:
             line += "; not honoured: " + "; ".join(self.unsupported)
