@@ -1170,6 +1170,7 @@ def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_pa
     warning = str(caught[0].message)
     advice = re.search(r"(--env-kwargs) (\w+)=N\b", warning)
     assert advice is not None, warning
+    assert "max_steps" not in warning and "env_kwargs=" not in warning  # (Python's ways, which the CLI has not)
     capsys.readouterr()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -3622,6 +3623,25 @@ def test_env_options_that_keep_the_task_keep_its_target_and_others_say_none_is_s
     assert capsys.readouterr().err == (
         "rlspeed: note: no target: 0.7 is FrozenLake-v1's reward threshold without the env options is_slippery=False, "
         "which make another task: give --target-return R to stop at one\n")
+
+
+def test_advice_inside_the_rlspeed_command_is_in_the_command_lines_terms(capsys):
+    """A CLI user was told Python's way first (`env_backend='gymnasium'`, export `format='exported_program'`) where the
+    command has a flag for it; inside `command_advice` (the `rlspeed` command) the sentence names the flag, and
+    Python's caller still reads Python's."""
+    from rlspeed.envs import backend_for_options
+    from rlspeed.errors import command_advice
+    from rlspeed.export import _other_formats
+
+    with pytest.raises(UserError, match=r"use env_backend='gymnasium' \(or 'gymnasium-async'"):
+        backend_for_options({"render_mode": "rgb_array"}, "torch")
+    assert _other_formats("exported_program", "onnx") == "format='exported_program' or 'onnx'"
+    with command_advice("rlspeed"):
+        assert _other_formats("exported_program", "onnx") == "--format exported_program or onnx"
+    error = cli_error(capsys, ["train", "ppo", "Acrobot-v1", "--env-kwargs", "render_mode=rgb_array", "--env-backend",
+                               "torch", "--dry-run"])
+    assert error == ("rlspeed: error: --env-kwargs are options of Gymnasium's env: use --env-backend gymnasium (or "
+                     "gymnasium-async), not torch.")
 
 
 def test_a_dry_run_names_rlspeeds_own_preset_on_stderr_before_the_notes_on_its_target(capsys):

@@ -46,6 +46,7 @@ from rlspeed.errors import (
     OtherEnvOptionsWarning,
     PeerEnded,
     UserError,
+    command_advice,
     infinite_advice,
     peer_algorithm_advice,
     refuse_replay_saving,
@@ -3078,7 +3079,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     configure_threads(threads if isinstance(threads, int) and threads >= 1
                       and not os.environ.get("RLSPEED_NUM_THREADS", "").strip() else None)
     device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
-    from rlspeed.algos.base import _other_class, command_advice
+    from rlspeed.algos.base import _other_class
 
     other = _other_class(meta, algo_cls)  # (a subclass not imported: load builds rlspeed's class, with a warning)
     try:
@@ -3251,7 +3252,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_parent_directory("--out", args.out)
         refuse_special_file(args.out, "--out")
-    from rlspeed.algos.base import command_advice
     from rlspeed.envs import import_gym_packages
 
     import_gym_packages(args.gym_packages, role="define the algorithm that saved the model")
@@ -3718,7 +3718,8 @@ def main(argv: list[str] | None = None) -> int:
             _SHOWN_WARNINGS.clear()
         code = None
         try:
-            code = _main(argv)
+            with command_advice("rlspeed"):  # (advice in the command line's terms: `in_words`)
+                code = _main(argv)
             if console:
                 code = _flushed(code)
             return code

@@ -5,6 +5,7 @@ import here: the CLI handles them before it imports torch."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -136,6 +137,30 @@ class CloseErrors:
         if notes:
             first.args = (f"{first.args[0]} ({'; '.join(notes)})",)
         raise first
+
+
+#: Where a command, not a script, runs (`command_advice`): its name and, where one is given, the advice that makes it
+#: build the user's class `module.QualName` that saved a model file, in the command's terms; None: a script's (Python's)
+_COMMAND_ADVICE: contextvars.ContextVar[tuple[str, Callable[[str], str] | None] | None] = contextvars.ContextVar(
+    "_COMMAND_ADVICE", default=None)
+
+
+@contextlib.contextmanager
+def command_advice(command: str, advice: Callable[[str], str] | None = None):
+    """Within it, a sentence that gives advice gives it in the terms of `command` (`rlspeed eval`), a command line's
+    (`in_words`), and `_warn_other_class` says `command` makes the model, with `advice(saved)` saying what makes it
+    build the class `saved`: the form that fits a command line (`--gym-packages MODULE`), not Python's."""
+    token = _COMMAND_ADVICE.set((command, advice))
+    try:
+        yield
+    finally:
+        _COMMAND_ADVICE.reset(token)
+
+
+def in_words(cli: str, python: str) -> str:
+    """`cli`, the advice in a command line's terms (`--env-backend gymnasium`), inside `command_advice` (the `rlspeed`
+    command runs), else `python`, its terms in Python (`env_backend='gymnasium'`)."""
+    return cli if _COMMAND_ADVICE.get() is not None else python
 
 
 #: the outermost open `CloseErrors` (None outside one), which `close_envs` keeps its errors in

@@ -41,6 +41,7 @@ from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported
 from rlspeed.errors import (
     UserError,
     close_errors_last,
+    in_words,
     no_such_keyword,
     positive_whole,
     sb3_name_advice,
@@ -177,6 +178,8 @@ UNLIMITED_EPISODE_STEPS = 10_000
 RUN_LONGER = "evaluate(max_steps=N) runs them longer"
 TIME_LIMIT = ("env_kwargs={'max_episode_steps': N}, or --env-kwargs max_episode_steps=N on the command line, gives the "
               "env a time limit of N steps")
+#: `TIME_LIMIT` in a command line's terms, the one way it has to run them longer (it has no max_steps)
+_CLI_TIME_LIMIT = "--env-kwargs max_episode_steps=N gives the env a time limit of N steps"
 
 
 def episode_step_limit(env: BatchedEnv, max_steps: int | None) -> int:
@@ -187,7 +190,10 @@ def episode_step_limit(env: BatchedEnv, max_steps: int | None) -> int:
 
 def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, unstarted: int = 0) -> None:
     """The warning of an evaluation whose `unfinished` of `episodes` episodes were still running after `limit` steps
-    (and `unstarted` never started within them: a vector env of the caller's); `remedy` says how to run them longer."""
+    (and `unstarted` never started within them: a vector env of the caller's); `remedy` says how to run them longer
+    (with `TIME_LIMIT`, said in a command line's terms inside the `rlspeed` command: `in_words`)."""
+    if TIME_LIMIT in remedy:
+        remedy = in_words(remedy.replace(f"{RUN_LONGER}; ", "").replace(TIME_LIMIT, _CLI_TIME_LIMIT), remedy)
     warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they count "
                    "with the return collected so far" + (
                        f", and {unstarted} did not start within the {limit} steps per episode the evaluation runs"
@@ -311,18 +317,20 @@ def evaluate(model: rlspeed.algos.Algorithm,
     env_id = env_id or model.env_id
     if own_env and env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
         raise UserError("This model trained on a vector env you built, which has no id to make it again: give an env "
-                        "with the same spaces to evaluate on (rlspeed eval MODEL --env ID, a registered id; in Python "
-                        "rlspeed.evaluate(model, env, episodes=env.num_envs), and EvalCallback(env) instead of "
-                        "eval_freq).")
+                        "with the same spaces to evaluate on " + in_words(
+                            "(rlspeed eval MODEL --env ID, a registered id).",
+                            "(rlspeed.evaluate(model, env, episodes=env.num_envs), and EvalCallback(env) instead of "
+                            "eval_freq; rlspeed eval MODEL --env ID, a registered id, on the command line)."))
     if own_env and isinstance(env_id, str) and not remakeable(env_id) and envpool_only(env_id):
         raise UserError(f"This model trained on EnvPool's '{env_id}', an env rlspeed makes again only from a "
                         f"Gymnasium id: evaluate it on an env you make, rlspeed.evaluate(model, make_env('{env_id}', "
                         "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
                         "eval_freq).")
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
-        raise UserError(unregistered_id_refusal(
-            model, "or, for an env you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
-                   "EvalCallback(env) instead of eval_freq)"))
+        raise UserError(unregistered_id_refusal(model, in_words(
+            "or evaluate it on a registered id of an env with the same spaces: rlspeed eval MODEL --env ID",
+            "or, for an env you built, pass one: rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
+            "EvalCallback(env) instead of eval_freq)")))
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)

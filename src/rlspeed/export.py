@@ -62,7 +62,7 @@ from rlspeed.envs.base import (
     tuple_positions,
 )
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
-from rlspeed.errors import UserError, true_or_false, warn_at_caller
+from rlspeed.errors import UserError, in_words, true_or_false, warn_at_caller
 from rlspeed.evaluation import gym_packages
 from rlspeed.files import given_path, local_path, write_atomic
 from rlspeed.nn import (
@@ -562,7 +562,7 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64, graph=None
                         "on observations other than the example it was traced with: a trace keeps the one path the "
                         "example took through code that branches on values or on the batch size"
                         f"{f' (your {own})' if own else ''}; compute both branches and choose with torch.where, or "
-                        "export format='exported_program' or 'onnx' (torch.export, which says where).")
+                        f"export {_other_formats('exported_program', 'onnx')} (torch.export, which says where).")
     raise UserError(f"The exported graph for {type(model).__name__} ({type(module).__name__}) does not give the "
                     "model's actions: its policy differs from the one rlspeed knows how to export; give the "
                     "algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport matching its "
@@ -802,13 +802,19 @@ def _uncapturable(model, module: nn.Module, format: str, error: Exception) -> Ex
         return UserError(f"A TorchScript trace of {type(model).__name__}'s policy fails (torch: {said.rstrip('.')}) "
                          f"in code that includes your {own}, which may fix the batch size or branch on values (the "
                          "trace is run on 64 observations besides its example): change that code, or export "
-                         "format='exported_program' or 'onnx' (torch.export, which says where) instead of "
+                         f"{_other_formats('exported_program', 'onnx')} (torch.export, which says where) instead of "
                          "torchscript.")
     first = re.split(r"(?<=[.!?])\s", lines[0])[0]  # (its first sentence: the rest points at torch's own logs)
     return UserError(f"torch.export cannot capture {type(model).__name__}'s policy as a graph for every batch size "
                      f"(torch: {first.rstrip('.')}), in code that includes your {own}, which may fix the "
                      f"batch size or branch on values (TORCH_LOGS=+dynamic shows where): change that code, or export "
-                     f"format='torchscript' (a trace), instead of {format}.")
+                     f"{_other_formats('torchscript')} (a trace), instead of {format}.")
+
+
+def _other_formats(*formats: str) -> str:
+    """Export formats to use instead, as the caller names them: `--format exported_program or onnx` in the `rlspeed`
+    command, `format='exported_program' or 'onnx'` in Python (`in_words`)."""
+    return in_words("--format " + " or ".join(formats), "format=" + " or ".join(f"'{name}'" for name in formats))
 
 
 def _save_program(program, text: str, file: Path) -> None:

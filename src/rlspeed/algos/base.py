@@ -5,7 +5,6 @@ predict, save and load. An algorithm file holds only its own maths: `_setup`, `_
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import copy
 import dataclasses
 import difflib
@@ -107,6 +106,7 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
+    _COMMAND_ADVICE,
     CloseErrors,
     EncoderWarning,
     OtherEnvOptionsWarning,
@@ -1368,23 +1368,6 @@ def _tell_training_error(callbacks, error: BaseException) -> None:
 _UNSAVED_ARGUMENTS_SAID: set[tuple[type, str]] = set()
 
 
-#: Where a command, not a script, loads a model file (`command_advice`): its name and the advice that makes it build
-#: the user's class `module.QualName` that saved the file, in the command's terms; None: a script's (Python's) terms
-_COMMAND_ADVICE: contextvars.ContextVar[tuple[str, Callable[[str], str]] | None] = contextvars.ContextVar(
-    "_COMMAND_ADVICE", default=None)
-
-
-@contextlib.contextmanager
-def command_advice(command: str, advice: Callable[[str], str]):
-    """Within it, `_warn_other_class` says `command` (`rlspeed eval`) makes the model, and `advice(saved)` what makes it
-    build the class `saved`: the form that fits a command line (`--gym-packages MODULE`), not Python's."""
-    token = _COMMAND_ADVICE.set((command, advice))
-    try:
-        yield
-    finally:
-        _COMMAND_ADVICE.reset(token)
-
-
 def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     """A warning when the checkpoint at `path` was saved by a subclass of rlspeed's algorithm (a user's own loss,
     network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise.
@@ -1394,7 +1377,7 @@ def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
         return
     base = meta.get("derives_from", meta.get("algo"))
     command = _COMMAND_ADVICE.get()
-    who, advice = (command[0], command[1](saved)) if command else (f"{cls.__name__}.{call}",
+    who, advice = (command[0], command[1](saved)) if command and command[1] else (f"{cls.__name__}.{call}",
                                                                    f"use {_saved_class_call(saved, call)}")
     warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {base}; {who} makes it a {cls.__name__}, "
                   f"whose networks, losses or actions may differ from it: {advice}.", stacklevel=3)
@@ -1521,7 +1504,7 @@ def _load_remedy(saved: str, cls: type) -> tuple[str, str]:
     """Who cannot load the file the user's class `saved` (`module.QualName`) wrote as a `cls`, and what loads it as
     `saved`: `cls.load` and Python's call, or inside `command_advice` rlspeed's class and the command's option."""
     command = _COMMAND_ADVICE.get()
-    if command:
+    if command and command[1]:
         return f"rlspeed's {cls.__name__}", command[1](saved)
     return f"{cls.__name__}.load", f"load it with {_saved_class_call(saved, 'load')}"
 

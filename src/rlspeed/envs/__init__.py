@@ -52,7 +52,7 @@ from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import CLIP, NormalizeObservation, NormalizeReward, RunningMeanStd
-from rlspeed.errors import EnvStepError, UnusedSettingWarning, UserError, first_line, true_or_false
+from rlspeed.errors import EnvStepError, UnusedSettingWarning, UserError, first_line, in_words, true_or_false
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
@@ -273,8 +273,10 @@ def backend_for_options(env_kwargs: dict, backend: str) -> str:
         return backend
     if backend == "auto":
         return "gymnasium"
-    raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or 'gymnasium-async'; "
-                    f"--env-backend gymnasium on the command line), not '{backend}'.")
+    raise UserError(in_words(f"--env-kwargs are options of Gymnasium's env: use --env-backend gymnasium (or "
+                             f"gymnasium-async), not {backend}.",
+                             f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or "
+                             f"'gymnasium-async'; --env-backend gymnasium on the command line), not '{backend}'."))
 
 
 def _typed_options(spec: gym.envs.registration.EnvSpec, env_kwargs: dict) -> dict:
