@@ -1398,13 +1398,15 @@ def test_resume_runs_the_final_evaluation_a_signal_at_the_runs_end_skipped(tmp_p
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_eval"]["episodes"] == 2 and summary["total_timesteps"] == 256
     assert cli.main([*argv, "--resume"]) == 0 and "nothing left to train" in capsys.readouterr().out
-    # (without a checkpoint to resume from, the command that runs it is named)
+    # without a checkpoint (a run shorter than a timed checkpoint's interval writes none), the model file is resumed:
+    # --resume said "nothing left to train" and named `rlspeed eval`, which cannot fill summary.json
     (run / "checkpoint.safetensors").unlink()
+    evaluated = summary["final_eval"]
     summary["final_eval"] = None
     (run / "summary.json").write_text(json.dumps(summary))
     assert cli.main([*argv, "--resume"]) == 0
-    assert f"no final evaluation (a signal skipped it): rlspeed eval {run} --seed 1000000 --episodes 2 runs it" in (
-        capsys.readouterr().out)
+    assert f"resumed from {run / 'model.safetensors'} at 256 steps" in capsys.readouterr().out
+    assert json.loads((run / "summary.json").read_text())["final_eval"] == evaluated
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

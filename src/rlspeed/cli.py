@@ -2122,14 +2122,14 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             and _trained_enough(ended, total, target)):
         # (a finished run whose checkpoint was never written, as a run shorter than a timed checkpoint's interval
         # writes none: a requeue of its command finds it finished, as it does with one)
-        if main:
-            _say_nothing_left(ended, target, checkpoint=False)
-            _say_unapplied_settings(run_dir / "config.yaml", model, args)
-            if ended.get("final_eval") is None:  # (a signal skipped it; without a checkpoint, no resume runs it)
-                seed = ended.get("seed") if isinstance(ended.get("seed"), int) else args.seed
-                print(f"rlspeed: its summary.json has no final evaluation (a signal skipped it): "
-                      f"{_eval_command(run_dir, seed + 1_000_000, _eval_episodes(args))} runs it", flush=True)
-        return 0
+        if ended.get("final_eval") is not None:
+            if main:
+                _say_nothing_left(ended, target, checkpoint=False)
+                _say_unapplied_settings(run_dir / "config.yaml", model, args)
+            return 0
+        # (a signal skipped its final evaluation: the model, which `save` writes whole as a checkpoint, is resumed
+        # below, and nothing trains before the evaluation, as from a checkpoint of the whole budget)
+        checkpoint = run_dir / "model.safetensors"
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
         _say_for(args)(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written "
                        "every --checkpoint-freq steps, by default 1/20 of the budget with --resume or "
@@ -2655,7 +2655,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 tracker.finish(summary, exit_code=code)
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
-              f"({_eval_command(run_dir, eval_seed, episodes)} evaluates it)", file=sys.stderr, flush=True)
+              f"(--resume runs it; {_eval_command(run_dir, eval_seed, episodes)} evaluates the model)", file=sys.stderr,
+              flush=True)
         _say_stale_exports(print, run_dir / "model.safetensors", model.num_timesteps)
         if undrawn:
             with contextlib.suppress(KeyboardInterrupt):  # (as after a stop mid-run: last, a second signal cuts it)
