@@ -190,6 +190,12 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
                                   ("progres_bar", False, "did you mean progress_bar")):
         with pytest.raises(UserError, match=words):
             model.learn(64, **{keyword: value})
+    # (SB3's positional log_interval, third: its 1 was taken as progress_bar=True, its 4 refused without the name)
+    for count in (1, np.int64(4)):
+        with pytest.raises(UserError, match=rf"^learn's progress_bar is True or False, not {count} \(Stable-"
+                                            r"Baselines3's third argument is log_interval, a count: "
+                                            r"learn\(log_interval_s=...\)"):
+            model.learn(64, None, count)
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
     with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -64"):

@@ -2956,6 +2956,10 @@ class Algorithm:
         if whole_count_schedules:
             del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
+        if isinstance(progress_bar, numbers.Integral) and not isinstance(progress_bar, bool):
+            # (Stable-Baselines3's positional learn(N, callback, log_interval): its 1 would show a bar, silently)
+            raise UserError(f"learn's progress_bar is True or False, not {progress_bar} (Stable-Baselines3's third "
+                            f"argument is log_interval, a count: {SB3_LEARN_KEYWORDS['log_interval']}).")
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
