@@ -222,6 +222,10 @@ def peer_algorithm_advice(name: str) -> str | None:
     return _PEER_ALGORITHMS.get(name.lower().replace("_", "").replace("-", ""))
 
 
+#: what to write for Stable-Baselines3's `set_random_seed`, the function and the model's method alike
+SEED_ADVICE = ("give the seed when making or loading the model (Algo(env, seed=S), Algo.load(path, seed=S)): its "
+               "weights, samples and envs draw from streams of their own, which a global seed does not reach")
+
 #: Stable-Baselines3's helper functions and env wrappers under their names, each with rlspeed's way to do their work:
 #: `from rlspeed import make_vec_env` (and `from rlspeed.evaluation import evaluate_policy`) says it (`sb3_name_advice`)
 _SB3_NAMES = {
@@ -233,8 +237,7 @@ _SB3_NAMES = {
                     "env_backend='gymnasium-async' steps them in subprocesses), or rlspeed.make_env(env_id, "
                     "num_envs=N) for a batched env of tensors; a Stable-Baselines3 VecEnv you build also trains as it "
                     "is"),
-    "set_random_seed": "give the model seed=S (PPO(env, seed=0)): its weights, samples and envs draw from streams "
-                       "of their own, which a global seed does not reach",
+    "set_random_seed": SEED_ADVICE,
     "VecNormalize": "normalize_obs=True and normalize_reward=True (with normalize_obs_clip and "
                     "normalize_reward_clip) keep the statistics on the device and in the model's checkpoint; a "
                     "Stable-Baselines3 VecEnv wrapped in VecNormalize also trains as it is",
@@ -248,6 +251,7 @@ def sb3_name_advice(name: str) -> str | None:
     `make_vec_env`, `VecNormalize`, ...), a sentence without its full stop, or None for other names."""
     advice = _SB3_NAMES.get(name)
     return None if advice is None else f"rlspeed has no {name} (Stable-Baselines3's): {advice}"
+
 
 def infinite_advice(key: str) -> str:
     """How to write here what an infinite `key` means in Stable-Baselines3, for the refusal of it (hyperparameters

@@ -107,6 +107,7 @@ from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wra
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
     _COMMAND_ADVICE,
+    SEED_ADVICE,
     CloseErrors,
     EncoderWarning,
     OtherEnvOptionsWarning,
@@ -235,8 +236,7 @@ SB3_ATTRIBUTES = {
                                         "one like them, rlspeed.make_env(model.env_id) another, model.evaluate() "
                                         "plays episodes and model.close() closes them"),
     "set_env": "give the env when making or loading the model (Algo(env, ...), Algo.load(path, env=...))",
-    "set_random_seed": "give the seed when making or loading the model (Algo(env, seed=S), Algo.load(path, seed=S)): "
-                       "its weights, samples and envs draw from streams of their own",
+    "set_random_seed": SEED_ADVICE,
     "get_parameters": "model.policy.state_dict() holds the policy's weights, model.save(path) the whole model (whose "
                       "networks model.set_parameters(path) takes)",
     "replay_buffer": "the model's storage is model.buffer (once learn made it): len(model.buffer) transitions (SB3's "
