@@ -631,6 +631,7 @@ def test_stable_baselines3_helpers_imported_from_rlspeed_say_what_to_use_instead
     with pytest.raises(AttributeError, match="module 'rlspeed.evaluation' has no attribute 'no_such_name'"):
         rlspeed.evaluation.no_such_name  # noqa: B018
 
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
     """As `--save-replay-buffer` on the command line: an on-policy model refuses it in one sentence (it was taken and

@@ -708,6 +708,7 @@ def test_eval_callbacks_seed_is_checked_when_it_is_made():
         EvalCallback("CartPole-v1", seed=-5)
     assert EvalCallback("CartPole-v1", seed=7).seed == 7
 
+
 @pytest.mark.parametrize("use", ["EvalCallback", "evaluate"])
 def test_a_next_step_vector_env_is_refused_after_a_same_step_one_of_its_env_was_made(use):
     """Gymnasium 1.1 to 1.3 (rlspeed's floor is 1.1) write a vector env's autoreset mode into the metadata dict of

@@ -226,10 +226,10 @@ class LearnLocals(dict):
 class MetricsRecorder:
     """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
     values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later
-    iterations; the last value of a key wins), at the next log interval, so recording adds no write of its own; those
-    recorded in the last iteration join its row when `learn` ends (not those of `_on_training_end`: the files are
-    closed by then). A tensor value is read (a host sync) when recorded. Numbers only: anything else (SB3's `Video`,
-    `Figure`, text) is left out, with a warning once per key."""
+    iterations; the last value of a key wins, or the mean of those `record_mean` got), at the next log interval, so
+    recording adds no write of its own; those recorded in the last iteration join its row when `learn` ends (not
+    those of `_on_training_end`: the files are closed by then). A tensor value is read (a host sync) when recorded.
+    Numbers only: anything else (SB3's `Video`, `Figure`, text) is left out, with a warning once per key."""
 
     def __init__(self):
         self.values: dict[str, float] = {}

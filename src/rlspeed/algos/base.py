@@ -3180,8 +3180,7 @@ class Algorithm:
                 callbacks_started = True
                 # (their `self.locals["total_timesteps"]` is Stable-Baselines3's: the step count this call trains to,
                 # the model's steps before it plus its budget, which a callback's progress reads)
-                callbacks.on_training_start(LearnLocals.of(locals(), total_timesteps=self._total_timesteps,
-                                                           callbacks_at=callbacks_at))
+                callbacks.on_training_start(LearnLocals.of(locals(), total_timesteps=self._total_timesteps))
                 self._follow_replaced_optimizers()  # (an optimizer a callback put in place)
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
