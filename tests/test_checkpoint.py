@@ -368,6 +368,15 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
     with pytest.raises(UserError, match="learning_rate must be > 0"):
         PPO.load(path, device="cpu", env="CartPole-v1", learning_rate=-1.0)
     assert len(closed) == 1
+    # (and a model built whose restore of the file's state fails)
+
+    def refused(*args):
+        raise UserError("refused")
+
+    monkeypatch.setattr(PPO, "_restore", refused)
+    with pytest.raises(UserError, match="refused"):
+        PPO.load(path, device="cpu", env="CartPole-v1")
+    assert len(closed) == 2
 
 
 class ClashingName(rlspeed.DQN):
