@@ -1441,6 +1441,21 @@ def test_a_run_resumed_from_a_checkpoint_callbacks_save_acts_once_per_period_for
     assert [path.name for path in saves.saved] == ["rl_model_512_steps.safetensors"]
 
 
+def test_a_run_resumed_with_more_callbacks_than_its_checkpoint_counts_takes_the_count_every_one_ran_at(tmp_path):
+    """A checkpoint holds one count per callback of the run that saved it (`callbacks_ran_at`); resumed with another
+    list (a callback added), those counts fit no callback, so each takes the count every one had run at
+    (`callbacks_at`, the iteration before the save): the actions of the save's iteration are made at once, none
+    skipped."""
+    first = _small_ppo()
+    first.learn(256, callback=CheckpointCallback(256, tmp_path), progress_bar=False)
+    resumed = _small_ppo()
+    resumed.resume(tmp_path / "rl_model_256_steps.safetensors")
+    before, after = Recorder(), Recorder()
+    resumed.learn(256, callback=[EveryNTimesteps(256, before), CheckpointCallback(256, tmp_path / "resumed"),
+                                 EveryNTimesteps(256, after)], progress_bar=False)
+    assert _ran_at(before) == _ran_at(after) == [384, 512]
+
+
 def test_a_further_learn_after_a_callback_raised_mid_list_acts_once_per_period_for_each_callback():
     """A callback raises at 256 steps in the middle of a list: the callbacks before it had run at that iteration,
     those after it had not. A further learn with the same list makes the actions owed by those after it at once (384)
