@@ -1395,10 +1395,7 @@ def probe_made_env(env_id: str, call: str, env_fn, obs_shape: tuple[int, ...] | 
     except Exception:  # noqa: BLE001 (the env's own failure)
         return None
     finally:
-        try:
-            env.close()
-        except Exception:  # noqa: BLE001, S110 (the probe's close: nothing to report)
-            pass
+        close_quietly(env)  # (the probe's close: nothing to report)
 
 
 def _answer_problem(env_id: str, call: str, returned, obs_shape, host: HostObservations | None) -> str | None:
