@@ -2267,6 +2267,26 @@ def test_an_evaluation_that_fails_shows_the_envs_error_not_its_close_error():
         model.evaluate(episodes=2, env_kwargs={"after_steps": True, "step_raises": True})
 
 
+class _TextObservations(_CloseRaising):
+    observation_space = gym.spaces.Text(5)
+
+
+def test_an_env_refused_as_made_shows_the_refusal_not_its_close_error():
+    """An env refused as rlspeed looked at it (a Text observation space; envs that film themselves), whose close()
+    raised too, showed the close() error, the refusal's sentence hidden behind it. The refusal is the one raised now,
+    as where the work fails (`close_quietly`)."""
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv, refuse_filming_envs
+
+    class RecordVideo(gym.Wrapper):  # (Gymnasium's filming wrapper's name: the env films itself)
+        pass
+
+    vector_env = gym.vector.SyncVectorEnv([_TextObservations], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(rlspeed.UserError, match="has a Text observation space"):
+        GymnasiumEnv("CloseRaising-v0", vector_env=vector_env)
+    with pytest.raises(rlspeed.UserError, match="film themselves with Gymnasium's RecordVideo"):
+        refuse_filming_envs("CloseRaising-v0", RecordVideo(_CloseRaising()))
+
+
 _CLOSE_LATE = ["--env-kwargs", "after_steps=true", "--no-progress", "--env-backend", "gymnasium"]
 
 

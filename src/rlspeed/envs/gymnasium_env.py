@@ -755,7 +755,7 @@ def refuse_filming_envs(env_id: str, env=None) -> None:
     if "RecordVideo" not in names:
         return
     if env is not None:
-        env.close()
+        close_quietly(env)
     raise UserError(f"{env_id}'s envs film themselves with Gymnasium's RecordVideo, and every env rlspeed makes of it "
                     "(each training env, each evaluation's) would write videos of the same names into one folder over "
                     "each other's: register the id without it and film evaluation episodes with rlspeed's own videos "
@@ -1840,7 +1840,7 @@ class GymnasiumEnv(BatchedEnv):
                                        max_steps, threshold)
             self.spec = spec.with_options(env_kwargs)  # (options made it: recorded, with their time limit)
         except UserError:
-            vector_env.close()
+            close_quietly(vector_env)
             raise
         self._host = HostObservations(self.spec.observation_space, f"'{env_id}'")
         # float vector observations: the plain path (one float32 array; every other layout goes through `_host`)
