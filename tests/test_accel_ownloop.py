@@ -86,9 +86,9 @@ class _Recurrent(nn.Module):
         super().__init__()
         self.lstm, self.head = nn.LSTM(4, 8), nn.Linear(8, 2)
 
-    def forward(self, x, state):
+    def forward(self, x, state, scale=None):
         out, state = self.lstm(x, state)
-        return self.head(out), state
+        return self.head(out) * (1.0 if scale is None else scale), state
 
 
 class _CountingConverter:
@@ -104,8 +104,8 @@ class _CountingConverter:
 
 def test_a_recurrent_state_tuple_of_tensors_in_place_is_not_converted_at_each_call():
     """A rollout's `policy(x, (h, c))` went through the general input conversion at every call (+25-30 us a call of
-    a small LSTM on a CPU, a quarter of the call), and so did any call with a keyword argument (+7 us); tensors in
-    place, in a tuple or given by keyword, now take the plain tensors' path."""
+    a small LSTM on a CPU, a quarter of the call), and so did any call with a keyword argument or a number (+7 us);
+    tensors in place, in a tuple or given by keyword, beside numbers, now take the plain tensors' path."""
     torch.manual_seed(0)
     model = _Recurrent()
     x, state = torch.randn(1, 3, 4), (torch.zeros(1, 3, 8), torch.zeros(1, 3, 8))
@@ -118,6 +118,7 @@ def test_a_recurrent_state_tuple_of_tensors_in_place_is_not_converted_at_each_ca
         outputs = model(x, state)
         assert counting.calls == 0
         assert torch.equal(model(x, state=state)[0], expected[0]) and counting.calls == 0  # (by keyword alike)
+        assert torch.equal(model(x, state, 2.0)[0], 2 * expected[0]) and counting.calls == 0  # (numbers alike)
         assert torch.equal(outputs[0], expected[0]) and all(map(torch.equal, outputs[1], expected[1]))
         converted = model(x, tuple(t.numpy() for t in state))  # (a state that needs converting still is)
     assert counting.calls == 1 and torch.equal(converted[0], expected[0])
