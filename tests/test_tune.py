@@ -1423,7 +1423,7 @@ def test_marking_trials_failed_chooses_optunas_calls_once_for_all_of_them(monkey
     assert [t.state.name for t in study.trials[2:]] == ["FAIL"] * 4
 
 
-def test_the_study_line_says_the_whole_iterations_a_budget_that_is_none_trains(tmp_path, capsys):
+def test_the_study_line_says_the_whole_iterations_a_budget_between_two_trains(tmp_path, capsys):
     """A trial trains whole iterations, as `rlspeed train` does: `--budget 200` with 128 steps per iteration trains
     256 steps per trial. The study's first line said "200 steps per trial" alone (`rlspeed tune ppo Acrobot-v1
     --budget 10` trained 4,096 per trial, said 10); it now says what each trial trains, as train's start line does."""

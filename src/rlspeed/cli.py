@@ -76,6 +76,7 @@ from rlspeed.logging import cut_short as _cut_short
 from rlspeed.logging import format_return as _score
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
+from rlspeed.logging import whole_iterations as _whole_iterations
 
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
 MAX_SEED = 2**32 - 1
@@ -693,13 +694,6 @@ def _refuse_member_values_without_seeds(args: argparse.Namespace) -> None:
             raise UserError(f"--set {pair.strip()} gives {len(values)} values, one per member of a population: add "
                             f"--seeds with {len(values)} seeds (e.g. --seeds 0-{len(values) - 1}) to train them "
                             f"together, or give {key} one value.")
-
-
-def _whole_iterations(total: int, per_iteration: int) -> str:
-    """The start line's " (N: whole iterations of M)" where a budget of `total` env steps is not whole iterations of
-    `per_iteration` (`learn` trains whole iterations, so it ends at N), else nothing."""
-    whole = -(-total // per_iteration) * per_iteration
-    return f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else ""
 
 
 def _train_population(args: argparse.Namespace) -> int:

@@ -104,6 +104,13 @@ def strict_json(value, **kwargs) -> str:
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
 
 
+def whole_iterations(total: int, per_iteration: int) -> str:
+    """A start line's " (N: whole iterations of M)" where a budget of `total` env steps is not whole iterations of
+    `per_iteration` (`learn` trains whole iterations, so it ends at N), else nothing."""
+    whole = -(-int(total) // per_iteration) * per_iteration
+    return f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else ""
+
+
 def cut_short(unfinished: int | None, episodes: int) -> str:
     """', N of M cut short at the step limit' where `unfinished` of an evaluation's `episodes` were still running at
     its step limit (they count with the return collected so far: a continuing env's episodes never end)."""

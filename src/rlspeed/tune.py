@@ -53,7 +53,7 @@ from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.files import local_path, refuse_irregular_file, unwritable, write_atomic
 from rlspeed.locks import let_go
-from rlspeed.logging import cut_short, format_return
+from rlspeed.logging import cut_short, format_return, whole_iterations
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
 #: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
@@ -808,10 +808,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     progress = (f"{finished} of {trials} trials finished; {batches} batch(es) of up to {population} to go"
                 if finished < trials else f"{finished} trials finished, {trials} asked for: none to train (a larger "
                 "--trials adds more)")
-    # (a trial trains whole iterations, as `learn` does: a budget that is none says what each trial trains)
-    whole = -(-int(budget) // probe.steps_per_iteration) * probe.steps_per_iteration
+    # (a trial trains whole iterations, as `learn` does: a budget between two says what each trial trains)
     say(f"rlspeed: study '{study_name}' in {without_password(storage_url(storage))}: {progress}, {budget:,} steps "
-        "per trial" + (f" ({whole:,}: whole iterations of {probe.steps_per_iteration:,})" if whole != budget else "")
+        f"per trial{whole_iterations(budget, probe.steps_per_iteration)}"
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
