@@ -775,6 +775,24 @@ def test_resume_runs_the_final_evaluation_a_stop_as_training_ended_skipped(tmp_p
     assert cli.main(["report", str(out), "--out", str(tmp_path / "r")]) == 0
 
 
+def test_resume_runs_the_skipped_final_evaluation_of_a_run_without_a_checkpoint(tmp_path, capsys, finished_run):
+    """A stop as the last iteration ends writes no checkpoint there (a run as long as one checkpoint interval has
+    none): its Ctrl-C line and the report's refusal say --resume runs the skipped final evaluation, but --resume said
+    "nothing left to train" (exit 0) and left the run without it; it now trains the run again from the beginning,
+    as for a run interrupted before its first checkpoint, and ends with the uninterrupted run's final evaluation."""
+    out = _copy_of(finished_run, tmp_path)
+    finished = json.loads((out / "summary.json").read_text())
+    stopped = {**finished, "aggregate": {**finished["aggregate"], "final_eval": None},
+               "members": [{**member, "final_eval": None} for member in finished["members"]]}
+    (out / "summary.json").write_text(json.dumps(stopped))
+    (out / "checkpoint.safetensors").unlink()
+    capsys.readouterr()
+    assert cli.main([*FINISHED, "--out", str(out), "--resume"]) == 0
+    assert "training starts from scratch" in capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert [m["final_eval"] for m in summary["members"]] == [m["final_eval"] for m in finished["members"]]
+
+
 @pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),
                                                # (the members' CNN encoders)
                                                pytest.param("PPO", "MinAtar/Breakout-v1", marks=needs_minatar)])

@@ -2009,10 +2009,9 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     summary = _ended_summary(run_dir / "summary.json")
     if summary is not None:
         if config.get("total_timesteps") == total and config.get("target_return") == target:
-            # (a stop as its last iteration ended skipped the final evaluation: its checkpoint finishes it)
-            from rlspeed.population.base import CHECKPOINT_NAME
-
-            return not _final_evaluation_skipped(summary) or not (run_dir / CHECKPOINT_NAME).exists()
+            # (a stop as its last iteration ended skipped the final evaluation: resumed from its checkpoint, or
+            # trained from the beginning where it has none, the run ends with it)
+            return not _final_evaluation_skipped(summary)
         raise _finished_population(run_dir)
     return False
 
