@@ -2019,8 +2019,9 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
 def _final_evaluation_skipped(summary: dict) -> bool:
     """Whether a population's `summary` lacks the final evaluation of a member that did not diverge (a signal as
     training ended skips it)."""
-    return any((member.get("final_eval") or {}).get("mean") is None and member.get("diverged_at") is None
-               for member in summary.get("members") or [])
+    from rlspeed.report import final_evaluation_skipped
+
+    return any(final_evaluation_skipped(member) for member in summary.get("members") or [])
 
 
 def _finished_population(run_dir, seeds: str = "") -> UserError:

@@ -131,6 +131,12 @@ def _unfinished(run_dir: Path, summary: dict) -> str | None:
     return None
 
 
+def final_evaluation_skipped(member: dict) -> bool:
+    """Whether a population's summary.json entry `member` lacks the final evaluation of a member that did not diverge
+    (a signal as training ended or during the final evaluation skips it: `rlspeed train ... --resume` runs it)."""
+    return (member.get("final_eval") or {}).get("mean") is None and member.get("diverged_at") is None
+
+
 def _load(run_dir: Path, own_env: tuple | None = None, envs: dict | None = None) -> list[SeedResult]:
     """The `SeedResult`s of the run in `run_dir`; `own_env` and `envs`: `_run_envs`', which say its env's spaces."""
     summary = _read_json(run_dir / "summary.json")
@@ -155,7 +161,7 @@ def _load(run_dir: Path, own_env: tuple | None = None, envs: dict | None = None)
     results = []
     for member in summary["members"]:
         final = member.get("final_eval") or {}
-        if final.get("mean") is None and member.get("diverged_at") is None:
+        if final_evaluation_skipped(member):
             raise UserError(f"The run '{run_dir}' has no final evaluation of seed {member.get('seed')} (a signal "
                             "as training ended or during the final evaluation skips it): run it with rlspeed train ... "
                             f"--resume --out {run_dir} (the run's command), or leave it out of the report.")
