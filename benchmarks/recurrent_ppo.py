@@ -143,7 +143,8 @@ def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict
 
 
 def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
-
+    """sb3-contrib's part (b) run: time to TARGET_RETURN on CartPoleNoVel-v1, evaluated as `rlspeed_time_to_target`
+    evaluates."""
     model, env = sb3_model(seed)
     result = common.sb3_time_to_target(model, env, sb3_eval_env(env, seed, ENV_ID), budget, eval_freq,
                                        seed + EVAL_SEED_OFFSET, TARGET_RETURN, EVAL_EPISODES, args.threads)
