@@ -259,7 +259,8 @@ def learning_report(runs: list[dict], summary: dict, settings: dict) -> list[str
         for i, step in enumerate(steps):
             ours, theirs = summary["rlspeed"]["mean"][i], summary["sb3"]["mean"][i]
             said.append(f"after {step:,} steps rlspeed's mean return is {ours:.1f}, sb3-contrib's {theirs:.1f} "
-                        f"(rlspeed {'ahead' if ours > theirs else 'behind'} on the mean, ahead on "
+                        f"(rlspeed {'ahead' if ours > theirs else 'behind' if ours < theirs else 'level'} on the "
+                        f"mean by {abs(ours - theirs):.1f}, ahead on "
                         f"{len(summary['rlspeed_ahead_seeds'][i])} of {len(seeds)} seeds)")
         lines += [f"In words: {'; '.join(said)}. {len(seeds)} seeds a side are weak evidence about learning: read "
                   "this as whether the two learn alike at this budget, not as which learns better.", ""]

@@ -211,5 +211,8 @@ def test_recurrent_ppo_learning_section_gives_each_seed_the_means_and_says_which
     text = "\n".join(script.learning_report(runs, summary, settings))
     assert "| 1 | -750.0 | -700.0 | -400.0 | -300.0 |" in text
     assert "| mean of 2 | -700.0 | -650.0 | -275.0 | -250.0 |" in text
-    assert "after 102,400 steps rlspeed's mean return is -275.0, sb3-contrib's -250.0 (rlspeed behind on the mean, " \
-           "ahead on 1 of 2 seeds)" in text
+    assert "after 102,400 steps rlspeed's mean return is -275.0, sb3-contrib's -250.0 (rlspeed behind on the mean " \
+           "by 25.0, ahead on 1 of 2 seeds)" in text
+    level = [run("sb3", 0, -600.0, -200.0), run("rlspeed", 0, -600.0, -150.0)]  # (equal means are neither side's)
+    assert "(rlspeed level on the mean by 0.0, ahead on 0 of 1 seeds)" in "\n".join(
+        script.learning_report(level, script.learning_summary(level), settings))
