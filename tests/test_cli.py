@@ -3702,3 +3702,18 @@ def test_a_command_line_whose_words_an_option_took_names_the_option_and_the_fix(
         "rlspeed: error: the following arguments are required: ENV_ID (see 'rlspeed train --help').")
     assert cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "learning_rate", "1e-3"]) == (
         "rlspeed: error: unrecognized arguments: 1e-3; --set takes KEY=VALUE as one word: --set learning_rate=1e-3.")
+
+
+def test_a_presets_target_is_noted_only_for_env_options_that_change_the_task(capsys):
+    """`--env-kwargs render_mode=rgb_array` (or Pendulum's g at its registered 10.0) kept the id's task, yet the
+    preset's target -200 was said "may not fit" with env options; options that change the task still say so."""
+    from rlspeed.envs import env_spec
+
+    def notes(env_kwargs):
+        args = argparse.Namespace(target_return=None, eval_freq=None, env_id="Pendulum-v1", env_kwargs=["x"])
+        assert cli._target_and_eval_freq(args, {"target_return": -200}, env_spec("Pendulum-v1", env_kwargs))[0] == -200
+        return args.target_notes
+
+    assert notes({"render_mode": "rgb_array"}) == [] and notes({"g": 10.0}) == []
+    assert notes({"g": 5.0}) == ["rlspeed: note: the target -200 is the preset's for Pendulum-v1 as registered; with "
+                                 "env options it may not fit: give --target-return R (or none)"]

@@ -366,14 +366,18 @@ def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) ->
     reward_threshold (`spec`'s: none for a variant made with env options, unless they make another registered id)
     and None (the algorithm's own frequency). A note on that target goes in `args.target_notes`, which
     `_say_preset` says after the preset's line."""
+    from rlspeed.envs.base import same_task
+
     args.target_notes = []
     if args.target_return is not None:
         target = _target(args.target_return, spec)
     else:
         target = run_settings.get("target_return", spec.reward_threshold)
-        # (a threshold `spec` keeps with options is that of the registered id they make, as is `env_variant`'s preset)
+        # (a threshold `spec` keeps with options is that of the registered id they make, as is `env_variant`'s preset,
+        # or the id's own where they keep its task: `same_task`)
         if (run_settings.get("target_return") is not None and not getattr(args, "env_variant", None)
-                and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None))):
+                and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None))
+                and not same_task(spec.env_id, getattr(spec, "env_kwargs", None))):
             args.target_notes = [f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as "
                                  "registered; with env options it may not fit: give --target-return R (or none)"]
         elif target is None and "target_return" not in run_settings and getattr(spec, "env_kwargs", None):
