@@ -3702,6 +3702,8 @@ def test_a_command_line_whose_words_an_option_took_names_the_option_and_the_fix(
         "rlspeed: error: the following arguments are required: ENV_ID (see 'rlspeed train --help').")
     assert cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "learning_rate", "1e-3"]) == (
         "rlspeed: error: unrecognized arguments: 1e-3; --set takes KEY=VALUE as one word: --set learning_rate=1e-3.")
+    assert cli_error(capsys, ["train", "ppo", "CartPole-v1", "--seed", "3", "--set", "n_epochs", "3"]) == (
+        "rlspeed: error: unrecognized arguments: 3; --set takes KEY=VALUE as one word: --set n_epochs=3.")
 
 
 def test_a_presets_target_is_noted_only_for_env_options_that_change_the_task(capsys):

@@ -4007,12 +4007,11 @@ def _pairs_after_flag(unknown: list[str], argv: list[str]) -> tuple[str, list[st
 def _value_after_key(unknown: list[str], argv: list[str]) -> tuple[str, str] | None:
     """(flag, key) where the first unrecognized argument follows `--set KEY` or `--env-kwargs KEY` (a key without
     `=`: its value given as a word of its own), else None."""
-    if not unknown or unknown[0].startswith("--") or unknown[0] not in argv:
+    if not unknown or unknown[0].startswith("--"):
         return None
-    at = argv.index(unknown[0])
-    if at < 2 or argv[at - 2] not in ("--set", "--env-kwargs") or "=" in argv[at - 1]:
-        return None
-    return argv[at - 2], argv[at - 1]
+    # (any place of the word: the same word may be another option's value too, `--seed 3 --set n_epochs 3`)
+    return next(((argv[at - 2], argv[at - 1]) for at, arg in enumerate(argv) if arg == unknown[0] and at >= 2
+                 and argv[at - 2] in ("--set", "--env-kwargs") and "=" not in argv[at - 1]), None)
 
 
 def _swallowed_hint(text: str, argv: list[str]) -> str:
