@@ -1389,3 +1389,41 @@ def test_episodes_on_another_env_id_run_in_waves_of_the_backend_auto_picks(ppo, 
                         lambda backend: 3 if backend == "gymnasium" else math.inf)
     assert rlspeed.evaluate(ppo, "CartPole-v0", episodes=7, seed=5)["episodes"] == 7
     assert sizes == [3, 1]
+
+
+@pytest.mark.parametrize("inside_the_command", [False, True])
+def test_unfinished_episodes_advice_is_built_for_each_caller_as_before(inside_the_command):
+    """The advice of `warn_unfinished` was made by cutting Python's sentence apart inside the `rlspeed` command; built
+    from its parts, each caller's warning (an env made from an id, one passed in, a population's) reads as before."""
+    from rlspeed.errors import command_advice
+
+    python_limit = ("evaluate(max_steps=N) runs them longer; env_kwargs={'max_episode_steps': N}, or --env-kwargs "
+                    "max_episode_steps=N on the command line, gives the env a time limit of N steps")
+    cli_limit = "--env-kwargs max_episode_steps=N gives the env a time limit of N steps"
+    limit = cli_limit if inside_the_command else python_limit
+    expected = {(True, False): limit, (False, False): "evaluate(max_steps=N) runs them longer",
+                (True, True): f"{limit}, in training too"}
+    for (time_limit, in_training), advice in expected.items():
+        with (command_advice("rlspeed") if inside_the_command else contextlib.nullcontext()), \
+                pytest.warns(UserWarning) as caught:
+            rlspeed.evaluation.warn_unfinished(3, 10, 500, time_limit=time_limit, in_training=in_training)
+        assert str(caught[0].message) == ("evaluate: 3 of 10 episodes were still running after 500 steps; they count "
+                                          f"with the return collected so far ({advice}).")
+
+
+def test_a_target_on_an_env_without_a_time_limit_is_warned_in_the_command_lines_terms():
+    """Inside the `rlspeed` command the warning named Python's `target_return` and `env_kwargs={...}` first; it now
+    names the target and the command line's --env-kwargs, and Python's caller still reads Python's terms."""
+    from types import SimpleNamespace
+
+    from rlspeed.errors import command_advice
+
+    spec = SimpleNamespace(env_id="Endless-v0", max_episode_steps=None)
+    with command_advice("rlspeed"), pytest.warns(UserWarning) as caught:
+        rlspeed.evaluation.warn_target_without_time_limit(spec, 90.0)
+    assert str(caught[0].message) == (
+        "Endless-v0 has no time limit: an evaluation episode still running after 10,000 steps counts with the return "
+        "collected by then, so the target 90 is compared with such returns where episodes do not end (--env-kwargs "
+        "max_episode_steps=N gives the env a time limit of N steps).")
+    with pytest.warns(UserWarning, match=r"so target_return 90 is compared .* \(env_kwargs=\{'max_episode_steps'"):
+        rlspeed.evaluation.warn_target_without_time_limit(spec, 90.0)

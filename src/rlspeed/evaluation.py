@@ -172,9 +172,9 @@ def refuse_unless_results_fit(episodes: int, members: int = 1,
 UNLIMITED_EPISODE_STEPS = 10_000
 
 
-#: what `warn_unfinished` tells to do: `evaluate(max_steps=N)` runs longer (learn's evaluations and EvalCallback take
-#: no `max_steps`); an env made from an id takes a time limit as an option (the model's `env_kwargs` reach its
-#: evaluations)
+#: what `warn_unfinished` tells to do (`_unfinished_advice`): `evaluate(max_steps=N)` runs longer (learn's evaluations
+#: and EvalCallback take no `max_steps`); an env made from an id takes a time limit as an option (the model's
+#: `env_kwargs` reach its evaluations)
 RUN_LONGER = "evaluate(max_steps=N) runs them longer"
 TIME_LIMIT = ("env_kwargs={'max_episode_steps': N}, or --env-kwargs max_episode_steps=N on the command line, gives the "
               "env a time limit of N steps")
@@ -188,26 +188,38 @@ def episode_step_limit(env: BatchedEnv, max_steps: int | None) -> int:
     return max_steps if max_steps is not None else (env.spec.max_episode_steps or UNLIMITED_EPISODE_STEPS)
 
 
-def warn_unfinished(unfinished: int, episodes: int, limit: int, remedy: str, unstarted: int = 0) -> None:
+def _unfinished_advice(time_limit: bool, in_training: bool) -> str:
+    """How to run an evaluation's unfinished episodes longer: `RUN_LONGER`, and for an env made from an id
+    (`time_limit`) `TIME_LIMIT`, which holds in training too where `in_training` (a population's evaluations); inside
+    the `rlspeed` command (`in_words`) the time limit alone, in its terms (the command line has no max_steps)."""
+    if not time_limit:
+        return RUN_LONGER
+    where = ", in training too" if in_training else ""
+    return in_words(f"{_CLI_TIME_LIMIT}{where}", f"{RUN_LONGER}; {TIME_LIMIT}{where}")
+
+
+def warn_unfinished(unfinished: int, episodes: int, limit: int, time_limit: bool, unstarted: int = 0,
+                    in_training: bool = False) -> None:
     """The warning of an evaluation whose `unfinished` of `episodes` episodes were still running after `limit` steps
-    (and `unstarted` never started within them: a vector env of the caller's); `remedy` says how to run them longer
-    (with `TIME_LIMIT`, said in a command line's terms inside the `rlspeed` command: `in_words`)."""
-    if TIME_LIMIT in remedy:
-        remedy = in_words(remedy.replace(f"{RUN_LONGER}; ", "").replace(TIME_LIMIT, _CLI_TIME_LIMIT), remedy)
+    (and `unstarted` never started within them: a vector env of the caller's), with how to run them longer
+    (`_unfinished_advice`: `time_limit` where the env was made from an id, `in_training` where that limit is the
+    training env's too)."""
     warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they count "
                    "with the return collected so far" + (
                        f", and {unstarted} did not start within the {limit} steps per episode the evaluation runs"
-                       if unstarted else "") + f" ({remedy}).", UserWarning)
+                       if unstarted else "") + f" ({_unfinished_advice(time_limit, in_training)}).", UserWarning)
 
 
 def warn_target_without_time_limit(spec, target_return: float | None) -> None:
     """The warning of a target on an env without a time limit (a continuing task, or one whose untrained policy never
-    ends an episode): its evaluations count episodes cut at the step limit, so the target must be on that scale."""
+    ends an episode): its evaluations count episodes cut at the step limit, so the target must be on that scale
+    (said in a command line's terms inside the `rlspeed` command: `in_words`)."""
     if target_return is not None and spec.max_episode_steps is None:
         warn_at_caller(f"{spec.env_id} has no time limit: an evaluation episode still running after "
-                       f"{UNLIMITED_EPISODE_STEPS:,} steps counts with the return collected by then, so target_return "
-                       f"{target_return:g} is compared with such returns where episodes do not end ({TIME_LIMIT}).",
-                       UserWarning)
+                       f"{UNLIMITED_EPISODE_STEPS:,} steps counts with the return collected by then, so "
+                       + in_words(f"the target {target_return:g}", f"target_return {target_return:g}")
+                       + f" is compared with such returns where episodes do not end "
+                       f"({in_words(_CLI_TIME_LIMIT, TIME_LIMIT)}).", UserWarning)
 
 
 def _one_env_vector(env: gym.Env) -> gym.vector.VectorEnv:
@@ -385,8 +397,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             _close_evaluation_env(env, failure)
     if played["unfinished"]:
-        warn_unfinished(played["unfinished"], episodes, limit,
-                        f"{RUN_LONGER}; {TIME_LIMIT}" if isinstance(env_id, str) else RUN_LONGER)
+        warn_unfinished(played["unfinished"], episodes, limit, time_limit=isinstance(env_id, str))
     return _result(**played, seed=seed)
 
 
@@ -539,7 +550,7 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
         if env is not None:
             _close_evaluation_env(env, failure)
     if played["unfinished"]:
-        warn_unfinished(played["unfinished"], episodes, limit, f"{RUN_LONGER}; {TIME_LIMIT}")
+        warn_unfinished(played["unfinished"], episodes, limit, time_limit=True)
     if len(played["successes"]) < episodes:
         played["successes"] = None
     return _result(**played, seed=seed)
@@ -624,7 +635,7 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
-        warn_unfinished(unfinished, episodes, limit, RUN_LONGER, unstarted=episodes - len(values))
+        warn_unfinished(unfinished, episodes, limit, time_limit=False, unstarted=episodes - len(values))
     return _result(values, spread["lengths"], unfinished, spread["successes"], seed)
 
 

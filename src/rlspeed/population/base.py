@@ -49,8 +49,6 @@ from rlspeed.errors import (
     seconds,
 )
 from rlspeed.evaluation import (
-    RUN_LONGER,
-    TIME_LIMIT,
     episode_step_limit,
     evaluation_env_cap,
     evaluation_waves,
@@ -1141,7 +1139,7 @@ class PopulationBase:
         self.last_unfinished = (~finished).view(len(seeds), episodes).sum(1).tolist()  # ok-sync: evaluation
         if sum(self.last_unfinished):
             warn_unfinished(sum(self.last_unfinished), len(seeds) * episodes, episode_step_limit(env, max_steps),
-                            f"{RUN_LONGER}; {TIME_LIMIT}, in training too")
+                            time_limit=True, in_training=True)
         #: each evaluated member's share of successful episodes among the finished ones (None: not known), where
         #: the env reports `info["is_success"]` (goal envs), else None; the last `evaluate`'s, by position
         self.last_success_rates = None
