@@ -3719,3 +3719,25 @@ def test_a_presets_target_is_noted_only_for_env_options_that_change_the_task(cap
     assert notes({"render_mode": "rgb_array"}) == [] and notes({"g": 10.0}) == []
     assert notes({"g": 5.0}) == ["rlspeed: note: the target -200 is the preset's for Pendulum-v1 as registered; with "
                                  "env options it may not fit: give --target-return R (or none)"]
+
+
+def test_tunes_target_note_and_help_say_what_the_target_does_in_tune(capsys):
+    """`rlspeed tune` with env options that drop the id's threshold said "give --target-return R to stop at one", but
+    a tune target ranks trials by the steps to reach it; its --target-return help left out what train's says of env
+    options that change the task. Both commands' help now give the same default."""
+    from rlspeed.envs import env_spec
+
+    args = argparse.Namespace(target_return=None, eval_freq=None, env_id="FrozenLake-v1", env_kwargs=["x"],
+                              command="tune")
+    assert cli._target_and_eval_freq(args, {}, env_spec("FrozenLake-v1", {"is_slippery": False}))[0] is None
+    assert args.target_notes == [
+        "rlspeed: note: no target: 0.7 is FrozenLake-v1's reward threshold without the env options is_slippery=False, "
+        "which make another task: trials score their final evaluation; give --target-return R to score the steps to "
+        "reach it"]
+    defaults = []
+    for command in ("train", "tune"):
+        assert cli.main([command, "--help"]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        defaults.append(re.search(r"--target-return R\|none .*? \(default: (.*?); none:", said)[1])
+    assert defaults[0] == defaults[1] and "env options that change its task leave out" in defaults[0]
+

@@ -351,6 +351,10 @@ def _target(arg: str | None, spec, name: str = "--target-return") -> float | Non
     return value
 
 
+#: where `--target-return` comes from when not given (train's and tune's help: `_target_and_eval_freq`'s rule)
+_TARGET_DEFAULT = ("the preset's target_return, else the env's reward_threshold, which env options that change its "
+                   "task leave out")
+
 #: a run's budget where neither `--total-timesteps` nor the preset gives one
 _DEFAULT_TOTAL_TIMESTEPS = 1_000_000
 
@@ -381,22 +385,25 @@ def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) ->
             args.target_notes = [f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as "
                                  "registered; with env options it may not fit: give --target-return R (or none)"]
         elif target is None and "target_return" not in run_settings and getattr(spec, "env_kwargs", None):
-            args.target_notes = _dropped_threshold_notes(args.env_id, spec.env_kwargs)
+            args.target_notes = _dropped_threshold_notes(args.env_id, spec.env_kwargs,
+                                                         getattr(args, "command", None) == "tune")
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
     return target, eval_freq
 
 
-def _dropped_threshold_notes(env_id: str, env_kwargs: dict) -> list[str]:
+def _dropped_threshold_notes(env_id: str, env_kwargs: dict, tune: bool = False) -> list[str]:
     """The note where the env options leave a run without the target the env id registers (`EnvSpec.with_options`:
     its reward threshold says nothing of another task), so that no target is not taken for one ([] where the id
-    registers none)."""
+    registers none); for `tune` the target is the objective's, not where training stops."""
     import gymnasium as gym
 
     registered = getattr(gym.registry.get(env_id), "reward_threshold", None)
     if registered is None:
         return []
     return [f"rlspeed: note: no target: {registered:g} is {env_id}'s reward threshold without the env options "
-            f"{as_keywords(env_kwargs)}, which make another task: give --target-return R to stop at one"]
+            f"{as_keywords(env_kwargs)}, which make another task: " + (
+                "trials score their final evaluation; give --target-return R to score the steps to reach it" if tune
+                else "give --target-return R to stop at one")]
 
 
 def _algorithm(name: str):
@@ -3410,9 +3417,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the settings the run would use (its config.yaml, a preset file) and exit: builds "
                             "the model, trains and writes nothing")
     train.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
-                       help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
-                            "reward_threshold, which env options that change its task leave out; none: train the "
-                            "whole budget)")
+                       help=f"stop when evaluation reaches it (default: {_TARGET_DEFAULT}; none: train the whole "
+                            "budget)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
                        help="evaluate at the end of the first iteration at or past every multiple of N env steps "
                             "(default: the preset's, else a 40th of the budget and at least 2,048: with a target, or "
@@ -3487,8 +3493,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--num-envs", type=_whole(1), default=None, metavar="N",
                      help="envs per trial (default: the preset's)")
     tun.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
-                     help="the objective's target (default: the preset's, else the env's reward_threshold; none: "
-                          "maximise the final evaluation)")
+                     help=f"the objective's target (default: {_TARGET_DEFAULT}; none: maximise the final "
+                          "evaluation)")
     tun.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
                      help="evaluate each trial at the end of the first iteration at or past every multiple of N env "
                           "steps, each a report to the pruner (default: the preset's, else a 40th of --budget and at "
