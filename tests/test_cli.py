@@ -3741,3 +3741,18 @@ def test_tunes_target_note_and_help_say_what_the_target_does_in_tune(capsys):
         defaults.append(re.search(r"--target-return R\|none .*? \(default: (.*?); none:", said)[1])
     assert defaults[0] == defaults[1] and "env options that change its task leave out" in defaults[0]
 
+
+def test_tune_says_the_notes_on_its_settings_after_the_presets_line(tmp_path, monkeypatch, capsys):
+    """`rlspeed tune` said the preset's line and the target's notes by hand, without the notes on how --set combined
+    with the preset (`--set learning_rate=X` starting a decay to 0) that train says: one rule (`_say_preset`) now."""
+    pytest.importorskip("optuna")
+    import rlspeed.tune
+
+    monkeypatch.setattr(rlspeed.tune, "tune", lambda *args, **kwargs: None)
+    assert cli.main(["tune", "ppo", "CartPole-v1", "--set", "learning_rate=1e-3", "--storage",
+                     str(tmp_path / "study.db"), "--out", str(tmp_path / "tuned.yaml")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "rlspeed: using rlspeed's preset for ppo CartPole-v1.\n"
+    # (the preset's values the search keeps or replaces are not said: no "keeps the preset's" note)
+    assert captured.err == ("rlspeed: note: --set learning_rate=0.001 starts a linear decay to 0 (PPO's default "
+                            "anneal_lr=true); add --set anneal_lr=false to hold it constant.\n")

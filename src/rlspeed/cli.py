@@ -1094,10 +1094,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         "directory you can write to.")
     device = resolve_device(args.device)
     _configure_threads(args)
-    if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
-        print(args.preset_message)
-    for note in getattr(args, "target_notes", []):
-        print(note, file=sys.stderr)
+    _say_preset(args)
     command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
     _stage("tuning", left="the study keeps the trials that finished (the same command goes on)")
     tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
@@ -1209,7 +1206,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                                   f"registers it: the preset and reward threshold are {preset_id}'s")
     given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {}),
              **dict.fromkeys(getattr(args, "member_keys", ()))}  # (a population's per-member --set values)
-    if (hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none"):
+    # (tune's search replaces the preset's values: no note on those kept)
+    if ((hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none")
+            and getattr(args, "command", None) != "tune"):
         args.setting_notes += _preset_values_kept(preset, algo_cls, given, hyper)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
 
