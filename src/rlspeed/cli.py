@@ -1997,7 +1997,11 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     """UserError unless the run `run_dir/config.yaml` describes (where there is one) is a population of `algo` on
     `env_id` with `seeds`: --resume continues the same run only. True where that run finished with the budget and
     target given (a batch job's requeue that finds it finished: nothing left to train); a finished run asked for
-    another budget or target is refused (a population writes no checkpoint at its end to go on from)."""
+    another budget or target is refused (a population writes no checkpoint at its end to go on from). False, to
+    resume, where there is no config.yaml, where the run has not finished (no summary.json), and where it finished
+    with the budget and target given but a signal as training ended skipped the final evaluation: with a checkpoint,
+    the run resumes from it and ends with that evaluation (training nothing where the checkpoint holds the whole
+    budget); without one (a stop before the first checkpoint), it trains again from the beginning."""
     path = run_dir / "config.yaml"
     try:
         config = yamlfile.load_run_file(path.read_text(encoding="utf-8")) if path.exists() else None
