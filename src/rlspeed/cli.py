@@ -64,11 +64,13 @@ from rlspeed.files import (
 )
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.lifetime import (
+    STOPS,
     adopting_orphans,
     end_with_parent,
     first_to_say,
     peers_said,
     stop_ending_with_parent,
+    stops_held,
     tell_launcher,
     wait_for_adopted,
 )
@@ -104,10 +106,9 @@ class Terminated(KeyboardInterrupt):
         return str(self.args[0]) if self.args else "SIGTERM"
 
 
-#: signals that stop a run as SIGTERM does (saved, exit code 143): a scheduler's (SIGTERM; SLURM's --signal sends
-#: SIGUSR1 or SIGUSR2 ahead of its deadline) and a closed terminal's (SIGHUP)
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
-                     if hasattr(signal, name))
+#: signals that stop a run as SIGTERM does (saved, exit code 143): `lifetime.STOPS` but Ctrl-C's, a scheduler's
+#: (SIGTERM; SLURM's --signal sends SIGUSR1 or SIGUSR2 ahead of its deadline) and a closed terminal's (SIGHUP)
+STOP_SIGNALS = tuple(signum for signum in STOPS if signum != signal.SIGINT)
 
 
 def _signal_name(signum: int) -> str:
@@ -1957,7 +1958,7 @@ def _stop_after_iteration():
             reminder[0].start()
 
     try:
-        with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
+        with _signal_handler(handler, STOPS):
             yield received
     finally:
         for timer in reminder:
@@ -2049,22 +2050,16 @@ def _finished_population(run_dir, seeds: str = "") -> UserError:
 def _signals_ignored():
     """SIGINT, SIGTERM and the other `STOP_SIGNALS` ignored within the block (a second Ctrl-C must not cut the final
     save short)."""
-    with _signal_handler(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS), keep_ignored=False):
+    with _signal_handler(signal.SIG_IGN, STOPS, keep_ignored=False):
         yield
 
 
 @contextlib.contextmanager
 def _signals_deferred():
-    """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait: the first one is raised when the block ends
-    (KeyboardInterrupt or `Terminated`), so that what the block writes is written whole."""
-    received: list[int] = []
+    """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait (`stops_held`): the first one is raised when
+    the block ends (KeyboardInterrupt or `Terminated`), so that what the block writes is written whole."""
     owner = os.getpid()
-
-    def handler(signum, frame):
-        _signal_arrived(owner, signum)
-        received.append(signum)
-
-    with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
+    with stops_held(lambda signum: _signal_arrived(owner, signum)) as received:
         yield
     if received:
         raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(_signal_name(received[0]))

@@ -6,8 +6,9 @@ leaves them training as orphans. A worker therefore asks the kernel for SIGTERM 
 adopts the workers that torchrun's death orphans (`adopting_orphans`), so that it can wait for them to save before it
 unlocks the run directory. Other systems have neither call: there a worker outlives a torchrun killed with SIGKILL
 (docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`). A
-Ctrl-C or SIGTERM that comes while a process forks its subprocess envs is not lost (`stops_kept_while_forking`). No
-torch import here: the CLI asks for all this before it imports torch, or after a stop cut torch's import short."""
+Ctrl-C or SIGTERM that comes while a process forks its subprocess envs is not lost (`stops_kept_while_forking`); one
+that comes while a block writes waits for it to end (`stops_held`). No torch import here: the CLI asks for all this
+before it imports torch, or after a stop cut torch's import short."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 import signal
 import sys
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +30,10 @@ LAUNCHER_PID_VARIABLE = "RLSPEED_TORCHRUN_PID"
 #: --nproc`) that ends having said why in its own line leaves a file (`tell_launcher`), so that the launcher ends with
 #: that worker's exit code instead of torchrun's failure report under the worker's line
 SAID_FOLDER_VARIABLE = "RLSPEED_WORKERS_SAID"
+#: the signals that stop a command or a notebook's cell: Ctrl-C's (SIGINT), a scheduler's (SIGTERM; SLURM's --signal
+#: sends SIGUSR1 or SIGUSR2 ahead of its deadline) and a closed terminal's (SIGHUP)
+STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+              if hasattr(signal, name))
 _PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -226,3 +232,32 @@ def stops_kept_while_forking(undo: Callable[[], object] | None = None) -> Iterat
         if undo is not None:
             undo()
         raise kept[0].with_traceback(None)
+
+
+@contextlib.contextmanager
+def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[int]]:
+    """Within the block a stop (`STOPS`) waits: each that comes is added to the list yielded, after `arrived(signum)`
+    where given, and the handlers from before the block are back as it ends, whether or not it raised; the caller acts
+    on the list then (runs the first stop's handler, raises). A stop the process ignores stays ignored, and one whose
+    handler Python did not set (None) is left as it is. Outside the main thread, where signals cannot be set, nothing
+    changes and the list stays empty."""
+    came: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if arrived is not None:
+            arrived(signum)
+        came.append(signum)
+
+    previous: dict[int, typing.Any] = {}
+    try:
+        for signum in STOPS:
+            handler = signal.getsignal(signum)
+            if handler is not None and handler is not signal.SIG_IGN:
+                previous[signum] = signal.signal(signum, hold)
+    except ValueError:  # (not the main thread)
+        pass
+    try:
+        yield came
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -19,7 +19,6 @@ import numbers
 import os
 import signal
 import tempfile
-import threading
 import typing
 import warnings
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ from rlspeed.envs.gymnasium_env import close_quietly, closed_after
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
+from rlspeed.lifetime import stops_held
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -261,32 +261,20 @@ def _append(writer, frame) -> None:
         raise _WriteFailed(error) from None
 
 
-#: the signals that stop a command or a notebook's cell: Ctrl-C's and the `rlspeed` command's (`cli.STOP_SIGNALS`)
-_STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
-               if hasattr(signal, name))
-
-
 @contextlib.contextmanager
 def _stops_after_the_write() -> Iterator[None]:
-    """Within the block, a stop (`_STOPS`) whose handler is Python's (Ctrl-C's KeyboardInterrupt, the `rlspeed`
-    command's SIGTERM) waits: its handler runs as the block ends. A frame reaches ffmpeg whole, so a stop leaves
-    ffmpeg's input at a frame's end and it ends quietly; a stop inside the write left part of a frame, and ffmpeg,
-    killed as it began its complaint ("[in#0/rawvideo @ 0x...] Packet corrupt"), left the line open under the
-    command's last one. Only the main thread runs such handlers: elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    handlers = {number: handler for number in _STOPS if callable(handler := signal.getsignal(number))}
-    arrived: list[tuple[int, typing.Any]] = []
-    for number in handlers:
-        signal.signal(number, lambda number, frame: arrived.append((number, frame)))
+    """Within the block a stop (Ctrl-C, SIGTERM: `lifetime.STOPS`) waits, and the first that came is raised again as
+    the block ends, to the handler from before it (Python's KeyboardInterrupt, the `rlspeed` command's `Terminated`),
+    whether or not the block raised. A frame reaches ffmpeg whole, so a stop leaves ffmpeg's input at a frame's end
+    and it ends quietly; a stop inside the write left part of a frame, and ffmpeg, killed as it began its complaint
+    ("[in#0/rawvideo @ 0x...] Packet corrupt"), left the line open under the command's last one."""
+    came: list[int] = []
     try:
-        yield
+        with stops_held() as came:
+            yield
     finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-        if arrived:  # (the first, as it would have come: a stop wins over an error of the write)
-            handlers[arrived[0][0]](*arrived[0])
+        if came:  # (the first, as it would have come: a stop wins over an error of the write)
+            signal.raise_signal(came[0])
 
 
 class _GifWriter:
