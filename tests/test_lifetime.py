@@ -190,3 +190,44 @@ def test_ctrl_c_while_subprocess_envs_are_forked_stops_and_leaves_no_worker():
     while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not set(multiprocessing.active_children()) - before
+
+
+
+def test_a_stop_during_the_final_save_stops_the_command_once_the_save_is_written():
+    """`_signals_deferred` (the final save's block, held by `lifetime.stops_held`): a SIGTERM inside the block stops
+    the command as the block ends, with `Terminated`, so that the model file is written whole; the handler from before
+    is back after the block."""
+    from rlspeed.cli import Terminated, _signals_deferred, _sigterm_raises
+
+    written = []
+    with _sigterm_raises():
+        outer = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(Terminated, match="SIGTERM"), _signals_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            written.append("model.safetensors")
+        assert signal.getsignal(signal.SIGTERM) is outer
+    assert written == ["model.safetensors"]
+
+
+def test_stops_held_leaves_an_ignored_stop_ignored_and_the_handlers_as_they_were_when_the_block_raises():
+    """`lifetime.stops_held`: a stop the process ignores (SIGHUP under nohup) stays ignored in the block, not held to
+    stop it after; a block that raises (a full disk in a video's write) leaves each handler as it was, with the stop
+    that came in the list for the caller to act on."""
+    from rlspeed.lifetime import stops_held
+
+    def handler(signum, frame):
+        raise AssertionError("the stop came inside the block")
+
+    arrived = []
+    previous = signal.signal(signal.SIGUSR1, handler), signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        with pytest.raises(OSError), stops_held(arrived.append) as came:
+            signal.raise_signal(signal.SIGUSR2)
+            signal.raise_signal(signal.SIGUSR1)
+            raise OSError("no space left on device")
+        assert signal.getsignal(signal.SIGUSR1) is handler
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR1, previous[0])
+        signal.signal(signal.SIGUSR2, previous[1])
+    assert came == arrived == [signal.SIGUSR1]

@@ -896,6 +896,38 @@ def test_a_stop_during_a_frames_write_comes_once_the_frame_is_written():
     assert written == ["frame"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the stop ends the process it comes to: filmed in a fork")
+def test_a_stop_whose_handler_is_the_default_comes_once_the_frame_is_written_too():
+    """A script (no `rlspeed` command's handlers) that films with `record_video` and gets SIGTERM from `timeout` or a
+    scheduler: the signal's default action ended the process inside a frame's write, leaving part of a frame in
+    ffmpeg's input. It ends the process as before, once the frame is written."""
+    import signal
+
+    from rlspeed.video import _append
+
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # (nothing but the write and os._exit here: a fork of the test's process)
+        try:
+            os.close(reading)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+            class Writer:
+                def append_data(self, frame):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.write(writing, frame)
+
+            _append(Writer(), b"frame")
+        finally:
+            os._exit(3)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        written = pipe.read()
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert written == b"frame"
+
+
 def test_a_video_callback_checks_the_env_made_with_the_models_options(tmp_path, monkeypatch):
     """VideoRecorderCallback checked the env made from its bare id before training, so an env whose constructor
     needs an option the model was made with (`env_kwargs`, `--env-kwargs`) was refused ("missing 1 required
