@@ -12,6 +12,7 @@ before it imports torch, or after a stop cut torch's import short."""
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import ctypes
 import hashlib
@@ -248,16 +249,18 @@ def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[
             arrived(signum)
         came.append(signum)
 
+    # (`_signal`'s calls, which `signal`'s wrap: the wrappers look each handler up among an enum's members, which
+    # takes longer than setting it, and a video sets these handlers twice a frame)
     previous: dict[int, typing.Any] = {}
     try:
         for signum in STOPS:
-            handler = signal.getsignal(signum)
-            if handler is not None and handler is not signal.SIG_IGN:
-                previous[signum] = signal.signal(signum, hold)
+            handler = _signal.getsignal(signum)
+            if handler is not None and handler != signal.SIG_IGN:
+                previous[signum] = _signal.signal(signum, hold)
     except ValueError:  # (not the main thread)
         pass
     try:
         yield came
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            _signal.signal(signum, handler)
