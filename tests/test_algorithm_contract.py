@@ -196,6 +196,11 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
                                             r"Baselines3's third argument is log_interval, a count: "
                                             r"learn\(log_interval_s=...\)"):
             model.learn(64, None, count)
+    # (SB3's positional tb_log_name, fourth: refused as a target that is no number, without naming it)
+    with pytest.raises(UserError, match=r"^learn's target_return is a number \(or None for no target\), not 'run' "
+                                        r"\(Stable-Baselines3's fourth argument is tb_log_name, a run's name: "
+                                        r"learn\(run_dir=DIR\)"):
+        model.learn(64, None, True, "run")
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
     with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -64"):

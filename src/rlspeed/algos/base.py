@@ -1543,6 +1543,21 @@ SB3_LEARN_KEYWORDS = {
 }
 
 
+def _refuse_sb3_positionals(progress_bar, target_return) -> None:
+    """UserError naming Stable-Baselines3's argument where its positional learn(N, callback, log_interval,
+    tb_log_name) landed in `progress_bar` (a count: its 1 would show a bar, silently) or `target_return` (a run's
+    name, which reads as no number)."""
+    def refuse(name: str, kind: str, value: str, place: str, sb3_name: str, what: str) -> typing.NoReturn:
+        raise UserError(f"learn's {name} is {kind}, not {value} (Stable-Baselines3's {place} argument is {sb3_name}, "
+                        f"{what}: {SB3_LEARN_KEYWORDS[sb3_name]}).")
+
+    if isinstance(progress_bar, numbers.Integral) and not isinstance(progress_bar, bool):
+        refuse("progress_bar", "True or False", str(progress_bar), "third", "log_interval", "a count")
+    if isinstance(target_return, str):
+        refuse("target_return", "a number (or None for no target)", repr(target_return), "fourth", "tb_log_name",
+               "a run's name")
+
+
 def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: bool = False,
                    device: torch.device | None = None) -> dict[str, torch.Tensor]:
     """The metrics `success_sum` and `success_count` (the finished episodes that succeeded, and all finished ones)
@@ -2956,10 +2971,7 @@ class Algorithm:
         if whole_count_schedules:
             del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
-        if isinstance(progress_bar, numbers.Integral) and not isinstance(progress_bar, bool):
-            # (Stable-Baselines3's positional learn(N, callback, log_interval): its 1 would show a bar, silently)
-            raise UserError(f"learn's progress_bar is True or False, not {progress_bar} (Stable-Baselines3's third "
-                            f"argument is log_interval, a count: {SB3_LEARN_KEYWORDS['log_interval']}).")
+        _refuse_sb3_positionals(progress_bar, target_return)
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
