@@ -3506,6 +3506,10 @@ def test_set_parameters_takes_a_files_networks_and_nothing_else(tmp_path):
     assert model.num_timesteps == 0 and model.config.learning_rate == 1e-5
     with pytest.raises(UserError, match=r"net_arch=\[32, 32\], this model's have net_arch=\[64, 64\]"):
         DQN("CartPole-v1", net_arch=[64, 64]).set_parameters(tmp_path / "dqn.safetensors")
+    # (SB3's set_parameters(path, False), exact_match=False, skipped the digest check silently as verify)
+    with pytest.raises(UserError, match=r"^set_parameters takes the path alone, not False after it \(Stable-"
+                                        r"Baselines3's second argument is exact_match\): here the file's networks"):
+        model.set_parameters(tmp_path / "dqn.safetensors", False)
 
 
 def test_set_parameters_refuses_weights_trained_on_another_observation_scale(tmp_path):

@@ -3790,12 +3790,18 @@ class Algorithm:
                               stacklevel=3)
         return dict(plain)
 
-    def set_parameters(self, path: str | Path, verify: bool = True) -> None:
+    def set_parameters(self, path: str | Path, *stable_baselines3: typing.Any, verify: bool = True) -> None:
         """Load the networks (and observation/reward normalisation statistics) of the model or checkpoint file `path`
         into this model, as Stable-Baselines3's `set_parameters`: a warm start. The file must hold a model of this
         algorithm with the same networks (`net_arch`, `activation`, encoder, ...) for the same observation and action
         spaces; its optimiser state, step counts, schedules and random streams are not taken (this model's stay as
-        they are: a fine-tune starts with fresh optimiser moments). `verify=False` skips the file's digest check."""
+        they are: a fine-tune starts with fresh optimiser moments). `verify=False` (by name only) skips the file's
+        digest check. Stable-Baselines3's further positional arguments (`exact_match`, `device`) are refused in one
+        sentence: the file's networks must match this model's in every shape, and they go to this model's device."""
+        if stable_baselines3:  # (SB3's set_parameters(path, False): exact_match, not a skipped digest check)
+            raise UserError(f"set_parameters takes the path alone, not {stable_baselines3[0]!r} after it "
+                            "(Stable-Baselines3's second argument is exact_match): here the file's networks must match "
+                            "this model's in every shape, and its digest check is skipped only by name, verify=False.")
         if isinstance(path, dict):
             raise UserError("set_parameters takes a saved model's path here (model.save(path) writes one); a dict of "
                             "weights goes to model.policy.load_state_dict(weights).")
