@@ -1405,7 +1405,10 @@ def test_resume_runs_the_final_evaluation_a_signal_at_the_runs_end_skipped(tmp_p
     summary["final_eval"] = None
     (run / "summary.json").write_text(json.dumps(summary))
     assert cli.main([*argv, "--resume"]) == 0
-    assert f"resumed from {run / 'model.safetensors'} at 256 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"resumed from {run / 'model.safetensors'} at 256 steps" in out
+    assert "the model file model.safetensors holds the whole budget: nothing left to train" in out  # (not "the
+    # checkpoint", which this run has none of)
     assert json.loads((run / "summary.json").read_text())["final_eval"] == evaluated
 
 

@@ -2583,7 +2583,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     _say_preset(args, say)
     say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
     if trained:
-        why = "its run reached the target" if reached else "the checkpoint holds the whole budget"
+        # (the run's model file where no checkpoint was written: --resume resumes it, as a checkpoint)
+        held = "the model file model.safetensors" if checkpoint.name == "model.safetensors" else "the checkpoint"
+        why = "its run reached the target" if reached else f"{held} holds the whole budget"
         say(f"rlspeed: {why}: nothing left to train; saving the model and evaluating it", flush=True)
     else:
         say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
