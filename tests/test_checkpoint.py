@@ -377,6 +377,15 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
     with pytest.raises(UserError, match="refused"):
         PPO.load(path, device="cpu", env="CartPole-v1")
     assert len(closed) == 2
+    # (and a Ctrl-C in the restore, or a bad value met while making the env: they left it open)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PPO, "_restore", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        PPO.load(path, device="cpu", env="CartPole-v1")
+    assert len(closed) == 3
 
 
 class ClashingName(rlspeed.DQN):

@@ -100,6 +100,7 @@ from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
     check_action_masks,
+    close_quietly,
     normalising_wrappers,
     single_env_id,
 )
@@ -3911,96 +3912,96 @@ class Algorithm:
         made = isinstance(env, str)  # (an id: this call makes the env)
         # (warnings said once the model is loaded: a refused load is its error alone)
         unsaid: list[tuple[str, type[Warning]]] = []
-        if env is not None:
-            if made and meta.get("env_kwargs") and env_kwargs is None:
-                unsaid.append((f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
-                               f"load(env={env!r}) makes that env without them (pass them again: "
-                               "load(path, env=env_id, env_kwargs=options)).", UserWarning))
-            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them), on
-                # the backend given to load (else the one that fits the id and options, as a new model's)
-                num_envs = int(config.get("num_envs", 1))
-                env_backend = resolve_backend(env, backend_for_options(
-                    env_kwargs or {}, env_backend if "env_backend" in overrides else "auto"), num_envs, device)
-                env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs,
-                               episodic_life=bool(config.get("episodic_life", True)),
-                               clip_rewards=bool(config.get("clip_rewards", True)))
-            elif not isinstance(env, BatchedEnv):
-                if not isinstance(env, gym.vector.VectorEnv) and not is_sb3_vec_env(env):
-                    _check_env_id(env, f"{cls.__name__}.load")  # (what load takes, not what make_env does)
-                env = make_env(env, device=device)
-            else:
-                env = counted(env)  # (counted before a reward normalisation: the episode returns stay the env's)
-            # normalised as it trained (a config without the options: where the file holds statistics), also an env
-            # of the caller's, which predict's normalised observations would otherwise not match in training
-            env = normalised(env, bool(config.get("normalize_obs", any(key.startswith("obs_rms.") for key in tensors))),
-                             bool(config.get("normalize_reward", any(key.startswith("return_rms.")
-                                                                     for key in tensors))),
-                             float(config.get("gamma", 0.99)))
-            try:
+        try:  # (whatever fails from here, the env this call made is closed: one the caller built is theirs)
+            if env is not None:
+                if made and meta.get("env_kwargs") and env_kwargs is None:
+                    unsaid.append((f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
+                                   f"load(env={env!r}) makes that env without them (pass them again: "
+                                   "load(path, env=env_id, env_kwargs=options)).", UserWarning))
+                if made:  # as many envs as the run trained with (as load without an env, whose learn makes them), on
+                    # the backend given to load (else the one that fits the id and options, as a new model's)
+                    num_envs = int(config.get("num_envs", 1))
+                    env_backend = resolve_backend(env, backend_for_options(
+                        env_kwargs or {}, env_backend if "env_backend" in overrides else "auto"), num_envs, device)
+                    env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs,
+                                   episodic_life=bool(config.get("episodic_life", True)),
+                                   clip_rewards=bool(config.get("clip_rewards", True)))
+                elif not isinstance(env, BatchedEnv):
+                    if not isinstance(env, gym.vector.VectorEnv) and not is_sb3_vec_env(env):
+                        _check_env_id(env, f"{cls.__name__}.load")  # (what load takes, not what make_env does)
+                    env = make_env(env, device=device)
+                else:
+                    env = counted(env)  # (counted before a reward normalisation: the episode returns stay the env's)
+                # normalised as it trained (a config without the options: where the file holds statistics), also an
+                # env of the caller's, which predict's normalised observations would otherwise not match in training
+                env = normalised(env, bool(config.get("normalize_obs", any(key.startswith("obs_rms.")
+                                                                           for key in tensors))),
+                                 bool(config.get("normalize_reward", any(key.startswith("return_rms.")
+                                                                         for key in tensors))),
+                                 float(config.get("gamma", 0.99)))
                 _check_env_fits(env.spec, spec, path)
-            except UserError:
-                if made:  # (an env the caller built stays open: it is theirs)
-                    env.close()
-                raise
-            if "num_envs" in overrides and overrides["num_envs"] != env.num_envs and not made:
-                raise UserError(f"load(..., num_envs={overrides['num_envs']}) with an env of {env.num_envs} envs: the "
-                                "env passed decides; leave num_envs out, or pass an env of that many.")
-            if "num_envs" in config:
-                config["num_envs"] = env.num_envs
-        # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
-        # move the caller's random streams
-        unsaved = meta.get("unsaved_init_arguments") if isinstance(meta.get("unsaved_init_arguments"), dict) else {}
-        missing = {name: kind for name, kind in unsaved.items() if name in own and name not in overrides}
-        again = f"{algo.__name__}.load(path, {', '.join(f'{name}=...' for name in missing)})"
-        try:
-            with _forked_random(device), warnings.catch_warnings():
-                warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
-                warnings.simplefilter("ignore", EncoderWarning)
-                model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
-        except Exception as error:
-            if made:  # (the env this call made goes with the model it was for; one the caller built is theirs)
-                env.close()
-            if not missing or isinstance(error, UserError):
-                raise
-            # (the subclass's code failed on the default it got: say which argument the file could not give it)
-            raise UserError(f"{algo.__name__}.load could not build the model of '{path}' without "
-                            f"{', '.join(missing)}, a {', a '.join(missing.values())} its file does not keep "
-                            f"({type(error).__name__}: {first_line(error)[:200]}): pass it again ({again}).") from error
-        defaulted = [name for name in missing if (algo, name) not in _UNSAVED_ARGUMENTS_SAID]
-        if defaulted:  # (built with the default, which may act otherwise; said once a process, as save says it)
-            unsaid.append((f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
-                           f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
-                           f"default; pass it again ({again}).", UserWarning))
-        model._env_given = env is not None and not made  # (an env load made from an id is made again after close,
-        if made:  # on the same backend)
-            model.env_backend = env_backend
-        for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
-            if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
-                unsaid.append((sentence, UnusedSettingWarning))
-        model.seed = overrides["seed"] if "seed" in overrides else meta.get("seed")
-        if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
-            seed = overrides["seed"]  # a model made with it; the weights are the file's)
-            with _forked_random(model.device):  # (the model's own streams: the caller's generators stay as they were)
-                torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
-                model._own_random_streams(True)
-        model._restore_counts(meta)
-        if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
-            model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
-            # (kept as the file has it: a copy saved from this model resumes as the file would)
-            model._schedule_open = bool(meta.get("schedule_continues", True))
-        try:
-            model._restore(tensors, meta, path)
-        except Exception as error:
-            if made:
-                env.close()
-            other = _other_class(meta, algo)
-            if other is None or not isinstance(error, UserError):
-                raise
-            # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
-            detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
-            who, advice = _load_remedy(other, algo)
-            raise UserError(f"'{path}' was saved by {other}, whose networks {who} does not build "
-                            f"({detail[:1].lower() + detail[1:]}): {advice}.") from None
+                if "num_envs" in overrides and overrides["num_envs"] != env.num_envs and not made:
+                    raise UserError(f"load(..., num_envs={overrides['num_envs']}) with an env of {env.num_envs} envs: "
+                                    "the env passed decides; leave num_envs out, or pass an env of that many.")
+                if "num_envs" in config:
+                    config["num_envs"] = env.num_envs
+            # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
+            # move the caller's random streams
+            unsaved = meta.get("unsaved_init_arguments") if isinstance(meta.get("unsaved_init_arguments"), dict) else {}
+            missing = {name: kind for name, kind in unsaved.items() if name in own and name not in overrides}
+            again = f"{algo.__name__}.load(path, {', '.join(f'{name}=...' for name in missing)})"
+            try:
+                with _forked_random(device), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
+                    warnings.simplefilter("ignore", EncoderWarning)
+                    model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
+            except Exception as error:
+                if not missing or isinstance(error, UserError):
+                    raise
+                # (the subclass's code failed on the default it got: say which argument the file could not give it)
+                raise UserError(f"{algo.__name__}.load could not build the model of '{path}' without "
+                                f"{', '.join(missing)}, a {', a '.join(missing.values())} its file does not keep "
+                                f"({type(error).__name__}: {first_line(error)[:200]}): pass it again "
+                                f"({again}).") from error
+            defaulted = [name for name in missing if (algo, name) not in _UNSAVED_ARGUMENTS_SAID]
+            if defaulted:  # (built with the default, which may act otherwise; said once a process, as save says it)
+                unsaid.append((f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
+                               f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
+                               f"default; pass it again ({again}).", UserWarning))
+            model._env_given = env is not None and not made  # (an env load made from an id is made again after close,
+            if made:  # on the same backend)
+                model.env_backend = env_backend
+            for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
+                if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
+                    unsaid.append((sentence, UnusedSettingWarning))
+            model.seed = overrides["seed"] if "seed" in overrides else meta.get("seed")
+            if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it,
+                seed = overrides["seed"]  # as a model made with it; the weights are the file's)
+                with _forked_random(model.device):  # (the model's own streams: the caller's generators stay as they
+                    # were)
+                    torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
+                    model._own_random_streams(True)
+            model._restore_counts(meta)
+            if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it;
+                # a learn sets its own)
+                model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])
+                # (kept as the file has it: a copy saved from this model resumes as the file would)
+                model._schedule_open = bool(meta.get("schedule_continues", True))
+            try:
+                model._restore(tensors, meta, path)
+            except Exception as error:
+                other = _other_class(meta, algo)
+                if other is None or not isinstance(error, UserError):
+                    raise
+                # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
+                detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
+                who, advice = _load_remedy(other, algo)
+                raise UserError(f"'{path}' was saved by {other}, whose networks {who} does not build "
+                                f"({detail[:1].lower() + detail[1:]}): {advice}.") from None
+        except BaseException:
+            if made and not isinstance(env, str):
+                close_quietly(env)  # (the load's error is the one to show)
+            raise
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         # (its training clock so far: metrics.csv's train_wall_s goes on where the saved model's ended, as its steps)
         loop = meta["resume"].get("loop") if isinstance(meta.get("resume"), dict) else None
