@@ -351,8 +351,9 @@ def test_load_of_a_file_onto_an_env_it_does_not_fit_is_its_refusal_alone(tmp_pat
 
 
 def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypatch):
-    """`load(path, env=id, ...)` makes the env from the id, then builds the model: a build that refuses an override
-    (learning_rate=-1) left that env open (its worker processes too, for an async backend); it is closed."""
+    """`load(path, env=id, ...)` makes the env from the id, then builds the model: a build or restore that fails left
+    that env open (its worker processes too, for an async backend); it is closed. A bad override (learning_rate=-1) is
+    refused before the env is made."""
     import rlspeed.algos.base
 
     path = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "model")
@@ -365,25 +366,34 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
         return env
 
     monkeypatch.setattr(rlspeed.algos.base, "make_env", make_env)
-    with pytest.raises(UserError, match="learning_rate must be > 0"):
+    with pytest.raises(UserError, match="learning_rate must be > 0"):  # (now refused before the env is made)
         PPO.load(path, device="cpu", env="CartPole-v1", learning_rate=-1.0)
-    assert len(closed) == 1
+    assert not closed
     # (and a model built whose restore of the file's state fails)
 
-    def refused(*args):
+    def refused(*args, **kwargs):
         raise UserError("refused")
 
     monkeypatch.setattr(PPO, "_restore", refused)
     with pytest.raises(UserError, match="refused"):
         PPO.load(path, device="cpu", env="CartPole-v1")
-    assert len(closed) == 2
-    # (and a Ctrl-C in the restore, or a bad value met while making the env: they left it open)
+    assert len(closed) == 1
+    # (and a Ctrl-C in the restore, which left it open)
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(PPO, "_restore", interrupted)
     with pytest.raises(KeyboardInterrupt):
+        PPO.load(path, device="cpu", env="CartPole-v1")
+    assert len(closed) == 2
+    # (a bad value the env is made with is the model's sentence, before any env: int('x') was a bare ValueError)
+    for key, value, kind in (("num_envs", "x", "int"), ("gamma", "high", "float")):
+        with pytest.raises(UserError, match=f"^Hyperparameter '{key}' got '{value}', which is not a valid {kind}"):
+            PPO.load(path, device="cpu", env="CartPole-v1", **{key: value})
+    assert len(closed) == 2
+    monkeypatch.setattr(PPO, "__init__", refused)  # (and a build that refuses once the env is made)
+    with pytest.raises(UserError, match="refused"):
         PPO.load(path, device="cpu", env="CartPole-v1")
     assert len(closed) == 3
 

@@ -3910,6 +3910,8 @@ class Algorithm:
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
         made = isinstance(env, str)  # (an id: this call makes the env)
+        if made:  # (the values it is made with are said in the model's sentence now: int('x') was a bare ValueError)
+            build_config(algo.config_cls, {key: value for key, value in config.items() if key in fields})
         # (warnings said once the model is loaded: a refused load is its error alone)
         unsaid: list[tuple[str, type[Warning]]] = []
         try:  # (whatever fails from here, the env this call made is closed: one the caller built is theirs)
