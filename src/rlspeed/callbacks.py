@@ -27,7 +27,6 @@ import gymnasium as gym
 import numpy as np
 
 import rlspeed
-from rlspeed.env_options import as_keywords
 from rlspeed.errors import UserError, positive_whole, refuse_replay_saving, true_or_false
 from rlspeed.files import given_path, local_path, unwritable, write_atomic
 from rlspeed.logging import cut_short, format_return, print_beside_bars, tensorboard_tag
@@ -818,35 +817,13 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
         return True
 
 
-def _options_given(spec) -> dict:
-    """The options a Gymnasium env was made with beyond its registered id's (`gymnasium.make(id, **options)`: its
-    `spec.kwargs` and time limit against the registry's; its render_mode aside, which evaluations do not use); {} for
-    an id that is not registered."""
-    registered = gym.registry.get(spec.id)
-    if registered is None:
-        return {}
-    options = {key: value for key, value in spec.kwargs.items()
-               if key != "render_mode" and (key not in registered.kwargs or _differs(registered.kwargs[key], value))}
-    if spec.max_episode_steps != registered.max_episode_steps:
-        options["max_episode_steps"] = spec.max_episode_steps
-    return options
-
-
-def _differs(registered, value) -> bool:
-    """Whether an option's value is not its registered one (an array, whose == is not one bool, where it is not the
-    same object)."""
-    try:
-        return bool(registered != value)
-    except (TypeError, ValueError):
-        return registered is not value
-
-
 class EvalCallback(BaseCallback):
     """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes` episodes;
-    keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env you
-    built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
-    each evaluation: its envs share the `n_eval_episodes` episodes as `rlspeed.evaluate` spreads them, by default one
-    each), for envs that have no registered id.
+    keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or an env you built,
+    any that `rlspeed.evaluate` takes (a separate instance from the training env, kept open and reset for each
+    evaluation): a vector env (Gymnasium's or Stable-Baselines3's: its envs share the `n_eval_episodes` episodes as
+    `rlspeed.evaluate` spreads them, by default one each), or a single `gymnasium.Env` (Stable-Baselines3's
+    `gym.make(id)` or `Monitor(...)` of it, options and all: its episodes run in turn, by default 5).
 
     With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the algorithm's
     `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation; either
@@ -863,7 +840,7 @@ class EvalCallback(BaseCallback):
     policy).
     """
 
-    def __init__(self, eval_env: str | gym.vector.VectorEnv | rlspeed.envs.sb3_env.VecEnvLike | None = None,
+    def __init__(self, eval_env: str | gym.vector.VectorEnv | rlspeed.envs.sb3_env.VecEnvLike | gym.Env | None = None,
                  callback_on_new_best: BaseCallback | None = None, callback_after_eval: BaseCallback | None = None,
                  n_eval_episodes: int | None = None, eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
@@ -873,22 +850,11 @@ class EvalCallback(BaseCallback):
         if render:
             raise UserError("EvalCallback does not render episodes: add a VideoRecorderCallback (or rlspeed eval "
                             "--video FILE.mp4) to watch the policy.")
-        size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
-        if eval_env is not None and not isinstance(eval_env, str) and size is None:
-            # (Stable-Baselines3 takes one env, gym.make(id) or Monitor(gym.make(id)): its id is what to pass here)
-            spec = getattr(eval_env, "spec", None)
-            env_id = getattr(spec, "id", None)
-            options = _options_given(spec) if isinstance(env_id, str) else {}
-            if options:  # (an id alone makes the env without them: the evaluations would run on another env)
-                given = as_keywords(options)
-                instead = (f": it was made with options ({given}), which its id does not carry, so pass "
-                           f"rlspeed.make_env({env_id!r}, num_envs=N, {given}), N envs for N episodes")
-            else:
-                instead = (f": pass its id, EvalCallback({env_id!r}, ...), which makes fresh envs for each evaluation"
-                           if isinstance(env_id, str) else "")
-            raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
-                            f"Stable-Baselines3's), not a {type(eval_env).__name__}{instead}.")
-        if n_eval_episodes is None:  # (a vector env: its size; an env id: 5)
+        from rlspeed.evaluation import as_evaluation_env
+
+        size = getattr(eval_env, "num_envs", None)  # (a vector env's; a single env runs its episodes in turn)
+        eval_env = as_evaluation_env(eval_env, "EvalCallback")  # (what evaluate takes, by its rule)
+        if n_eval_episodes is None:  # (a vector env: its size; an env id or a single env: 5, as Stable-Baselines3's)
             n_eval_episodes = size if size is not None else 5
         eval_freq = positive_whole("EvalCallback's eval_freq", eval_freq)
         n_eval_episodes = positive_whole("EvalCallback's n_eval_episodes", n_eval_episodes)

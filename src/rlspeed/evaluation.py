@@ -237,6 +237,18 @@ def _close_evaluation_env(env, failure: BaseException | None) -> None:
         close_quietly(env)
 
 
+def as_evaluation_env(env, caller: str):
+    """What `caller` (`evaluate`, `EvalCallback`) evaluates on for `env`, the one rule of which envs can be evaluated:
+    None or an env id as given, a vector env (Gymnasium's or Stable-Baselines3's) or an env `rlspeed.make_env` made as
+    it is, and a single `gymnasium.Env` (a Stable-Baselines3 `Monitor` around one too) as a Gymnasium vector env of
+    one, as Stable-Baselines3 wraps one; UserError in one sentence for anything else."""
+    if isinstance(env, gym.Env):
+        return _one_env_vector(env)
+    if env is not None and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
+        _check_env_id(env, caller, also=", a single gymnasium.Env, an env rlspeed.make_env made")
+    return env
+
+
 @close_errors_last("the evaluation's result, every episode's score")
 def evaluate(model: rlspeed.algos.Algorithm,
              env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | gym.Env | None = None,
@@ -306,11 +318,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
     refuse_unless_results_fit(episodes)  # (before the per-episode lists: a bare MemoryError otherwise)
-    if isinstance(env_id, gym.Env):  # (a single env, as Stable-Baselines3's evaluate_policy takes it: one env row)
-        env_id = _one_env_vector(env_id)
-    elif (env_id is not None and not isinstance(env_id, (BatchedEnv, gym.vector.VectorEnv))
-          and not is_sb3_vec_env(env_id)):
-        _check_env_id(env_id, "evaluate", also=", a single gymnasium.Env, an env rlspeed.make_env made")
+    env_id = as_evaluation_env(env_id, "evaluate")  # (a single env, as SB3's evaluate_policy takes it: one env row)
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: its envs run the episodes in parallel)
     if seed is not None and size is None and seed + episodes > 2**63:  # (in one batch or in waves alike)
         raise UserError(f"evaluate seeds episode i with seed + i, below 2**63: a seed of {seed} leaves room for "
