@@ -357,9 +357,10 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
     import rlspeed.algos.base
 
     path = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "model")
-    closed = []
+    closed, made = [], []
 
     def make_env(*args, **kwargs):
+        made.append(kwargs)
         env = rlspeed.make_env(*args, **kwargs)
         close = env.close
         env.close = lambda: closed.append(close())
@@ -368,7 +369,11 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
     monkeypatch.setattr(rlspeed.algos.base, "make_env", make_env)
     with pytest.raises(UserError, match="learning_rate must be > 0"):  # (now refused before the env is made)
         PPO.load(path, device="cpu", env="CartPole-v1", learning_rate=-1.0)
-    assert not closed
+    assert not made
+    # (the env is made with the values the model reads: bool('no') made an Atari game's envs end at a lost life)
+    PPO.load(path, device="cpu", env="CartPole-v1", episodic_life="no", clip_rewards="false").close()
+    assert made[-1]["episodic_life"] is False and made[-1]["clip_rewards"] is False
+    closed.clear()
     # (and a model built whose restore of the file's state fails)
 
     def refused(*args, **kwargs):

@@ -3910,8 +3910,11 @@ class Algorithm:
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
         made = isinstance(env, str)  # (an id: this call makes the env)
-        if made:  # (the values it is made with are said in the model's sentence now: int('x') was a bare ValueError)
-            build_config(algo.config_cls, {key: value for key, value in config.items() if key in fields})
+        checked: dict[str, typing.Any] = {}  # (the values the env is made with, as the model's config reads them:
+        # int('x') was a bare ValueError, bool('no') True where the model's episodic_life='no' is False)
+        if made:
+            built = build_config(algo.config_cls, {key: value for key, value in config.items() if key in fields})
+            checked = {key: getattr(built, key) for key in config if key in fields}
         # (warnings said once the model is loaded: a refused load is its error alone)
         unsaid: list[tuple[str, type[Warning]]] = []
         try:  # (whatever fails from here, the env this call made is closed: one the caller built is theirs)
@@ -3922,12 +3925,12 @@ class Algorithm:
                                    "load(path, env=env_id, env_kwargs=options)).", UserWarning))
                 if made:  # as many envs as the run trained with (as load without an env, whose learn makes them), on
                     # the backend given to load (else the one that fits the id and options, as a new model's)
-                    num_envs = int(config.get("num_envs", 1))
+                    num_envs = int(checked.get("num_envs", 1))
                     env_backend = resolve_backend(env, backend_for_options(
                         env_kwargs or {}, env_backend if "env_backend" in overrides else "auto"), num_envs, device)
                     env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs,
-                                   episodic_life=bool(config.get("episodic_life", True)),
-                                   clip_rewards=bool(config.get("clip_rewards", True)))
+                                   episodic_life=bool(checked.get("episodic_life", True)),
+                                   clip_rewards=bool(checked.get("clip_rewards", True)))
                 elif not isinstance(env, BatchedEnv):
                     if not isinstance(env, gym.vector.VectorEnv) and not is_sb3_vec_env(env):
                         _check_env_id(env, f"{cls.__name__}.load")  # (what load takes, not what make_env does)
