@@ -355,6 +355,8 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
     that env open (its worker processes too, for an async backend); it is closed. A bad override (learning_rate=-1) is
     refused before the env is made."""
     import rlspeed.algos.base
+    from rlspeed.envs import NormalizeObservation
+    from rlspeed.envs.base import find_wrapper
 
     path = PPO("CartPole-v1", seed=0, device="cpu", **TINY).save(tmp_path / "model")
     closed, made = [], []
@@ -371,8 +373,11 @@ def test_a_load_refused_after_it_made_its_env_closes_that_env(tmp_path, monkeypa
         PPO.load(path, device="cpu", env="CartPole-v1", learning_rate=-1.0)
     assert not made
     # (the env is made with the values the model reads: bool('no') made an Atari game's envs end at a lost life)
-    PPO.load(path, device="cpu", env="CartPole-v1", episodic_life="no", clip_rewards="false").close()
+    model = PPO.load(path, device="cpu", env="CartPole-v1", episodic_life="no", clip_rewards="false",
+                     normalize_obs="no")
     assert made[-1]["episodic_life"] is False and made[-1]["clip_rewards"] is False
+    assert find_wrapper(model._env, NormalizeObservation) is None  # (the model's normalize_obs is False)
+    model.close()
     closed.clear()
     # (and a model built whose restore of the file's state fails)
 

@@ -3910,11 +3910,10 @@ class Algorithm:
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
         made = isinstance(env, str)  # (an id: this call makes the env)
-        checked: dict[str, typing.Any] = {}  # (the values the env is made with, as the model's config reads them:
-        # int('x') was a bare ValueError, bool('no') True where the model's episodic_life='no' is False)
-        if made:
-            built = build_config(algo.config_cls, {key: value for key, value in config.items() if key in fields})
-            checked = {key: getattr(built, key) for key in config if key in fields}
+        # the values the env is made and wrapped with, as the model's config reads them (int('x') was a bare
+        # ValueError, bool('no') True where the model's episodic_life='no' or normalize_obs='no' is False)
+        built = build_config(algo.config_cls, {key: value for key, value in config.items() if key in fields})
+        checked = {key: getattr(built, key) for key in config if key in fields}
         # (warnings said once the model is loaded: a refused load is its error alone)
         unsaid: list[tuple[str, type[Warning]]] = []
         try:  # (whatever fails from here, the env this call made is closed: one the caller built is theirs)
@@ -3939,11 +3938,11 @@ class Algorithm:
                     env = counted(env)  # (counted before a reward normalisation: the episode returns stay the env's)
                 # normalised as it trained (a config without the options: where the file holds statistics), also an
                 # env of the caller's, which predict's normalised observations would otherwise not match in training
-                env = normalised(env, bool(config.get("normalize_obs", any(key.startswith("obs_rms.")
-                                                                           for key in tensors))),
-                                 bool(config.get("normalize_reward", any(key.startswith("return_rms.")
-                                                                         for key in tensors))),
-                                 float(config.get("gamma", 0.99)))
+                env = normalised(env, bool(checked.get("normalize_obs", any(key.startswith("obs_rms.")
+                                                                            for key in tensors))),
+                                 bool(checked.get("normalize_reward", any(key.startswith("return_rms.")
+                                                                          for key in tensors))),
+                                 float(checked.get("gamma", 0.99)))
                 _check_env_fits(env.spec, spec, path)
                 if "num_envs" in overrides and overrides["num_envs"] != env.num_envs and not made:
                     raise UserError(f"load(..., num_envs={overrides['num_envs']}) with an env of {env.num_envs} envs: "
