@@ -231,3 +231,39 @@ def test_stops_held_leaves_an_ignored_stop_ignored_and_the_handlers_as_they_were
         signal.signal(signal.SIGUSR1, previous[0])
         signal.signal(signal.SIGUSR2, previous[1])
     assert came == arrived == [signal.SIGUSR1]
+
+
+def test_stops_held_puts_the_handlers_back_when_a_stop_comes_while_it_sets_them(monkeypatch):
+    """`lifetime.stops_held`: a SIGTERM whose handler raises (the `rlspeed` command's `Terminated`) that came after
+    Ctrl-C's handler was set to hold, before SIGTERM's was, left Ctrl-C held for good: each later Ctrl-C went into a
+    list nobody read. The handlers set so far are put back as the stop is raised."""
+    import _signal
+
+    import rlspeed.lifetime
+    from rlspeed.lifetime import stops_held
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    class SignalsWhereSIGTERMComesFirst:  # (the stop comes just before SIGTERM's handler is set)
+        getsignal = staticmethod(_signal.getsignal)
+
+        @staticmethod
+        def signal(signum, handler):
+            if signum == signal.SIGTERM:
+                signal.raise_signal(signal.SIGTERM)
+            return _signal.signal(signum, handler)
+
+    monkeypatch.setattr(rlspeed.lifetime, "_signal", SignalsWhereSIGTERMComesFirst)
+    ctrl_c, previous = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stop), stops_held():
+            raise AssertionError("the stop came before the block")
+        assert signal.getsignal(signal.SIGINT) is ctrl_c
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)
+        signal.signal(signal.SIGTERM, previous)

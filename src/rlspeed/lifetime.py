@@ -251,15 +251,16 @@ def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[
 
     # (`_signal`'s calls, which `signal`'s wrap: the wrappers look each handler up among an enum's members, which
     # takes longer than setting it, and a video sets these handlers twice a frame)
+    # (set inside the try: a stop that comes between two of them, its handler raising, puts back those set so far)
     previous: dict[int, typing.Any] = {}
     try:
-        for signum in STOPS:
-            handler = _signal.getsignal(signum)
-            if handler is not None and handler != signal.SIG_IGN:
-                previous[signum] = _signal.signal(signum, hold)
-    except ValueError:  # (not the main thread)
-        pass
-    try:
+        try:
+            for signum in STOPS:
+                handler = _signal.getsignal(signum)
+                if handler is not None and handler != signal.SIG_IGN:
+                    previous[signum] = _signal.signal(signum, hold)
+        except ValueError:  # (not the main thread)
+            pass
         yield came
     finally:
         for signum, handler in previous.items():
