@@ -267,3 +267,28 @@ def test_stops_held_puts_the_handlers_back_when_a_stop_comes_while_it_sets_them(
     finally:
         signal.signal(signal.SIGINT, ctrl_c)
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_while_they_are_set(monkeypatch):
+    """`cli._signals_ignored` (as the final save's W&B run finishes): a SIGTERM that came after Ctrl-C was set to be
+    ignored, before SIGTERM was, raised `Terminated` and left Ctrl-C ignored for the rest of the command. The
+    handlers set so far are put back as the stop is raised (`cli._signal_handler`, the rule of each such block)."""
+    from rlspeed.cli import Terminated, _signals_ignored, _sigterm_raises
+
+    real = signal.signal
+
+    def sigterm_comes_first(signum, handler):  # (the stop comes just before SIGTERM's handler is set)
+        if signum == signal.SIGTERM:
+            signal.raise_signal(signal.SIGTERM)
+        return real(signum, handler)
+
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    with _sigterm_raises():
+        monkeypatch.setattr(signal, "signal", sigterm_comes_first)
+        try:
+            with pytest.raises(Terminated), _signals_ignored():
+                raise AssertionError("the stop came before the block")
+        finally:
+            monkeypatch.setattr(signal, "signal", real)
+        assert signal.getsignal(signal.SIGINT) is ctrl_c
+    real(signal.SIGINT, ctrl_c)

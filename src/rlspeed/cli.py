@@ -1905,14 +1905,16 @@ def _sigterm_raises():
 def _signal_handler(handler, signums, keep_ignored: bool = True):
     """`handler` for `signums` within the block, the previous handlers back after it. A signal the process was started
     ignoring (SIGHUP under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`. Outside the
-    main thread, where signals cannot be set, nothing changes."""
+    main thread, where signals cannot be set, nothing changes. A signal that comes while they are set, its handler
+    raising, puts back those set so far."""
+    previous = {}
     try:
-        previous = {sig: signal.signal(sig, handler) for sig in signums
-                    if not keep_ignored or signal.getsignal(sig) is not signal.SIG_IGN}
-    except ValueError:  # not the main thread: signals stay as they are
-        yield
-        return
-    try:
+        try:
+            for sig in signums:
+                if not keep_ignored or signal.getsignal(sig) is not signal.SIG_IGN:
+                    previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: signals stay as they are
+            pass
         yield
     finally:
         for sig, old in previous.items():
@@ -3005,7 +3007,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    with adopting_orphans(("-m", "rlspeed")) as orphans, _signal_handler(forward, (signal.SIGINT, *STOP_SIGNALS)):
+    with adopting_orphans(("-m", "rlspeed")) as orphans, _signal_handler(forward, STOPS):
         code = process.wait()
     if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
