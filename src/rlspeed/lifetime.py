@@ -249,8 +249,8 @@ def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[
             arrived(signum)
         came.append(signum)
 
-    # (`_signal`'s calls, which `signal`'s wrap: the wrappers look each handler up among an enum's members, which
-    # takes longer than setting it, and a video sets these handlers twice a frame)
+    # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
+    # which this function neither reads nor returns, and a video sets these handlers twice a frame)
     # (set inside the try: a stop that comes between two of them, its handler raising, puts back those set so far)
     previous: dict[int, typing.Any] = {}
     try:
