@@ -3510,6 +3510,9 @@ def test_set_parameters_takes_a_files_networks_and_nothing_else(tmp_path):
     with pytest.raises(UserError, match=r"^set_parameters takes the path alone, not False after it \(Stable-"
                                         r"Baselines3's second argument is exact_match\): here the file's networks"):
         model.set_parameters(tmp_path / "dqn.safetensors", False)
+    with pytest.raises(UserError, match=r"^set_parameters takes the path and verify= alone, not exact_match=False "
+                                        r"\(Stable-Baselines3's exact_match and device are not taken\)"):
+        model.set_parameters(tmp_path / "dqn.safetensors", exact_match=False)  # (by name: a TypeError before)
 
 
 def test_set_parameters_refuses_weights_trained_on_another_observation_scale(tmp_path):

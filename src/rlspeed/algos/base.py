@@ -3791,14 +3791,21 @@ class Algorithm:
                               stacklevel=3)
         return dict(plain)
 
-    def set_parameters(self, path: str | Path, *stable_baselines3: typing.Any, verify: bool = True) -> None:
+    def set_parameters(self, path: str | Path, *stable_baselines3: typing.Any, verify: bool = True,
+                       **stable_baselines3_keywords: typing.Any) -> None:
         """Load the networks (and observation/reward normalisation statistics) of the model or checkpoint file `path`
         into this model, as Stable-Baselines3's `set_parameters`: a warm start. The file must hold a model of this
         algorithm with the same networks (`net_arch`, `activation`, encoder, ...) for the same observation and action
         spaces; its optimiser state, step counts, schedules and random streams are not taken (this model's stay as
         they are: a fine-tune starts with fresh optimiser moments). `verify=False` (by name only) skips the file's
-        digest check. Stable-Baselines3's further positional arguments (`exact_match`, `device`) are refused in one
-        sentence: the file's networks must match this model's in every shape, and they go to this model's device."""
+        digest check. Stable-Baselines3's further arguments (`exact_match`, `device`), by position or by name, are
+        refused in one sentence: the file's networks must match this model's in every shape, and they go to this
+        model's device."""
+        if stable_baselines3_keywords:  # (SB3's set_parameters(path, exact_match=False): a TypeError before)
+            given = ", ".join(f"{key}={value!r}" for key, value in stable_baselines3_keywords.items())
+            raise UserError(f"set_parameters takes the path and verify= alone, not {given} (Stable-Baselines3's "
+                            "exact_match and device are not taken): here the file's networks must match this model's "
+                            "in every shape, and they go to this model's device.")
         if stable_baselines3:  # (SB3's set_parameters(path, False): exact_match, not a skipped digest check)
             raise UserError(f"set_parameters takes the path alone, not {stable_baselines3[0]!r} after it "
                             "(Stable-Baselines3's second argument is exact_match): here the file's networks must match "
