@@ -4,6 +4,7 @@ CheckpointCallback's files, the older plain-function form, and that callbacks ad
 from __future__ import annotations
 
 import csv
+import functools
 import re
 import types
 import warnings
@@ -286,11 +287,13 @@ def test_eval_callback_evaluates_on_one_env_as_evaluate_takes_it():
 
     model = PPO("FrozenLake-v1", device="cpu", seed=0, num_envs=2, num_steps=32, batch_size=64)
     for env in (gym.make("FrozenLake-v1", is_slippery=False), Monitor(gym.make("FrozenLake-v1", is_slippery=False))):
+        closed: list[bool] = []
+        env.close = functools.partial(closed.append, True)  # (a closed FrozenLake still resets: close() tells)
         callback = EvalCallback(env, eval_freq=64, verbose=0)
         model.learn(64, callback=callback, progress_bar=False)
         assert len(callback.evaluations_length) == 1 and len(callback.evaluations_length[0]) == 5
         assert len(set(callback.evaluations_length[0])) == 1  # (no slips: the same episode each time)
-        env.reset(seed=0)  # (still open)
+        assert not closed  # (the caller's env stays open)
 
 
 def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path):
