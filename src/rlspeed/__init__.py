@@ -65,11 +65,7 @@ def _lazy_getattr(name: str):
             text = sb3_name_advice(name) if advice is None else (
                 advice if advice.startswith("rlspeed has no") else f"rlspeed has no {name}: {advice}")
             if text is not None:
-                # `from rlspeed import MaskablePPO` turns an AttributeError into a bare "cannot import name": there
-                # the advice is an ImportError of its own; hasattr and getattr with a default keep their AttributeError
-                if _importing_from(sys._getframe(1)):
-                    raise ImportError(f"{text}.", name=__name__)
-                raise AttributeError(f"{text}.")
+                raise _advice_error(f"{text}.", __name__, sys._getframe(1))
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module 'rlspeed' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")
@@ -84,6 +80,15 @@ def _lazy_getattr(name: str):
 
 if not TYPE_CHECKING:  # (for type checkers only the names imported above exist: a misspelt one is an error)
     __getattr__ = _lazy_getattr
+
+
+def _advice_error(text: str, module: str, frame) -> Exception:
+    """The error for a name `module` lacks, saying `text` (what to use instead), where `frame` asked for it: an
+    ImportError under `from module import name`, which turns an AttributeError into a bare "cannot import name";
+    an AttributeError otherwise, which hasattr and getattr with a default keep."""
+    if _importing_from(frame):
+        return ImportError(text, name=module)
+    return AttributeError(text)
 
 
 def _importing_from(frame) -> bool:

@@ -1270,15 +1270,11 @@ def _missing_callback(name: str):
     # rlspeed.callbacks import X` gets an ImportError of its own, as `from rlspeed import MaskablePPO` does)
     import sys
 
-    from rlspeed import _importing_from
-
     advice = _SB3_CALLBACKS.get(name)
     if advice is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    text = f"rlspeed has no {name} (Stable-Baselines3's): {advice}."
-    if _importing_from(sys._getframe(1)):
-        raise ImportError(text, name=__name__)
-    raise AttributeError(text)
+    raise rlspeed._advice_error(f"rlspeed has no {name} (Stable-Baselines3's): {advice}.", __name__,
+                                sys._getframe(1))
 
 
 if not typing.TYPE_CHECKING:  # (for type checkers only the names defined here exist: a misspelt one is an error)

@@ -990,6 +990,4 @@ if not typing.TYPE_CHECKING:  # (for type checkers a misspelt name stays an erro
         text = sb3_name_advice(name) if name == "evaluate_policy" else None
         if text is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        if rlspeed._importing_from(sys._getframe(1)):
-            raise ImportError(f"{text}.", name=__name__)
-        raise AttributeError(f"{text}.")
+        raise rlspeed._advice_error(f"{text}.", __name__, sys._getframe(1))
