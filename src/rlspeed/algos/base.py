@@ -4000,9 +4000,9 @@ class Algorithm:
                 model._schedule_open = bool(meta.get("schedule_continues", True))
             try:
                 model._restore(tensors, meta, path)
-            except Exception as error:
+            except UserError as error:
                 other = _other_class(meta, algo)
-                if other is None or not isinstance(error, UserError):
+                if other is None:
                     raise
                 # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
                 detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
