@@ -755,16 +755,23 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
     assert sorted(json.loads((early / "summary.json").read_text())["member_models"]) == ["0", "1"]
 
 
+def _stopped_as_training_ended(finished_run, tmp_path) -> tuple[Path, dict]:
+    """A copy of `finished_run` as a Ctrl-C as its last iteration ended leaves it (every final_eval null: what the
+    stop writes, `_summary(evaluate=False)`), and the finished run's summary."""
+    out = _copy_of(finished_run, tmp_path)
+    finished = json.loads((out / "summary.json").read_text())
+    stopped = {**finished, "aggregate": {**finished["aggregate"], "final_eval": None},
+               "members": [{**member, "final_eval": None} for member in finished["members"]]}
+    (out / "summary.json").write_text(json.dumps(stopped))
+    return out, finished
+
+
 def test_resume_runs_the_final_evaluation_a_stop_as_training_ended_skipped(tmp_path, capsys, finished_run):
     """A Ctrl-C as the last iteration ends saves the training and skips the final evaluation (its summary.json ends
     with every member's final_eval null). --resume said "nothing left to train" (exit 0) and left it so for ever, and
     rlspeed report refused the run: now --resume finishes it from its checkpoint, with the final evaluation the
     uninterrupted run has, and the report's refusal names --resume."""
-    out = _copy_of(finished_run, tmp_path)
-    finished = json.loads((out / "summary.json").read_text())
-    stopped = {**finished, "aggregate": {**finished["aggregate"], "final_eval": None},
-               "members": [{**member, "final_eval": None} for member in finished["members"]]}
-    (out / "summary.json").write_text(json.dumps(stopped))  # (what the stop writes: `_summary(evaluate=False)`)
+    out, finished = _stopped_as_training_ended(finished_run, tmp_path)
     capsys.readouterr()
     assert "rlspeed train ... --resume --out" in cli_error(capsys, ["report", str(out), "--out", str(tmp_path / "r")])
     assert cli.main([*FINISHED, "--out", str(out), "--resume"]) == 0
@@ -780,11 +787,7 @@ def test_resume_runs_the_skipped_final_evaluation_of_a_run_without_a_checkpoint(
     none): its Ctrl-C line and the report's refusal say --resume runs the skipped final evaluation, but --resume said
     "nothing left to train" (exit 0) and left the run without it; it now trains the run again from the beginning,
     as for a run interrupted before its first checkpoint, and ends with the uninterrupted run's final evaluation."""
-    out = _copy_of(finished_run, tmp_path)
-    finished = json.loads((out / "summary.json").read_text())
-    stopped = {**finished, "aggregate": {**finished["aggregate"], "final_eval": None},
-               "members": [{**member, "final_eval": None} for member in finished["members"]]}
-    (out / "summary.json").write_text(json.dumps(stopped))
+    out, finished = _stopped_as_training_ended(finished_run, tmp_path)
     (out / "checkpoint.safetensors").unlink()
     capsys.readouterr()
     assert cli.main([*FINISHED, "--out", str(out), "--resume"]) == 0
