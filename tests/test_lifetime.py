@@ -81,7 +81,13 @@ def test_a_worker_gets_sigterm_when_its_parent_is_killed(tmp_path, parent_gone):
         import os, signal, sys, time
         from rlspeed.lifetime import end_with_parent
 
-        signal.signal(signal.SIGTERM, lambda *_: (open({str(told)!r}, "w").write("SIGTERM"), sys.exit(0)))
+        def say_and_exit(*_):  # (written whole, then renamed: the test never reads a file still being written)
+            with open({str(told) + ".part"!r}, "w") as file:
+                file.write("SIGTERM")
+            os.replace({str(told) + ".part"!r}, {str(told)!r})
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, say_and_exit)
         open({str(tmp_path / "started")!r}, "w").close()
         while not os.path.exists({str(tmp_path / "go")!r}):
             time.sleep(0.02)
