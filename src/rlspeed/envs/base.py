@@ -352,19 +352,12 @@ def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = 
     has no id for: BipedalWalker-v3 with hardcore=True keeps a time limit of 1,600 steps where
     BipedalWalkerHardcore-v3 has 2,000, which `time_limit` False does not compare: it finds an id the options make but
     for the time limit, not one that differs from `env_id` in its time limit only, as CartPole-v0 from CartPole-v1)."""
-    if not env_kwargs:
+    task = _registered_task(env_id, env_kwargs) if env_kwargs else None
+    if task is None:
         return None
-    try:
-        spec = gym.spec(env_id)
-    except Exception:  # (not a registered id: a user's vector env, a module:EnvId not imported)
-        return None
-    options = dict(env_kwargs)
-    max_steps = time_limit_option(options, spec.max_episode_steps)
-    options.pop("max_episode_steps", None)  # (gymnasium.make's own keyword, not the env's)
-    options.pop("render_mode", None)  # (how the env is shown, not which task it is)
+    spec, options, max_steps, own = task
     defaults = constructor_defaults(spec.entry_point)
-    kwargs = {**defaults, **(spec.kwargs or {}), **options}
-    own = {**defaults, **(spec.kwargs or {})}
+    kwargs = {**own, **options}
     for other_id, other in gym.registry.items():
         try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
             same = (other_id != spec.id and other.entry_point == spec.entry_point
@@ -383,19 +376,31 @@ def same_task(env_id: str, env_kwargs: dict | None) -> bool:
     """Whether `gymnasium.make(env_id, **env_kwargs)` makes `env_id`'s own task: each option at the value the id
     registers (or its constructor's default), `render_mode` aside (how the env is shown, not which task it is), and
     the id's time limit; False for an id Gymnasium does not register."""
+    task = _registered_task(env_id, env_kwargs)
+    if task is None:
+        return False
+    spec, options, max_steps, own = task
+    if max_steps != spec.max_episode_steps:
+        return False
+    try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
+        return all(key in own and bool(own[key] == value) for key, value in options.items())
+    except (ValueError, TypeError):
+        return False
+
+
+def _registered_task(env_id: str, env_kwargs: dict | None) -> tuple | None:
+    """For `gymnasium.make(env_id, **env_kwargs)`: (the id's spec, the options less `gymnasium.make`'s own
+    `max_episode_steps` and `render_mode` (how the env is shown, not which task it is), the time limit they make, the
+    values the id registers over its constructor's defaults); None for an id Gymnasium does not register."""
     try:
         spec = gym.spec(env_id)
     except Exception:  # (not a registered id: a user's vector env, a module:EnvId not imported)
-        return False
+        return None
     options = dict(env_kwargs or {})
-    if time_limit_option(options, spec.max_episode_steps) != spec.max_episode_steps:
-        return False
-    own = {**constructor_defaults(spec.entry_point), **(spec.kwargs or {})}
-    try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
-        return all(key in own and bool(own[key] == value) for key, value in options.items()
-                   if key not in ("max_episode_steps", "render_mode"))
-    except (ValueError, TypeError):
-        return False
+    max_steps = time_limit_option(options, spec.max_episode_steps)
+    options.pop("max_episode_steps", None)
+    options.pop("render_mode", None)
+    return spec, options, max_steps, {**constructor_defaults(spec.entry_point), **(spec.kwargs or {})}
 
 
 #: the `max_episode_steps` option with which `gymnasium.make` leaves the time limit out (Gymnasium's own value)
