@@ -1025,6 +1025,19 @@ def test_an_update_step_gives_the_gradient_norm_its_clipping_measured(clip):
     assert unclipped.grad_norm is None
 
 
+def test_clipping_parameters_without_gradients_returns_zero_as_torch_does():
+    """`rlspeed.nn.clip_grad_norm` on parameters none of which has a gradient (a frozen network, a call before any
+    backward) failed in torch._foreach_norm ("Tensor list must have at least one tensor"); torch's `clip_grad_norm_`
+    returns 0."""
+    from rlspeed.nn import clip_grad_norm
+
+    params = list(nn.Linear(3, 2).parameters())
+    for given in (params, []):
+        norm = clip_grad_norm(given, 0.5)
+        assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(given, 0.5))
+    assert all(p.grad is None for p in params)
+
+
 def test_an_accelerated_module_inside_an_update_step_runs_as_the_step_chose(monkeypatch):
     """The docs' pattern: `auto_accelerate(model)` and a step whose loss calls the model. Inside the step the model
     runs its plain forward, so the step's strategy, checked on the loss itself, is what runs: a module decided on
