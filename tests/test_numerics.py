@@ -170,6 +170,20 @@ def test_a_reward_past_float32s_range_is_not_named_for_a_later_nan_observation(m
     assert "past float32's range" not in str(caught.value), caught.value
 
 
+def test_clearing_the_reward_marks_of_a_wrapped_env_clears_its_adapters():
+    """The marks live on the adapter at the bottom of the wrappers: given the env a model trains on (its wrappers),
+    `clear_reward_flags` set fresh attributes on the outermost wrapper and left the adapter's marks set (its callers
+    each unwrapped the env in their own way to avoid it)."""
+    from rlspeed.envs.base import clear_reward_flags
+
+    env = make_env("CartPole-v1", num_envs=2, device="cpu")
+    assert env.unwrapped is not env
+    env.unwrapped.rewards_overflowed = env.unwrapped.rewards_nan = True
+    clear_reward_flags(env)
+    assert not env.unwrapped.rewards_overflowed and not env.unwrapped.rewards_nan
+    clear_reward_flags(None)  # (no env yet)
+
+
 def test_float32_rewards_marks_only_a_finite_reward_past_float32s_range():
     """The adapters' rule for rewards: float32 copies, and the env marked where a reward finite as the env gave it
     became infinite (not for the env's own inf or NaN), in any batch shape (a vector env's rewards of shape [N, 1]

@@ -338,7 +338,7 @@ class NumericsGuard:
                 self._masked_before = self.masked_env_rows
             self.env_guard = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
             self._guarded = weakref.ref(stats)
-            clear_reward_flags(getattr(env, "unwrapped", env))  # (marked before this guard counted: not its values)
+            clear_reward_flags(env)  # (marked before this guard counted: not its values)
         stats.numerics = self.env_guard
         self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
         # (its `rewards_overflowed`, named in a refusal; held weakly, so that a closed model's env goes and the model

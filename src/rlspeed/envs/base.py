@@ -954,11 +954,13 @@ def find_wrapper(env, kind: type):
 
 
 def clear_reward_flags(env) -> None:
-    """Forget what the adapter `env` marked about its rewards (`rewards_overflowed`, `rewards_nan`), which stay set
-    until a NaN guard clears them: where it starts counting, and at a read that found no non-finite value, so that
-    its refusal names no cause of a value it did not count (an earlier model's masked steps on the same env)."""
+    """Forget what the adapter under `env` (its `unwrapped`) marked about its rewards (`rewards_overflowed`,
+    `rewards_nan`), which stay set until a NaN guard clears them: where it starts counting, and at a read that found
+    no non-finite value, so that its refusal names no cause of a value it did not count (an earlier model's masked
+    steps on the same env). Anything but a batched env (None: no env) is left alone."""
     if isinstance(env, BatchedEnv):
-        env.rewards_overflowed = env.rewards_nan = False
+        adapter = env.unwrapped
+        adapter.rewards_overflowed = adapter.rewards_nan = False
 
 
 def find_episode_statistics(env):

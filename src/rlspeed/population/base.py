@@ -1530,7 +1530,7 @@ class PopulationBase:
         self._env_guard = None
         if stats is not None:
             stats.numerics = self._env_guard = EnvValueGuard(stats.num_envs, stats.device, "raise")
-            clear_reward_flags(getattr(self._env, "unwrapped", None))  # (marked before this guard counted)
+            clear_reward_flags(self._env)  # (marked before this guard counted)
 
     def _env_error(self, own: int, first: int) -> None:
         """NonFiniteEnvError (a `UserError`) naming the member whose env returned a NaN or infinite observation or
