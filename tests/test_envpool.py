@@ -389,6 +389,7 @@ def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to
     CLI's train and eval reach these sentences through the same `gym_spec` and `evaluate`.)"""
     import rlspeed
     from rlspeed import PPO
+    from rlspeed.errors import command_advice
 
     envpools = r"^'Taxi-v3' is EnvPool's id, which Gymnasium does not register, and rlspeed's models take Gymnasium ids"
     with pytest.raises(UserError, match=rf"{envpools}.*: Gymnasium has Taxi-v4 \(--env-backend gymnasium: EnvPool has "
@@ -403,6 +404,11 @@ def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to
     with pytest.raises(UserError, match=r"^This model trained on EnvPool's 'Taxi-v3', .*rlspeed.evaluate\(model, "
                                         r"make_env\('Taxi-v3', num_envs=N, backend='envpool', seed=S\), episodes=N\)"):
         rlspeed.evaluate(model, episodes=2)
+    # (`rlspeed eval` of such a model gave its user the Python form, which a command line cannot follow)
+    with command_advice("rlspeed eval"), pytest.raises(UserError) as refused:
+        rlspeed.evaluate(model, episodes=2)
+    assert str(refused.value).endswith("evaluate it on the Gymnasium id of an env with the same spaces: rlspeed eval "
+                                       "MODEL --env ID."), refused.value
 
 
 @needs_envpool

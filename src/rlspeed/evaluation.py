@@ -343,9 +343,12 @@ def evaluate(model: rlspeed.algos.Algorithm,
                             "eval_freq; rlspeed eval MODEL --env ID, a registered id, on the command line)."))
     if own_env and isinstance(env_id, str) and not remakeable(env_id) and envpool_only(env_id):
         raise UserError(f"This model trained on EnvPool's '{env_id}', an env rlspeed makes again only from a "
-                        f"Gymnasium id: evaluate it on an env you make, rlspeed.evaluate(model, make_env('{env_id}', "
-                        "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
-                        "eval_freq).")
+                        "Gymnasium id: " + in_words(
+                            "evaluate it on the Gymnasium id of an env with the same spaces: rlspeed eval MODEL "
+                            "--env ID.",
+                            f"evaluate it on an env you make, rlspeed.evaluate(model, make_env('{env_id}', "
+                            "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
+                            "eval_freq)."))
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
         raise UserError(unregistered_id_refusal(model, in_words(
             "or evaluate it on a registered id of an env with the same spaces: rlspeed eval MODEL --env ID",
