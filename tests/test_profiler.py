@@ -97,6 +97,23 @@ def test_auto_candidates_of_an_autograd_update_follow_its_optimizer_as_accelerat
     assert not any("compile" in label for label in profiler.auto_candidates(adam))
 
 
+def test_auto_candidates_follow_every_optimizer_of_the_model(monkeypatch):
+    """A model of several optimizers (an algorithm of the user's own whose `_optimizers` names an actor's and a
+    critic's) had its candidates looked up from `model.optimizer` alone: a second optimizer that a CUDA graph cannot
+    capture (RMSprop) left the compiled candidates out, which its update step keeps. The device is CUDA by name
+    only: nothing runs there."""
+    import rlspeed.accel.strategy as strategy
+    from rlspeed.nn import optimizers_without_dynamo
+
+    monkeypatch.setattr(strategy, "compile_backend", lambda device, name="on": "inductor")
+    model = PPO("CartPole-v1", device="cpu", seed=0, fused_update=False, **SMALL_PPO)
+    with optimizers_without_dynamo():  # (built on the CPU, without the seconds of importing torch._dynamo)
+        actor, critic = model.optimizer, torch.optim.RMSprop(model.policy.parameters())
+    monkeypatch.setattr(model, "_optimizers", lambda: {"actor_optimizer": actor, "critic_optimizer": critic})
+    monkeypatch.setattr(model, "device", torch.device("cuda"))
+    assert any("compile" in label for label in profiler.auto_candidates(model))
+
+
 def test_a_users_own_torch_profiler_sees_the_phases():
     model = PPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)
     with torch.profiler.profile() as prof:

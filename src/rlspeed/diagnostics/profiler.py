@@ -343,10 +343,11 @@ def too_few_steps(model, profiled: int) -> list[str]:
 def auto_candidates(model, update: dict | None = None) -> list[str]:
     """The strategies besides fp32 eager that `--accelerate auto` would time for `model`'s update on its device: the
     reduced matmul precisions of a hand-derived update (`rlspeed.fused.precision.matmul_candidates`), else those of
-    `accelerate_step` for the update's optimizer and parameters (`rlspeed.accel.step.step_candidates`: an optimizer
-    a CUDA graph cannot capture keeps the compiled candidates, parameters other than float32 no reduced precision).
-    Empty where the device offers that update none (an x86 CPU without AMX, for the hand-derived one): auto can only
-    keep fp32 there. `update`: `model.update_summary()`, where the caller has it already."""
+    `accelerate_step` for the model's optimizers (every one `_optimizers` names, not only `model.optimizer`) and their
+    parameters (`rlspeed.accel.step.step_candidates`: an optimizer a CUDA graph cannot capture keeps the compiled
+    candidates, parameters other than float32 no reduced precision). Empty where the device offers that update none
+    (an x86 CPU without AMX, for the hand-derived one) or the model has no optimizer: auto can only keep fp32 there.
+    `update`: `model.update_summary()`, where the caller has it already."""
     from rlspeed.accel.inputs import floating_dtype
     from rlspeed.accel.step import step_candidates
     from rlspeed.accel.strategy import normalise_request
@@ -355,9 +356,12 @@ def auto_candidates(model, update: dict | None = None) -> list[str]:
 
     if (update or model.update_summary())["implementation"] == HAND_DERIVED:
         return [precision for precision in matmul_candidates(model.device) if precision != "fp32"]
-    optimizer = model.optimizer
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    strategies, _, _ = step_candidates(normalise_request(), model.device, [optimizer], floating_dtype(params))
+    optimizers = list(model._optimizers().values())
+    if not optimizers:
+        return []
+    params = [p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]
+              if p.requires_grad]
+    strategies, _, _ = step_candidates(normalise_request(), model.device, optimizers, floating_dtype(params))
     return [strategy.label for strategy in strategies if not strategy.is_plain]
 
 
