@@ -625,6 +625,15 @@ def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
     for index, value in enumerate(given):
         with pytest.raises(Exception, match=refusal):  # noqa: PT011 (each runtime's own class)
             run(*given[:index], value.astype(other[value.dtype.name]), *given[index + 1:])
+    # an input without its batch axis (one env's observation, as a Gymnasium env returns it) or with one axis more:
+    # TorchScript failed deep in its graph ("Dimension out of range") or ran on it; refused in a sentence naming the
+    # input's shape, as ONNX refuses it. (torch.export's programs refuse the first in torch's words, before the graph.)
+    rank = {"onnx": "Invalid rank", "torchscript": r"takes shape \[.*batch.*\], as its sidecar's inputs say"}
+    for index, value in enumerate(given):
+        unbatched = [value[0]] if value.ndim > 1 else []  # (the runners pass a scalar on as a batch of one)
+        for wrong in unbatched + ([] if format == "exported_program" else [value[..., None]]):
+            with pytest.raises(Exception, match=rank.get(format, "")):  # noqa: PT011 (each runtime's own class)
+                run(*given[:index], wrong, *given[index + 1:])
 
 
 @pytest.mark.parametrize("kind", ["tuple", "dict"])

@@ -157,8 +157,8 @@ class PolicyExport(nn.Module):
         self.action_space = model.spec.action_space
         self.observation_clip = model._obs_clip if observation_clip is None else observation_clip
         self.action_mask = False  # whether the graph takes an `action_mask` input (`with_action_mask`)
-        #: `_checked_dtype` scripted, while a TorchScript trace is made (`_checked`)
-        self.dtype_check: Callable | None = None
+        #: `_checked_input` scripted, while a TorchScript trace is made (`_checked`)
+        self.input_check: Callable | None = None
         self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # float32 constants in the graph: its input's dtype, what runtimes compute in
             self.obs_rms = frozen_statistics(model.obs_rms)
@@ -180,7 +180,8 @@ class PolicyExport(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         """Actions `[B, ...]` for raw observations `[B, *observation_shape]` (one tensor per key, in key order, for
         Dict observations), followed by the `extra_inputs()`."""
-        inputs = tuple(self._checked(x, name, dtype) for x, (name, dtype) in zip(inputs, self._input_dtypes()))
+        inputs = tuple(self._checked(x, name, dtype, shape)
+                       for x, (name, dtype, shape) in zip(inputs, self._input_layouts()))
         count = len(self.observation_inputs)
         observations, extra = inputs[:count], inputs[count:]
         obs = dict(zip((name for name, _, _ in self.observation_inputs), observations)) if self.keyed \
@@ -189,12 +190,18 @@ class PolicyExport(nn.Module):
             obs = self.obs_rms.normalize(obs, clip=self.observation_clip)
         return self.actions(obs, *extra)
 
-    def _checked(self, x: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
+    def _checked(self, x: torch.Tensor, name: str, dtype: torch.dtype, shape: list) -> torch.Tensor:
         """Input `x`, refused unless of its `dtype`, in every format as ONNX refuses it (the graph's own conversions
         would take int32 for int64, uint8 for bool): an aten check torch.export keeps, and in a TorchScript trace,
-        which keeps no Python check and drops that one, the scripted `dtype_check`."""
+        which keeps no Python check and drops that one, the scripted `input_check`, which also refuses a tensor of
+        another number of dimensions than its `shape` (`"batch"` where the batch is) in one sentence, as ONNX does
+        ("Invalid rank"): one observation without its batch axis failed deep in the graph. (torch.export's programs
+        check the number of dimensions before their graph runs, in torch's own words: a check in the graph, where
+        the shapes are fixed, would never run.)"""
         torch.ops.aten._assert_tensor_metadata(x, dtype=dtype)
-        return x if self.dtype_check is None else self.dtype_check(x, dtype, _dtype_refusal(name, dtype))
+        if self.input_check is None:
+            return x
+        return self.input_check(x, dtype, len(shape), _dtype_refusal(name, dtype), _shape_refusal(name, shape))
 
     def actions(self, obs, *extra: torch.Tensor):
         """The deterministic policy's env actions for normalised observations `[B, ...]` (a dict for Dict ones)."""
@@ -207,9 +214,11 @@ class PolicyExport(nn.Module):
             return [("action_mask", (mask_size(self.action_space),), torch.bool, {0: "batch"})]
         return []
 
-    def _input_dtypes(self) -> list[tuple[str, torch.dtype]]:
-        return ([(name, dtype) for name, _, dtype in self.observation_inputs]
-                + [(name, dtype) for name, _, dtype, _ in self.extra_inputs()])
+    def _input_layouts(self) -> list[tuple[str, torch.dtype, list]]:
+        """(name, dtype, shape with `"batch"` where the batch is) of each input, in order."""
+        return ([(name, dtype, ["batch", *shape]) for name, shape, dtype in self.observation_inputs]
+                + [(name, dtype, _with_batch(shape, batch_dims, "batch"))
+                   for name, shape, dtype, batch_dims in self.extra_inputs()])
 
     def _input_shapes(self, batch: int):
         for _, shape, dtype in self.observation_inputs:
@@ -295,10 +304,14 @@ _EXTRA_INPUTS = {
 }
 
 
-def _checked_dtype(x: torch.Tensor, dtype: torch.dtype, message: str) -> torch.Tensor:
-    """`x` where its dtype is `dtype`, else TypeError(`message`): scripted, the check a TorchScript trace keeps."""
+def _checked_input(x: torch.Tensor, dtype: torch.dtype, ndim: int, dtype_message: str,
+                   shape_message: str) -> torch.Tensor:
+    """`x` where its dtype is `dtype` and it has `ndim` dimensions, else TypeError(`dtype_message`) or
+    ValueError(`shape_message` and x's shape): scripted, the checks a TorchScript trace keeps."""
     if x.dtype != dtype:
-        raise TypeError(message)
+        raise TypeError(dtype_message)
+    if x.dim() != ndim:
+        raise ValueError(shape_message + str(x.shape) + ".")
     return x
 
 
@@ -308,6 +321,15 @@ def _dtype_refusal(name: str, dtype: torch.dtype) -> str:
     dtype_name = _dtype_name(dtype)
     return (f"input '{name}' of this exported policy takes {dtype_name} tensors, as its sidecar's inputs say: "
             f"convert it (numpy: .astype(\"{dtype_name}\"); torch: .to(torch.{dtype_name})).")
+
+
+def _shape_refusal(name: str, shape: list) -> str:
+    """What a TorchScript policy says for input `name` of another number of dimensions than its `shape` (the
+    tensor's shape follows), as ONNX refuses it ("Invalid rank")."""
+    single = (": a single one is a batch of one, x[None] in numpy, x.unsqueeze(0) in torch" if shape[0] == "batch"
+              else "")
+    dims = "[" + ", ".join(str(dim) for dim in shape) + "]"
+    return f"input '{name}' of this exported policy takes shape {dims}, as its sidecar's inputs say{single}; got "
 
 
 def _with_batch(shape: tuple[int, ...], batch_dims: dict[int, str], batch) -> list:
@@ -759,7 +781,7 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
                     # networks read constant shapes so, and the trace is checked against the model on other
                     # observations below, which decides)
                     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-                    module.dtype_check = torch.jit.script(_checked_dtype)
+                    module.input_check = torch.jit.script(_checked_input)
                     try:
                         traced = torch.jit.trace(module, example)
                         check_matches_model(model, module, graph=traced)
