@@ -1,6 +1,8 @@
 """`rlspeed train --nproc` where torchrun itself is killed with SIGKILL: its workers stop (SIGTERM, which saves them)
 and the launcher waits for them before it unlocks the run directory (Linux: `rlspeed.lifetime`)."""
 
+import _signal
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlspeed.cli import main
+from rlspeed.lifetime import STOPS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl: Linux only (docs/checkpoints.md)")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -239,62 +242,109 @@ def test_stops_held_leaves_an_ignored_stop_ignored_and_the_handlers_as_they_were
     assert came == arrived == [signal.SIGUSR1]
 
 
-def test_stops_held_puts_the_handlers_back_when_a_stop_comes_while_it_sets_them(monkeypatch):
+class _StopComesBefore:
+    """`_signal` as `rlspeed.lifetime` calls it, where the stop `stop` comes once, just before the handler of `signum`
+    is set to one `when(handler)` accepts: a stop between two of a block's settings of its handlers."""
+
+    getsignal = staticmethod(_signal.getsignal)
+
+    def __init__(self, signum, stop, when=lambda handler: True):
+        self.signum, self.stop, self.when, self.came = signum, stop, when, False
+
+    def signal(self, signum, handler):
+        if signum == self.signum and self.when(handler) and not self.came:
+            self.came = True
+            signal.raise_signal(self.stop)
+        return _signal.signal(signum, handler)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stop
+
+
+@pytest.fixture(params=["pthread_sigmask", "no pthread_sigmask"])
+def sigmask(request, monkeypatch) -> bool:
+    """Each test with `signal.pthread_sigmask` (Linux, macOS) and without it (Windows, whose `signal` has none)."""
+    if request.param != "pthread_sigmask":
+        monkeypatch.delattr(signal, "pthread_sigmask")
+    return request.param == "pthread_sigmask"
+
+
+def _handlers() -> list:
+    return [signal.getsignal(signum) for signum in STOPS]
+
+
+def test_stops_held_puts_the_handlers_back_when_a_stop_comes_while_it_sets_them(monkeypatch, sigmask):
     """`lifetime.stops_held`: a SIGTERM whose handler raises (the `rlspeed` command's `Terminated`) that came after
     Ctrl-C's handler was set to hold, before SIGTERM's was, left Ctrl-C held for good: each later Ctrl-C went into a
-    list nobody read. The handlers set so far are put back as the stop is raised."""
-    import _signal
-
+    list nobody read. With `pthread_sigmask` the stop waits until all are set, and is held as any other in the block;
+    without it, the handlers set so far are put back as the stop is raised."""
     import rlspeed.lifetime
     from rlspeed.lifetime import stops_held
 
-    class Stop(Exception):
-        pass
-
-    def stop(signum, frame):
-        raise Stop
-
-    class SignalsWhereSIGTERMComesFirst:  # (the stop comes just before SIGTERM's handler is set)
-        getsignal = staticmethod(_signal.getsignal)
-
-        @staticmethod
-        def signal(signum, handler):
-            if signum == signal.SIGTERM:
-                signal.raise_signal(signal.SIGTERM)
-            return _signal.signal(signum, handler)
-
-    monkeypatch.setattr(rlspeed.lifetime, "_signal", SignalsWhereSIGTERMComesFirst)
-    ctrl_c, previous = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(rlspeed.lifetime, "_signal", _StopComesBefore(signal.SIGTERM, signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, _stop)
+    before = _handlers()
     try:
-        with pytest.raises(Stop), stops_held():
-            raise AssertionError("the stop came before the block")
-        assert signal.getsignal(signal.SIGINT) is ctrl_c
-        assert signal.getsignal(signal.SIGTERM) is stop
+        with contextlib.nullcontext() if sigmask else pytest.raises(_Stop), stops_held() as came:
+            assert sigmask, "the stop came before the block"
+            assert came == [signal.SIGTERM]
+        assert _handlers() == before
     finally:
-        signal.signal(signal.SIGINT, ctrl_c)
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_while_they_are_set(monkeypatch):
+def test_stops_held_puts_every_handler_back_when_a_stop_comes_while_it_puts_them_back(monkeypatch, sigmask):
+    """`lifetime.stops_held`: a Ctrl-C whose handler raises (Python's KeyboardInterrupt) that came after Ctrl-C's
+    handler was put back, before SIGTERM's was, raised out of the loop that puts them back and left SIGTERM, SIGHUP,
+    SIGUSR1 and SIGUSR2 held for good: the command no longer stopped on them. Every handler is back now, and the
+    Ctrl-C raised then."""
+    import rlspeed.lifetime
+    from rlspeed.lifetime import stops_held
+
+    previous = signal.signal(signal.SIGINT, _stop), signal.getsignal(signal.SIGTERM)
+    before = _handlers()
+    monkeypatch.setattr(rlspeed.lifetime, "_signal",
+                        _StopComesBefore(signal.SIGTERM, signal.SIGINT, when=lambda handler: handler == previous[1]))
+    try:
+        with pytest.raises(_Stop), stops_held() as came:
+            pass
+        assert _handlers() == before
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+    assert came == []
+
+
+def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_while_they_are_set(monkeypatch, sigmask):
     """`cli._signals_ignored` (as the final save's W&B run finishes): a SIGTERM that came after Ctrl-C was set to be
-    ignored, before SIGTERM was, raised `Terminated` and left Ctrl-C ignored for the rest of the command. The
-    handlers set so far are put back as the stop is raised (`cli._signal_handler`, the rule of each such block)."""
+    ignored, before SIGTERM was, raised `Terminated` and left Ctrl-C ignored for the rest of the command. With
+    `pthread_sigmask` the stop waits until all are set, and is ignored as any other in the block; without it, the
+    handlers set so far are put back as the stop is raised (`lifetime.handlers_set`, the rule of each such block)."""
+    import rlspeed.lifetime
     from rlspeed.cli import Terminated, _signals_ignored, _sigterm_raises
 
-    real = signal.signal
-
-    def sigterm_comes_first(signum, handler):  # (the stop comes just before SIGTERM's handler is set)
-        if signum == signal.SIGTERM:
-            signal.raise_signal(signal.SIGTERM)
-        return real(signum, handler)
-
-    ctrl_c = signal.getsignal(signal.SIGINT)
     with _sigterm_raises():
-        monkeypatch.setattr(signal, "signal", sigterm_comes_first)
-        try:
-            with pytest.raises(Terminated), _signals_ignored():
-                raise AssertionError("the stop came before the block")
-        finally:
-            monkeypatch.setattr(signal, "signal", real)
-        assert signal.getsignal(signal.SIGINT) is ctrl_c
-    real(signal.SIGINT, ctrl_c)
+        before = _handlers()
+        stop_comes = _StopComesBefore(signal.SIGTERM, signal.SIGTERM, when=lambda handler: handler == signal.SIG_IGN)
+        monkeypatch.setattr(rlspeed.lifetime, "_signal", stop_comes)
+        with contextlib.nullcontext() if sigmask else pytest.raises(Terminated), _signals_ignored():
+            assert sigmask, "the stop came before the block"
+        assert _handlers() == before
+
+
+def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_in_it():
+    """`_signals_deferred`: where the final save fails (a full disk) after a SIGTERM came in it, the command ends with
+    the save's error (its line says the model is not saved), not with the stop, whose line would say it is; the
+    handlers from before are back."""
+    from rlspeed.cli import _signals_deferred, _sigterm_raises
+
+    with _sigterm_raises():
+        before = _handlers()
+        with pytest.raises(OSError, match="no space"), _signals_deferred():
+            signal.raise_signal(signal.SIGTERM)
+            raise OSError("no space left on device")
+        assert _handlers() == before

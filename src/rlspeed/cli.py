@@ -68,7 +68,9 @@ from rlspeed.lifetime import (
     adopting_orphans,
     end_with_parent,
     first_to_say,
+    handlers_set,
     peers_said,
+    raise_first,
     stop_ending_with_parent,
     stops_held,
     tell_launcher,
@@ -1897,28 +1899,8 @@ def _sigterm_raises():
         _signal_arrived(owner, signum)
         raise Terminated(_signal_name(signum))
 
-    with _signal_handler(handler, STOP_SIGNALS):
+    with handlers_set(handler, STOP_SIGNALS):
         yield []
-
-
-@contextlib.contextmanager
-def _signal_handler(handler, signums, keep_ignored: bool = True):
-    """`handler` for `signums` within the block, the previous handlers back after it. A signal the process was started
-    ignoring (SIGHUP under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`. Outside the
-    main thread, where signals cannot be set, nothing changes. A signal that comes while they are set, its handler
-    raising, puts back those set so far."""
-    previous = {}
-    try:
-        try:
-            for sig in signums:
-                if not keep_ignored or signal.getsignal(sig) is not signal.SIG_IGN:
-                    previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread: signals stay as they are
-            pass
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 #: seconds after the first Ctrl-C or SIGTERM at which a run whose iteration has not ended says so once
@@ -1960,7 +1942,7 @@ def _stop_after_iteration():
             reminder[0].start()
 
     try:
-        with _signal_handler(handler, STOPS):
+        with handlers_set(handler, STOPS):
             yield received
     finally:
         for timer in reminder:
@@ -2052,19 +2034,21 @@ def _finished_population(run_dir, seeds: str = "") -> UserError:
 def _signals_ignored():
     """SIGINT, SIGTERM and the other `STOP_SIGNALS` ignored within the block (a second Ctrl-C must not cut the final
     save short)."""
-    with _signal_handler(signal.SIG_IGN, STOPS, keep_ignored=False):
+    with handlers_set(signal.SIG_IGN, STOPS, keep_ignored=False):
         yield
 
 
 @contextlib.contextmanager
 def _signals_deferred():
     """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait (`stops_held`): the first one is raised when
-    the block ends (KeyboardInterrupt or `Terminated`), so that what the block writes is written whole."""
+    the block ends (`raise_first`: KeyboardInterrupt, or `Terminated` under `_sigterm_raises`), so that what the block
+    writes is written whole. Where the block raises (the save failed: a full disk), its error is what the command
+    ends with, not the stop: the stop's line would say the model is saved, and the error's ends the command as the
+    stop asked."""
     owner = os.getpid()
     with stops_held(lambda signum: _signal_arrived(owner, signum)) as received:
         yield
-    if received:
-        raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(_signal_name(received[0]))
+    raise_first(received)
 
 
 def _fits(load, path: Path, what: str):
@@ -3007,7 +2991,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    with adopting_orphans(("-m", "rlspeed")) as orphans, _signal_handler(forward, STOPS):
+    with adopting_orphans(("-m", "rlspeed")) as orphans, handlers_set(forward, STOPS):
         code = process.wait()
     if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"

@@ -7,7 +7,8 @@ adopts the workers that torchrun's death orphans (`adopting_orphans`), so that i
 unlocks the run directory. Other systems have neither call: there a worker outlives a torchrun killed with SIGKILL
 (docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`). A
 Ctrl-C or SIGTERM that comes while a process forks its subprocess envs is not lost (`stops_kept_while_forking`); one
-that comes while a block writes waits for it to end (`stops_held`). No torch import here: the CLI asks for all this
+that comes while a block writes waits for it to end (`stops_held`); each such block sets its handlers with
+`handlers_set`. No torch import here: the CLI asks for all this
 before it imports torch, or after a stop cut torch's import short."""
 
 from __future__ import annotations
@@ -236,12 +237,79 @@ def stops_kept_while_forking(undo: Callable[[], object] | None = None) -> Iterat
 
 
 @contextlib.contextmanager
+def _signals_waiting(signums) -> Iterator[None]:
+    """Within the block `signums` wait for this thread (`signal.pthread_sigmask`; where the system has none, as on
+    Windows, nothing changes): one that comes meanwhile is handled as the block ends, by the handler then set."""
+    if not signums or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _put_back(previous: dict[int, typing.Any]) -> None:
+    """Set each handler of `previous` (signal -> handler) again. A handler put back that raises as its stop comes
+    (the process's other threads still take stops that this one holds back) does not keep the later ones from going
+    back: what it raised is raised once they all are."""
+    raised: BaseException | None = None
+    for signum, handler in previous.items():
+        while True:
+            try:
+                _signal.signal(signum, handler)
+                break
+            except BaseException as error:  # noqa: BLE001 (a stop's handler: raised below, once all are back)
+                raised = raised or error
+    if raised is not None:
+        raise raised
+
+
+@contextlib.contextmanager
+def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool = True) -> Iterator[None]:
+    """`handler` for `signums` within the block, the handlers from before it back as it ends, whether or not it
+    raised: how rlspeed sets signal handlers, in blocks that nest. A signal the process was started ignoring (SIGHUP
+    under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`; one whose handler Python did
+    not set (None: set outside Python) is left as it is, since it could not be put back. Outside the main thread,
+    where signals cannot be set, nothing changes. The signals wait while the handlers are set and while they are put
+    back (`signal.pthread_sigmask`, where the system has it): one that comes meanwhile meets either the block's
+    handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the process's
+    other threads taking it) and its handler raises, the handlers set so far are put back, all of them."""
+    # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
+    # which this function neither reads nor returns but for `handler`, and a video sets these handlers twice a frame)
+    handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
+    previous: dict[int, typing.Any] = {}
+    try:  # (set inside the try: a stop whose handler raises between two of them puts back those set so far)
+        with _signals_waiting(signums):
+            try:
+                for signum in signums:
+                    current = _signal.getsignal(signum)
+                    if current is not None and not (keep_ignored and current == signal.SIG_IGN):
+                        previous[signum] = _signal.signal(signum, handler)
+            except ValueError:  # (not the main thread)
+                pass
+        yield
+    finally:
+        with _signals_waiting(tuple(previous)):
+            _put_back(previous)
+
+
+def raise_first(came: list[int]) -> None:
+    """Raise the first stop of `came` (a list `stops_held` filled) again, to the handler now set, as it would have
+    come outside the block: Python's KeyboardInterrupt for Ctrl-C, the `rlspeed` command's `Terminated`, the signal's
+    default action (the process ends) where nothing handles it. Nothing where the list is empty."""
+    if came:
+        signal.raise_signal(came[0])
+
+
+@contextlib.contextmanager
 def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[int]]:
     """Within the block a stop (`STOPS`) waits: each that comes is added to the list yielded, after `arrived(signum)`
-    where given, and the handlers from before the block are back as it ends, whether or not it raised; the caller acts
-    on the list then (runs the first stop's handler, raises). A stop the process ignores stays ignored, and one whose
-    handler Python did not set (None) is left as it is. Outside the main thread, where signals cannot be set, nothing
-    changes and the list stays empty."""
+    where given, and the handlers from before the block are back as it ends, whether or not it raised
+    (`handlers_set`); the caller acts on the list then (`raise_first`). A stop the process ignores stays ignored, and
+    one whose handler Python did not set (None) is left as it is. Outside the main thread, where signals cannot be
+    set, nothing changes and the list stays empty."""
     came: list[int] = []
 
     def hold(signum, frame) -> None:
@@ -249,19 +317,5 @@ def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[
             arrived(signum)
         came.append(signum)
 
-    # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
-    # which this function neither reads nor returns, and a video sets these handlers twice a frame)
-    # (set inside the try: a stop that comes between two of them, its handler raising, puts back those set so far)
-    previous: dict[int, typing.Any] = {}
-    try:
-        try:
-            for signum in STOPS:
-                handler = _signal.getsignal(signum)
-                if handler is not None and handler != signal.SIG_IGN:
-                    previous[signum] = _signal.signal(signum, hold)
-        except ValueError:  # (not the main thread)
-            pass
+    with handlers_set(hold, STOPS):
         yield came
-    finally:
-        for signum, handler in previous.items():
-            _signal.signal(signum, handler)

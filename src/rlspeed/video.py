@@ -17,7 +17,6 @@ import importlib.util
 import math
 import numbers
 import os
-import signal
 import tempfile
 import typing
 import warnings
@@ -34,7 +33,7 @@ from rlspeed.envs.gymnasium_env import close_quietly, closed_after
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
-from rlspeed.lifetime import stops_held
+from rlspeed.lifetime import raise_first, stops_held
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -273,8 +272,7 @@ def _stops_after_the_write() -> Iterator[None]:
         with stops_held() as came:
             yield
     finally:
-        if came:  # (the first, as it would have come: a stop wins over an error of the write)
-            signal.raise_signal(came[0])
+        raise_first(came)  # (a stop wins over an error of the write)
 
 
 class _GifWriter:
