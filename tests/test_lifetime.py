@@ -251,6 +251,9 @@ class _StopComesBefore:
     def __init__(self, signum, stop, when=lambda handler: True):
         self.signum, self.stop, self.when, self.came = signum, stop, when, False
 
+    def __getattr__(self, name):  # (the rest as `_signal` has it)
+        return getattr(_signal, name)
+
     def signal(self, signum, handler):
         if signum == self.signum and self.when(handler) and not self.came:
             self.came = True
@@ -270,7 +273,7 @@ def _stop(signum, frame):
 def sigmask(request, monkeypatch) -> bool:
     """Each test with `signal.pthread_sigmask` (Linux, macOS) and without it (Windows, whose `signal` has none)."""
     if request.param != "pthread_sigmask":
-        monkeypatch.delattr(signal, "pthread_sigmask")
+        monkeypatch.delattr(_signal, "pthread_sigmask")
     return request.param == "pthread_sigmask"
 
 

@@ -240,14 +240,15 @@ def stops_kept_while_forking(undo: Callable[[], object] | None = None) -> Iterat
 def _signals_waiting(signums) -> Iterator[None]:
     """Within the block `signums` wait for this thread (`signal.pthread_sigmask`; where the system has none, as on
     Windows, nothing changes): one that comes meanwhile is handled as the block ends, by the handler then set."""
-    if not signums or not hasattr(signal, "pthread_sigmask"):
+    if not signums or not hasattr(_signal, "pthread_sigmask"):
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    # (`_signal`'s, as `handlers_set`'s calls: `signal`'s wrapper makes an enum's member of each signal it returns)
+    before = _signal.pthread_sigmask(_signal.SIG_BLOCK, signums)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, before)
 
 
 def _put_back(previous: dict[int, typing.Any]) -> None:
@@ -273,9 +274,9 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
     under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`; one whose handler Python did
     not set (None: set outside Python) is left as it is, since it could not be put back. Outside the main thread,
     where signals cannot be set, nothing changes. The signals wait while the handlers are set and while they are put
-    back (`signal.pthread_sigmask`, where the system has it): one that comes meanwhile meets either the block's
-    handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the process's
-    other threads taking it) and its handler raises, the handlers set so far are put back, all of them."""
+    back (`_signals_waiting`, where the system has `signal.pthread_sigmask`): one that comes meanwhile meets either
+    the block's handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the
+    process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them."""
     # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
     # which this function neither reads nor returns but for `handler`, and a video sets these handlers twice a frame)
     handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
