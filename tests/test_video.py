@@ -896,6 +896,44 @@ def test_a_stop_during_a_frames_write_comes_once_the_frame_is_written():
     assert written == ["frame"]
 
 
+def test_in_a_recording_a_stop_waits_for_a_frames_write_only():
+    """`record_video` sets its handlers once a recording (`_writes_whole`), not twice a frame: a stop inside a frame's
+    write still comes once the frame is written, and one between writes (an env's step that never returns) still
+    comes at once, to the handler from before the recording, which is back after it."""
+    import signal
+
+    from rlspeed.video import _append, _writes_whole
+
+    class Stopped(Exception):
+        pass
+
+    def stop(number, frame):
+        raise Stopped
+
+    written, stepped = [], []
+
+    class Writer:  # (a stop arrives inside the write, as it does in imageio's write to ffmpeg's pipe)
+        def append_data(self, frame):
+            signal.raise_signal(signal.SIGTERM)
+            written.append(frame)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with _writes_whole() as write:
+            with pytest.raises(Stopped):
+                _append(Writer(), "frame", write)
+            assert written == ["frame"]
+            with pytest.raises(Stopped):  # (an env's step)
+                signal.raise_signal(signal.SIGTERM)
+                stepped.append("step")
+            with pytest.raises(Stopped):
+                _append(Writer(), "frame", write)
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert written == ["frame", "frame"] and stepped == []
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the stop ends the process it comes to: filmed in a fork")
 def test_a_stop_whose_handler_is_the_default_comes_once_the_frame_is_written_too():
     """A script (no `rlspeed` command's handlers) that films with `record_video` and gets SIGTERM from `timeout` or a

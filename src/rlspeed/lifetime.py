@@ -268,7 +268,8 @@ def _put_back(previous: dict[int, typing.Any]) -> None:
 
 
 @contextlib.contextmanager
-def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool = True) -> Iterator[None]:
+def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool = True,
+                 replaced: dict[int, typing.Any] | None = None) -> Iterator[None]:
     """`handler` for `signums` within the block, the handlers from before it back as it ends, whether or not it
     raised: how rlspeed sets signal handlers, in blocks that nest. A signal the process was started ignoring (SIGHUP
     under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`; one whose handler Python did
@@ -276,11 +277,13 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
     where signals cannot be set, nothing changes. The signals wait while the handlers are set and while they are put
     back (`_signals_waiting`, where the system has `signal.pthread_sigmask`): one that comes meanwhile meets either
     the block's handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the
-    process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them."""
+    process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them.
+    `replaced`, where given, is filled as they are set with the handlers from before the block (signal -> handler, as
+    `_signal` gives it) that `handler` replaced."""
     # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
     # which this function neither reads nor returns but for `handler`, and a video sets these handlers twice a frame)
     handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
-    previous: dict[int, typing.Any] = {}
+    previous: dict[int, typing.Any] = {} if replaced is None else replaced
     try:  # (set inside the try: a stop whose handler raises between two of them puts back those set so far)
         with _signals_waiting(signums):
             try:
@@ -304,19 +307,36 @@ def raise_first(came: list[int]) -> None:
         signal.raise_signal(came[0])
 
 
+def _pass_on(handler, signum: int, frame) -> None:
+    """What `handler` (as `_signal` gives it: a function, or SIG_DFL) does with the stop `signum`: the function's call,
+    or the signal's default action (the process ends)."""
+    if callable(handler):
+        handler(signum, frame)
+    else:
+        _signal.signal(signum, handler)
+        signal.raise_signal(signum)
+
+
 @contextlib.contextmanager
-def stops_held(arrived: Callable[[int], object] | None = None) -> Iterator[list[int]]:
+def stops_held(arrived: Callable[[int], object] | None = None,
+               waiting: Callable[[], bool] | None = None) -> Iterator[list[int]]:
     """Within the block a stop (`STOPS`) waits: each that comes is added to the list yielded, after `arrived(signum)`
     where given, and the handlers from before the block are back as it ends, whether or not it raised
-    (`handlers_set`); the caller acts on the list then (`raise_first`). A stop the process ignores stays ignored, and
-    one whose handler Python did not set (None) is left as it is. Outside the main thread, where signals cannot be
-    set, nothing changes and the list stays empty."""
+    (`handlers_set`); the caller acts on the list then (`raise_first`). With `waiting`, a stop waits only while
+    `waiting()` holds (a frame's write, in a recording whose block this is); one that comes otherwise goes at once to
+    the handler from before the block, as without it. A stop the process ignores stays ignored, and one whose handler
+    Python did not set (None) is left as it is. Outside the main thread, where signals cannot be set, nothing changes
+    and the list stays empty."""
     came: list[int] = []
+    replaced: dict[int, typing.Any] = {}
 
     def hold(signum, frame) -> None:
         if arrived is not None:
             arrived(signum)
-        came.append(signum)
+        if waiting is None or waiting():
+            came.append(signum)
+        else:
+            _pass_on(replaced[signum], signum, frame)
 
-    with handlers_set(hold, STOPS):
+    with handlers_set(hold, STOPS, replaced=replaced):
         yield came

@@ -20,7 +20,7 @@ import os
 import tempfile
 import typing
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,28 +251,49 @@ class _WriteFailed(Exception):
     """The video writer's OSError (args[0]), told apart from one the env or the model raises."""
 
 
-def _append(writer, frame) -> None:
-    """Write `frame` whole (`_stops_after_the_write`); the writer's OSError as `_WriteFailed`."""
+def _append(writer, frame, write: Callable[[], typing.ContextManager] | None = None) -> None:
+    """Write `frame` whole (in a block of `write`, a recording's `_writes_whole`; one of its own where not given); the
+    writer's OSError as `_WriteFailed`."""
     try:
-        with _stops_after_the_write():
+        with _stops_after_the_write() if write is None else write():
             writer.append_data(frame)
     except OSError as error:
         raise _WriteFailed(error) from None
 
 
 @contextlib.contextmanager
-def _stops_after_the_write() -> Iterator[None]:
-    """Within the block a stop (Ctrl-C, SIGTERM: `lifetime.STOPS`) waits, and the first that came is raised again as
-    the block ends, to the handler from before it (Python's KeyboardInterrupt, the `rlspeed` command's `Terminated`),
-    whether or not the block raised. A frame reaches ffmpeg whole, so a stop leaves ffmpeg's input at a frame's end
-    and it ends quietly; a stop inside the write left part of a frame, and ffmpeg, killed as it began its complaint
-    ("[in#0/rawvideo @ 0x...] Packet corrupt"), left the line open under the command's last one."""
-    came: list[int] = []
-    try:
-        with stops_held() as came:
+def _writes_whole() -> Iterator[Callable[[], typing.ContextManager]]:
+    """Within the block (a recording) a stop (Ctrl-C, SIGTERM: `lifetime.STOPS`) that comes inside a block of the
+    function yielded (a frame's write) waits, and the first that came is raised again as that block ends, to the
+    handler from before (Python's KeyboardInterrupt, the `rlspeed` command's `Terminated`), whether or not the write
+    raised; one that comes elsewhere (an env's step) comes at once, as without the block. The handlers are set once
+    a recording (`lifetime.stops_held`), not twice a frame. A frame reaches ffmpeg whole, so a stop leaves ffmpeg's
+    input at a frame's end and it ends quietly; a stop inside the write left part of a frame, and ffmpeg, killed as
+    it began its complaint ("[in#0/rawvideo @ 0x...] Packet corrupt"), left the line open under the command's last
+    one."""
+    writing = [False]
+
+    @contextlib.contextmanager
+    def write() -> Iterator[None]:
+        writing[0] = True
+        try:
             yield
-    finally:
-        raise_first(came)  # (a stop wins over an error of the write)
+        finally:
+            writing[0] = False
+            first = came[:1]
+            came.clear()
+            raise_first(first)  # (a stop wins over an error of the write)
+
+    with stops_held(waiting=lambda: writing[0]) as came:
+        yield write
+
+
+@contextlib.contextmanager
+def _stops_after_the_write() -> Iterator[None]:
+    """`_writes_whole` for one write: within the block a stop waits, and the first that came is raised again as the
+    block ends, to the handler from before it."""
+    with _writes_whole() as write, write():
+        yield
 
 
 class _GifWriter:
@@ -463,7 +484,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
     # raises after filming is one line naming it, and the video is kept)
     with closed_after(env, env_id or model.env_id):
         try:
-            with sampling:
+            with sampling, _writes_whole() as write:  # (a stop inside a frame's write comes once it is written)
                 for episode in range(episodes):
                     # (episode i is the evaluation's episode i of the same seed: Gymnasium's vector env seeds its env i
                     # with seed + i; a native env's row i draws from seed's stream i, as the native view's row option)
@@ -475,7 +496,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                     lives = info.get("lives")
                     frame = _frame(env, env_id or model.env_id)
                     size = size or frame.shape[:2]
-                    _append(writer, frame)
+                    _append(writer, frame, write)
                     frames += 1
                     for _ in range(limit):
                         masks = None
@@ -498,7 +519,7 @@ def record_video(model: rlspeed.algos.Algorithm, path: str | Path, episodes: int
                         lives = info.get("lives", lives)
                         total += float(reward)
                         frame = _frame(env, env_id or model.env_id)
-                        _append(writer, frame)
+                        _append(writer, frame, write)
                         frames += 1
                         if terminated or truncated:
                             break
