@@ -333,7 +333,7 @@ def stops_held(arrived: Callable[[int], object] | None = None,
     def hold(signum, frame) -> None:
         if arrived is not None:
             arrived(signum)
-        if waiting is None or waiting():
+        if waiting is None or waiting() or signum not in replaced:  # (not yet in: held, for the caller to act on)
             came.append(signum)
         else:
             _pass_on(replaced[signum], signum, frame)
