@@ -7,9 +7,9 @@ adopts the workers that torchrun's death orphans (`adopting_orphans`), so that i
 unlocks the run directory. Other systems have neither call: there a worker outlives a torchrun killed with SIGKILL
 (docs/checkpoints.md). A worker that ends saying why leaves its exit code for the launcher (`tell_launcher`). A
 Ctrl-C or SIGTERM that comes while a process forks its subprocess envs is not lost (`stops_kept_while_forking`); one
-that comes while a block writes waits for it to end (`stops_held`); each such block sets its handlers with
-`handlers_set`. No torch import here: the CLI asks for all this
-before it imports torch, or after a stop cut torch's import short."""
+that comes while a block writes waits for it to end (`stops_held`). Every block that sets signal handlers sets them
+with `handlers_set`. No torch import here: the CLI asks for all this before it imports torch, or after a stop cut
+torch's import short."""
 
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
     `replaced`, where given, is filled as they are set with the handlers from before the block (signal -> handler, as
     `_signal` gives it) that `handler` replaced."""
     # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
-    # which this function neither reads nor returns but for `handler`, and a video sets these handlers twice a frame)
+    # which this function neither reads nor returns but for `handler`)
     handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
     previous: dict[int, typing.Any] = {} if replaced is None else replaced
     try:  # (set inside the try: a stop whose handler raises between two of them puts back those set so far)
