@@ -257,12 +257,14 @@ def _put_back(previous: dict[int, typing.Any]) -> None:
     back: what it raised is raised once they all are."""
     raised: BaseException | None = None
     for signum, handler in previous.items():
-        while True:
+        for _ in range(100):  # (bounded: an error of the call itself would come again at each try)
             try:
                 _signal.signal(signum, handler)
                 break
             except BaseException as error:  # noqa: BLE001 (a stop's handler: raised below, once all are back)
                 raised = raised or error
+                if _signal.getsignal(signum) == handler:
+                    break  # (set: the stop's handler raised as the call returned)
     if raised is not None:
         raise raised
 
