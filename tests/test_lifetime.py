@@ -95,6 +95,7 @@ def test_a_worker_gets_sigterm_when_its_parent_is_killed(tmp_path, parent_gone):
         while not os.path.exists({str(tmp_path / "go")!r}):
             time.sleep(0.02)
         end_with_parent()
+        open({str(tmp_path / "asked")!r}, "w").close()
         time.sleep(60)
     """
     parent = subprocess.Popen(_python(f"""
@@ -110,7 +111,7 @@ def test_a_worker_gets_sigterm_when_its_parent_is_killed(tmp_path, parent_gone):
             parent.wait()
         (tmp_path / "go").touch()
         if parent_gone == "after the request":
-            time.sleep(0.3)
+            assert _wait_for(tmp_path / "asked") == ""  # (killed once the worker has asked: no guessed wait)
             parent.kill()
         assert _wait_for(told) == "SIGTERM"
     finally:
@@ -122,18 +123,40 @@ def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path
     """torchrun killed with SIGKILL (by an out-of-memory killer, a `kill -9`) leaves its workers saving: the launcher
     says so in one line, waits for them (it adopts them) before it unlocks the run directory, and ends with 137, as a
     shell reports a kill. The stand-in torchrun here starts one worker (its command line `... -m rlspeed`, in a session
-    of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself."""
-    out = tmp_path / "run"
+    of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself once the launcher
+    adopts orphans (a real torchrun's workers take seconds to start: one killed before that was not this test's)."""
+    import contextlib
+
+    import rlspeed.cli
+
+    out, adopting = tmp_path / "run", tmp_path / "adopting"
+    saves = textwrap.dedent(f"""
+        import os, sys, time
+        deadline = time.monotonic() + 120
+        while os.getppid() == int(sys.argv[1]) and time.monotonic() < deadline:  # (until torchrun is gone)
+            time.sleep(0.02)
+        time.sleep(0.5)
+        open({str(out / 'saved')!r}, 'w').close()
+    """)
     fake_torchrun = _python(f"""
         import os, signal, subprocess, sys, time
-        worker = [sys.executable, "-c", "import time; time.sleep(0.5); open({str(out / 'saved')!r}, 'w').close()",
-                  "-m", "rlspeed"]
-        subprocess.Popen(worker, start_new_session=True)
+        subprocess.Popen([sys.executable, "-c", {saves!r}, str(os.getpid()), "-m", "rlspeed"], start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not os.path.exists({str(adopting)!r}) and time.monotonic() < deadline:
+            time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    popen = subprocess.Popen
+    popen, adopting_orphans = subprocess.Popen, rlspeed.cli.adopting_orphans
+
+    @contextlib.contextmanager
+    def adopting_then_said(words):
+        with adopting_orphans(words) as orphans:
+            adopting.touch()
+            yield orphans
+
     monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: popen(
         fake_torchrun if "rlspeed._torchrun" in command else command, **kwargs))
+    monkeypatch.setattr(rlspeed.cli, "adopting_orphans", adopting_then_said)
     code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out", str(out)])
     stderr = capsys.readouterr().err
     assert code == 137, stderr
@@ -195,7 +218,7 @@ def test_ctrl_c_while_subprocess_envs_are_forked_stops_and_leaves_no_worker():
             GymnasiumEnv("CartPole-v1", num_envs=2, vectorization="async")
     finally:
         _CTRL_C_AT_NEXT_FORK.clear()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # (a loaded machine: the workers end as soon as they are scheduled)
     while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not set(multiprocessing.active_children()) - before
