@@ -473,7 +473,7 @@ def test_threads_whose_calls_make_a_search_due_at_once_search_once(two_candidate
     def work():
         torch.set_num_threads(1)
         try:
-            start.wait(timeout=10)
+            start.wait(timeout=60)
             with torch.no_grad():
                 for _ in range(20):
                     accelerated(x)
@@ -517,7 +517,7 @@ def test_first_calls_of_one_kind_from_several_threads_wait_for_one_decision(monk
     start = threading.Barrier(4)
 
     def work():
-        start.wait(timeout=10)
+        start.wait(timeout=60)
         with torch.no_grad():
             accelerated(x)
 

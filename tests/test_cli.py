@@ -3371,7 +3371,7 @@ def test_a_folder_another_machine_made_in_a_shared_temp_directory_is_kept(tmp_pa
                   "cli._workers_show_warnings()\n"
                   "print(cli._warnings_dir, flush=True)\n"
                   "os._exit(0)\n")  # (as a kill: no exit handler removes it)
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                               env={**os.environ, "TMPDIR": str(tmp_path)})
         made[machine] = Path(done.stdout.strip())
         assert made[machine].is_dir(), done.stderr

@@ -630,7 +630,7 @@ def test_the_launcher_keeps_the_log_loglevel_asks_for_and_leaves_no_folder_and_i
     running.mkdir()
     done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=2",
                            str(script)], env={**clean_env(), "TMPDIR": str(temp), "LOGLEVEL": "INFO"},
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("worker ran") == 2
     assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]

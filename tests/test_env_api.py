@@ -1719,7 +1719,7 @@ def test_learn_goes_on_after_a_signal_stopped_a_subprocess_worker():
     model, vector_env = _async_model()
     worker = vector_env.processes[1]
     os.kill(worker.pid, signal.SIGINT)
-    worker.join(10)
+    worker.join(60)
     assert not worker.is_alive()
     before = model.num_timesteps
     model.learn(64, progress_bar=False)
