@@ -124,7 +124,8 @@ def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path
     says so in one line, waits for them (it adopts them) before it unlocks the run directory, and ends with 137, as a
     shell reports a kill. The stand-in torchrun here starts one worker (its command line `... -m rlspeed`, in a session
     of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself once the launcher
-    adopts orphans (a real torchrun's workers take seconds to start: one killed before that was not this test's)."""
+    adopts orphans (it becomes their subreaper just after starting torchrun, seconds before a real torchrun has
+    workers: a stand-in dead before that left its worker to init, which no launcher waits for)."""
     import contextlib
 
     import rlspeed.cli
