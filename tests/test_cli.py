@@ -1741,6 +1741,7 @@ def test_resume_of_a_finished_run_without_a_checkpoint_has_nothing_left_to_train
     --resume (a batch job's requeue) was refused, exit 2, where a finished run's requeue exits 0; a larger budget,
     which needs a checkpoint to train on from, is still refused."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "CHECKPOINT_INTERVAL_S", 3600.0)  # (shorter than the interval, however slow the machine)
     argv = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--target-return", "none",
             "--num-envs", "4", "--set", "num_steps=16", "--total-timesteps", "256"]
     assert cli.main(argv) == 0
