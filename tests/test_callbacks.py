@@ -1260,6 +1260,9 @@ def test_eval_callback_continuing_a_run_keeps_its_evaluations_and_best(tmp_path)
     logged = np.load(logs / "evaluations.npz")
     assert logged["timesteps"].tolist() == earlier[:2] + [3 * STEPS_PER_ITERATION, 4 * STEPS_PER_ITERATION]
     assert logged["results"][:2].tolist() == [[5.0, 7.0], [1e6, 1e6]] and logged["seeds"][:2].tolist() == [11, 12]
+    from rlspeed.evaluation import evaluation_seed  # (the new ones: seeded as the docs say, not seed + offset + steps)
+
+    assert logged["seeds"][2:].tolist() == [evaluation_seed(0, "callback", steps) for steps in logged["timesteps"][2:]]
     # another number of episodes cannot continue those rows: refused before training, the file as it was
     with pytest.raises(UserError, match="n_eval_episodes=2 to continue"):
         model.learn(STEPS_PER_ITERATION, callback=EvalCallback(n_eval_episodes=3, log_path=logs), progress_bar=False)

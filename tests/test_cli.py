@@ -1562,7 +1562,9 @@ def test_resume_without_seed_keeps_the_runs_own_seed(tmp_path, monkeypatch, caps
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 800
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == summary["seed"] == 7
-    assert summary["final_eval"]["seed"] == 1_000_007
+    from rlspeed.evaluation import evaluation_seed
+
+    assert summary["final_eval"]["seed"] == evaluation_seed(7, "final", summary["total_timesteps"])
 
 
 def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(tmp_path, monkeypatch, capsys):
@@ -1682,7 +1684,10 @@ def test_eval_episodes_sets_every_evaluation_of_a_run_and_resume_keeps_it(tmp_pa
     assert played == [3, 3, 3]  # (at 256 and 512 steps, then the final evaluation)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]["episodes"] == 3
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["eval_episodes"] == 3
-    assert "final evaluation (deterministic, 3 episodes, seed 1000000)" in capsys.readouterr().out
+    from rlspeed.evaluation import evaluation_seed
+
+    seed = evaluation_seed(0, "final", 512)  # (the run's seed 0 after its 512 steps)
+    assert f"final evaluation (deterministic, 3 episodes, seed {seed})" in capsys.readouterr().out
     played.clear()
     assert cli.main([*start, "--total-timesteps", "768", "--resume"]) == 0
     assert played == [3, 3]  # (at 768 steps, then the final evaluation)
@@ -2970,9 +2975,12 @@ def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path
     assert summary["total_timesteps"] >= 128 and summary["aggregate"]["final_eval"] is None
     assert all(member["final_eval"] is None for member in summary["members"])
     # (the line names the command that runs a member's skipped final evaluation, seeded as the finished run seeds it)
-    offset = 200_000 + summary["total_timesteps"]
-    assert (f"rlspeed eval population/members/seed_0.safetensors --seed {offset} runs seed 0's, and seed S's takes "
-            f"--seed S+{offset}") in done.stderr, done.stderr
+    from rlspeed.evaluation import evaluation_seed
+
+    steps = summary["total_timesteps"]
+    assert (f"rlspeed eval population/members/seed_0.safetensors --seed {evaluation_seed(0, 'final', steps)} runs "
+            f"seed 0's, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps})"
+            ) in done.stderr, done.stderr
     assert sorted(path.name for path in (tmp_path / "population" / "members").iterdir()) == [
         "seed_0.safetensors", "seed_1.safetensors"]
 

@@ -602,6 +602,13 @@ def _summary_json_does_not_fit(monkeypatch) -> None:
     monkeypatch.setattr(files, "write_atomic", full)
 
 
+def _final_seed(run) -> int:
+    """The seed of the final evaluation of the seed-0 run in `run` (`evaluation_seed`, at the model's steps)."""
+    from rlspeed.evaluation import evaluation_seed
+
+    return evaluation_seed(0, "final", PPO.load(run / "model.safetensors").num_timesteps)
+
+
 @pytest.mark.parametrize("checkpoints", [False, True])
 def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluation(tmp_path, monkeypatch, capsys,
                                                                                      checkpoints):
@@ -617,7 +624,7 @@ def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluati
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and (run / "model.safetensors").is_file() and not (run / "summary.json").exists()
     then = ("--resume writes it, evaluating the model again, once there is room" if checkpoints
-            else f"rlspeed eval {run} --seed 1000000 repeats the evaluation")
+            else f"rlspeed eval {run} --seed {_final_seed(run)} repeats the evaluation")
     assert re.fullmatch(re.escape(f"rlspeed: error: Cannot write '{run / 'summary.json'}': No space left on device; "
                                   f"the trained model is saved in {run / 'model.safetensors'} (final evaluation ")
                         + r"[-0-9.]+ \+/- [-0-9.]+" + re.escape(f"), and {then}."), error), error
@@ -636,7 +643,7 @@ def test_the_evaluation_a_full_disk_lost_is_repeated_with_the_runs_eval_episodes
     assert code == 2, error
     found = re.search(r"\(final evaluation ([-0-9.]+) \+/- [-0-9.]+\), and (rlspeed eval .*) repeats the evaluation\.$",
                       error)
-    assert found and found[2] == f"rlspeed eval {run} --seed 1000000 --episodes 3", error
+    assert found and found[2] == f"rlspeed eval {run} --seed {_final_seed(run)} --episodes 3", error
     assert cli.main([*found[2].split()[1:], "--json"]) == 0
     assert cli._score(json.loads(capsys.readouterr().out)["mean"]) == found[1]
 

@@ -489,8 +489,11 @@ def test_a_population_shows_as_a_solo_model_does():
 
 
 def test_evaluate_seeds_each_member_from_its_own_seed_by_default():
+    from rlspeed.evaluation import evaluation_seed
+
     population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
-    assert torch.equal(population.evaluate(episodes=2), population.evaluate([1_000_003, 1_000_004], episodes=2))
+    finals = [evaluation_seed(seed, "final", 0) for seed in (3, 4)]  # (as a solo run's final evaluation)
+    assert torch.equal(population.evaluate(episodes=2), population.evaluate(finals, episodes=2))
     with pytest.raises(UserError, match="one seed per member evaluated: 2 members, 1 seeds"):
         population.evaluate([5], episodes=2)
 
@@ -629,6 +632,9 @@ def test_learn_summary(tmp_path):
     assert summary["train_cpu_s"] >= 0 and summary["algo"] == "ppo"
     path = population.write_summary(tmp_path / "summary.json")
     assert json.loads(path.read_text())["members"][1]["seed"] == 1
+    # members of neighbouring seeds evaluate on episodes of their own (seed + an offset + i shared all but one)
+    evaluated = [range(m["final_eval"]["seed"], m["final_eval"]["seed"] + 2) for m in summary["members"]]
+    assert not set(evaluated[0]) & set(evaluated[1]), evaluated
 
 
 @pytest.mark.parametrize("env_id, backend, hyper", [
@@ -897,12 +903,14 @@ def test_an_eval_freq_without_a_target_evaluates_the_members():
     """Population.learn(eval_freq=N) with neither a target nor on_eval evaluates every N steps (the curves and the
     plot were empty), with the final evaluation's seed in each member's entry."""
     from rlspeed import PPO
+    from rlspeed.evaluation import evaluation_seed
     from rlspeed.population import Population
 
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=16, batch_size=64, n_epochs=1)
     summary = population.learn(256, eval_freq=128, eval_episodes=2, progress_bar=False)
     assert all(len(member["curve"]) == 2 for member in summary["members"])
-    assert all(member["final_eval"]["seed"] == member["seed"] + 200_000 + 256 for member in summary["members"])
+    assert all(member["final_eval"]["seed"] == evaluation_seed(member["seed"], "final", 256)
+               for member in summary["members"])
     assert all(member["final_eval"]["deterministic"] is True for member in summary["members"])  # (the mode named)
 
 

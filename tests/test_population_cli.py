@@ -15,6 +15,7 @@ import pytest
 from conftest import cli_error, endless_pendulum_id
 
 from rlspeed import cli
+from rlspeed.evaluation import evaluation_seed
 from rlspeed.population.plot import iqm_band
 from rlspeed.stats import iqm
 
@@ -55,7 +56,7 @@ def test_a_members_fractional_returns_are_what_rlspeed_eval_gives_for_it_digit_f
         final, (steps, last) = member["final_eval"], member["curve"][-1]
         path = str(out / "members" / f"seed_{member['seed']}.safetensors")
         for seed, mean, std in ((final["seed"], final["mean"], final["std"]),
-                                (member["seed"] + 100_000 + steps, last, None)):
+                                (evaluation_seed(member["seed"], "learn", steps), last, None)):
             capsys.readouterr()
             assert cli.main(["eval", path, "--episodes", "2", "--seed", str(seed), "--json"]) == 0
             evaluated = json.loads(capsys.readouterr().out)

@@ -192,14 +192,15 @@ def test_each_members_episodes_cut_short_go_in_its_own_column_and_confirmations(
 
 def _confirmations_fall_short():
     """A small PPO population whose confirming evaluations score below any target (its members train on)."""
-    from rlspeed.algos.base import CONFIRM_SEED
+    from rlspeed.evaluation import evaluation_seed
 
     population = _population(PPO, "CartPole-v1")
     evaluate = population.evaluate
 
     def confirmations_fall_short(seeds, episodes, members):
         means = evaluate(seeds, episodes, members)
-        return means - 1e6 if seeds[0] >= CONFIRM_SEED else means
+        confirming = seeds[0] == evaluation_seed(population.seeds[members[0]], "confirm", population.num_timesteps)
+        return means - 1e6 if confirming else means
 
     population.evaluate = confirmations_fall_short
     return population

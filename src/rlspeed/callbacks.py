@@ -833,7 +833,8 @@ class EvalCallback(BaseCallback):
     last evaluation's share of successes. A model that goes on from a step count (`resume`, a further `learn`) keeps
     that file's evaluations up to its step and their best mean, so `best_model.safetensors` is replaced only by a
     better evaluation (evaluations on another env, a curriculum's next stage, are refused: a log_path per stage). Each
-    evaluation is seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the
+    evaluation is seeded (`seed`, default `rlspeed.evaluation.evaluation_seed(model.seed, "callback", step count)`:
+    models of neighbouring seeds evaluate on unrelated episodes), so `evaluate(seed=...)` of the
     saved best model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps
     of all envs, not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ
     from the model's is refused in one sentence); `render=True` is refused (`VideoRecorderCallback` records the
@@ -991,10 +992,10 @@ class EvalCallback(BaseCallback):
 
     def evaluate_now(self) -> bool:
         """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
-        from rlspeed.evaluation import evaluate
+        from rlspeed.evaluation import evaluate, evaluation_seed
 
         model = self.model
-        seed = self.seed if self.seed is not None else (model.seed or 0) + 200_000 + self.num_timesteps
+        seed = self.seed if self.seed is not None else evaluation_seed(model.seed, "callback", self.num_timesteps)
         env_id = self.eval_env if self.eval_env is not None else model.env_id
         _sync_normalization(self.training_env, self.eval_env)
         same_env = isinstance(env_id, str) and env_id == model.env_id and model.env_backend in ("torch", "gymnasium")

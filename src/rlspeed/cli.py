@@ -216,7 +216,7 @@ def _seed(text: str, limit: int = MAX_SEED) -> int:
 
 def _evaluation_seed(text: str) -> int:
     """An argparse type: an evaluation's seed, below 2**63 as `rlspeed.evaluate` takes it (a run's final evaluation
-    used its seed + 1,000,000, past MAX_SEED for the largest run seeds)."""
+    may use a seed past MAX_SEED, and a user's own may too)."""
     return _seed(text, 2**63 - 1)
 
 
@@ -953,13 +953,16 @@ def _train_population(args: argparse.Namespace) -> int:
     if signals:  # (a stop that came as the last iteration ended: the training is saved, its final evaluation skipped)
         name = _signal_name(signals[0])
         skipped = summary["aggregate"]["final_eval"] is None
-        # (the command that runs a member's skipped final evaluation: its seed is the member's seed + 200,000 + the
-        # steps each member trained, as the finished run seeds it, with the run's episodes)
-        offset = 200_000 + population.num_timesteps
+        # (the command that runs a member's skipped final evaluation: its seed is the member's final-evaluation seed
+        # at the steps each member trained, as the finished run seeds it, with the run's episodes)
+        from rlspeed.evaluation import evaluation_seed
+
+        steps = population.num_timesteps
         first = next((seeds[int(k)] for k in summary.get("member_models") or {}), None)
         member = f"{run_dir}/members/seed_{first}.safetensors"
-        command = (f"{_eval_command(member, first + offset, _eval_episodes(args))} runs seed {first}'s, and seed "
-                   f"S's takes --seed S+{offset}" if first is not None else
+        command = (f"{_eval_command(member, evaluation_seed(first, 'final', steps), _eval_episodes(args))} runs seed "
+                   f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps})"
+                   if first is not None else
                    f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
         print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
               f"in {run_dir}" + (f", without the final evaluation (--resume runs it; {command})" if skipped else ""),
@@ -2622,7 +2625,10 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
         return 0
-    eval_seed, episodes = args.seed + 1_000_000, _eval_episodes(args)
+    from rlspeed.evaluation import evaluation_seed
+
+    # (a member of a population of the same seed and steps evaluates on the same episodes)
+    eval_seed, episodes = evaluation_seed(args.seed, "final", model.num_timesteps), _eval_episodes(args)
     # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended; drawn after the model,
     # or, where a signal skips the evaluation, after the summary)
     undrawn = trained or model.result.stop_requested

@@ -495,6 +495,26 @@ NATIVE_EVALUATION_ENVS = 1_000_000
 ENVPOOL_EVALUATION_ENVS = 1_000
 
 
+#: what `evaluation_seed` derives a seed for: evaluations during training (curves, targets), the fresh episodes that
+#: confirm a target, a run's final evaluation, an `EvalCallback`'s evaluations
+EVALUATION_KINDS = ("learn", "confirm", "final", "callback")
+#: `evaluation_seed`'s seeds lie below this: an evaluation of up to as many episodes seeds them all below 2**31
+#: (EnvPool's limit)
+EVALUATION_SEED_RANGE = 2**30
+
+
+def evaluation_seed(seed: int | None, kind: str, num_timesteps: int = 0) -> int:
+    """The env seed a run of `seed` (None: 0) evaluates on for an evaluation of `kind` (one of `EVALUATION_KINDS`)
+    after `num_timesteps` steps: drawn by numpy's `SeedSequence` from (seed, kind, num_timesteps), below
+    `EVALUATION_SEED_RANGE`. Episode i is seeded with it + i, so runs of neighbouring seeds evaluate on unrelated
+    start states (a seed plus an offset gave seeds s and s + 1 nine of ten episodes in common: correlated scores),
+    while the same seed, kind and step count give the same seed in a solo run and in a population's member alike.
+    Two evaluations of 10 episodes share an episode seed with probability about 2e-8."""
+    entropy = [0 if seed is None else check_seed(seed, limit_bits=63), EVALUATION_KINDS.index(kind),
+               int(num_timesteps)]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] % EVALUATION_SEED_RANGE)
+
+
 def evaluation_env_cap(backend: str) -> int | float:
     """The envs an evaluation on `backend` makes at once at most: for subprocess envs (`gymnasium-async`, one worker
     process each) `SUBPROCESS_EVALUATION_ENVS_PER_CPU` per CPU core, at least `MIN_SUBPROCESS_EVALUATION_ENVS`; for

@@ -1246,8 +1246,6 @@ def _device_rng(device: torch.device):
     return (lambda: module.get_rng_state(device)), (lambda state: module.set_rng_state(state, device))
 
 
-#: The confirming evaluation's seeds are this far from the evaluation's own (episode seeds never shared)
-CONFIRM_SEED = 50_000_000
 #: By default `learn` writes a metrics row every second and, with a run_dir, at least this many over a call of as
 #: many iterations or more (a short run's curve)
 ROWS_PER_LEARN = 50
@@ -3286,7 +3284,7 @@ class Algorithm:
                                     # The target holds only if fresh episodes (other seeds) also reach it: one lucky
                                     # evaluation does not end training with a model below the threshold.
                                     confirming = self.evaluate(episodes=eval_episodes,
-                                                               seed=self._eval_seed() + CONFIRM_SEED)
+                                                               seed=self._eval_seed("confirm"))
                                     row["eval_confirm_mean"] = confirming["mean"]
                                     row["eval_confirm_unfinished"] = confirming.get("unfinished", 0)
                                     result.confirmations.append((self.num_timesteps, confirming["mean"]))
@@ -3443,8 +3441,12 @@ class Algorithm:
         from (a model that has trained continues its run's metrics.csv there)."""
         return bool(self.num_timesteps) and self._run_dir == Path(run_dir).resolve()
 
-    def _eval_seed(self) -> int:
-        return (self.seed if self.seed is not None else 0) + 100_000 + self.num_timesteps
+    def _eval_seed(self, kind: str = "learn") -> int:
+        """The env seed of `learn`'s evaluation of `kind` now (`evaluation_seed`: a population's member uses the
+        same)."""
+        from rlspeed.evaluation import evaluation_seed
+
+        return evaluation_seed(self.seed, kind, self.num_timesteps)
 
     def _read_metrics(self, sums: dict[str, torch.Tensor], counts: dict[str, int],
                       extra: torch.Tensor | None = None) -> dict:

@@ -51,6 +51,7 @@ from rlspeed.errors import (
 from rlspeed.evaluation import (
     episode_step_limit,
     evaluation_env_cap,
+    evaluation_seed,
     evaluation_waves,
     refuse_unless_results_fit,
     return_statistics,
@@ -1005,9 +1006,10 @@ class PopulationBase:
                  max_steps: int | None = None) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
         in the computation), as a float64 host tensor `[len(members)]` (each formed as `rlspeed.evaluate`'s `mean`,
-        `return_statistics`): member `members[j]` on an env seeded `seeds[j]`, as
-        `rlspeed.evaluate` seeds one (default: each member's seed + 1,000,000). Members out of the computation are
-        evaluated with the parameters they left with. An episode runs at most `max_steps` steps (default: the env's
+        `return_statistics`): member `members[j]` on an env seeded `seeds[j]`, as `rlspeed.evaluate` seeds one
+        (default: each member's final-evaluation seed now, `rlspeed.evaluation.evaluation_seed(seed, "final",
+        num_timesteps)`, as a solo run's). Members out of the computation are evaluated with the parameters they
+        left with. An episode runs at most `max_steps` steps (default: the env's
         time limit, or `rlspeed.evaluation.UNLIMITED_EPISODE_STEPS` where it has none, as `rlspeed.evaluate`); one
         still running then counts with its return so far, with a warning. UserError for an index outside the
         population or another number of seeds. An env's close() error after the episodes is raised after them with
@@ -1024,13 +1026,13 @@ class PopulationBase:
 
     def _evaluation_seeds(self, seeds: Sequence[int] | None, members: Sequence[int]) -> list[int]:
         """`evaluate`'s env seeds, one per member evaluated: `seeds` (UserError for another count), or by default
-        each member's seed + 1,000,000 (as `rlspeed train` seeds a solo run's final evaluation)."""
+        each member's final-evaluation seed at the population's step count (as `rlspeed train` seeds a solo run's)."""
         if seeds is None:
-            return [self.seeds[k] + 1_000_000 for k in members]
+            return [evaluation_seed(self.seeds[k], "final", self.num_timesteps) for k in members]
         seeds = [int(seed) for seed in seeds]
         if len(seeds) != len(members):
             raise UserError(f"evaluate takes one seed per member evaluated: {len(members)} members, {len(seeds)} "
-                            "seeds (or leave seeds out: each member's seed + 1,000,000).")
+                            "seeds (or leave seeds out: each member's final-evaluation seed).")
         return seeds
 
     def remove(self, members: Iterable[int]) -> None:
@@ -1890,10 +1892,9 @@ class PopulationBase:
         `confirm_target`) are marked reached at the training clock and, with `stop="each"`, leave the computation;
         then `on_eval` prunes. Returns True when a target is set and every member in the computation has reached
         it."""
-        from rlspeed.algos.base import CONFIRM_SEED
-
         members = list(self.alive)
-        means = self._evaluate_during_learn([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
+        means = self._evaluate_during_learn([evaluation_seed(self.seeds[k], "learn", self.num_timesteps)
+                                             for k in members],
                                             eval_episodes, members).tolist()
         unfinished = self.last_unfinished  # (this evaluation's, which `on_eval` reads: not a confirmation's)
         for k, mean in zip(members, means):
@@ -1904,7 +1905,7 @@ class PopulationBase:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
                 confirming = self._evaluate_during_learn(
-                    [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
+                    [evaluation_seed(self.seeds[k], "confirm", self.num_timesteps) for k in hits], eval_episodes,
                     hits).tolist()
                 for k, mean, cut in zip(hits, confirming, self.last_unfinished or [0] * len(hits)):
                     loop.confirmations[k].append([self.num_timesteps, mean])
@@ -1944,7 +1945,7 @@ class PopulationBase:
         unscored = {"diverged_at"} if evaluate_pruned else {"diverged_at", "pruned_at"}
         scored = ([k for k in range(self.size) if unscored.isdisjoint(loop.left.get(k, {}))]
                   if final and evaluate else [])
-        final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
+        final_seeds = {k: evaluation_seed(self.seeds[k], "final", self.num_timesteps) for k in scored}
         final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
                        if scored else [])
         finals_by_member = dict(zip(scored, final_means))
