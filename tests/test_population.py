@@ -365,6 +365,15 @@ def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatc
         population.learn(0, run_dir=tmp_path / "other", progress_bar=False)
 
 
+def test_values_a_population_refuses_are_read_as_the_solo_model_reads_them():
+    """use_sde='no' and target_kl='none' (a YAML file's or a caller's strings) were refused as gSDE and target_kl by
+    their truth value, where the solo model reads them as False and None: a population takes them as its members do."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="no", target_kl="none", **SMALL)
+    assert population.config.use_sde is False and population.config.target_kl is None
+    with pytest.raises(UserError, match="do not support gSDE"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="yes", **SMALL)
+
+
 def test_member_overrides_set_one_member():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
     assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])

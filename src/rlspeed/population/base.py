@@ -25,6 +25,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import (
     Algorithm,
+    build_config,
     checked_learn_values,
     default_eval_freq,
     refuse_learn_keywords,
@@ -107,6 +108,23 @@ NO_REPLAY_TO_SAVE = ("save_replay_buffer applies to populations with a replay bu
                      "keeps none: leave it out.")
 #: options of a solo run that a population does not have, with the value that means "not used"
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
+
+
+#: the hyperparameters a population refuses by their value (`split_member_values`): read as the solo model's config
+#: reads them first
+_REFUSED_BY_VALUE = ("target_kl", "use_sde", "use_sde_at_warmup", "her")
+
+
+def read_as_config(config_cls: type, hyperparameters: dict) -> dict:
+    """`hyperparameters` with the values of `_REFUSED_BY_VALUE` that `config_cls` has as its config reads them (a
+    string 'no' is False, 'none' None: their truth value refused gSDE, HER or target_kl the member would not use);
+    UserError, the model's sentence, for a value the config refuses."""
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    read = dict(hyperparameters)
+    for key in _REFUSED_BY_VALUE:
+        if key in fields and key in read and not isinstance(read[key], (list, tuple, torch.Tensor, np.ndarray)):
+            read[key] = getattr(build_config(config_cls, {key: read[key]}), key)
+    return read
 
 
 def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str],
@@ -1077,7 +1095,8 @@ class PopulationBase:
         # (what the solo model takes: its hyperparameters and its constructor's own arguments)
         known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
         known |= set(inspect.signature(algo_cls.__init__).parameters)
-        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
+        members = split_member_values(read_as_config(algo_cls.config_cls, hyperparameters), member_overrides,
+                                      self.size, self.per_member, known)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              replay=self._planned_replay, env_backend=self.env_backend,
