@@ -968,11 +968,12 @@ def test_the_confirmation_trains_at_most_population_members_at_once(tmp_path, mo
     did among all of them (members are independent)."""
     import rlspeed.population
 
-    made = []
+    made, seeded = [], []
     original = rlspeed.population.Population
 
     def counted(algo_cls, env_id, seeds, **kwargs):
         made.append(len(seeds))
+        seeded.extend(seeds)
         return original(algo_cls, env_id, seeds, **kwargs)
 
     monkeypatch.setattr(rlspeed.population, "Population", counted)
@@ -985,6 +986,10 @@ def test_the_confirmation_trains_at_most_population_members_at_once(tmp_path, mo
                       say=lambda *a, **k: None, progress_bar=False)
         # (the probe, the batch, then the confirmation's 2 candidates x 3 seeds)
         assert made == ([1, 2, 2, 2, 2] if population == 2 else [1, 2, 4, 2])
+        # every trial trains on the study's seed, and every candidate on the same confirmation seeds: configurations
+        # are compared on common seeds (trial n took seed + n, candidate j seeds no other candidate used)
+        assert seeded[:3] == [0, 0, 0] and seeded[3:] == [1_000_000, 1_000_001, 1_000_002] * 2, seeded
+        seeded.clear()
         confirmations[population] = result["confirmation"]
     assert confirmations[2] == confirmations[4]
 
@@ -1148,15 +1153,15 @@ def test_a_batch_is_stored_with_one_storage_write_per_trial(tmp_path):
     stored = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'study.db'}").trials
     assert [t.number for t, _ in asked] == [2, 3, 4, 5] and [t.state.name for t in stored[2:]] == ["RUNNING"] * 4
     for (_, values), frozen in zip(asked, stored[2:]):
-        assert frozen.user_attrs == {"seed": 10 + frozen.number, "hyperparameters": values} == {
-            "seed": 10 + frozen.number, "hyperparameters": frozen.params}
+        assert frozen.user_attrs == {"seed": 10, "hyperparameters": values} == {  # (the study's seed: every trial's)
+            "seed": 10, "hyperparameters": frozen.params}
         assert set(frozen.distributions) == set(SPACE)
         assert frozen.datetime_start is not None and frozen.datetime_complete is None  # (optuna-dashboard's start)
     study.enqueue_trial({"clip_range": 0.3, "learning_rate": 1e-3})
     asked = []
     rlspeed.tune._ask_batch(study, setup, 2, asked, lambda: None)
     assert [t.number for t, _ in asked] == [6, 7] and asked[0][1] == {"learning_rate": 1e-3, "clip_range": 0.3}
-    assert study.trials[7].user_attrs["seed"] == 17
+    assert study.trials[7].user_attrs["seed"] == 10
 
 
 def test_the_constant_liar_spreads_a_batch(monkeypatch):
@@ -1296,7 +1301,7 @@ def test_a_batch_is_told_in_one_write_per_trial_and_one_for_all_their_attributes
                                                           ("COMPLETE", [-9.0])]
     assert [t.intermediate_values for t in stored[:2]] == [{128: -10.0, 256: -20.0}, {128: -5.0, 256: -6.0}]
     for (_, attrs), frozen in zip(told_as, stored):
-        assert frozen.user_attrs == {"seed": 10 + frozen.number, "hyperparameters": frozen.params, **attrs}
+        assert frozen.user_attrs == {"seed": 10, "hyperparameters": frozen.params, **attrs}
         assert frozen.duration is not None  # (optuna-dashboard's: a start and an end stored)
 
 
@@ -1322,7 +1327,7 @@ def test_an_optuna_whose_private_names_differ_is_called_through_its_public_ones(
     assert [(t.state.name, t.values) for t in stored] == [("COMPLETE", [-20.0]), ("PRUNED", [-6.0]), ("FAIL", None),
                                                           ("COMPLETE", [-9.0])]
     for (_, attrs), frozen in zip(told_as, stored):
-        assert frozen.user_attrs == {"seed": 10 + frozen.number, "hyperparameters": frozen.params, **attrs}
+        assert frozen.user_attrs == {"seed": 10, "hyperparameters": frozen.params, **attrs}
     asked = []
     rlspeed.tune._ask_batch(study, rlspeed.tune._Setup(PPO, "CartPole-v1", dict(FIXED), SPACE, 256, None, 128, 10,
                                                        "cpu", 256, at_once=2), 2, asked, lambda: None)

@@ -2,12 +2,15 @@
 
 The study lives in an Optuna storage (SQLite by default, which `optuna-dashboard sqlite:///FILE.db` opens). Each
 batch asks the sampler for K trials (one storage write each: `_ask_batch`), trains them as one
-`rlspeed.population.Population` (member k takes trial k's hyperparameters and the seed `seed + trial.number`),
+`rlspeed.population.Population` (member k takes trial k's hyperparameters; every trial of the study the one seed
+`seed`, so trials differ by their configuration alone: the same initial weights where shapes match, the same env and
+sampling streams, common random numbers as RL-Zoo's tuner seeds every trial's envs with its one seed),
 reports every evaluation to its trial (`trial.report`) and removes the members whose trial `should_prune()`, then
 tells Optuna each trial's result. After
 every batch the best trial so far is written as a preset YAML that `rlspeed train --preset FILE` reads; when the
-study is done, the best trials and the starting configuration are trained again on new seeds and the best median
-is written instead (one trial is one seed, so the best single trial is partly the luckiest seed).
+study is done, the best trials and the starting configuration are trained again on the same new seeds (candidate
+j's i-th run takes seed `seed + 1_000_000 + i`, as every other candidate's) and the best median is written instead
+(one trial is one seed, so the best single trial is partly the configuration that suits that seed best).
 
 Only hyperparameters that may differ across members are searched (those of the population class, `per_member_keys`):
 the shape-changing ones (net_arch, num_envs, num_steps, batch_size, n_epochs, ...) stay fixed at the preset's values
@@ -324,9 +327,9 @@ class _Setup:
         """The population of `seeds` (a batch of trials, a chunk of the confirmation), planned for `budget` steps:
         refused, naming --population, where its members would not fit in memory (`check_members_fit`)."""
         from rlspeed.population import Population
-        from rlspeed.population.base import planned_timesteps
+        from rlspeed.population.base import planned_timesteps, shared_seeds
 
-        with planned_timesteps(self.budget, self.progress_bar, option=POPULATION_OPTION):
+        with planned_timesteps(self.budget, self.progress_bar, option=POPULATION_OPTION), shared_seeds():
             return Population(self.algo_cls, self.env_id, seeds=seeds, device=self.device,
                               env_kwargs=self.env_kwargs or None, **{**self.hyperparameters, **per_member})
 
@@ -745,9 +748,10 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     `algo_cls`: the algorithm (`rlspeed.PPO`, ...); `env_id`: the env, as for `rlspeed tune`; `storage` and
     `study_name`: the Optuna storage URL (or SQLite file) and the study in it; `target_return`: the mean evaluation
     return the objective counts steps to (None: the objective is minus the final evaluation) and `eval_freq` the env
-    steps between evaluations (None: the algorithm's default); `seed`: the sampler's seed (trial n trains with
-    `seed + n`); `device`: where the members train; `command`: the command line the preset file records in its
-    header (None: no such line); `say`: where the progress lines go (`print`)."""
+    steps between evaluations (None: the algorithm's default); `seed`: the sampler's seed and every trial's (the
+    confirmation's runs take `seed + 1_000_000 + i`); `device`: where the members train; `command`: the command
+    line the preset file records in its header (None: no such line); `say`: where the progress lines go
+    (`print`)."""
     require_optuna()
     eval_episodes = positive_whole("eval_episodes", eval_episodes, needed_by="tune")  # (before the study records)
     from optuna.trial import TrialState
@@ -916,14 +920,13 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
     drafts = optuna.create_study(direction="minimize", sampler=_sampler(setup.seed, len(trials), setup.at_once))
     drafts.add_trials(finished)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
-    number = len(trials)  # (the next trial's number: one process runs the study)
     direct = _direct_storage(study)
     for index in range(size):
         # (trials a user enqueued, `study.enqueue_trial`, are asked as Optuna asks, their values kept)
         if index < waiting or direct is None:
             trial = study.ask()
             values = sample(trial, setup.space)
-            trial.set_user_attr("seed", setup.seed + trial.number)
+            trial.set_user_attr("seed", setup.seed)
             trial.set_user_attr("hyperparameters", values)
             drafts.add_trial(create_trial(state=TrialState.RUNNING, params=trial.params,
                                           distributions=trial.distributions))
@@ -931,13 +934,10 @@ def _ask_batch(study, setup: _Setup, size: int, asked: list, step: Callable[[], 
             draft = drafts.ask()
             values = sample(draft, setup.space)
             stored = create_trial(state=TrialState.RUNNING, params=draft.params, distributions=draft.distributions,
-                                  user_attrs={"seed": setup.seed + number, "hyperparameters": values})
+                                  user_attrs={"seed": setup.seed, "hyperparameters": values})
             # (Optuna's `add_trial` returns no trial to report to: the storage call it makes is made here)
             direct.forget_cached_trials()
             trial = optuna.trial.Trial(study, direct.storage.create_new_trial(direct.study_id, template_trial=stored))
-            if trial.number != number:  # (another process added trials meanwhile: a database server's, unlocked)
-                trial.set_user_attr("seed", setup.seed + trial.number)
-            number = trial.number + 1  # (an enqueued trial has its number already: counted in `trials`)
         asked.append((trial, values))
         step()
 
@@ -953,7 +953,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     from optuna.trial import TrialState
 
     target_return = setup.target_return
-    seeds = [setup.seed + trial.number for trial, _ in asked]
+    seeds = [setup.seed] * len(asked)  # (every trial on the study's one seed: configurations compared, not seeds)
     per_member = {key: [values[key] for _, values in asked] for key in setup.space}
     asked = [trial for trial, _ in asked]
     members = setup.population(seeds, per_member)
@@ -1085,14 +1085,15 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     populations of at most `setup.at_once` members (`--population`, what bounds memory and CPU); returns (and stores
     as the study's `confirmation` attribute) each candidate's objectives and median.
 
-    One trial is one seed, so the best of many trials is partly the luckiest seed; the confirmation measures the
-    candidates again on seeds no trial used (`seed + 1_000_000 + i`) and picks by median."""
+    One trial is one seed, so the best of many trials is partly the configuration luckiest on it; the confirmation
+    measures the candidates again on seeds no trial used, every candidate on the same ones (its i-th run on
+    `seed + 1_000_000 + i`: paired comparisons, as the trials' on their one seed), and picks by median."""
     import statistics
 
     candidates = [{"trial": t.number, "hyperparameters": dict(t.user_attrs.get("hyperparameters", {}))}
                   for t in _finalists(study, top)]
     candidates.append({"trial": None, "hyperparameters": _starting_values(setup)})
-    seeds = [setup.seed + 1_000_000 + i for i in range(len(candidates) * seeds_each)]
+    seeds = [setup.seed + 1_000_000 + i for _ in candidates for i in range(seeds_each)]
     stored = study.user_attrs.get("confirmation")
     if stored is not None and [c["trial"] for c in stored["candidates"]] == [c["trial"] for c in candidates] \
             and stored.get("seeds") == seeds:

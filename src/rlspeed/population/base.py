@@ -77,6 +77,23 @@ def _seed_text(seeds) -> str:
     return shown + (f", ... ({len(seeds)} in all)" if len(seeds) > 6 else "")
 
 
+#: True within `shared_seeds`: populations built then may give members the same seed
+_SHARED_SEEDS: contextvars.ContextVar[bool] = contextvars.ContextVar("shared_seeds", default=False)
+
+
+@contextlib.contextmanager
+def shared_seeds() -> Iterator[None]:
+    """Within it, populations being built take a seed given more than once (`check_seeds` refuses it otherwise):
+    members of one seed start from the same weights and draw the same env and sampling streams, so that members of
+    different hyperparameters are compared on common random numbers (`rlspeed tune`'s trials and the candidates of
+    its confirmation). Such a population learns without a `run_dir` (metrics.csv's columns name members by seed)."""
+    token = _SHARED_SEEDS.set(True)
+    try:
+        yield
+    finally:
+        _SHARED_SEEDS.reset(token)
+
+
 def check_seeds(seeds) -> list[int]:
     """`seeds` as a list of ints (each `check_seed`'s); UserError for none, a seed given twice, or something else
     than a sequence of seeds."""
@@ -86,7 +103,7 @@ def check_seeds(seeds) -> list[int]:
     seeds = [check_seed(seed) for seed in seeds]
     if not seeds:
         raise UserError("A population needs at least one member: pass one or more seeds.")
-    if len(set(seeds)) != len(seeds):
+    if len(set(seeds)) != len(seeds) and not _SHARED_SEEDS.get():
         repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
         raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
                         "need distinct seeds.")
