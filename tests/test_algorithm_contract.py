@@ -419,7 +419,7 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
     name = type(model).__name__
     for attribute, advice in (("set_logger", r"learn\(run_dir=DIR\) writes the metrics .*self.logger.record"),
                               ("logger", ".*metrics.csv"), ("n_steps", r"model.config.num_steps"),
-                              ("n_envs", r"model.config.num_envs"), ("verbose", r"learn\(progress_bar=False\)"),
+                              ("n_envs", r"model.config.num_envs"),
                               ("policy_kwargs", r"model.config.net_arch"), ("ent_coef_optimizer", "model.log_alpha"),
                               ("log_ent_coef", r"model.log_alpha.exp\(\)"), ("ep_info_buffer", "'episode_return'"),
                               ("replay_buffer", r"len\(model.buffer\) transitions .*sample\(n\) a dict"),

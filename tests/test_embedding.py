@@ -238,10 +238,35 @@ def test_an_argument_of_the_wrong_type_is_refused_in_one_sentence(call, name):
 
 
 def test_learn_says_how_to_silence_it_when_given_sb3s_verbose():
-    """learn(verbose=0) says how to turn training's output off (progress_bar=False), as the constructor does."""
-    for call in (lambda: _model().learn(64, verbose=0), lambda: PPO("CartPole-v1", verbose=0)):
-        with pytest.raises(UserError, match=r"progress_bar=False"):
-            call()
+    """learn(verbose=0) says that verbose is the model's, and how to silence one call (progress_bar=False)."""
+    with pytest.raises(UserError, match=r"Algo\(env, verbose=0\).*progress_bar=False"):
+        _model().learn(64, verbose=0)
+
+
+def test_sb3s_verbose_sets_what_learn_prints_and_is_saved(tmp_path, monkeypatch, capsys):
+    """Stable-Baselines3's `PPO(env, verbose=...)` is taken: 0 trains without a bar, 1 with it, 2 prints each metrics
+    row as a line too; learn's own progress_bar wins; the model keeps it through save and load; other values are one
+    sentence."""
+    import rlspeed.algos.base as base
+
+    bars = []
+    real_bar = base.ProgressBar
+    monkeypatch.setattr(base, "ProgressBar", lambda *args, **kwargs: bars.append(kwargs["enabled"]) or real_bar(
+        *args, **kwargs))
+    quiet, rows = _model(verbose=0), _model(verbose=2)
+    quiet.learn(64)
+    _model(verbose=1).learn(64)
+    quiet.learn(64, progress_bar=True)
+    assert bars == [False, True, True]
+    assert "timesteps=64" not in capsys.readouterr().err
+    rows.learn(128, log_interval_s=0)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo timesteps=")]
+    assert [line.split()[1] for line in lines] == ["timesteps=64", "timesteps=128"] and "episode_return=" in lines[1]
+    rows.save(tmp_path / "model")
+    assert PPO.load(tmp_path / "model").verbose == 2 and PPO.load(tmp_path / "model", verbose=0).verbose == 0
+    for wrong in (3, "1", -1):
+        with pytest.raises(UserError, match=rf"^verbose is 0 .*, 1 .* or 2 .*, not {wrong!r}\.$"):
+            PPO("CartPole-v1", verbose=wrong)
 
 
 def test_a_missing_device_names_the_python_keyword():

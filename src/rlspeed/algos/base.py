@@ -129,7 +129,15 @@ from rlspeed.evaluation import gym_packages, recorded_modules_advice, unregister
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.files import local_path
-from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, bar_evaluation, holds_metrics, refuse_other_metrics
+from rlspeed.logging import (
+    KeptWriter,
+    ProgressBar,
+    RunLogger,
+    bar_evaluation,
+    holds_metrics,
+    print_beside_bars,
+    refuse_other_metrics,
+)
 from rlspeed.nn import (
     NATURE_CNN_MIN_SIDE,
     STRIDED_CNN_MIN_SIDE,
@@ -164,8 +172,6 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 #: Stable-Baselines3 keywords with no rlspeed hyperparameter of that name, and what to write instead
 SB3_KEYWORDS = {
     "policy_kwargs": "rlspeed takes the network's options as plain keywords",
-    "verbose": "learn(progress_bar=False) silences training (its progress bar is all it prints), and "
-               "learn(run_dir=...) writes the metrics",
     "tensorboard_log": "learn(run_dir=DIR) writes metrics.csv there, and TensorBoard logs where the tensorboard "
                        "package is installed (rlspeed train: --out DIR)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
@@ -265,8 +271,6 @@ SB3_ATTRIBUTES = {
                "model.config.train_freq steps between updates, and DQN's n-step returns are model.config.n_step)",
     "target_update_interval": SB3_KEYWORDS["target_update_interval"],
     "n_envs": "the number of envs is model.config.num_envs",
-    "verbose": "rlspeed models have no verbosity: learn(progress_bar=False) silences training (its progress bar is "
-               "all it prints)",
     "policy_kwargs": "the network's options are hyperparameters in model.config (model.config.net_arch, "
                      "model.config.activation, ...)",
     "ent_coef_optimizer": "SAC trains its entropy coefficient (model.log_alpha, with ent_coef=None) with the actor "
@@ -446,7 +450,7 @@ _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs",
 MODEL_ARGUMENTS = {"seed": "--seed N", "device": "--device cuda", "env_backend": "--env-backend NAME",
                    "env_kwargs": "--env-kwargs KEY=VALUE", "num_threads": "--threads N",
                    "accelerate": "--accelerate auto", "nan_policy": "--nan-policy mask",
-                   "save_replay_buffer": "--save-replay-buffer"}
+                   "save_replay_buffer": "--save-replay-buffer", "verbose": "--quiet (verbose=0)"}
 #: `learn`'s arguments that presets and the command line hold beside the hyperparameters (`split_run_settings`)
 _RUN_KEYWORDS = ("total_timesteps", "target_return", "eval_freq", "eval_episodes", "checkpoint_freq", "run_dir")
 
@@ -941,6 +945,14 @@ def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
     if isinstance(space, gym.spaces.Tuple):
         return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
     return [space]
+
+
+def check_verbose(verbose: typing.Any) -> int:
+    """`verbose` as an int 0, 1 or 2 (Stable-Baselines3's levels; True is 1), or UserError in one sentence."""
+    if isinstance(verbose, numbers.Integral) and int(verbose) in (0, 1, 2):
+        return int(verbose)
+    raise UserError(f"verbose is 0 (learn prints nothing), 1 (its progress bar) or 2 (the bar and each metrics row), "
+                    f"not {verbose!r}.")
 
 
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
@@ -1538,7 +1550,8 @@ SB3_LEARN_KEYWORDS = {
                    "is installed",
     "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
                 "rlspeed.callbacks.EvalCallback(eval_env)",
-    "verbose": SB3_KEYWORDS["verbose"],
+    "verbose": "verbose is the model's, as in Stable-Baselines3 (Algo(env, verbose=0) trains without output), and "
+               "learn(progress_bar=False) silences one call",
 }
 
 
@@ -1866,7 +1879,8 @@ class Algorithm:
                  device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
                  num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
                  nan_policy: str = "raise", numerics_guard: bool = True, save_replay_buffer: bool = False,
-                 env_kwargs: dict[str, typing.Any] | None = None, **hyperparameters: typing.Any) -> None:
+                 env_kwargs: dict[str, typing.Any] | None = None, verbose: int = 1,
+                 **hyperparameters: typing.Any) -> None:
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
         `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
@@ -1903,6 +1917,10 @@ class Algorithm:
         Stable-Baselines3's `make_vec_env(env_kwargs=...)`); its envs are then Gymnasium's. The model records them
         (`spec.env_kwargs`, saved with it), so evaluation, videos and a loaded model make the same env again; an env
         from `make_env(env_id, **options)` carries its options the same way.
+
+        `verbose` (Stable-Baselines3's levels, saved with the model): what `learn` prints on stderr where its
+        `progress_bar` is not given: 0 nothing, 1 the progress bar (steps/s, recent return, evaluations), 2 the bar and
+        each metrics row (the values metrics.csv gets, SB3's table at its `verbose=1`) as a line.
         """
         name = type(self).__name__
         _refuse_policy(type(self), env, policy_and_env)
@@ -1910,6 +1928,8 @@ class Algorithm:
             raise UserError(f"{name} takes one positional argument, the env; give the others by name (got "
                             f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
         seed = None if seed is None else check_seed(seed)
+        #: what learn prints where its progress_bar is not given (0, 1 or 2: `__init__`)
+        self.verbose = check_verbose(verbose)
         #: torch's threads while `learn` runs (None: `rlspeed.device.set_training_threads`' default)
         self.num_threads = check_num_threads(num_threads)
         from rlspeed.callbacks import MetricsRecorder
@@ -2916,7 +2936,7 @@ class Algorithm:
         return host_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                            self.device)
 
-    def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool = True,
+    def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool | None = None,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
               checkpoint_freq: int | None = None,
@@ -2925,7 +2945,8 @@ class Algorithm:
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation); 0 (SB3's
         `learn(0)`, a loop's call whose budget is spent) returns the model as it is: nothing trains, no callback runs.
 
-        `progress_bar`: training's progress on stderr (False: learn prints nothing).
+        `progress_bar`: training's progress on stderr (False: learn prints nothing; None: the model's `verbose`
+        decides, a bar unless it is 0).
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
@@ -2971,6 +2992,8 @@ class Algorithm:
             del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         _refuse_sb3_positionals(progress_bar, target_return)
+        if progress_bar is None:
+            progress_bar = self.verbose >= 1
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
@@ -3314,6 +3337,10 @@ class Algorithm:
                         self._numerics.check_losses(row, self.num_timesteps, checked=finite_checked)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=bar_evaluation(row, eval_episodes))
+                    if self.verbose >= 2 and main:  # (the row as metrics.csv gets it, its step count first)
+                        print_beside_bars(f"{self.name} " + " ".join(
+                            f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                            for key, value in {"timesteps": row["timesteps"], **row}.items()), file=sys.stderr)
                     if logger is not None:
                         logger.log(row)
                     logged = row
@@ -3751,6 +3778,7 @@ class Algorithm:
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
+                    "verbose": self.verbose,
                     "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
@@ -3900,7 +3928,8 @@ class Algorithm:
         # (a subclass's own __init__ arguments, where the file holds them and the class loading it takes them)
         arguments = meta.get("init_arguments") if isinstance(meta.get("init_arguments"), dict) else {}
         own = _own_init_parameters(algo)
-        config = {**{key: value for key, value in arguments.items() if key in own}, **meta["config"], **overrides}
+        config = {**{key: value for key, value in arguments.items() if key in own}, **meta["config"],
+                  **({"verbose": meta["verbose"]} if "verbose" in meta else {}), **overrides}
         env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
         if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
             # the constructor takes it without an env, and learn would refuse it late)
