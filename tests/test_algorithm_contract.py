@@ -192,15 +192,19 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
             model.learn(64, **{keyword: value})
     # (SB3's positional log_interval, third: its 1 was taken as progress_bar=True, its 4 refused without the name)
     for count in (1, np.int64(4)):
-        with pytest.raises(UserError, match=rf"^learn's progress_bar is True or False, not {count} \(Stable-"
-                                            r"Baselines3's third argument is log_interval, a count: "
+        with pytest.raises(UserError, match=rf"^learn's progress_bar is True or False, not {count} \(given third by "
+                                            r"position, it is Stable-Baselines3's log_interval, a count: "
                                             r"learn\(log_interval_s=...\)"):
             model.learn(64, None, count)
-    # (SB3's positional tb_log_name, fourth: refused as a target that is no number, without naming it)
+    # (a run's name as the target, SB3's tb_log_name: refused naming it; a number as text: the number to write, no
+    # argument positions for a keyword)
     with pytest.raises(UserError, match=r"^learn's target_return is a number \(or None for no target\), not 'run' "
-                                        r"\(Stable-Baselines3's fourth argument is tb_log_name, a run's name: "
+                                        r"\(a run's name, Stable-Baselines3's tb_log_name, is not taken: "
                                         r"learn\(run_dir=DIR\)"):
         model.learn(64, None, True, "run")
+    with pytest.raises(UserError, match=r"^learn's target_return is a number \(or None for no target\), not '195' "
+                                        r"written as text: write target_return=195 without quotes\.$"):
+        model.learn(64, target_return="195")
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
     with pytest.raises(UserError, match="total_timesteps must be 0 or more, got -64"):

@@ -1556,18 +1556,23 @@ SB3_LEARN_KEYWORDS = {
 
 
 def _refuse_sb3_positionals(progress_bar, target_return) -> None:
-    """UserError naming Stable-Baselines3's argument where its positional learn(N, callback, log_interval,
-    tb_log_name) landed in `progress_bar` (a count: its 1 would show a bar, silently) or `target_return` (a run's
-    name, which reads as no number)."""
-    def refuse(name: str, kind: str, value: str, place: str, sb3_name: str, what: str) -> typing.NoReturn:
-        raise UserError(f"learn's {name} is {kind}, not {value} (Stable-Baselines3's {place} argument is {sb3_name}, "
-                        f"{what}: {SB3_LEARN_KEYWORDS[sb3_name]}).")
-
+    """UserError for a `progress_bar` that is a count (where Stable-Baselines3's positional learn(N, callback,
+    log_interval) puts its log_interval, whose 1 would show a bar, silently) or a `target_return` that is text. A
+    target written as text is said as the number to write; other text as Stable-Baselines3's tb_log_name, by its name
+    (SB3's positional call stops at its log_interval before: a text target comes by keyword or in rlspeed's order)."""
     if isinstance(progress_bar, numbers.Integral) and not isinstance(progress_bar, bool):
-        refuse("progress_bar", "True or False", str(progress_bar), "third", "log_interval", "a count")
+        raise UserError(f"learn's progress_bar is True or False, not {progress_bar} (given third by position, it is "
+                        f"Stable-Baselines3's log_interval, a count: {SB3_LEARN_KEYWORDS['log_interval']}).")
     if isinstance(target_return, str):
-        refuse("target_return", "a number (or None for no target)", repr(target_return), "fourth", "tb_log_name",
-               "a run's name")
+        try:
+            number = float(target_return)
+        except ValueError:
+            said = (f"(a run's name, Stable-Baselines3's tb_log_name, is not taken: "
+                    f"{SB3_LEARN_KEYWORDS['tb_log_name']})")
+        else:
+            said = (f"written as text: write target_return={number:g} without quotes" if math.isfinite(number)
+                    else "(a finite one)")
+        raise UserError(f"learn's target_return is a number (or None for no target), not {target_return!r} {said}.")
 
 
 def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: bool = False,
