@@ -250,11 +250,29 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: CallbackList(None), "CallbackList takes a list of callbacks, got NoneType"),
     (lambda: CallbackList("callbacks"), "CallbackList takes a list of callbacks, got str"),
     # (what evaluate takes, by its rule: an AttributeError of num_envs was no sentence)
-    (lambda: EvalCallback(5), r"^EvalCallback takes a Gymnasium env id \(str\), a single gymnasium.Env, .*got a int"),
+    # ("got a int" before)
+    (lambda: EvalCallback(5), r"^EvalCallback takes a Gymnasium env id \(str\), a single gymnasium.Env, .*or a "
+                              r"Stable-Baselines3 VecEnv, not 5 \(an int\)\.$"),
 ])
 def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
     with pytest.raises(UserError, match=words):
         make()
+
+
+def test_an_eval_env_of_other_spaces_is_refused_before_training():
+    """An EvalCallback's env object of other spaces than the model's (a single env, a Gymnasium or Stable-Baselines3
+    vector env) is refused in evaluate's sentence before any step, not after eval_freq steps of training."""
+    from stable_baselines3.common.env_util import make_vec_env
+
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    model = _small_ppo()
+    for env in (gym.make("Pendulum-v1"), make_vec_env("Pendulum-v1", n_envs=2),
+                gym.make_vec("Pendulum-v1", num_envs=2, vectorization_mode="sync", vector_kwargs=same_step)):
+        with pytest.raises(UserError, match=r"^Pendulum-v1 does not fit this model, trained on CartPole-v1: its "
+                                            r"observations are .*; its actions are Box\(-2.0, 2.0"):
+            model.learn(128, callback=EvalCallback(env, eval_freq=128), progress_bar=False)
+        assert model.num_timesteps == 0
+        env.close()
 
 
 def test_step_counts_written_as_floats_are_taken_by_every_callback(tmp_path):

@@ -815,7 +815,7 @@ def test_a_refused_env_is_said_by_the_function_the_user_called(tmp_path):
                                                 r"an env rlspeed.make_env made, .*not a function"):
         rlspeed.evaluate(model, lambda: gym.make("CartPole-v1"))
     model.save(tmp_path / "model")
-    with pytest.raises(rlspeed.UserError, match=r"^PPO.load takes a Gymnasium env id \(str\).*; got a int"):
+    with pytest.raises(rlspeed.UserError, match=r"^PPO.load takes a Gymnasium env id \(str\).*, not 42 \(an int\)\.$"):
         rlspeed.PPO.load(tmp_path / "model", env=42)
 
 

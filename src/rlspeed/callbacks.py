@@ -897,11 +897,11 @@ class EvalCallback(BaseCallback):
             check_same_step(self.eval_env, "EvalCallback's eval_env must be")
         _check_normalization(self.training_env, self.eval_env)
         from rlspeed.envs.base import BatchedEnv
+        from rlspeed.evaluation import check_evaluation_env, check_evaluation_spaces
 
         if self.eval_env is None or isinstance(self.eval_env, (str, BatchedEnv)):
-            from rlspeed.evaluation import check_evaluation_env
-
             check_evaluation_env(self.model, self.eval_env if self.eval_env is not None else self.model.env_id)
+        check_evaluation_spaces(self.model, self.eval_env)  # (an env object's, as its first evaluation would)
         for name, path in (("best_model_save_path", self.best_model_save_path), ("log_path", self.log_path)):
             if path is not None:
                 _made_folder(f"EvalCallback's {name}", path)

@@ -968,6 +968,15 @@ def _check_compatible(model, env) -> None:
                     + ".")
 
 
+def check_evaluation_spaces(model, env) -> None:
+    """UserError, the one `evaluate` says at its first episode, where `env` (an env object to evaluate on: a vector env,
+    a single env as `as_evaluation_env` wraps it, an env `make_env` made; an id or None passes) lacks the observations
+    or actions `model` trained on: `EvalCallback` checks before training, not at its first evaluation."""
+    if env is not None and not isinstance(env, str):
+        _check_compatible(model, env if isinstance(env, BatchedEnv) else make_env(env, device=model.device,
+                                                                                  evaluation=True))
+
+
 def _other_bounds(trained, given) -> bool:
     """Whether two Box action spaces of one shape have other bounds (values compared, whatever their dtypes)."""
     if not isinstance(trained, gym.spaces.Box) or not isinstance(given, gym.spaces.Box):

@@ -499,7 +499,8 @@ def _check_env_id(env_id, caller: str = "make_env", also: str = "") -> None:
         raise UserError(f"{accepted}, not a {what} ({getattr(env_id, '__name__', kind)}): give the vector env of the "
                         f"envs it makes, gymnasium.vector.SyncVectorEnv([{what}] * N, "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
-    raise UserError(f"{accepted}; got a {kind}.")
+    shown = repr(env_id) if len(repr(env_id)) <= 60 else f"{repr(env_id)[:57]}..."
+    raise UserError(f"{accepted}, not {shown} ({'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}).")
 
 
 
