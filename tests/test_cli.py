@@ -3522,12 +3522,20 @@ def test_set_parameters_takes_a_files_networks_and_nothing_else(tmp_path):
     with pytest.raises(UserError, match=r"net_arch=\[32, 32\], this model's have net_arch=\[64, 64\]"):
         DQN("CartPole-v1", net_arch=[64, 64]).set_parameters(tmp_path / "dqn.safetensors")
     # (SB3's set_parameters(path, False), exact_match=False, skipped the digest check silently as verify)
-    with pytest.raises(UserError, match=r"^set_parameters takes the path alone, not False after it \(Stable-"
-                                        r"Baselines3's second argument is exact_match\): here the file's networks"):
+    with pytest.raises(UserError, match=r"^set_parameters takes the path alone, not False \(exact_match\) after it "
+                                        r"\(Stable-Baselines3's arguments after the path are exact_match and device\): "
+                                        r"here the file's networks"):
         model.set_parameters(tmp_path / "dqn.safetensors", False)
+    # (SB3's third, device, was left unnamed)
+    with pytest.raises(UserError, match=r"^set_parameters takes the path alone, not True \(exact_match\), 'cpu' "
+                                        r"\(device\) after it"):
+        model.set_parameters(tmp_path / "dqn.safetensors", True, "cpu")
     with pytest.raises(UserError, match=r"^set_parameters takes the path and verify= alone, not exact_match=False "
-                                        r"\(Stable-Baselines3's exact_match and device are not taken\)"):
+                                        r"\(Stable-Baselines3's exact_match, not taken here\)"):
         model.set_parameters(tmp_path / "dqn.safetensors", exact_match=False)  # (by name: a TypeError before)
+    # (a misspelt verify was told about exact_match and device)
+    with pytest.raises(UserError, match=r"^set_parameters takes no 'verfy'; did you mean verify\?$"):
+        model.set_parameters(tmp_path / "dqn.safetensors", verfy=False)
 
 
 def test_set_parameters_refuses_weights_trained_on_another_observation_scale(tmp_path):

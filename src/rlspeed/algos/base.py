@@ -3834,17 +3834,25 @@ class Algorithm:
         spaces; its optimiser state, step counts, schedules and random streams are not taken (this model's stay as
         they are: a fine-tune starts with fresh optimiser moments). `verify=False` (by name only) skips the file's
         digest check. Stable-Baselines3's further arguments (`exact_match`, `device`), by position or by name, are
-        refused in one sentence: the file's networks must match this model's in every shape, and they go to this
-        model's device."""
+        refused in one sentence naming each (another keyword: as misspelt, with its close name): the file's networks
+        must match this model's in every shape, and they go to this model's device."""
+        sb3_names = ("exact_match", "device")  # (Stable-Baselines3's arguments after the path, in its order)
+        for key in stable_baselines3_keywords:  # (a misspelt verify, verfy=False: its close name, not SB3's)
+            if key not in sb3_names:
+                raise no_such_keyword("set_parameters", key, ("verify",))
         if stable_baselines3_keywords:  # (SB3's set_parameters(path, exact_match=False): a TypeError before)
             given = ", ".join(f"{key}={value!r}" for key, value in stable_baselines3_keywords.items())
             raise UserError(f"set_parameters takes the path and verify= alone, not {given} (Stable-Baselines3's "
-                            "exact_match and device are not taken): here the file's networks must match this model's "
-                            "in every shape, and they go to this model's device.")
-        if stable_baselines3:  # (SB3's set_parameters(path, False): exact_match, not a skipped digest check)
-            raise UserError(f"set_parameters takes the path alone, not {stable_baselines3[0]!r} after it "
-                            "(Stable-Baselines3's second argument is exact_match): here the file's networks must match "
-                            "this model's in every shape, and its digest check is skipped only by name, verify=False.")
+                            f"{' and '.join(stable_baselines3_keywords)}, not taken here): the file's networks must "
+                            "match this model's in every shape, and they go to this model's device.")
+        if stable_baselines3:  # (SB3's set_parameters(path, False, "cpu"): exact_match, device; not a skipped digest
+            # check)
+            named = [f"{value!r} ({sb3_names[i]})" if i < len(sb3_names) else repr(value)
+                     for i, value in enumerate(stable_baselines3)]
+            raise UserError(f"set_parameters takes the path alone, not {', '.join(named)} after it "
+                            "(Stable-Baselines3's arguments after the path are exact_match and device): here the "
+                            "file's networks must match this model's in every shape, they go to this model's device, "
+                            "and its digest check is skipped only by name, verify=False.")
         if isinstance(path, dict):
             raise UserError("set_parameters takes a saved model's path here (model.save(path) writes one); a dict of "
                             "weights goes to model.policy.load_state_dict(weights).")
