@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 
 import gymnasium as gym
@@ -136,6 +137,18 @@ def test_bad_hyperparameters_are_user_errors():
         PPO("CartPole-v1", gamma=3)
     with pytest.raises(rlspeed.UserError, match="batch_size"):
         PPO("CartPole-v1", num_envs=4, num_steps=10, batch_size=16)
+
+
+def test_a_batch_size_refusal_names_the_sizes_in_the_callers_terms():
+    """The sizes that would do are Python's keyword in a script and the command line's --set inside the rlspeed command
+    (`rlspeed train ppo ... --set batch_size=192` was told Python's batch_size=128)."""
+    from rlspeed.errors import command_advice
+
+    for advice, sizes in ((contextlib.nullcontext(), "batch_size=128 or 256"),
+                          (command_advice("rlspeed"), "--set batch_size=128 or 256")):
+        with advice, pytest.raises(rlspeed.UserError, match=rf"^batch_size \(192\) must divide num_envs \* num_steps "
+                                                            rf"\(1024\): {sizes} would do\.$"):
+            PPO("CartPole-v1", num_envs=8, num_steps=128, batch_size=192)
 
 
 def test_ppo_trains_on_a_user_built_vector_env():

@@ -163,6 +163,12 @@ def in_words(cli: str, python: str) -> str:
     return cli if _COMMAND_ADVICE.get() is not None else python
 
 
+def running_command() -> tuple[str, Callable[[str], str] | None] | None:
+    """The command `command_advice` says runs now and its advice for building a saved class (`rlspeed eval`, a
+    function of `module.QualName`), or None in a script: what a sentence whose advice names more than a flag reads."""
+    return _COMMAND_ADVICE.get()
+
+
 #: the outermost open `CloseErrors` (None outside one), which `close_envs` keeps its errors in
 CLOSE_ERRORS: contextvars.ContextVar[CloseErrors | None] = contextvars.ContextVar("rlspeed_close_errors", default=None)
 

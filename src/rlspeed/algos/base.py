@@ -107,7 +107,6 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, reported_reward_wrappers, vec_normalize_of
 from rlspeed.envs.wrappers import CLIP, observation_statistics
 from rlspeed.errors import (
-    _COMMAND_ADVICE,
     SEED_ADVICE,
     CloseErrors,
     EncoderWarning,
@@ -121,6 +120,7 @@ from rlspeed.errors import (
     positive_whole,
     refuse_past_int64,
     refuse_replay_saving,
+    running_command,
     seconds,
     true_or_false,
     warn_at_caller,
@@ -1387,7 +1387,7 @@ def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     if saved is None:
         return
     base = meta.get("derives_from", meta.get("algo"))
-    command = _COMMAND_ADVICE.get()
+    command = running_command()
     who, advice = (command[0], command[1](saved)) if command and command[1] else (f"{cls.__name__}.{call}",
                                                                    f"use {_saved_class_call(saved, call)}")
     warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {base}; {who} makes it a {cls.__name__}, "
@@ -1514,7 +1514,7 @@ def _saved_class_call(saved: str, call: str) -> str:
 def _load_remedy(saved: str, cls: type) -> tuple[str, str]:
     """Who cannot load the file the user's class `saved` (`module.QualName`) wrote as a `cls`, and what loads it as
     `saved`: `cls.load` and Python's call, or inside `command_advice` rlspeed's class and the command's option."""
-    command = _COMMAND_ADVICE.get()
+    command = running_command()
     if command and command[1]:
         return f"rlspeed's {cls.__name__}", command[1](saved)
     return f"{cls.__name__}.load", f"load it with {_saved_class_call(saved, 'load')}"

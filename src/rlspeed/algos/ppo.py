@@ -17,7 +17,7 @@ from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, in_words
 from rlspeed.fused.ppo import FusedPPOUpdate, unsupported_reason
 
 #: The most passes over a rollout per iteration that PPO's config accepts (`PPOConfig.validate`): a thousand times
@@ -71,11 +71,13 @@ class PPOConfig(OnPolicyConfig):
 
 
 def _nearest_sizes(batch_size: int, rollout: int, works: Callable[[int], bool]) -> str:
-    """"batch_size=B or A": the nearest sizes below and above `batch_size` for which `works` holds (the whole
-    rollout, which always does, at the most), as the sentences refusing a batch_size name them."""
+    """"batch_size=B or A" ("--set batch_size=B or A" where the command line runs, `in_words`): the nearest sizes
+    below and above `batch_size` for which `works` holds (the whole rollout, which always does, at the most), as the
+    sentences refusing a batch_size name them."""
     below = next((size for size in range(batch_size - 1, 0, -1) if works(size)), None)
     above = next(size for size in range(batch_size + 1, rollout + 1) if works(size))
-    return f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+    sizes = f"batch_size={above}" if below is None else f"batch_size={below} or {above}"
+    return in_words(f"--set {sizes}", sizes)
 
 
 class PPO(OnPolicyAlgorithm):
