@@ -134,6 +134,14 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
             build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}})
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
+    # (SB3's keywords at its defaults, which ask for nothing, as a script writes them out: they were refused too)
+    nothing = {"tensorboard_log": None, "policy_kwargs": {}, "_init_setup_model": True,
+               **({"rollout_buffer_kwargs": None} if algo.name in ON_POLICY else
+                  {"replay_buffer_class": None, "optimize_memory_usage": False})}
+    assert build_config(algo.config_cls, nothing) == build_config(algo.config_cls, {})
+    with pytest.raises(UserError, match="'rollout_buffer_class' is Stable-Baselines3's keyword; rlspeed's on-policy "
+                                        "algorithms have one rollout buffer of their own"):
+        build_config(algo.config_cls, {"rollout_buffer_class": dict})
     # (SB3's policy options given as keywords: rlspeed's setting, or the override that does their work)
     for key, advice in (("features_extractor_class", "_build_policy override"),
                         ("features_extractor_kwargs", "features_dim is cnn_features_dim=N"),

@@ -208,7 +208,16 @@ SB3_KEYWORDS = {
     "norm_obs_keys": "VecNormalize's choice of Dict keys has no counterpart: normalize_obs=True normalises every "
                      "float key of a Dict observation and passes the others (images, indices) as they are, in solo "
                      "runs and populations alike",
+    **dict.fromkeys(("rollout_buffer_class", "rollout_buffer_kwargs"),
+                    "rlspeed's on-policy algorithms have one rollout buffer of their own (model.buffer, [num_steps, "
+                    "num_envs] tensors), which no setting replaces"),
 }
+
+#: `SB3_KEYWORDS` at the values that ask for nothing (Stable-Baselines3's defaults, as a script or a generated
+#: config writes them out): taken, changing nothing (`build_config`); any other value is refused with their advice
+SB3_NOTHING = {"tensorboard_log": (None,), "policy_kwargs": (None, {}), "_init_setup_model": (True,),
+               "create_eval_env": (False,), "optimize_memory_usage": (False,), "replay_buffer_class": (None,),
+               "replay_buffer_kwargs": (None, {}), "rollout_buffer_class": (None,), "rollout_buffer_kwargs": (None, {})}
 
 #: CleanRL's script arguments (ppo.py, dqn.py, sac_continuous_action.py, td3_continuous_action.py) that are no
 #: rlspeed hyperparameter, with the setting that does their work (`build_config`'s refusal names it)
@@ -525,6 +534,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"'{key}' is not a hyperparameter of {owner}: several agents trained at once are a "
                                 f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
+            if key in SB3_NOTHING and any(value is nothing or (value == nothing and type(value) is dict)
+                                          for nothing in SB3_NOTHING[key]):
+                continue  # (as Stable-Baselines3's default: nothing to set)
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
                                 f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}.")
