@@ -267,6 +267,9 @@ def test_sb3s_verbose_sets_what_learn_prints_and_is_saved(tmp_path, monkeypatch,
     for wrong in (3, "1", -1):
         with pytest.raises(UserError, match=rf"^verbose is 0 .*, 1 .* or 2 .*, not {wrong!r}\.$"):
             PPO("CartPole-v1", verbose=wrong)
+    quiet.verbose = "1"  # (set on the model, as SB3's users do: a TypeError of str >= int before)
+    with pytest.raises(UserError, match=r"^verbose is 0 .*, not '1'\.$"):
+        quiet.learn(64)
 
 
 def test_a_missing_device_names_the_python_keyword():

@@ -3009,8 +3009,9 @@ class Algorithm:
             del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         _refuse_sb3_positionals(progress_bar, target_return)
+        verbose = check_verbose(self.verbose)  # (also one set on the model since, as SB3's users set it)
         if progress_bar is None:
-            progress_bar = self.verbose >= 1
+            progress_bar = verbose >= 1
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target, zero_steps=True)
@@ -3354,7 +3355,7 @@ class Algorithm:
                         self._numerics.check_losses(row, self.num_timesteps, checked=finite_checked)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=bar_evaluation(row, eval_episodes))
-                    if self.verbose >= 2 and main:  # (the row as metrics.csv gets it, its step count first)
+                    if verbose >= 2 and main:  # (the row as metrics.csv gets it, its step count first)
                         print_beside_bars(f"{self.name} " + " ".join(
                             f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
                             for key, value in {"timesteps": row["timesteps"], **row}.items()), file=sys.stderr)
