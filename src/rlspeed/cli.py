@@ -313,7 +313,8 @@ _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads"
               "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)",
               "env_kwargs": "--env-kwargs KEY=VALUE", "nan_policy": "--nan-policy",
               "checkpoint_freq": "--checkpoint-freq", "save_replay_buffer": "--save-replay-buffer",
-              "progress_bar": "--no-progress", "eval_episodes": "--eval-episodes N"}
+              "progress_bar": "--no-progress", "eval_episodes": "--eval-episodes N",
+              "verbose": "--quiet (verbose=0; --no-progress: no bar alone)"}
 
 
 #: the option of each command with --set that gives the length RL-Zoo names n_timesteps (in its files and its
