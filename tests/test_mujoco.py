@@ -146,3 +146,40 @@ def test_a_deprecation_in_gymnasiums_own_model_file_is_not_shown_to_a_user_and_o
     monkeypatch.setattr(packages, "_mujoco_said", set())
     mine = _LoadsModel(tmp_path / "mine.xml")
     assert _shown_by_default(lambda: mine.load(text)) == [f"MuJoCo: {text} (in {tmp_path / 'mine.xml'})"]
+
+
+class _BrokenMujoco:
+    """A finder whose `mujoco` fails on import as MuJoCo 4's own __init__ does when mujoco and mujoco-core differ."""
+
+    text = ("Version mismatch between 'mujoco' (4.0.1) and 'mujoco-core' (4.0.0). Please upgrade all packages "
+            "together:\n  pip install --upgrade 'mujoco==4.0.1' 'mujoco-core==4.0.1'")
+
+    def find_spec(self, name, path=None, target=None):
+        import importlib.machinery
+
+        return importlib.machinery.ModuleSpec(name, self) if name == "mujoco" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ImportError(self.text)
+
+
+def test_a_mujoco_install_that_fails_to_import_is_one_sentence_with_its_repair(monkeypatch):
+    """With MUJOCO_GL unset, an ImportError of `import mujoco` (a partial upgrade's version mismatch, core bindings
+    missing) ended `rlspeed train sac Hopper-v5` in a traceback: it is a UserError carrying MuJoCo's repair command,
+    which `rlspeed doctor` gives as the fix (not the `pip install "rlspeed[mujoco]"` of a missing MuJoCo)."""
+    from rlspeed.diagnostics.doctor import _env_family_problem
+    from rlspeed.envs import packages
+    from rlspeed.errors import UserError
+
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.setattr(packages, "_mujoco_routed", False)
+    monkeypatch.delitem(sys.modules, "mujoco")
+    monkeypatch.setattr(sys, "meta_path", [_BrokenMujoco(), *sys.meta_path])
+    with pytest.raises(UserError, match="^MuJoCo is installed but cannot be imported") as raised:
+        packages.route_mujoco_messages("Hopper-v5")
+    assert "\n" not in str(raised.value) and "pip install --upgrade 'mujoco==4.0.1'" in str(raised.value)
+    problem, fix = _env_family_problem(raised.value, "MuJoCo", 'pip install "rlspeed[mujoco]"')
+    assert problem == "MuJoCo is installed but cannot be imported" and fix.endswith("'mujoco-core==4.0.1'")

@@ -434,10 +434,12 @@ _MADE_BY_RLSPEED = {"atari": "gymnasium", "envpool": "envpool"}
 def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[str, str]:
     """(what is wrong, what to do) for an env family whose env could not be made. A missing module other than the
     family's own (imageio for MuJoCo's rendering, say) is named, with its own install command."""
-    from rlspeed.envs.packages import MUJOCO_GL_ADVICE, MujocoGLError
+    from rlspeed.envs.packages import MUJOCO_GL_ADVICE, MujocoGLError, MujocoImportError
 
     if isinstance(error, MujocoGLError):  # installed: the OpenGL platform MUJOCO_GL names does not load
         return f"MuJoCo cannot be imported with MUJOCO_GL={error.platform}", MUJOCO_GL_ADVICE
+    if isinstance(error, MujocoImportError):  # installed, and broken: MuJoCo's own message names the repair
+        return "MuJoCo is installed but cannot be imported", error.detail
     if needs == "envpool":  # (installed: it could not write a directory it makes as it loads, a read-only /tmp's)
         from rlspeed.envs.envpool_env import unwritable_at_import
 

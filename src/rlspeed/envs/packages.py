@@ -147,6 +147,14 @@ class MujocoGLError(UserError):
                          f"MuJoCo loads that OpenGL platform on import; {MUJOCO_GL_ADVICE}.")
 
 
+class MujocoImportError(UserError):
+    """`import mujoco` failed with MUJOCO_GL unset: a broken install, whose ImportError (`detail`) names the repair."""
+
+    def __init__(self, env_id: str, error: ImportError):
+        self.detail = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
+        super().__init__(f"MuJoCo is installed but cannot be imported, so '{env_id}' cannot be made: {self.detail}")
+
+
 def _gymnasium_family(env_id: str, family: str) -> bool:
     """Whether `env_id` is registered as one of Gymnasium's own envs of `family` ("mujoco", "box2d"): its entry point
     a module of `gymnasium.envs.<family>`."""
@@ -169,9 +177,13 @@ def route_mujoco_messages(env_id: str) -> None:
         import mujoco
     except Exception as error:  # noqa: BLE001 (PyOpenGL's AttributeError, MuJoCo's RuntimeError, ImportError)
         platform = os.environ.get("MUJOCO_GL")
-        if not platform:
+        if platform:
+            raise MujocoGLError(platform, error) from None
+        if not isinstance(error, ImportError):
             raise
-        raise MujocoGLError(platform, error) from None
+        # (MuJoCo's own ImportErrors name the repair: its core bindings missing, or mujoco and mujoco-core of
+        # different versions after a partial upgrade)
+        raise MujocoImportError(env_id, error) from None
 
     _mujoco_routed = True
     if mujoco.get_mju_user_warning() is None:
