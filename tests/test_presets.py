@@ -468,6 +468,20 @@ def test_rl_zoos_atari_entry_serves_every_game_id_and_a_mujoco_v5_id_its_v4_entr
         zoo.translate("ddpg", "CartPole-v5")  # (not a MuJoCo id: no older entry taken)
 
 
+@requires_zoo
+def test_a_mujoco_v5_id_whose_newest_rl_zoo_entry_is_v2_takes_it_and_says_so():
+    """RL-Zoo's tuned PPO entries for InvertedPendulum, InvertedDoublePendulum and Reacher are for the v2 ids: `rlspeed
+    train ppo InvertedPendulum-v5` said "RL-Zoo has none either" and trained with rlspeed's default; it takes the v2
+    entry (and the v4 one where there is one: Humanoid), as the run's line says."""
+    pytest.importorskip("mujoco")
+    pendulum = load_preset("ppo", "InvertedPendulum-v5", "auto")
+    assert pendulum.source == "zoo" and "its InvertedPendulum-v2 entry: RL-Zoo has none for v5, v4 or v3, whose " \
+        "envs revise v2's" in pendulum.message()
+    entry = zoo.zoo_entries("ppo")["InvertedPendulum-v2"]
+    assert pendulum["num_steps"] == entry["n_steps"] and pendulum["learning_rate"] == entry["learning_rate"]
+    assert "its Humanoid-v4 entry: RL-Zoo has none for v5, whose" in load_preset("ppo", "Humanoid-v5", "auto").message()
+
+
 def test_zoo_without_rl_zoo3_is_one_sentence_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(zoo, "_package_dir", lambda: None)
     with pytest.raises(UserError, match="pip install rl_zoo3"):

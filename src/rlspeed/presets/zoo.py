@@ -224,8 +224,9 @@ def has_entry(algo: str, env_id: str) -> bool:
 
 def _entry_key(entries: dict, env_id: str) -> str | None:
     """The key of `env_id`'s entry: the id itself, the native id behind `rlspeed/ID`, `atari` for every id of an
-    Atari game (RL-Zoo's rule: an env made by ale-py's AtariEnv), or a MuJoCo `-v5` id's `-v4` entry where RL-Zoo
-    has none for v5 (`MUJOCO_V4_NOTE`); None when there is none."""
+    Atari game (RL-Zoo's rule: an env made by ale-py's AtariEnv), or a MuJoCo `-v5` id's newest older entry where
+    RL-Zoo has none for v5 (`MUJOCO_V4_NOTE`): `-v4`, else `-v3`, else `-v2` (PPO's InvertedPendulum, Reacher); None
+    when there is none."""
     for key in (env_id, env_id.removeprefix("rlspeed/")):
         if key in entries:
             return key
@@ -234,24 +235,24 @@ def _entry_key(entries: dict, env_id: str) -> str | None:
     if "atari" in entries and (env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
                                or atari_image_id(env_id)):
         return "atari"
-    older = _mujoco_v4(env_id)
-    return older if older in entries else None
+    return next((older for older in _mujoco_older(env_id) if older in entries), None)
 
 
-#: how a preset says that a MuJoCo v5 id took RL-Zoo's v4 entry
-MUJOCO_V4_NOTE = ("its {older} entry: RL-Zoo has none for v5, whose envs revise v4's (Ant-v5's observations differ "
-                  "from Ant-v4's, for one)")
+#: how a preset says that a MuJoCo v5 id took an older entry of RL-Zoo's ({skipped}: the versions between, with none)
+MUJOCO_V4_NOTE = ("its {older} entry: RL-Zoo has none for {skipped}, whose envs revise {version}'s (Ant-v5's "
+                  "observations differ from Ant-v4's, for one)")
 
 
-def _mujoco_v4(env_id: str) -> str | None:
-    """`Name-v4` for a registered Gymnasium MuJoCo `Name-v5` id (RL-Zoo's entries are for v4), else None."""
+def _mujoco_older(env_id: str) -> list[str]:
+    """`Name-v4`, `Name-v3`, `Name-v2` for a registered Gymnasium MuJoCo `Name-v5` id (RL-Zoo's entries are for v4,
+    a few of PPO's still for v2), else []."""
     import gymnasium as gym
 
     spec = gym.registry.get(env_id)
     entry = str(getattr(spec, "entry_point", "")) if spec is not None else ""
     if not env_id.endswith("-v5") or not entry.startswith("gymnasium.envs.mujoco"):
-        return None
-    return env_id.removesuffix("-v5") + "-v4"
+        return []
+    return [f"{env_id.removesuffix('-v5')}-v{version}" for version in (4, 3, 2)]
 
 
 def translate(algo: str, env_id: str) -> Translation:
@@ -262,8 +263,11 @@ def translate(algo: str, env_id: str) -> Translation:
         raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}: use --preset "
                         "auto (rlspeed's, else the defaults) or a preset file.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
-    if key == _mujoco_v4(env_id):
-        source = f"{source[:-1]}; {MUJOCO_V4_NOTE.format(older=key)})"
+    if key in (older := _mujoco_older(env_id)):
+        version = key.rsplit("-", 1)[1]
+        skipped = ["v5", *(name.rsplit("-", 1)[1] for name in older[:older.index(key)])]
+        skipped = " or ".join([", ".join(skipped[:-1]), skipped[-1]] if len(skipped) > 1 else skipped)
+        source = f"{source[:-1]}; {MUJOCO_V4_NOTE.format(older=key, skipped=skipped, version=version)})"
     from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
 
     return translate_entry(algo, entries[key], source, atari=atari_image_id(env_id))
