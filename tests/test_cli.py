@@ -3093,9 +3093,14 @@ def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(t
 
 def test_run_options_given_to_set_name_their_flags(capsys):
     """--set nan_policy=mask, env_kwargs, checkpoint_freq or save_replay_buffer said "Unknown hyperparameter" and
-    listed thirty names, none of them the flag that takes it."""
+    listed thirty names, none of them the flag that takes it; so did config.yaml's own names of the settings with a
+    flag (`--set threads=4`, copied from a run's file, where docs/cli.md says --threads gives it)."""
     for key, flag in (("nan_policy=mask", "--nan-policy"), ("checkpoint_freq=100", "--checkpoint-freq"),
-                      ("save_replay_buffer=true", "--save-replay-buffer")):
+                      ("save_replay_buffer=true", "--save-replay-buffer"), ("threads=4", "--threads"),
+                      ("env_id=Acrobot-v1", "the ENV_ID argument"), ("algo=ppo", "the ALGO argument"),
+                      ("video_every=1000", "--video-every N"), ("processes=2", "--nproc (or torchrun)"),
+                      ("gym_packages=[x]", "--gym-packages MODULE"), ("init_from=run", "--init-from MODEL|RUN_DIR"),
+                      ("preset=zoo", "--preset")):
         error = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--set", key])
         assert error.endswith(f"is not a hyperparameter: use {flag}.")
     # (RL-Zoo's name for the run's length: "Unknown hyperparameter" with thirty names, none of them the flag)

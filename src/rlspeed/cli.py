@@ -308,13 +308,17 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
 ENV_BACKENDS = ["auto", "torch", "gymnasium", "gymnasium-async", "envpool"]
 
 
-# Constructor arguments that have a flag of their own: `--set` cannot give them (they would arrive twice).
+# Constructor arguments, and config.yaml's settings, that have a flag of their own: `--set` cannot give them (they
+# would arrive twice); config.yaml's names are those a user copies from a run's file (`threads`, `env_id`)
 _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads", "env_backend": "--env-backend",
               "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)",
               "env_kwargs": "--env-kwargs KEY=VALUE", "nan_policy": "--nan-policy",
               "checkpoint_freq": "--checkpoint-freq", "save_replay_buffer": "--save-replay-buffer",
               "progress_bar": "--no-progress", "eval_episodes": "--eval-episodes N",
-              "verbose": "--quiet (verbose=0; --no-progress: no bar alone)"}
+              "verbose": "--quiet (verbose=0; --no-progress: no bar alone)",
+              "algo": "the ALGO argument", "env_id": "the ENV_ID argument", "threads": "--threads",
+              "processes": "--nproc (or torchrun)", "video_every": "--video-every N",
+              "gym_packages": "--gym-packages MODULE", "init_from": "--init-from MODEL|RUN_DIR", "preset": "--preset"}
 
 
 #: the option of each command with --set that gives the length RL-Zoo names n_timesteps (in its files and its
