@@ -378,6 +378,11 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "sac", "Pendulum-v1", "--set", "q_lr=1e-3"], "one learning_rate trains the actor, the critics"),
     (["train", "td3", "Pendulum-v1", "--set", "policy_frequency=2"], "updates per actor update are policy_delay"),
     (["train", "ppo", "CartPole-v1", "--trained-agent", "runs/x"], "is RL-Zoo's: --init-from runs/x starts from"),
+    # (CleanRL's run arguments: `--env-id` gave a bare "unrecognized arguments: --env-id", as argparse took the id)
+    (["train", "ppo", "--env-id", "CartPole-v1"], "the env is the command's second word, rlspeed train ALGO ENV_ID"),
+    (["train", "ppo", "CartPole-v1", "--cuda"], "the device is --device"),
+    (["train", "ppo", "CartPole-v1", "--exp-name", "x"], "a run's directory is --out DIR"),
+    (["train", "ppo", "CartPole-v1", "--save-model"], "every run saves its model, RUN_DIR/model.safetensors"),
 ])
 def test_cleanrl_arguments_and_hyperparameter_flags_name_the_setting_to_use(argv, expected, capsys):
     """CleanRL's script arguments (as flags or --set keys) and hyperparameters written as flags are one sentence

@@ -243,6 +243,11 @@ CLEANRL_NAMES = {
     "capture_video": "rlspeed train --video-every N records evaluation videos (rlspeed eval --video one)",
     **dict.fromkeys(("track", "wandb_project_name", "wandb_entity"), "rlspeed train --track --wandb-project NAME "
                                                                       "[--wandb-entity NAME] logs to W&B"),
+    "env_id": "the env is the command's second word, rlspeed train ALGO ENV_ID (Python: the model's first argument)",
+    "cuda": ("the device is --device (Python: device=...): auto, the default, takes CUDA where it is there, "
+             "cpu leaves it out"),
+    "exp_name": "a run's directory is --out DIR (default runs/<algo>-<env>-<seed>-<time>)",
+    "save_model": "every run saves its model, RUN_DIR/model.safetensors (Python: model.save(path))",
 }
 
 
