@@ -393,6 +393,25 @@ def test_the_wrong_action_space_names_the_envs_option_for_the_other_one():
     # (an option at its constructor's default is none: SwitchContinuous-v0 with continuous=False is Switch-v0)
     assert registered_variant("rlspeed-test/SwitchContinuous-v0", {"continuous": False}) == "rlspeed-test/Switch-v0"
     assert registered_variant("rlspeed-test/Switch-v0", {"continuous": False}) is None  # (itself)
+
+
+class _MatrixActions(_Switch):
+    """Actions of a 2x2 Box, which PPO, A2C and RecurrentPPO take and SAC, TD3 and DDPG refuse."""
+
+    def __init__(self):
+        super().__init__(True)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)
+
+
+def test_dqn_on_matrix_actions_names_only_the_algorithms_that_take_them():
+    """DQN on a (2, 2) Box said "use a2c, ddpg, ppo, recurrent_ppo, sac or td3", three of which refuse that shape in
+    turn ("supports 1-D Box actions"): it names those that train on it."""
+    if "rlspeed-test/MatrixActions-v0" not in gym.registry:
+        gym.register("rlspeed-test/MatrixActions-v0", entry_point=_MatrixActions, max_episode_steps=10)
+    with pytest.raises(UserError, match=r"has continuous actions; use a2c, ppo or recurrent_ppo\.$"):
+        DQN("rlspeed-test/MatrixActions-v0")
+    with pytest.raises(UserError, match=r"SAC supports 1-D Box actions"):  # (why it is not named)
+        SAC("rlspeed-test/MatrixActions-v0")
     with pytest.raises(UserError, match=r"needs continuous \(Box\) actions, but CartPole-v1 has discrete actions; "
                                         r"use a2c, dqn, ppo or recurrent_ppo\.$"):  # (no such option)
         SAC("CartPole-v1")

@@ -2540,9 +2540,11 @@ class Algorithm:
                             f"actions; use {_algorithms_taking(lambda algo: algo.supports_discrete)}"
                             f"{_continuous_option_hint(spec, True)}.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
+            # (a Box of more than one axis: only the algorithms that take such shapes, not those that refuse them)
+            flat = len(space.shape) == 1
+            takers = _algorithms_taking(lambda algo: algo.supports_continuous and (flat or algo.supports_multi_actions))
             raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
-                            f"actions; use {_algorithms_taking(lambda algo: algo.supports_continuous)}"
-                            f"{_continuous_option_hint(spec, False)}.")
+                            f"actions; use {takers}{_continuous_option_hint(spec, False)}.")
         if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
             # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
             # not be members of the space
