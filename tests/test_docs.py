@@ -728,3 +728,16 @@ def test_the_algorithms_pages_activations_are_the_table():
     text = re.sub(r"\s+", " ", docs_prose(ROOT / "docs" / "algorithms.md"))
     listed = text[text.index("The activations are "):]
     assert re.findall(r"`(\w+)`", listed[:listed.index(": torch.nn's layer")]) == list(ACTIVATION_CLASSES)
+
+
+def test_the_benchmarks_pages_table_names_every_script():
+    """docs/benchmarks.md's table of scripts names each script of benchmarks/ (a file run as `python
+    benchmarks/X.py`; its helper modules aside): it lacked slow_envs.py, tune_storage.py, videos.py, action_spaces.py
+    and a2c_preset_sweep.py, whose results benchmarks/README.md publishes."""
+    page = docs_prose(ROOT / "docs" / "benchmarks.md")
+    table = {name for row in re.findall(r"^\| (`[\w.]+\.py`(?:, `[\w.]+\.py`)*) \|", page, re.MULTILINE)
+             for name in re.findall(r"`([\w.]+\.py)`", row)}
+    scripts = {path.name for path in (ROOT / "benchmarks").glob("*.py")
+               if 'if __name__ == "__main__"' in path.read_text(encoding="utf-8")}
+    assert len(scripts) > 30 and scripts - table == set(), "scripts docs/benchmarks.md's table lacks"
+    assert table - scripts == set(), "docs/benchmarks.md's table names scripts benchmarks/ does not have"
