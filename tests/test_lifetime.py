@@ -123,14 +123,10 @@ def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path
     """torchrun killed with SIGKILL (by an out-of-memory killer, a `kill -9`) leaves its workers saving: the launcher
     says so in one line, waits for them (it adopts them) before it unlocks the run directory, and ends with 137, as a
     shell reports a kill. The stand-in torchrun here starts one worker (its command line `... -m rlspeed`, in a session
-    of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself once the launcher
-    adopts orphans (it becomes their subreaper just after starting torchrun, seconds before a real torchrun has
-    workers: a stand-in dead before that left its worker to init, which no launcher waits for)."""
-    import contextlib
-
-    import rlspeed.cli
-
-    out, adopting = tmp_path / "run", tmp_path / "adopting"
+    of its own, as torchrun's) that writes a file a moment after torchrun's death, and kills itself at once: it is
+    dead before the launcher's start of it returns, the earliest a torchrun can die (the launcher adopts orphans from
+    before it starts torchrun)."""
+    out = tmp_path / "run"
     saves = textwrap.dedent(f"""
         import os, sys, time
         deadline = time.monotonic() + 120
@@ -140,29 +136,25 @@ def test_nproc_waits_for_the_workers_a_killed_torchrun_left_and_says_so(tmp_path
         open({str(out / 'saved')!r}, 'w').close()
     """)
     fake_torchrun = _python(f"""
-        import os, signal, subprocess, sys, time
+        import os, signal, subprocess, sys
         subprocess.Popen([sys.executable, "-c", {saves!r}, str(os.getpid()), "-m", "rlspeed"], start_new_session=True)
-        deadline = time.monotonic() + 120
-        while not os.path.exists({str(adopting)!r}) and time.monotonic() < deadline:
-            time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    popen, adopting_orphans = subprocess.Popen, rlspeed.cli.adopting_orphans
+    popen = subprocess.Popen
 
-    @contextlib.contextmanager
-    def adopting_then_said(words):
-        with adopting_orphans(words) as orphans:
-            adopting.touch()
-            yield orphans
+    def dead_on_return(command, **kwargs):
+        if "rlspeed._torchrun" not in command:
+            return popen(command, **kwargs)
+        started = popen(fake_torchrun, **kwargs)
+        started.wait()  # (its worker started: the stand-in's own Popen returned before its kill)
+        return started
 
-    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: popen(
-        fake_torchrun if "rlspeed._torchrun" in command else command, **kwargs))
-    monkeypatch.setattr(rlspeed.cli, "adopting_orphans", adopting_then_said)
+    monkeypatch.setattr(subprocess, "Popen", dead_on_return)
     code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out", str(out)])
     stderr = capsys.readouterr().err
     assert code == 137, stderr
-    assert (out / "saved").exists()  # (waited for before the launcher returned)
     assert "torchrun ended by SIGKILL: waiting up to 30 s for the 1 process(es) it left" in stderr
+    assert (out / "saved").exists()  # (waited for before the launcher returned)
 
 
 def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_the_launcher(tmp_path):

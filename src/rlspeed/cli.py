@@ -2982,10 +2982,6 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     # torchrun holds the lock too (the same open file, inherited): a launcher killed with SIGKILL leaves torchrun and
     # its workers training, and the directory stays locked until they end, not open to a requeued command's run
     lock = _run_locks().get(str((run_dir / RUN_LOCK).resolve()))
-    process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
-                                             RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())}, start_new_session=True,
-                               # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
-                               pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
@@ -3002,8 +2998,16 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    with adopting_orphans(("-m", "rlspeed")) as orphans, handlers_set(forward, STOPS):
-        code = process.wait()
+    # (orphans adopted from before torchrun starts: a torchrun killed at once leaves no worker unwaited for. torchrun
+    # itself, which runs in a session of its own with "-m rlspeed" in its command line, is reaped by then)
+    with adopting_orphans(("-m", "rlspeed")) as orphans:
+        process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
+                                                 RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
+                                   start_new_session=True,
+                                   # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
+                                   pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
+        with handlers_set(forward, STOPS):
+            code = process.wait()
     if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         print(f"rlspeed: torchrun ended by {name}"
