@@ -181,6 +181,42 @@ def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_
     assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]
 
 
+def test_a_workers_word_for_the_launcher_appears_whole_and_its_first_stands(tmp_path, monkeypatch):
+    """`tell_launcher`'s file (a worker's exit code, which its peers read once as a stop comes: `peers_said`) is
+    never there empty: it created the file, then wrote it, and a peer reading in between found no word. Checked at
+    each file the call opens, as it opens it. A process's first word stands; where the file system has no hard
+    links the word still arrives."""
+    import rlspeed.lifetime
+    from rlspeed.lifetime import SAID_FOLDER_VARIABLE, peers_said, tell_launcher
+
+    said = tmp_path / str(os.getpid())
+    seen = []
+
+    class Watched(type(Path())):
+        def open(self, *args, **kwargs):
+            file = super().open(*args, **kwargs)
+            seen.append(said.read_text() if said.exists() else None)  # (what a peer reading now finds)
+            return file
+
+    monkeypatch.setattr(rlspeed.lifetime, "Path", Watched)
+    monkeypatch.setenv(SAID_FOLDER_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    tell_launcher(3)
+    assert seen and set(seen) <= {None, "0 2 3"}
+    tell_launcher(1, follows=True)  # (it ended because a peer did: said after its own word, which stands)
+    assert [path.name for path in tmp_path.iterdir()] == [said.name] and said.read_text() == "0 2 3"
+    assert peers_said() == {2: 3}
+    said.unlink()
+
+    def no_hard_links(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    tell_launcher(3)
+    assert [path.name for path in tmp_path.iterdir()] == [said.name] and said.read_text() == "0 2 3"
+
+
 _CTRL_C_AT_NEXT_FORK: list[bool] = []  # (armed by the test below; the hook, registered once, is inert otherwise)
 _HOOKED: list[bool] = []
 

@@ -138,11 +138,26 @@ def tell_launcher(code: int, follows: bool = False) -> None:
     """Where this worker of `python -m rlspeed._torchrun` ends with `code` (not 0) after saying why in its own line:
     leave that in the launcher's folder (`SAID_FOLDER_VARIABLE`), as `ATTEMPT RANK CODE` in a file named after this
     process's id, which torchrun's failure report gives; `follows`: it ended because another process did
-    (`PeerEnded`), whose code is the run's. The first word of a process stands. Elsewhere nothing."""
+    (`PeerEnded`), whose code is the run's. The first word of a process stands. The file appears whole (written
+    under another name, then linked to its own, which fails where the process has said a word already): a peer that
+    reads it once (`peers_said`) never finds it empty. Elsewhere nothing."""
     folder = os.environ.get(SAID_FOLDER_VARIABLE)
-    if code and folder:
-        with contextlib.suppress(OSError), Path(folder, str(os.getpid())).open("x") as file:
-            file.write(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}" + (" follows" if follows else ""))
+    if not (code and folder):
+        return
+    word = f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}" + (" follows" if follows else "")
+    said, draft = Path(folder, str(os.getpid())), Path(folder, f".{os.getpid()}.draft")  # (no process id: not read)
+    with contextlib.suppress(OSError):
+        try:
+            with draft.open("w") as file:
+                file.write(word)
+            os.link(draft, said)
+        except FileExistsError:  # (said already)
+            pass
+        except OSError:  # (a file system without hard links: created, then written)
+            with said.open("x") as file:
+                file.write(word)
+        finally:
+            draft.unlink(missing_ok=True)
 
 
 def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int, bool]]:
