@@ -336,13 +336,6 @@ def _check_set_keys(overrides: dict, command: str = "train") -> None:
                             f"{_LENGTH_OPTIONS.get(command, _LENGTH_OPTIONS['train'])}.")
 
 
-def _coerce_run_settings(run_settings: dict) -> dict:
-    """`rlspeed.presets.coerce_run_settings` (here: the CLI imports torch only for the commands that need it)."""
-    from rlspeed.presets import coerce_run_settings
-
-    return coerce_run_settings(run_settings)
-
-
 def _target(arg: str | None, spec, name: str = "--target-return") -> float | None:
     """A target return as given (`name`: the flag or setting, for the error): a finite number, or none/off/null for
     no target; None given means the env's reward_threshold."""
@@ -1123,7 +1116,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     """(algorithm class, run settings, hyperparameters, their validated config) from the preset of (ALGO, ENV_ID),
     `--set` and `--num-envs`: every value is checked here, before anything is built."""
     from rlspeed.algos.base import build_config
-    from rlspeed.presets import load_preset, split_run_settings
+    from rlspeed.presets import coerce_run_settings, load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
     source = getattr(args, "preset", "auto")
@@ -1221,7 +1214,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if ((hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none")
             and getattr(args, "command", None) != "tune"):
         args.setting_notes += _preset_values_kept(preset, algo_cls, given, hyper)
-    return algo_cls, _coerce_run_settings(run_settings), hyper, config
+    return algo_cls, coerce_run_settings(run_settings), hyper, config
 
 
 def _resumes_checkpoint(args: argparse.Namespace) -> bool:
@@ -2016,19 +2009,13 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     summary = _ended_summary(run_dir / "summary.json")
     if summary is not None:
         if config.get("total_timesteps") == total and config.get("target_return") == target:
-            # (a stop as its last iteration ended skipped the final evaluation: resumed from its checkpoint, or
-            # trained from the beginning where it has none, the run ends with it)
-            return not _final_evaluation_skipped(summary)
+            from rlspeed.report import final_evaluation_skipped
+
+            # (a stop as its last iteration ended skipped a member's final evaluation: resumed from its checkpoint,
+            # or trained from the beginning where it has none, the run ends with it)
+            return not any(final_evaluation_skipped(member) for member in summary.get("members") or [])
         raise _finished_population(run_dir)
     return False
-
-
-def _final_evaluation_skipped(summary: dict) -> bool:
-    """Whether a population's `summary` lacks the final evaluation of a member that did not diverge (a signal as
-    training ended skips it)."""
-    from rlspeed.report import final_evaluation_skipped
-
-    return any(final_evaluation_skipped(member) for member in summary.get("members") or [])
 
 
 def _finished_population(run_dir, seeds: str = "") -> UserError:
