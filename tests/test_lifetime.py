@@ -181,6 +181,30 @@ def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_
     assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]
 
 
+def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypatch, tmp_path, capsys):
+    """A SIGTERM (or Ctrl-C) that came while the launcher started torchrun stopped the launcher ("interrupted") and
+    left torchrun and its workers training, the run directory locked by them: it now reaches torchrun once started,
+    as a later one does, and the launcher waits for it to stop its workers."""
+    sent = []
+
+    class Torchrun:  # (the stop comes before its start returns)
+        def __init__(self, command, env, start_new_session, pass_fds):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def send_signal(self, signum):
+            sent.append(signum)
+
+        def wait(self):
+            return -sent[0] if sent else 0
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
+                 str(tmp_path / "run")])
+    stderr = capsys.readouterr().err
+    assert sent == [signal.SIGTERM], stderr
+    assert code == 143 and "rlspeed: stopping the process (it saves where it is)" in stderr
+
+
 def test_a_workers_word_for_the_launcher_appears_whole_and_its_first_stands(tmp_path, monkeypatch):
     """`tell_launcher`'s file (a worker's exit code, which its peers read once as a stop comes: `peers_said`) is
     never there empty: it created the file, then wrote it, and a peer reading in between found no word. Checked at

@@ -2970,6 +2970,13 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     # its workers training, and the directory stays locked until they end, not open to a requeued command's run
     lock = _run_locks().get(str((run_dir / RUN_LOCK).resolve()))
     received: list[int] = []
+    process: subprocess.Popen | None = None  # (torchrun, once started)
+
+    def pass_on(signum: int, nth: int) -> None:
+        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more. On Windows
+        # torchrun shares this console, whose Ctrl-C reached it already, and Popen sends no SIGINT there)
+        if nth <= 2 and not (signum == signal.SIGINT and sys.platform == "win32"):
+            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     def forward(signum, _frame) -> None:
         _quiet_closed_terminal(signum)
@@ -2978,23 +2985,23 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                   if args.nproc != 1 else "rlspeed: stopping the process (it saves where it is)", file=sys.stderr,
                   flush=True)
         received.append(signum)
-        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more. On Windows
-        # torchrun shares this console, whose Ctrl-C reached it already, and Popen sends no SIGINT there)
-        if len(received) <= 2 and not (signum == signal.SIGINT and sys.platform == "win32"):
-            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        if process is not None:
+            pass_on(signum, len(received))
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    # (orphans adopted from before torchrun starts: a torchrun killed at once leaves no worker unwaited for. torchrun
-    # itself, which runs in a session of its own with "-m rlspeed" in its command line, is reaped by then)
-    with adopting_orphans(("-m", "rlspeed")) as orphans:
+    # Both from before torchrun starts: a stop that comes while it starts is passed to it once it has, and a torchrun
+    # killed at once leaves no worker unwaited for (torchrun itself, in a session of its own with "-m rlspeed" in its
+    # command line, is reaped by the end of the block).
+    with adopting_orphans(("-m", "rlspeed")) as orphans, handlers_set(forward, STOPS):
         process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
                                                  RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
                                    start_new_session=True,
                                    # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
                                    pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
-        with handlers_set(forward, STOPS):
-            code = process.wait()
+        if received:
+            pass_on(received[0], 1)
+        code = process.wait()
     if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         print(f"rlspeed: torchrun ended by {name}"
