@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
+import os
 import pickle
 import re
 import warnings
@@ -132,13 +133,29 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     if algo.name in ON_POLICY:
         with pytest.raises(UserError, match=r": here net_arch=\[32\]\.$"):
             build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}})
-    with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
+    # (SB3's tensorboard_log="tb" (nearly every SB3 tutorial) is told the learn call that writes there, in SB3's
+    # directory for the first run)
+    with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; .*give learn the "
+                                        "directory") as told:
         algo(env_id, device="cpu", tensorboard_log="tb")
-    # (SB3's keywords at its defaults, which ask for nothing, as a script writes them out: they were refused too)
-    nothing = {"tensorboard_log": None, "policy_kwargs": {}, "_init_setup_model": True,
+    assert f"model.learn(total_timesteps, run_dir={os.path.join('tb', algo.__name__ + '_1')!r})" in str(told.value)
+    # (SB3's keywords at its defaults, which ask for nothing, as a script writes them out: they were refused too;
+    # stats_window_size=100, and SAC's action_noise=None and target_update_interval=1 (TD3's and DDPG's
+    # action_noise=None is their "none", as SB3's))
+    nothing = {"tensorboard_log": None, "policy_kwargs": {}, "_init_setup_model": True, "stats_window_size": 100,
                **({"rollout_buffer_kwargs": None} if algo.name in ON_POLICY else
-                  {"replay_buffer_class": None, "optimize_memory_usage": False})}
+                  {"replay_buffer_class": None, "optimize_memory_usage": False}),
+               **({"target_update_interval": 1, "action_noise": None} if algo.name == "sac" else {})}
     assert build_config(algo.config_cls, nothing) == build_config(algo.config_cls, {})
+    with pytest.raises(UserError, match="'stats_window_size' is Stable-Baselines3's keyword; .*each log interval"):
+        build_config(algo.config_cls, {"stats_window_size": 10})
+    if algo.name == "sac":  # (a noise object: SAC adds none, TD3's and DDPG's settings named)
+        with pytest.raises(UserError, match="'action_noise' is Stable-Baselines3's keyword; .*SAC explores by "
+                                            "sampling its own policy"):
+            build_config(algo.config_cls, {"action_noise": object()})
+    if algo.name in ("sac", "td3", "ddpg"):  # (SAC's do-nothing target_update_interval is SAC's alone)
+        with pytest.raises(UserError, match="'target_update_interval' is Stable-Baselines3's keyword"):
+            build_config(algo.config_cls, {"target_update_interval": 1 if algo.name != "sac" else 2})
     with pytest.raises(UserError, match="'rollout_buffer_class' is Stable-Baselines3's keyword; rlspeed's on-policy "
                                         "algorithms have one rollout buffer of their own"):
         build_config(algo.config_cls, {"rollout_buffer_class": dict})

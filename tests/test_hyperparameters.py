@@ -13,6 +13,8 @@ import torch
 from conftest import needs_minatar
 
 import rlspeed
+from rlspeed import cli
+from rlspeed.algos import ALGORITHMS
 from rlspeed.algos.base import build_config, unused_settings
 from rlspeed.envs.base import EnvSpec
 from rlspeed.errors import UserError
@@ -86,7 +88,6 @@ def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_t
     other algorithms have says which, and misspellings still get their "Did you mean"."""
     cases = [(rlspeed.DQN, {"ent_coef": 0.1}, r"ent_coef is a setting of A2C, PPO, RecurrentPPO and SAC; DQN has "),
              (rlspeed.PPO, {"buffer_size": 100}, r"buffer_size is a setting of DDPG, DQN, SAC and TD3; PPO has none"),
-             (rlspeed.PPO, {"n_steps": 64}, r"Did you mean num_steps\?"),
              (rlspeed.PPO, {"lerning_rate": 1e-3}, r"Did you mean learning_rate\?"),
              (rlspeed.PPO, {"activation_fn": "relu"}, r"Did you mean activation\?"),
              (rlspeed.DQN, {"exploration_eps": 0.1}, r"Did you mean exploration_final_eps, exploration_initial_eps\?"),
@@ -281,13 +282,25 @@ def test_gamma_zero_is_a_bandit_and_outside_zero_to_one_is_refused(algo):
             getattr(rlspeed, algo)("CartPole-v1", device="cpu", gamma=gamma)
 
 
-def test_an_alias_of_another_algorithms_setting_suggests_the_close_name_this_one_has():
-    """`n_steps` (SB3's name for PPO's num_steps) given to DQN said "num_steps is a setting of A2C, PPO and
-    RecurrentPPO; DQN has none", where DQN's n_step was the likely intent."""
-    from rlspeed import DQN, UserError
-
-    with pytest.raises(UserError, match="Did you mean n_step"):
-        DQN("CartPole-v1", n_steps=3)
+def test_sb3s_n_steps_is_taken_as_rlspeeds_name_and_saved_under_it(tmp_path):
+    """SB3's `n_steps` (every SB3 PPO script has it) was refused with "Did you mean num_steps?": it is the rollout
+    length of PPO, A2C and RecurrentPPO (num_steps) and the n-step return of DQN, SAC, TD3 and DDPG (n_step), as in
+    SB3, in the constructor, load's overrides and --set, and the model holds and saves rlspeed's name alone."""
+    for algo, ours in (("ppo", "num_steps"), ("a2c", "num_steps"), ("recurrent_ppo", "num_steps"),
+                       ("dqn", "n_step"), ("sac", "n_step"), ("td3", "n_step"), ("ddpg", "n_step")):
+        config_cls = ALGORITHMS[algo].config_cls
+        assert build_config(config_cls, {"n_steps": 3}) == build_config(config_cls, {ours: 3})
+        with pytest.raises(UserError, match=f"n_steps=3 and {ours}=4 both set {ours} .*: give one of them"):
+            build_config(config_cls, {"n_steps": 3, ours: 4})
+    model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=2, n_steps=32, batch_size=32, seed=0)
+    assert model.config.num_steps == 32 and not hasattr(model.config, "n_steps")
+    model.save(tmp_path / "ppo")
+    assert rlspeed.PPO.load(tmp_path / "ppo", device="cpu", n_steps=16).config.num_steps == 16
+    model.config.n_steps = 16  # (the config has rlspeed's name alone: set there, SB3's would change nothing)
+    with pytest.raises(UserError, match=r"model.config.n_steps = \.\.\. changes nothing: .*model.config.num_steps"):
+        model.learn(0)
+    args = cli.build_parser().parse_args(["train", "ppo", "CartPole-v1", "--set", "n_steps=16"])
+    assert cli._settings(args)[3].num_steps == 16  # (over the preset's num_steps)
 
 
 def test_none_written_as_text_switches_an_optional_setting_off():

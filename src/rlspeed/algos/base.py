@@ -172,8 +172,12 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 #: Stable-Baselines3 keywords with no rlspeed hyperparameter of that name, and what to write instead
 SB3_KEYWORDS = {
     "policy_kwargs": "rlspeed takes the network's options as plain keywords",
-    "tensorboard_log": "learn(run_dir=DIR) writes metrics.csv there, and TensorBoard logs where the tensorboard "
-                       "package is installed (rlspeed train: --out DIR)",
+    "tensorboard_log": "rlspeed writes TensorBoard events (where the tensorboard package is installed) into "
+                       "learn's run directory, beside metrics.csv and the checkpoint: leave tensorboard_log out and "
+                       "give learn the directory (rlspeed train: --out DIR)",
+    "action_noise": "rlspeed's TD3 and DDPG take their exploration noise as action_noise='normal' (or "
+                    "'ornstein-uhlenbeck', 'none') with action_noise_std=its sigma; SAC explores by sampling its "
+                    "own policy and adds no noise to it (SB3's default action_noise=None is taken)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
     "policy": "rlspeed builds the networks from the env's spaces: write Algo(env, ...) without a policy (net_arch=..., "
@@ -217,7 +221,32 @@ SB3_KEYWORDS = {
 #: config writes them out): taken, changing nothing (`build_config`); any other value is refused with their advice
 SB3_NOTHING = {"tensorboard_log": (None,), "policy_kwargs": (None, {}), "_init_setup_model": (True,),
                "create_eval_env": (False,), "optimize_memory_usage": (False,), "replay_buffer_class": (None,),
-               "replay_buffer_kwargs": (None, {}), "rollout_buffer_class": (None,), "rollout_buffer_kwargs": (None, {})}
+               "replay_buffer_kwargs": (None, {}), "rollout_buffer_class": (None,), "rollout_buffer_kwargs": (None, {}),
+               "stats_window_size": (100,), "action_noise": (None,)}
+#: `SB3_NOTHING` for one algorithm's keyword: SAC's (and its subclasses') targets move after every gradient step, as
+#: SB3's SAC's default target_update_interval=1 asks
+SB3_NOTHING_OF = {"SACConfig": {"target_update_interval": (1,)}}
+
+#: Stable-Baselines3's constructor names that rlspeed spells otherwise, with rlspeed's name for each in the
+#: algorithms that have it (the first of them the config has): taken as that name, and saved under it
+#: (`rlspeed_names`: the constructor, load's overrides and `--set` read them through it)
+SB3_NAMES = {"n_steps": ("num_steps", "n_step")}  # (rollout length on-policy; n-step returns off-policy, as in SB3)
+
+
+def rlspeed_names(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's names (`SB3_NAMES`) as rlspeed's for `config_cls`'s algorithm: PPO's
+    n_steps=64 is num_steps=64, DQN's n_steps=3 n_step=3. UserError where both names are given."""
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    renamed = dict(values)
+    for sb3_name, names in SB3_NAMES.items():
+        ours = next((name for name in names if name in fields), None)
+        if sb3_name not in values or ours is None:
+            continue
+        if ours in values:
+            raise UserError(f"{sb3_name}={values[sb3_name]!r} and {ours}={values[ours]!r} both set {ours} "
+                            f"({sb3_name} is Stable-Baselines3's name for it): give one of them.")
+        renamed = {(ours if key == sb3_name else key): value for key, value in renamed.items()}
+    return renamed
 
 #: CleanRL's script arguments (ppo.py, dqn.py, sac_continuous_action.py, td3_continuous_action.py) that are no
 #: rlspeed hyperparameter, with the setting that does their work (`build_config`'s refusal names it)
@@ -521,10 +550,23 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
         f"; {', '.join(options)}: {rule}" for rule, options in refused.items())
 
 
+def _run_dir_line(tensorboard_log: object, config_cls: type) -> str:
+    """SB3's `tensorboard_log=DIR` as the learn call that writes there (its first run's directory, as SB3 names
+    it: DIR/PPO_1); "" for a value that is no directory's path."""
+    if not isinstance(tensorboard_log, (str, os.PathLike)):
+        return ""
+    run_dir = os.path.join(tensorboard_log, f"{_owner_name(config_cls)}_1")
+    return (f": here model.learn(total_timesteps, run_dir={run_dir!r}), whose events `tensorboard --logdir "
+            f"{os.fspath(tensorboard_log)}` shows")
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = config_type_hints(config_cls)
+    overrides = rlspeed_names(config_cls, overrides)
+    nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
+                                      if base.__name__ in SB3_NOTHING_OF), {})}
     values = {}
     # (auto_X last: it sets the value it names, ent_coef_init, whatever comes first, also over a saved config's)
     for key, value in sorted(overrides.items(), key=lambda item: item[0] in AUTO_VALUES):
@@ -539,12 +581,13 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"'{key}' is not a hyperparameter of {owner}: several agents trained at once are a "
                                 f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
-            if key in SB3_NOTHING and any(value is nothing or (value == nothing and type(value) is dict)
-                                          for nothing in SB3_NOTHING[key]):
+            if key in nothing and any(value is default or (value == default and type(value) in (dict, int))
+                                      for default in nothing[key]):
                 continue  # (as Stable-Baselines3's default: nothing to set)
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
-                                f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}.")
+                                f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}"
+                                f"{_run_dir_line(value, config_cls) if key == 'tensorboard_log' else ''}.")
             if key in MODEL_ARGUMENTS:
                 owner = _owner_name(config_cls)
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
@@ -620,6 +663,10 @@ def coerce_in_place(config) -> None:
     names = {field.name for field in dataclasses.fields(config)}
     for key, value in list(vars(config).items()):
         if key not in names and not key.startswith("_"):
+            ours = next((name for name in SB3_NAMES.get(key, ()) if name in names), None)
+            if ours is not None:  # (the constructor takes SB3's name; the config has only rlspeed's)
+                raise UserError(f"model.config.{key} = ... changes nothing: {key} is Stable-Baselines3's name, and "
+                                f"the model's setting is model.config.{ours}.")
             try:
                 build_config(type(config), {key: value})  # (it refuses every name it does not have)
             except UserError as error:
@@ -3931,6 +3978,7 @@ class Algorithm:
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
         algo = saved_algorithm(meta, cls, path)
+        overrides = rlspeed_names(algo.config_cls, overrides)  # (SB3's n_steps=... over the file's num_steps)
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own: built
             # as its class, in a command's words inside `command_advice`)
