@@ -622,8 +622,19 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
     with pytest.raises(ImportError, match="action_noise='normal' or 'ornstein-uhlenbeck' with action_noise_std"):
         from rlspeed import VectorizedActionNoise  # noqa: F401
     noise = pytest.importorskip("stable_baselines3.common.noise")  # (SB3's object passed in: the setting named)
+    # (SB3's object of mean 0 and one sigma for every action dimension, as its TD3 example writes it, is the setting
+    # that makes that noise here: it was refused; saved as the setting, not the object)
+    td3, ddpg = rlspeed.TD3.config_cls, rlspeed.DDPG.config_cls
+    assert build_config(td3, {"action_noise": noise.NormalActionNoise(np.zeros(2), 0.2 * np.ones(2))}) == \
+        build_config(td3, {"action_noise": "normal", "action_noise_std": 0.2})
+    assert build_config(ddpg, {"action_noise": noise.OrnsteinUhlenbeckActionNoise(
+        np.zeros(2), 0.3 * np.ones(2), theta=0.2, dt=0.05)}) == build_config(ddpg, {
+            "action_noise": "ornstein-uhlenbeck", "action_noise_std": 0.3, "ou_theta": 0.2, "ou_dt": 0.05})
+    with pytest.raises(UserError, match=r"sets action_noise_std=0\.2, and action_noise_std=0\.1 is given too"):
+        build_config(td3, {"action_noise": noise.NormalActionNoise(np.zeros(2), 0.2 * np.ones(2)),
+                           "action_noise_std": 0.1})
     with pytest.raises(UserError, match="not Stable-Baselines3's NormalActionNoise object: action_noise='normal'"):
-        rlspeed.TD3("Pendulum-v1", action_noise=noise.NormalActionNoise(np.zeros(1), 0.1 * np.ones(1)))
+        rlspeed.TD3("Pendulum-v1", action_noise=noise.NormalActionNoise(np.ones(1), 0.1 * np.ones(1)))  # (mean 1)
     with pytest.raises(UserError, match="not Stable-Baselines3's VectorizedActionNoise object: action_noise='normal'"
                                         ".*every env draws its own noise"):  # (SB3's way to give n_envs > 1 noise)
         rlspeed.DDPG("Pendulum-v1", action_noise=noise.VectorizedActionNoise(

@@ -550,6 +550,33 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
         f"; {', '.join(options)}: {rule}" for rule, options in refused.items())
 
 
+def sb3_action_noise(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's NormalActionNoise(mean=0, sigma) or OrnsteinUhlenbeckActionNoise(mean=0,
+    sigma, theta, dt) object for `action_noise` as the settings that make that noise here (action_noise='normal',
+    action_noise_std=sigma; OU's ou_theta and ou_dt), where the config has them and sigma is one value for every
+    action dimension (other objects are left to the config's refusal); UserError where a setting it makes is also
+    given otherwise."""
+    noise = values.get("action_noise")
+    kind = type(noise).__name__
+    if (kind not in ("NormalActionNoise", "OrnsteinUhlenbeckActionNoise")
+            or not type(noise).__module__.startswith("stable_baselines3") or "action_noise_std" not in
+            {field.name for field in dataclasses.fields(config_cls)}):
+        return values
+    mean, sigma = np.asarray(getattr(noise, "_mu", 1.0)), np.asarray(getattr(noise, "_sigma", ()))
+    if sigma.size == 0 or np.any(mean != 0) or np.any(sigma != sigma.flat[0]):
+        return values
+    made = {"action_noise": "normal", "action_noise_std": float(sigma.flat[0])}
+    if kind == "OrnsteinUhlenbeckActionNoise":
+        if getattr(noise, "initial_noise", None) is not None:
+            return values
+        made.update(action_noise="ornstein-uhlenbeck", ou_theta=float(noise._theta), ou_dt=float(noise._dt))
+    given = [key for key in made if key != "action_noise" and key in values and values[key] != made[key]]
+    if given:
+        raise UserError(f"action_noise={kind}(...) sets {', '.join(f'{key}={made[key]!r}' for key in given)}, and "
+                        f"{', '.join(f'{key}={values[key]!r}' for key in given)} is given too: give one of them.")
+    return {**values, **made}
+
+
 def _run_dir_line(tensorboard_log: object, config_cls: type) -> str:
     """SB3's `tensorboard_log=DIR` as the learn call that writes there (its first run's directory, as SB3 names
     it: DIR/PPO_1); "" for a value that is no directory's path."""
@@ -564,7 +591,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = config_type_hints(config_cls)
-    overrides = rlspeed_names(config_cls, overrides)
+    overrides = sb3_action_noise(config_cls, rlspeed_names(config_cls, overrides))
     nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
                                       if base.__name__ in SB3_NOTHING_OF), {})}
     values = {}
