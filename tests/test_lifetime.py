@@ -415,6 +415,52 @@ def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_whil
         assert _handlers() == before
 
 
+class _StopAsItIsSet(_StopComesBefore):
+    """`_signal` as `rlspeed.lifetime` calls it, where a stop's handler raises once (`_Stop`) as the call that sets the
+    handler of `signum` to one `when(handler)` accepts returns: Python runs a stop that another of the process's
+    threads took (the main thread holding the stops back) in the main thread, wherever it is then."""
+
+    def __init__(self, signum, when=lambda handler: True):
+        super().__init__(signum, None, when)
+
+    def signal(self, signum, handler):
+        previous = _signal.signal(signum, handler)
+        if signum == self.signum and self.when(handler) and not self.came:
+            self.came = True
+            _stop(signum, None)
+        return previous
+
+
+@contextlib.contextmanager
+def _handlers_and_mask_kept():
+    """The handlers of `STOPS` and this thread's mask (where `sigmask` left it) as before the block, also where a test
+    of them fails."""
+    masks = hasattr(_signal, "pthread_sigmask")
+    before, mask = _handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, ()) if masks else None
+    try:
+        yield
+    finally:
+        if masks:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for signum, handler in zip(STOPS, before):
+            signal.signal(signum, handler)
+
+
+def test_a_stop_as_a_handler_is_set_leaves_none_set(monkeypatch, sigmask):
+    """`lifetime.handlers_set`: a stop whose handler raised as the call that set one of a block's handlers returned
+    left that handler set for good (it was kept to be put back only once the call returned): under `rlspeed eval
+    --video`, a later stop went to the recording's handler after it ended. Every handler is back now."""
+    import rlspeed.lifetime
+    from rlspeed.lifetime import stops_held
+
+    with _handlers_and_mask_kept():
+        before = _handlers()
+        monkeypatch.setattr(rlspeed.lifetime, "_signal", _StopAsItIsSet(signal.SIGTERM))
+        with pytest.raises(_Stop), stops_held():
+            raise AssertionError("the stop came before the block")
+        assert _handlers() == before
+
+
 def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_in_it():
     """`_signals_deferred`: where the final save fails (a full disk) after a SIGTERM came in it, the command ends with
     the save's error (its line says the model is not saved), not with the stop, whose line would say it is; the

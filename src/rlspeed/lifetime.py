@@ -307,9 +307,12 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
                 for signum in signums:
                     current = _signal.getsignal(signum)
                     if current is not None and not (keep_ignored and current == signal.SIG_IGN):
-                        previous[signum] = _signal.signal(signum, handler)
-            except ValueError:  # (not the main thread)
-                pass
+                        # (kept before it is replaced: a stop whose handler raises as the call returns, before its
+                        # result could be kept, would leave `handler` set for good)
+                        previous[signum] = current
+                        _signal.signal(signum, handler)
+            except ValueError:  # (not the main thread: none set)
+                previous.pop(signum, None)
         yield
     finally:
         with _signals_waiting(tuple(previous)):
@@ -350,7 +353,7 @@ def stops_held(arrived: Callable[[int], object] | None = None,
     def hold(signum, frame) -> None:
         if arrived is not None:
             arrived(signum)
-        if waiting is None or waiting() or signum not in replaced:  # (not yet in: held, for the caller to act on)
+        if waiting is None or waiting():
             came.append(signum)
         else:
             _pass_on(replaced[signum], signum, frame)

@@ -286,7 +286,6 @@ def _writes_whole() -> Iterator[Callable[[], typing.ContextManager]]:
 
     with stops_held(waiting=lambda: writing[0]) as came:
         yield write
-    raise_first(came)  # (one held as the handlers were set, where no write came after it)
 
 
 @contextlib.contextmanager
