@@ -431,6 +431,23 @@ class _StopAsItIsSet(_StopComesBefore):
         return previous
 
 
+class _StopAsTheyAreHeldBack(_StopComesBefore):
+    """`_signal` as `rlspeed.lifetime` calls it, where a stop's handler raises once (`_Stop`) as the call that holds
+    the stops back for the `nth` time returns (the first: to set a block's handlers; the second: to put them back)."""
+
+    def __init__(self, nth):
+        super().__init__(None, None)
+        self.nth, self.blocked = nth, 0
+
+    def pthread_sigmask(self, how, signums):
+        mask = _signal.pthread_sigmask(how, signums)
+        if how == _signal.SIG_BLOCK and signums:
+            self.blocked += 1
+            if self.blocked == self.nth:
+                _stop(None, None)
+        return mask
+
+
 @contextlib.contextmanager
 def _handlers_and_mask_kept():
     """The handlers of `STOPS` and this thread's mask (where `sigmask` left it) as before the block, also where a test
@@ -459,6 +476,23 @@ def test_a_stop_as_a_handler_is_set_leaves_none_set(monkeypatch, sigmask):
         with pytest.raises(_Stop), stops_held():
             raise AssertionError("the stop came before the block")
         assert _handlers() == before
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["setting them", "putting them back"])
+def test_a_stop_as_the_stops_are_held_back_leaves_them_neither_held_back_nor_set(monkeypatch, nth):
+    """`lifetime.handlers_set`: a stop whose handler raised as the call that held the stops back (to set a block's
+    handlers, or to put them back) returned left them held back in the main thread for good (a later Ctrl-C waited
+    for ever where no other thread took it), and, putting them back, left the block's handlers set. The mask and
+    every handler are as before now."""
+    import rlspeed.lifetime
+    from rlspeed.lifetime import stops_held
+
+    with _handlers_and_mask_kept():
+        before, mask = _handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        monkeypatch.setattr(rlspeed.lifetime, "_signal", _StopAsTheyAreHeldBack(nth))
+        with pytest.raises(_Stop), stops_held():
+            assert nth == 2, "the stop came before the block"
+        assert (_handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, ())) == (before, mask)
 
 
 def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_in_it():

@@ -258,30 +258,37 @@ def _signals_waiting(signums) -> Iterator[None]:
     if not signums or not hasattr(_signal, "pthread_sigmask"):
         yield
         return
-    # (`_signal`'s, as `handlers_set`'s calls: `signal`'s wrapper makes an enum's member of each signal it returns)
-    before = _signal.pthread_sigmask(_signal.SIG_BLOCK, signums)
+    # (`_signal`'s, as `handlers_set`'s calls: `signal`'s wrapper makes an enum's member of each signal it returns.
+    # The mask is read before any signal is blocked and blocked inside the try: a stop whose handler raises as the
+    # blocking call returns, handled by another thread meanwhile, must not leave the signals blocked for good)
+    before = _signal.pthread_sigmask(_signal.SIG_BLOCK, ())
     try:
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, signums)
         yield
     finally:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, before)
 
 
 def _put_back(previous: dict[int, typing.Any]) -> None:
-    """Set each handler of `previous` (signal -> handler) again. A handler put back that raises as its stop comes
-    (the process's other threads still take stops that this one holds back) does not keep the later ones from going
-    back: what it raised is raised once they all are."""
+    """Set each handler of `previous` (signal -> handler) again, the signals waiting meanwhile (`_signals_waiting`).
+    A handler that raises as its stop comes meanwhile (the process's other threads still take stops that this one
+    holds back; Python runs the handler in this one, wherever it is then) does not keep the others from going back:
+    all is tried again, and what it raised is raised once they are all back."""
     raised: BaseException | None = None
-    for signum, handler in previous.items():
-        for _ in range(100):  # (bounded: an error of the call itself would come again at each try)
-            try:
-                _signal.signal(signum, handler)
-                break
-            except BaseException as error:  # noqa: BLE001 (a stop's handler: raised below, once all are back)
-                raised = raised or error
-                if _signal.getsignal(signum) == handler:
-                    break  # (set: the stop's handler raised as the call returned)
+    for _ in range(100):  # (bounded: an error of the calls themselves would come again at each try)
+        try:
+            with _signals_waiting(tuple(previous)):
+                for signum, handler in previous.items():
+                    if _signal.getsignal(signum) != handler:
+                        _signal.signal(signum, handler)
+            break
+        except BaseException as error:  # noqa: BLE001 (a stop's handler: raised below, once all are back)
+            raised = raised or error
     if raised is not None:
-        raise raised
+        try:
+            raise raised
+        finally:  # (no cycle of its traceback and this frame, which would keep a generator's block of the signals)
+            raised = None
 
 
 @contextlib.contextmanager
@@ -315,8 +322,7 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
                 previous.pop(signum, None)
         yield
     finally:
-        with _signals_waiting(tuple(previous)):
-            _put_back(previous)
+        _put_back(previous)
 
 
 def raise_first(came: list[int]) -> None:
