@@ -994,6 +994,35 @@ def test_the_confirmation_trains_at_most_population_members_at_once(tmp_path, mo
     assert confirmations[2] == confirmations[4]
 
 
+def test_the_confirmation_of_a_study_of_the_largest_seed_trains_on_seeds_a_model_takes(monkeypatch):
+    """--seed is any seed below 2**32, which every trial now trains with: the confirmation's seeds (seed + 1,000,000
+    + i) passed 2**32 for the largest ones, and a study failed after all its trials, when its confirmation built its
+    first population ('A seed is a whole number from 0 to 2**32 - 1'). They wrap below 2**32, still new seeds, the
+    same ones for every candidate."""
+    import optuna
+
+    class Built(Exception):
+        pass
+
+    built = []
+
+    def built_only(self, members):  # (the populations built are what is checked, not their training)
+        built.append(members.seeds)
+        raise Built
+
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", built_only)
+    largest = 2**32 - 1
+    setup = rlspeed.tune._Setup(PPO, "CartPole-v1", dict(FIXED), SPACE, 256, None, 128, largest, "cpu", 256,
+                                at_once=4)
+    study = optuna.create_study(direction="minimize")
+    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={},
+                                              user_attrs={"seed": largest, "hyperparameters": {
+                                                  "learning_rate": 1e-3, "clip_range": 0.2}}))
+    with pytest.raises(Built):
+        rlspeed.tune._confirm(setup, study, top=1, seeds_each=2, say=lambda *a, **k: None)
+    assert built == [[999_999, 1_000_000, 999_999, 1_000_000]], built  # (2 candidates x 2 seeds)
+
+
 def test_a_database_servers_running_trials_are_failed_only_when_asked(tmp_path, monkeypatch, capsys):
     """A database server's storage is not locked, so its running trials may be another rlspeed tune's, running the
     study now: marked failed at start-up, that process's report and tell failed. They are kept, and said, unless

@@ -3497,7 +3497,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, metavar="N",
-                     help="the sampler's seed; trial n trains with seed N + n (default 0)")
+                     help="the sampler's seed and every trial's; the confirmation's run i of each candidate "
+                          "trains with seed N + 1,000,000 + i (default 0)")
     tun.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
                      help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")

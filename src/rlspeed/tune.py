@@ -107,6 +107,9 @@ _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was m
 #: the env steps between a trial's evaluations, without --eval-freq or a preset's, in a study whose record has no
 #: "default_eval_freq" (an older rlspeed's): its populations' default then, which its trials' reports were made at
 OLDER_STUDY_EVAL_FREQ = 10_000
+#: the confirmation's run i of every candidate trains with seed `(seed + _CONFIRM_SEED_OFFSET + i) % 2**32`: seeds no
+#: trial used, within the seeds a model takes (below 2**32) whatever the study's seed
+_CONFIRM_SEED_OFFSET = 1_000_000
 
 
 def per_member_keys(algo_cls: type) -> tuple[str, ...]:
@@ -1093,7 +1096,7 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     candidates = [{"trial": t.number, "hyperparameters": dict(t.user_attrs.get("hyperparameters", {}))}
                   for t in _finalists(study, top)]
     candidates.append({"trial": None, "hyperparameters": _starting_values(setup)})
-    seeds = [setup.seed + 1_000_000 + i for _ in candidates for i in range(seeds_each)]
+    seeds = [(setup.seed + _CONFIRM_SEED_OFFSET + i) % 2**32 for _ in candidates for i in range(seeds_each)]
     stored = study.user_attrs.get("confirmation")
     if stored is not None and [c["trial"] for c in stored["candidates"]] == [c["trial"] for c in candidates] \
             and stored.get("seeds") == seeds:
