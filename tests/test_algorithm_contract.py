@@ -681,19 +681,26 @@ def test_stable_baselines3_helpers_imported_from_rlspeed_say_what_to_use_instead
 def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
     """As `--save-replay-buffer` on the command line: an on-policy model refuses it in one sentence (it was taken and
     did nothing), by the keyword and by assigning `model.save_replay_buffer = True` later (which was taken while the
-    keyword refused); False is taken."""
+    keyword refused); False is taken. Text reads as a bool hyperparameter's: 'no' is False (its truth value turned
+    replay saving on, or was refused as True by an on-policy model), 'maybe' is refused."""
     algo = ALGORITHMS[name]
     env_id = "CartPole-v1" if algo.supports_discrete else "Pendulum-v1"
     if algo.keeps_replay_buffer:
         assert algo(env_id, device="cpu", save_replay_buffer=True).save_replay_buffer
+        model = algo(env_id, device="cpu", save_replay_buffer="no")
+        assert model.save_replay_buffer == False  # noqa: E712  (a ReplayBufferSaving: compares as its bool)
+        model.save_replay_buffer = "On"
+        assert model.save_replay_buffer == True  # noqa: E712
+        with pytest.raises(UserError, match=r"^save_replay_buffer is True or False .*, not 'maybe'\.$"):
+            model.save_replay_buffer = "maybe"
     else:
         refusal = f"save_replay_buffer applies to off-policy algorithms .*{algo.__name__} keeps no replay buffer"
         with pytest.raises(UserError, match=refusal):
             algo(env_id, device="cpu", save_replay_buffer=True)
-        model = algo(env_id, device="cpu")
+        model = algo(env_id, device="cpu", save_replay_buffer="no")
         with pytest.raises(UserError, match=refusal):
             model.save_replay_buffer = True
-        model.save_replay_buffer = False
+        model.save_replay_buffer = "off"
         assert model.save_replay_buffer == False  # noqa: E712  (a ReplayBufferSaving: compares as its bool)
 
 

@@ -367,9 +367,16 @@ def test_learn_of_zero_steps_trains_and_evaluates_nothing_as_a_models(monkeypatc
 
 def test_values_a_population_refuses_are_read_as_the_solo_model_reads_them():
     """use_sde='no' and target_kl='none' (a YAML file's or a caller's strings) were refused as gSDE and target_kl by
-    their truth value, where the solo model reads them as False and None: a population takes them as its members do."""
-    population = Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="no", target_kl="none", **SMALL)
+    their truth value, where the solo model reads them as False and None: a population takes them as its members do;
+    so is save_replay_buffer='no' (refused as True, by the keyword and the attribute, by a population without a
+    replay buffer)."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="no", target_kl="none",
+                            save_replay_buffer="no", **SMALL)
     assert population.config.use_sde is False and population.config.target_kl is None
+    population.save_replay_buffer = "off"
+    assert population.save_replay_buffer is False
+    with pytest.raises(UserError, match="applies to populations with a replay buffer"):
+        population.save_replay_buffer = "yes"
     with pytest.raises(UserError, match="do not support gSDE"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="yes", **SMALL)
 

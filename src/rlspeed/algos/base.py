@@ -1886,12 +1886,27 @@ class _SaveReplayBuffer:
         return self if model is None else ReplayBufferSaving(model)
 
     def __set__(self, model: Algorithm, value: bool) -> None:
+        value = read_switch("save_replay_buffer", value)
         if value:  # (the keyword's rule too: the constructor assigns it)
             if not model.keeps_replay_buffer:
                 raise UserError(f"save_replay_buffer applies to off-policy algorithms (DQN, SAC, TD3, DDPG): "
                                 f"{type(model).__name__} keeps no replay buffer; drop it.")
             refuse_replay_saving(getattr(model, "strategy", single_process()).world_size)
-        model._checkpoint_replay = bool(value)
+        model._checkpoint_replay = value
+
+
+def read_switch(name: str, value: typing.Any) -> bool:
+    """A model's on/off argument beside its hyperparameters (`save_replay_buffer`) read as the config reads a bool
+    hyperparameter: True or False (numpy's, 1 or 0 too), text as `--set` gives it ('no', 'off', 'false', '0': False;
+    any case), None as False, another `ReplayBufferSaving` as its bool; UserError naming `name` otherwise (the truth
+    value of 'no' is True)."""
+    if value is None or isinstance(value, ReplayBufferSaving):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
+        return _BOOL_TEXT[value.strip().lower()]
+    if is_true_or_false(value):
+        return bool(value)
+    raise UserError(f"{name} is True or False ('yes' or 'no', 'on' or 'off' as text), not {value!r}"[:200] + ".")
 
 
 def _import_apart(module: str) -> None:
@@ -2061,7 +2076,7 @@ class Algorithm:
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
         # (refused for a model without a replay buffer or under several processes, before any env)
-        self.save_replay_buffer = bool(save_replay_buffer)
+        self.save_replay_buffer = save_replay_buffer
         self.device: torch.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
         self.accelerate = accelerate

@@ -28,6 +28,7 @@ from rlspeed.algos.base import (
     build_config,
     checked_learn_values,
     default_eval_freq,
+    read_switch,
     refuse_learn_keywords,
     with_saved_cnn,
 )
@@ -163,8 +164,10 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
         raise UserError("Populations do not support Hindsight Experience Replay (her) yet: leave it out, or train the "
                         "seeds as separate runs.")
     for key, unused in _SOLO_OPTIONS.items():
-        if key == "save_replay_buffer" and hyperparameters.get(key):  # (off-policy populations take it themselves)
-            raise UserError(NO_REPLAY_TO_SAVE)
+        if key == "save_replay_buffer" and key in hyperparameters:  # (off-policy populations take it themselves)
+            if read_switch(key, hyperparameters[key]):
+                raise UserError(NO_REPLAY_TO_SAVE)
+            continue
         if key in hyperparameters and hyperparameters[key] != unused:
             raise UserError(f"Populations do not support {key}={hyperparameters[key]!r} yet: leave it out (it would "
                             "apply to no member).")
@@ -891,9 +894,10 @@ class PopulationBase:
 
     @save_replay_buffer.setter
     def save_replay_buffer(self, value: bool) -> None:
+        value = read_switch("save_replay_buffer", value)  # ('no' is False, as a model reads it)
         if value and not self.keeps_replay_buffer:
             raise UserError(NO_REPLAY_TO_SAVE)
-        self._checkpoint_replay = bool(value)
+        self._checkpoint_replay = value
 
     # --- what a population class provides ----------------------------------------------------------------------
     def _check_start_fits(self, total_timesteps: int) -> None:

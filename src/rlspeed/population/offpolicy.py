@@ -677,7 +677,7 @@ class OffPolicyPopulation(PopulationBase):
             self.buffer: MemberReplay | None = None
             #: members that left: their rows (`_member_rows`) as they left, for evaluation and `member_state`
             self._left: dict[int, dict[str, list[torch.Tensor]]] = {}
-            self.save_replay_buffer = bool(save_replay_buffer)
+            self.save_replay_buffer = save_replay_buffer
 
     # --- what an algorithm provides --------------------------------------------------------------------------
     def _build(self, solos: list) -> None:
