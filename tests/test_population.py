@@ -491,6 +491,36 @@ def test_learn_shows_a_progress_bar_over_each_members_steps(monkeypatch):
     assert not bars[1].enabled
 
 
+def test_a_population_takes_verbose_as_a_solo_model_does(monkeypatch, capsys):
+    """Population(PPO, ..., verbose=0) went to the members' solo models and did nothing: learn still showed its bar,
+    verbose=2 printed no rows, member_model(k) had verbose 1. The population's verbose decides what learn prints as a
+    solo model's does (0 nothing, 1 the bar, 2 the bar and each metrics row); learn(verbose=...) says where it goes."""
+    from rlspeed.population import base
+
+    enabled = []
+
+    class Recording(base.ProgressBar):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            enabled.append(kwargs["enabled"])
+
+    monkeypatch.setattr(base, "ProgressBar", Recording)
+    steps = SMALL["num_envs"] * SMALL["num_steps"]
+    population = Population(PPO, "CartPole-v1", seeds=[3, 4], verbose=0, **SMALL)
+    population.learn(steps)
+    assert enabled == [False] and population.member_model(1).verbose == 0
+    population.verbose = 2
+    population.learn(steps, eval_freq=steps, eval_episodes=1)
+    assert enabled == [False, True]
+    rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo x2 ")]
+    assert len(rows) == 1 and rows[0].startswith(f"ppo x2 timesteps={2 * steps} ") and "eval_mean/seed_4=" in rows[0]
+    with pytest.raises(UserError, match=r"^A population's learn takes no verbose: give it when the population is "
+                                        r"made \(Population\(PPO, env_id, seeds, verbose=0\)"):
+        population.learn(steps, verbose=1)
+    with pytest.raises(UserError, match=r"^verbose is 0 \(learn prints nothing\), 1 .*not 'x'"):
+        Population(PPO, "CartPole-v1", seeds=[3, 4], verbose="x", **SMALL)
+
+
 def test_a_population_shows_as_a_solo_model_does():
     """A notebook showed a population as `<rlspeed.population.ppo.PPOPopulation at 0x7f...>` where a solo model shows
     its env, envs, device and steps: now it shows those, its members' seeds (a long list shortened) and, once some

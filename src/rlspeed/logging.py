@@ -181,6 +181,13 @@ def print_beside_bars(*values, file=None, flush: bool = False) -> None:
         stream.flush()
 
 
+def metrics_line(name: str, row: dict) -> str:
+    """A metrics row as `verbose=2` prints it: `name`, then `key=value` for each, the step count first (floats to 4
+    significant digits)."""
+    return f"{name} " + " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                                 for key, value in {"timesteps": row["timesteps"], **row}.items())
+
+
 @functools.cache
 def _tqdm_class(auto: bool = False) -> type:
     """tqdm's bar class (`auto`: tqdm.auto's, widgets in a notebook), made to leave the caller's process as it found

@@ -135,6 +135,7 @@ from rlspeed.logging import (
     RunLogger,
     bar_evaluation,
     holds_metrics,
+    metrics_line,
     print_beside_bars,
     refuse_other_metrics,
 )
@@ -3452,9 +3453,7 @@ class Algorithm:
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=bar_evaluation(row, eval_episodes))
                     if verbose >= 2 and main:  # (the row as metrics.csv gets it, its step count first)
-                        print_beside_bars(f"{self.name} " + " ".join(
-                            f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-                            for key, value in {"timesteps": row["timesteps"], **row}.items()), file=sys.stderr)
+                        print_beside_bars(metrics_line(self.name, row), file=sys.stderr)
                     if logger is not None:
                         logger.log(row)
                     logged = row

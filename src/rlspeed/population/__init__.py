@@ -33,7 +33,8 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
     """K members of `algo_cls` on `env_id`, one per seed of `seeds` (distinct), as one batched model: `.learn(...)`
     trains them all and returns the summary (per-member results and aggregates). Keywords are those of the population
     class for the algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters (one value, or a list of K for
-    the per-member ones), `member_overrides`, `env_backend`, `save_replay_buffer` (off-policy) and `device`, which is
+    the per-member ones), `member_overrides`, `env_backend`, `save_replay_buffer` (off-policy), `verbose` (what `learn`
+    prints, as a solo model's: 0, 1 or 2) and `device`, which is
     "cpu" unless given (a solo model's "auto" picks the accelerator; a population is placed where you say:
     `device="cuda"`)."""
     if not isinstance(algo_cls, type):  # (a name: the class is what members are made of)

@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -26,6 +27,7 @@ from rlspeed._version import __version__
 from rlspeed.algos.base import (
     Algorithm,
     build_config,
+    check_verbose,
     checked_learn_values,
     default_eval_freq,
     read_switch,
@@ -61,7 +63,15 @@ from rlspeed.evaluation import (
     warn_unfinished,
 )
 from rlspeed.files import size_text, write_atomic
-from rlspeed.logging import KeptWriter, ProgressBar, RunLogger, holds_metrics, refuse_other_metrics
+from rlspeed.logging import (
+    KeptWriter,
+    ProgressBar,
+    RunLogger,
+    holds_metrics,
+    metrics_line,
+    print_beside_bars,
+    refuse_other_metrics,
+)
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.numerics import DIVERGED_ADVICE
 from rlspeed.population.normalize import MemberNormalize, MemberStatistics
@@ -709,6 +719,25 @@ def unpack_observations(rows: torch.Tensor, layout: dict[str, tuple]) -> dict[st
             for (key, (shape, dtype)), part in zip(layout.items(), rows.split(sizes, dim=-1))}
 
 
+class _PrintedRows:
+    """`learn`'s metrics rows printed on stderr as lines (`verbose=2`, as a solo model's), and passed on to the run's
+    logger where there is one: `RunLogger`'s `log`, `last_row` and `close`."""
+
+    def __init__(self, name: str, logger: RunLogger | None):
+        self.name, self.logger = name, logger
+        self.last_row: dict | None = None if logger is None else logger.last_row
+
+    def log(self, row: dict) -> None:
+        print_beside_bars(metrics_line(self.name, row), file=sys.stderr)
+        self.last_row = row
+        if self.logger is not None:
+            self.logger.log(row)
+
+    def close(self, keep_writer: bool = False) -> None:
+        if self.logger is not None:
+            self.logger.close(keep_writer=keep_writer)
+
+
 class EvaluationStopped(Exception):
     """An evaluation left unfinished for a stop request (`first_episode_returns`' `stop`)."""
 
@@ -861,6 +890,9 @@ class PopulationBase:
     #: torch's threads while `learn` runs (the members' `num_threads`; None: `rlspeed.device.set_training_threads`'
     #: default)
     num_threads: int | None = None
+    #: what `learn` prints on stderr where its `progress_bar` is not given, as a solo model's `verbose`: 0 nothing,
+    #: 1 the progress bar, 2 the bar and each metrics row (an evaluation's, training's end) as a line
+    verbose: int = 1
     #: whether the members learn from a replay buffer (which `save_replay_buffer` saves with checkpoints)
     keeps_replay_buffer = False
     _checkpoint_replay = False
@@ -1033,7 +1065,7 @@ class PopulationBase:
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the population was made)
             warnings.simplefilter("ignore", EncoderWarning)
             model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
-                                  env_kwargs=self.env_kwargs or None, **hyperparameters)
+                                  env_kwargs=self.env_kwargs or None, verbose=self.verbose, **hyperparameters)
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
         # (a member of a run that applied its env's action masks trained with them: its file says so, and `export`
         # then adds the mask input, as for a solo run's model)
@@ -1100,6 +1132,8 @@ class PopulationBase:
                          "the population's batched update would not run)")
             raise UserError(f"{type(self).__name__} trains rlspeed's {self.algo_cls.__name__}, not {given}.")
         self.seeds = seeds = check_seeds(seeds)
+        # (the population's, as a solo model's: what its learn prints; the members' models get it, `member_model`)
+        self.verbose = check_verbose(hyperparameters.pop("verbose", 1))
         from rlspeed.envs import backend_for_options, check_env_kwargs
 
         #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs)
@@ -1654,7 +1688,7 @@ class PopulationBase:
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
-              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True,
+              stop_requested: Callable[[], bool] | None = None, progress_bar: bool | None = None,
               checkpoint_interval_s: float | None = None, evaluate_pruned: bool = True,
               **unknown: Any) -> dict[str, Any]:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
@@ -1691,7 +1725,9 @@ class PopulationBase:
         reached, were pruned or diverged, training times, the schedules' span) and `total_timesteps` counts from its
         `num_timesteps`; from a checkpoint `save` wrote between learn calls, a new loop starts, as a new call does.
 
-        `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training.
+        `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training
+        (False: no bar; None: the population's `verbose` decides, as a solo model's: a bar unless it is 0, and at 2
+        each metrics row, those metrics.csv gets with `run_dir`, printed as a line).
 
         `total_timesteps=0` (a model's `learn(0)`, Stable-Baselines3's) trains and evaluates nothing: the members and
         their step counts stay as they are, and the summary has no final evaluation (each `final_eval` None); a
@@ -1714,8 +1750,15 @@ class PopulationBase:
         whole_count_schedules = unknown.get("reset_num_timesteps", True) is False
         if whole_count_schedules:
             del unknown["reset_num_timesteps"]
+        if "verbose" in unknown:  # (SB3's learn has none either: a model takes it, so a population does)
+            raise UserError(f"A population's learn takes no verbose: give it when the population is made "
+                            f"(Population({self.algo_cls.__name__}, env_id, seeds, verbose=0) trains without output), "
+                            "or learn(progress_bar=False) for one call without a bar.")
         refuse_learn_keywords(unknown, self.algo_cls.config_cls, f"Population({self.algo_cls.__name__}, env_id, seeds",
                               PopulationBase.learn)
+        verbose = check_verbose(self.verbose)  # (also one set on the population since)
+        if progress_bar is None:
+            progress_bar = verbose >= 1
         (total_timesteps, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
          confirm_target) = checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes,
                                                 checkpoint_freq, progress_bar, confirm_target, zero_steps=True,
@@ -1748,6 +1791,8 @@ class PopulationBase:
         with float32_default(), torch.inference_mode(False), CloseErrors() as close_errors:
             self._check_start_fits(int(total_timesteps))  # (before metrics.csv and the envs)
             logger = self._metrics_logger(run_dir, evaluating)
+            if verbose >= 2:  # (each row printed, and written where there is a run_dir)
+                logger = _PrintedRows(f"{self.algo_name} x{self.size}", logger)
             saved = self.progress if self._resumed else None
             if eval_freq is None:  # (a model's rule; a resumed loop keeps its own, as a resumed model's does)
                 kept = saved.get("eval_freq") if isinstance(saved, dict) else None
@@ -1871,7 +1916,7 @@ class PopulationBase:
 
     def _learn_loop(self, loop: _LoopProgress, end: int, eval_freq: int, evaluating: bool, target_return, eval_episodes,
                     stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar,
-                    logger: RunLogger | None = None, checkpoint_interval_s: float | None = None) -> None:
+                    logger: RunLogger | _PrintedRows | None = None, checkpoint_interval_s: float | None = None) -> None:
         """`learn`'s iterations until `end` env steps per member, the target, or no member left."""
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         last_checkpoint, checkpoint_cost = clock_start, 0.0  # (`checkpoint_interval_s`)
@@ -1926,7 +1971,8 @@ class PopulationBase:
         return self.evaluate(seeds, episodes, members)
 
     def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
-                          confirm_target: bool, on_eval: Callable | None, logger: RunLogger | None = None) -> bool:
+                          confirm_target: bool, on_eval: Callable | None,
+                          logger: RunLogger | _PrintedRows | None = None) -> bool:
         """One evaluation of the members in the computation (`learn`'s, at `num_timesteps`): each one's mean goes on
         its curve; with a target, those that reach it for the first time (confirmed on fresh episode seeds with
         `confirm_target`) are marked reached at the training clock and, with `stop="each"`, leave the computation;
