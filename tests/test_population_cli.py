@@ -17,7 +17,7 @@ from conftest import cli_error, endless_pendulum_id
 from rlspeed import cli
 from rlspeed.evaluation import evaluation_seed
 from rlspeed.population.plot import iqm_band
-from rlspeed.stats import iqm
+from rlspeed.stats import aggregate, iqm
 
 # a few hundred steps: 8 envs x 16 steps per iteration, evaluated every 128 steps against a target never reached
 SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
@@ -199,7 +199,21 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["eval", str(out / "members" / "seed_3.safetensors"), "--episodes", "2"]) == 0
     assert "PPO on CartPole-v1" in capsys.readouterr().out
-    assert "population's run directory: give one member's model" in cli_error(capsys, ["eval", str(out)])
+    # the run directory: every member evaluated on fresh episodes (its seed's own, which `rlspeed eval MEMBER --seed`
+    # repeats), and the aggregate summary.json gives (was refused, naming one member's model)
+    assert cli.main(["eval", str(out), "--episodes", "2", "--seed", "7", "--json"]) == 0
+    printed = capsys.readouterr()
+    evaluated = json.loads(printed.out)
+    assert [entry["member_seed"] for entry in evaluated["members"]] == [0, 3, 5, 6]
+    assert [entry["seed"] for entry in evaluated["members"]] == [evaluation_seed(s, "members", 7) for s in (0, 3, 5, 6)]
+    assert evaluated["aggregate"] == aggregate([entry["mean"] for entry in evaluated["members"]])
+    assert evaluated["seed"] == 7 and evaluated["episodes"] == 2
+    assert "4 PPO members on CartPole-v1, deterministic, 2 episodes each, seed 7: median " in printed.err
+    member = evaluated["members"][1]
+    assert cli.main(["eval", member["model"], "--episodes", "2", "--seed", str(member["seed"]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mean"] == member["mean"]
+    assert cli_error(capsys, ["eval", str(out), "--video", str(tmp_path / "v.mp4")]).startswith(
+        "rlspeed: error: --video films one model: give one member's, e.g. rlspeed eval ")
     # (its members/ folder named the file it lacked, model.safetensors, not one of the members' it holds)
     first = out / "members" / "seed_0.safetensors"
     assert cli_error(capsys, ["eval", str(out / "members")]).endswith(f"e.g. '{first}'.")

@@ -3043,9 +3043,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     The env is `--env` or the one the model was trained on, with the backend the model was trained with unless
     `--env-backend` says otherwise (so `--seed` reproduces summary.json's `final_eval` with its recorded seed), made
     with the options its run recorded (on its own id) and `--env-kwargs` over them; the result line names them.
-    `--json` prints the result as JSON on stdout and the human line on stderr.
+    `--json` prints the result as JSON on stdout and the human line on stderr. A population's run directory:
+    every member's model and their aggregate (`_eval_population`).
     """
-    from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
+    from rlspeed.checkpoint import MEMBERS_DIR, run_model
 
     if args.video is None and "video_episodes" in _given_options(getattr(args, "argv", []), "eval"):
         raise UserError("--video-episodes applies only with --video FILE: add it, or drop --video-episodes.")
@@ -3053,7 +3054,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError("--overwrite (replace an existing --video file) applies only with --video FILE: add it, or "
                         "drop --overwrite.")
     given = Path(args.checkpoint)
-    path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
+    members = _population_members(given)  # (a population's run directory: every member's model)
+    path = members[0] if members else run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
     # the run directory of a run's model (the directory, or a file in it) or of a population member's model
     run_dir = (given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR
                else given.parent if (given.parent / "config.yaml").is_file() else None)
@@ -3068,6 +3070,57 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if isinstance(recorded, list) and recorded:
             _import_recorded(args, [str(module) for module in recorded], config_file, "its env")
     _import_env_modules(args, "env")
+    if members:
+        return _eval_population(args, given, members, run_config)
+    model = _load_evaluated_model(args, path, run_config)
+    env_id = _evaluated_env_id(args, model, path)
+    env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
+    from rlspeed.evaluation import env_options
+
+    options = env_options(model, env_id, env_kwargs)  # (named in the result line)
+    if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
+        from rlspeed.video import check_video_path, check_video_support
+
+        _check_parent_directory("--video", args.video)
+        check_video_path(args.video, "--video")
+        if not args.overwrite and (Path(args.video).exists() or Path(args.video).is_symlink()):
+            raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
+                            "FILE.")
+        check_video_support(env_id, args.video, env_kwargs=options)
+    seed_note = _eval_seed(args)
+    deterministic = not args.stochastic
+    result = _evaluated(args, model, env_id, env_kwargs, args.seed)
+    success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
+    how = "deterministic" if deterministic else "stochastic"
+    made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
+    episodes = f"{args.episodes} episode{'s' if args.episodes != 1 else ''}"
+    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}"
+          f"{_cut_short(result.get('unfinished'), result['episodes'])}{seed_note}: "
+          f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
+          file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(strict_json({**result, "seed": args.seed, "deterministic": deterministic}))
+    if args.video is not None:
+        from rlspeed.video import record_video
+
+        # (on the backend evaluated on: with the same seed, the video's episodes are the evaluated ones)
+        video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
+                             deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite,
+                             backend=args.env_backend if args.env_backend != "auto" else None)
+        episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
+        returns = "return" if video["episodes"] == 1 else "mean return"
+        print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
+              f"{_score(video['mean'])}{_cut_short(video['unfinished'], video['episodes'])})",
+              file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _load_evaluated_model(args: argparse.Namespace, path: Path, run_config: dict):
+    """The model `rlspeed eval` evaluates, loaded from `path` onto `--device` on the thread count its run recorded
+    (`run_config`, its config.yaml): UserError in one sentence for a file that is no model, or one of a class of the
+    user's own that cannot be built here."""
+    from rlspeed.checkpoint import load_checkpoint, refuse_non_model
+
     _, meta = load_checkpoint(path)
     refuse_non_model(path, meta)
     _import_recorded_env_modules(args, meta, path)
@@ -3100,63 +3153,102 @@ def cmd_eval(args: argparse.Namespace) -> int:
                             f"move {name} into a module and pass --gym-packages MODULE.") from None
         raise UserError(f"'{path}' was saved by {other}, whose networks rlspeed eval builds with its module "
                         f"imported: add --gym-packages {module} (importable from here: PYTHONPATH).") from None
+    return model
+
+
+def _evaluated_env_id(args: argparse.Namespace, model, path: Path, say: bool = True) -> str:
+    """The env id `rlspeed eval` evaluates the model of `path` on: `--env`, else its own, whose module (an id
+    `module:EnvId`) is imported when the env is made, which is said on stderr (`say`); UserError under --no-imports."""
     env_id = args.env or model.env_id
     if args.env is None and ":" in env_id and args.no_imports:
         raise UserError(f"'{path}' was trained on {env_id}, whose module {env_id.split(':', 1)[0]} --no-imports does "
                         "not import: give --env ENV_ID (and --gym-packages MODULE, a module you trust that registers "
                         "it).")
-    if args.env is None and ":" in env_id:  # (importing runs a module's code: said, as config.yaml's modules are)
+    if args.env is None and ":" in env_id and say:  # (importing runs a module's code: said, as config.yaml's are)
         print(f"rlspeed: importing {env_id.split(':', 1)[0]}, which the model's env id {env_id} names",
               file=sys.stderr, flush=True)
-    env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
-    from rlspeed.evaluation import env_options
+    return env_id
 
-    options = env_options(model, env_id, env_kwargs)  # (named in the result line)
-    if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
-        from rlspeed.video import check_video_path, check_video_support
 
-        _check_parent_directory("--video", args.video)
-        check_video_path(args.video, "--video")
-        if not args.overwrite and (Path(args.video).exists() or Path(args.video).is_symlink()):
-            raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
-                            "FILE.")
-        check_video_support(env_id, args.video, env_kwargs=options)
-    if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation; episode i gets
-        args.seed = secrets.randbelow(max(1, 2**31 - args.episodes))  # seed + i, below 2**31: EnvPool's limit)
-        seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
-    else:
-        seed_note = f", seed {args.seed}"
+def _eval_seed(args: argparse.Namespace) -> str:
+    """`--seed`, drawn where not given (and printed, so that `--seed` repeats the evaluation; episode i gets seed + i,
+    below 2**31: EnvPool's limit), as the result line's note."""
+    if args.seed is None:
+        args.seed = secrets.randbelow(max(1, 2**31 - args.episodes))
+        return f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
+    return f", seed {args.seed}"
+
+
+def _evaluated(args: argparse.Namespace, model, env_id: str, env_kwargs: dict | None, seed: int) -> dict:
+    """`rlspeed eval`'s evaluation of `model` on `env_id` from `seed`: on the backend it was trained with unless
+    `--env-backend` says otherwise (so a recorded seed repeats summary.json's `final_eval`)."""
     deterministic = not args.stochastic
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
-        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id, deterministic=deterministic,
-                                env_kwargs=env_kwargs, progress_bar=not args.no_progress)
-    else:
-        from rlspeed.evaluation import evaluate
+        return model.evaluate(episodes=args.episodes, seed=seed, env_id=env_id, deterministic=deterministic,
+                              env_kwargs=env_kwargs, progress_bar=not args.no_progress)
+    from rlspeed.evaluation import evaluate
 
-        result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend,
-                          deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=not args.no_progress)
-    success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
-    how = "deterministic" if deterministic else "stochastic"
-    made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
-    episodes = f"{args.episodes} episode{'s' if args.episodes != 1 else ''}"
-    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}"
-          f"{_cut_short(result.get('unfinished'), result['episodes'])}{seed_note}: "
-          f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
-          file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(strict_json({**result, "seed": args.seed, "deterministic": deterministic}))
+    return evaluate(model, env_id, episodes=args.episodes, seed=seed, backend=args.env_backend,
+                    deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=not args.no_progress)
+
+
+def _population_members(given: Path) -> list[Path]:
+    """The members' models of a population's run directory `given` (`members/seed_<S>.safetensors`, by seed); none
+    for anything else (a file, a single run's directory)."""
+    from rlspeed.checkpoint import MEMBERS_DIR, _member_models
+
+    if not given.is_dir() or (given / "model.safetensors").is_file():
+        return []
+    return _member_models(given / MEMBERS_DIR)
+
+
+def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path], run_config: dict) -> int:
+    """`rlspeed eval RUN_DIR` of a population's run: each member's model (`members/`) evaluated on fresh episodes as
+    `rlspeed eval MEMBER` evaluates one, member seed S's from `evaluation_seed(S, "members", --seed)` (so members of
+    neighbouring seeds play unrelated episodes, and `rlspeed eval MEMBER --seed <its seed>` repeats its line), then
+    the median and IQM of their means with 95% bootstrap intervals, as summary.json's `aggregate["final_eval"]`.
+    `--json` prints the members' results and the aggregate on stdout. Returns 0."""
+    import math
+
+    from rlspeed.evaluation import evaluation_seed
+    from rlspeed.stats import aggregate
+
     if args.video is not None:
-        from rlspeed.video import record_video
-
-        # (on the backend evaluated on: with the same seed, the video's episodes are the evaluated ones)
-        video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
-                             deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite,
-                             backend=args.env_backend if args.env_backend != "auto" else None)
-        episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
-        returns = "return" if video["episodes"] == 1 else "mean return"
-        print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
-              f"{_score(video['mean'])}{_cut_short(video['unfinished'], video['episodes'])})",
-              file=sys.stderr if args.json else sys.stdout)
+        raise UserError(f"--video films one model: give one member's, e.g. rlspeed eval {members[0]} --video "
+                        f"{args.video}.")
+    env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
+    seed_note = _eval_seed(args)
+    out = sys.stderr if args.json else sys.stdout
+    results, names = [], set()
+    for path in members:
+        model = _load_evaluated_model(args, path, run_config)
+        env_id = _evaluated_env_id(args, model, path, say=path == members[0])
+        member_seed = model.seed if isinstance(model.seed, int) else int(path.stem.removeprefix("seed_"))
+        seed = evaluation_seed(member_seed, "members", args.seed)
+        try:
+            result = _evaluated(args, model, env_id, env_kwargs, seed)
+        finally:
+            model.close()
+        names.add((type(model).__name__, env_id))
+        success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
+        print(f"rlspeed: seed {member_seed}: {_score(result['mean'])} +/- {_score(result['std'])}"
+              f"{_cut_short(result.get('unfinished'), result['episodes'])}{success} (--seed {seed} repeats it "
+              f"with {path})", file=out, flush=True)
+        results.append({"member_seed": member_seed, "model": str(path), **result, "seed": seed})
+    means = [entry["mean"] for entry in results if math.isfinite(entry["mean"])]
+    final = aggregate(means)
+    recorded = run_config.get("seeds") if isinstance(run_config, dict) else None
+    missing = ([seed for seed in recorded if seed not in {entry["member_seed"] for entry in results}]
+               if isinstance(recorded, list) else [])
+    without = (f"; {len(missing)} of {len(recorded)} members have no model (a member that diverged is not saved): "
+               f"seed {', '.join(map(str, missing))}" if missing else "")
+    what = " and ".join(sorted(f"{name} members on {env_id}" for name, env_id in names))
+    how = "deterministic" if not args.stochastic else "stochastic"
+    print(f"rlspeed: {len(results)} {what}, {how}, {_episodes(args.episodes)} each{seed_note}: median "
+          f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}{without}", file=out)
+    if args.json:
+        print(strict_json({"members": results, "aggregate": final, "seed": args.seed,
+                           "deterministic": not args.stochastic, "episodes": args.episodes}))
     return 0
 
 
@@ -3512,7 +3604,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.set_defaults(func=cmd_tune)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic; --stochastic samples)")
-    ev.add_argument("checkpoint", metavar="CHECKPOINT", help="a model file or a run directory")
+    ev.add_argument("checkpoint", metavar="CHECKPOINT", help="a model file or a run directory (a population's: "
+                    "every member, and their aggregate)")
     ev.add_argument("--env", default=None, type=_given("an env id"), metavar="ENV_ID",
                     help="env id (default: the one it was trained on, with the options its run recorded)")
     ev.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",

@@ -496,8 +496,9 @@ ENVPOOL_EVALUATION_ENVS = 1_000
 
 
 #: what `evaluation_seed` derives a seed for: evaluations during training (curves, targets), the fresh episodes that
-#: confirm a target, a run's final evaluation, an `EvalCallback`'s evaluations
-EVALUATION_KINDS = ("learn", "confirm", "final", "callback")
+#: confirm a target, a run's final evaluation, an `EvalCallback`'s evaluations, `rlspeed eval RUN_DIR`'s of a
+#: population's members (its num_timesteps: the command's --seed)
+EVALUATION_KINDS = ("learn", "confirm", "final", "callback", "members")
 #: `evaluation_seed`'s seeds lie below this: an evaluation of up to as many episodes seeds them all below 2**31
 #: (EnvPool's limit)
 EVALUATION_SEED_RANGE = 2**30
