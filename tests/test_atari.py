@@ -266,9 +266,9 @@ def test_subprocess_envs_report_lives_and_end_episodes_at_lost_lives():
 
 def test_atari_id_without_ale_py_is_one_sentence_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(atari, "register_atari", lambda: False)
-    with pytest.raises(UserError, match="need ale-py and OpenCV .*: pip install ale-py opencv-python-headless"):
+    with pytest.raises(UserError, match=r'need ale-py and OpenCV .*: pip install "rlspeed\[atari\]"'):
         make_env("NoSuchGameNoFrameskip-v4")
-    with pytest.raises(UserError, match="pip install ale-py"):
+    with pytest.raises(UserError, match=r'pip install "rlspeed\[atari\]"'):
         resolve_backend("NoSuchGameNoFrameskip-v4")
 
 

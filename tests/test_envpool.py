@@ -241,17 +241,17 @@ def test_envpool_backend_without_envpool_names_the_pip_command(monkeypatch):
     import rlspeed.envs as envs
 
     monkeypatch.setattr(envs, "envpool_installed", lambda: False)
-    with pytest.raises(UserError, match="pip install envpool"):
+    with pytest.raises(UserError, match=r'pip install "rlspeed\[envpool\]"'):
         resolve_backend("CartPole-v1", "envpool")
-    with pytest.raises(UserError, match="pip install envpool"):
+    with pytest.raises(UserError, match=r'pip install "rlspeed\[envpool\]"'):
         make_env("CartPole-v1", backend="envpool")
     assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"
     # an Atari id with neither EnvPool nor ale-py: EnvPool named first, with what the id needs besides
     from rlspeed.envs import atari
 
     monkeypatch.setattr(atari, "register_atari", lambda: False)
-    with pytest.raises(UserError, match="needs EnvPool: pip install envpool; 'BreakoutNoFrameskip-v4' also needs "
-                                        "ale-py and OpenCV: pip install ale-py opencv-python-headless"):
+    with pytest.raises(UserError, match="needs EnvPool: pip install \"rlspeed\\[envpool\\]\"; 'BreakoutNoFrameskip-v4' "
+                                        "also needs ale-py and OpenCV: pip install \"rlspeed\\[atari\\]\""):
         resolve_backend("BreakoutNoFrameskip-v4", "envpool")
 
 

@@ -978,10 +978,10 @@ def test_an_env_that_raises_when_made_is_named_in_one_line(capsys, tmp_path):
 
 
 def test_a_missing_env_dependency_says_what_to_install(capsys):
-    with pytest.raises(UserError, match="'imageio' is not installed: pip install imageio"):
+    with pytest.raises(UserError, match=r"'imageio' is not installed: pip install \"rlspeed\[video\]\"\.$"):
         make_env("FaultyNeedsImageio-v0", num_envs=2, device="cpu")
     code = cli.main(["train", "ppo", "FaultyNeedsImageio-v0", "--no-progress"])
-    assert_one_line_error(code, capsys.readouterr(), "pip install imageio")
+    assert_one_line_error(code, capsys.readouterr(), 'pip install "rlspeed[video]"')
 
 
 def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):
@@ -991,7 +991,33 @@ def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):
                                                   'pip install "rlspeed[mujoco]"'),))
     (check,) = doctor.check_env_families()
     assert "MuJoCo is installed, but the Python module 'imageio' is not installed" in check.detail
-    assert "pip install imageio" in check.advice
+    assert check.advice == 'pip install "rlspeed[video]"'
+
+
+@pytest.mark.parametrize(("module", "env_id", "extra"), [("mujoco", "Hopper-v5", "mujoco"),
+                                                        ("Box2D", "LunarLander-v3", "box2d")])
+def test_a_missing_extra_is_one_command_from_train_eval_video_and_doctor(module, env_id, extra, monkeypatch):
+    """A MuJoCo id without mujoco: `rlspeed train` said pip install "gymnasium[mujoco]", `eval` passed Gymnasium's
+    own wording on, a video said pip install "rlspeed[video]", doctor pip install "rlspeed[mujoco]". Each says the
+    extra's one command now (the module made missing whether it is installed or not)."""
+    from rlspeed import video
+    from rlspeed.diagnostics import doctor
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+    monkeypatch.setitem(sys.modules, module, None)
+    family = f"gymnasium.envs.{extra}"  # (imported already: its envs would be made with the module it holds)
+    for name in [name for name in sys.modules if name == family or name.startswith(family + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    command = f'pip install "rlspeed[{extra}]".'
+    for make in (lambda: make_env(env_id, num_envs=1, device="cpu", backend="gymnasium"),  # train
+                 lambda: GymnasiumEnv(env_id, num_envs=1, device="cpu"),  # eval's env
+                 lambda: video._render_env(env_id)):  # eval --video
+        with pytest.raises(UserError) as raised:
+            make()
+        assert str(raised.value).endswith(f"the Python module '{module}' is not installed: {command}"), raised.value
+    monkeypatch.setattr(doctor, "ENV_FAMILIES", ((extra, env_id, module, doctor.WARN, command[:-1]),))
+    (check,) = doctor.check_env_families()
+    assert check.detail.endswith(f"{module} is not installed") and check.advice == command[:-1]
 
 
 @pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-v5"])
@@ -1010,7 +1036,7 @@ def test_an_atari_id_says_install_ale_py(env_id, capsys, monkeypatch):
     for registered in [key for key in gym.registry if key.startswith("ALE/") or "NoFrameskip" in key
                        or key.split("-v")[0] in ("Breakout", "Pong")]:
         monkeypatch.delitem(gym.registry, registered)
-    assert_one_line_error(cli.main(["train", "dqn", env_id]), capsys.readouterr(), "pip install ale-py")
+    assert_one_line_error(cli.main(["train", "dqn", env_id]), capsys.readouterr(), 'pip install "rlspeed[atari]"')
 
 
 def test_an_unimportable_env_module_is_one_sentence(capsys):

@@ -30,6 +30,7 @@ import numpy as np
 import rlspeed
 from rlspeed import evaluation
 from rlspeed.envs.gymnasium_env import close_quietly, closed_after
+from rlspeed.envs.packages import missing_dependency
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
@@ -137,8 +138,8 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         raise UserError(f"'{env_id}' cannot render frames for a video: its constructor takes no render_mode (give "
                         "it render_mode=None and a render() that returns an RGB array).") from None
     except (ImportError, gym.error.DependencyNotInstalled) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"Cannot render '{env_id}' for a video ({first}): {INSTALL}.") from None
+        # (the missing module's own extra: the env's package, MuJoCo's, or the video extra's pygame)
+        raise UserError(f"Cannot render '{env_id}' for a video: {missing_dependency(error).rstrip('.')}.") from None
     except gym.error.Error as error:
         raise UserError(f"'{env_id}' cannot render frames for a video ({error}).") from None
     if "rgb_array" not in (env.metadata.get("render_modes") or []):

@@ -45,6 +45,8 @@ from rlspeed.envs.packages import (
     PACKAGE_FAMILIES,
     import_box2d,
     import_gym_packages,
+    install_command,
+    missing_dependency,
     register_family,
     route_mujoco_messages,
 )
@@ -118,32 +120,18 @@ def _envpool_for_auto(env_id: str) -> bool:
     return atari.is_atari(env_id) and envpool_task(env_id) is not None
 
 
-#: What to install for Atari envs (ale-py, and OpenCV for Gymnasium's AtariPreprocessing): the `atari` extra's
-ATARI_INSTALL = 'pip install ale-py opencv-python-headless (or "rlspeed[atari]")'
-#: What to install for a module an env family needs, by the missing module's top-level name.
-_INSTALL = {"mujoco": 'pip install "gymnasium[mujoco]"', "imageio": 'pip install imageio (or "gymnasium[mujoco]")',
-            "Box2D": 'pip install "gymnasium[box2d]"', "pygame": "pip install pygame", "ale_py": ATARI_INSTALL}
-
-
-def missing_dependency(error: BaseException) -> str | None:
-    """For an error from making an env whose Python dependency is missing: 'X is not installed: pip install ...'
-    naming what is missing (an ImportError's module, or Gymnasium's DependencyNotInstalled message); else None."""
-    if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
-            and error.__cause__.name:
-        error = error.__cause__  # the import that failed names the module
-    if isinstance(error, ImportError) and error.name:
-        top = error.name.split(".")[0]
-        return f"the Python module '{top}' is not installed: {_INSTALL.get(top, f'pip install {top}')}"
-    if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
-        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return None
+#: What to install for Atari envs (ale-py, and OpenCV for Gymnasium's AtariPreprocessing): the `atari` extra
+ATARI_INSTALL = install_command("ale_py")
 
 
 def _dependency_error(env_id: str, error: BaseException) -> UserError | None:
     reason = missing_dependency(error)
     if reason is None:
         return None
-    return UserError(f"Cannot make '{env_id}': {reason.rstrip('.')}{_newer_version(env_id)}.")
+    # (a newer version of the id helps where the old one needs a retired package, mujoco-py; not where the newer
+    # one needs the same missing package)
+    newer = "" if "rlspeed[" in reason else _newer_version(env_id)
+    return UserError(f"Cannot make '{env_id}': {reason.rstrip('.')}{newer}.")
 
 
 def _newer_version(env_id: str) -> str:

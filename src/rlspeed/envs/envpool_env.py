@@ -1,6 +1,6 @@
 """EnvPool backend: EnvPool's batched C++ envs (Atari, MuJoCo, classic control) under the batched env contract.
 
-EnvPool (an optional extra: `pip install envpool`) resets a finished env on the NEXT step, ignoring that step's
+EnvPool (the `envpool` extra) resets a finished env on the NEXT step, ignoring that step's
 action. The contract is SAME_STEP, so this adapter resets finished envs right after the step that finished them
 (`reset(env_ids)`, which clears their done flag, so the next step steps them): the step's observations of finished
 rows become `info["final_obs"]` and the reset ones take their place in `obs`.
@@ -33,7 +33,7 @@ from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, nump
 from rlspeed.envs.gymnasium_env import close_other_backend, float32_rewards
 from rlspeed.errors import UserError, warn_at_caller
 
-INSTALL = "pip install envpool"
+INSTALL = 'pip install "rlspeed[envpool]"'  # (`packages.install_command("envpool")`)
 
 
 def envpool_installed() -> bool:

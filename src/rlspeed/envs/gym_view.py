@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlspeed.envs.packages import install_command
 from rlspeed.envs.registry import NATIVE_ENVS
 
 
@@ -37,7 +38,7 @@ class NativeGymEnv(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise gym.error.DependencyNotInstalled(
                 f"render_mode={render_mode!r} for rlspeed/{native_id} is drawn by Gymnasium's {native_id}, which needs "
-                "pygame: pip install \"gymnasium[classic-control]\" (modes: human, rgb_array).")
+                f"pygame (modes: human, rgb_array): {install_command('pygame')}.")
         self._env = NATIVE_ENVS[native_id](num_envs=1, device="cpu", seed=0, state_dtype=getattr(torch, state_dtype))
         self._env._max_steps = 2**31 - 1  # truncation comes from gymnasium's TimeLimit wrapper
         original = gym.make(native_id, render_mode=render_mode)  # the same spaces as Gymnasium's registered env

@@ -46,7 +46,7 @@ from rlspeed.envs.base import (
     numpy_dtype,
     observation_layout,
 )
-from rlspeed.envs.packages import register_family
+from rlspeed.envs.packages import missing_dependency, register_family
 from rlspeed.errors import CLOSE_ERRORS, CloseErrors, EnvStepError, UserError, warn_at_caller
 from rlspeed.lifetime import stops_kept_while_forking
 
@@ -1786,7 +1786,7 @@ class GymnasiumEnv(BatchedEnv):
                                                   vector_kwargs={**vector_kwargs, "shared_memory": False},
                                                   wrappers=wrappers, **(env_kwargs or {}))
                 except gym.error.DependencyNotInstalled as error:
-                    raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
+                    raise UserError(f"Cannot make '{env_id}': {missing_dependency(error).rstrip('.')}.") from None
                 except (*REJECTED_VALUE_ERRORS, pickle.PicklingError) as error:
                     if not env_kwargs:
                         raise

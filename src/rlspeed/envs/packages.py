@@ -1,6 +1,7 @@
 """Env packages that register their ids with Gymnasium when imported: `--gym-packages` modules, and the families of
 ids whose package rlspeed imports by itself on the first id (`PACKAGE_FAMILIES`); MuJoCo's messages routed to
-Python's warnings (`route_mujoco_messages`); Box2D imported without its import warnings (`import_box2d`)."""
+Python's warnings (`route_mujoco_messages`); Box2D imported without its import warnings (`import_box2d`); what to
+install for a missing optional module (`install_command`: rlspeed's extra that has it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,41 @@ from pathlib import Path
 import gymnasium as gym
 
 from rlspeed.errors import UserError
+
+#: The extra of rlspeed that installs each optional module (by its top-level name) an env family, a backend or a video
+#: needs: a missing one is advised as `install_command` gives it, the same command from train, eval, videos and doctor.
+EXTRAS = {"mujoco": "mujoco", "Box2D": "box2d", "ale_py": "atari", "cv2": "atari", "envpool": "envpool",
+          "imageio": "video", "imageio_ffmpeg": "video", "pygame": "video"}
+
+#: Gymnasium's extras that one of rlspeed's installs (its DependencyNotInstalled messages name Gymnasium's)
+_GYMNASIUM_EXTRAS = {"mujoco": "mujoco", "box2d": "box2d", "classic-control": "video"}
+
+
+def install_command(module: str) -> str:
+    """What to run where the Python module `module` (any dotted name; its top-level package counts) is missing:
+    `pip install "rlspeed[EXTRA]"` for a module of one of rlspeed's extras (`EXTRAS`), else `pip install MODULE`."""
+    top = module.split(".")[0]
+    return f'pip install "rlspeed[{EXTRAS[top]}]"' if top in EXTRAS else f"pip install {top}"
+
+
+def missing_dependency(error: BaseException) -> str | None:
+    """For an error from making an env whose Python dependency is missing: 'the Python module X is not installed:
+    pip install ...' naming what is missing (an ImportError's module, with `install_command`'s advice: rlspeed's extra
+    that installs it), or Gymnasium's DependencyNotInstalled message with its `gymnasium[X]` advice given as rlspeed's
+    extra of that name; else None."""
+    if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
+            and error.__cause__.name:
+        error = error.__cause__  # the import that failed names the module
+    if isinstance(error, ImportError) and error.name:
+        top = error.name.split(".")[0]
+        return f"the Python module '{top}' is not installed: {install_command(top)}"
+    if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
+        said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return re.sub(r'pip install "?gymnasium\[([\w-]+)\]"?',
+                      lambda found: f'pip install "rlspeed[{_GYMNASIUM_EXTRAS[found.group(1)]}]"'
+                      if found.group(1) in _GYMNASIUM_EXTRAS else found.group(0), said)
+    return None
+
 
 _REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gym_packages has called
 
