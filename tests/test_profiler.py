@@ -69,6 +69,41 @@ def test_profile_times_off_policy_gradient_steps_and_rounds_steps_to_iterations(
         profile_run(model, steps=0, warmup_steps=0)
 
 
+def test_an_off_policy_profile_records_a_bounded_number_of_gradient_steps(monkeypatch):
+    """The profiler's record grows with the operations run, hundreds per gradient step: SAC HalfCheetah-v5's profile
+    recorded 2,000 of them (one per env step) and held gigabytes while reading them back. The profiled run takes at
+    most PROFILED_MAX_UPDATES gradient steps now (whole iterations), and an on-policy run keeps its env-step bound."""
+    model = SAC("Pendulum-v1", device="cpu", seed=0, env_backend="torch", num_envs=2, gradient_steps=3,
+                learning_starts=20, batch_size=32, net_arch=(16, 16))  # 2 env steps and 3 updates per iteration
+    monkeypatch.setattr(profiler, "PROFILED_MAX_UPDATES", 10)
+    assert profiler.planned_steps(model, 64) == (64, 24, 6)  # (3 iterations: 9 updates)
+    model.config.gradient_steps = -1  # (one per env step: 2 per iteration)
+    assert profiler.planned_steps(model, 64)[2] == 10
+    model.close()
+    ppo = PPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)  # 128 env steps an iteration
+    assert profiler.planned_steps(ppo, 1024)[2] == 1024
+
+
+def test_rlspeed_profile_sizes_the_replay_buffer_to_the_env_steps_it_runs(monkeypatch, capsys):
+    """`rlspeed profile sac HalfCheetah-v5` built the preset's buffer of 1,000,000 transitions for a run of some
+    12,000 env steps: the profiled model's buffer holds the steps the profile runs (warm-up, timed and profiled
+    runs), never wrapping, with the rest of the preset as it is, and the output says so."""
+    built = []
+
+    def stop(model, steps=None, **kwargs):
+        built.append((model.config.buffer_size, sum(profiler.planned_steps(model, steps)), model.config.batch_size))
+        raise UserError("stopped before profiling")
+
+    monkeypatch.setattr(profiler, "profile_run", stop)
+    code = cli.main(["profile", "sac", "Pendulum-v1", "--steps", "64", "--device", "cpu", "--env-backend", "torch",
+                     "--set", "buffer_size=100000", "--set", "batch_size=48"])
+    (capacity, runs, batch_size), = built
+    assert code == 2 and capacity == runs < 100_000 and batch_size == 48
+    assert f"replay buffer of {runs:,} transitions, the env steps this profile runs" in capsys.readouterr().err
+    assert profiler.profile_buffer_size(PPO("CartPole-v1", device="cpu", env_backend="torch", **SMALL_PPO).config) \
+        is None  # (no replay buffer)
+
+
 def test_dqn_profile_covers_staged_collection_over_several_steps():
     model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=4, train_freq=8,
                 gradient_steps=2, learning_starts=64, batch_size=16, net_arch=(16, 16), activation="gelu")

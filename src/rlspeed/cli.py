@@ -2863,7 +2863,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """`rlspeed profile`: train ALGO on ENV_ID (preset, `--set`, flags as for train) for a while under the profiler
     and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
-    from rlspeed.diagnostics.profiler import planned_steps, profile_run
+    from rlspeed.diagnostics.profiler import planned_steps, profile_buffer_size, profile_run
 
     _one_process_only("profile", "each process would profile a run of its own, not the distributed one")
     _import_env_modules(args, "env_id")
@@ -2884,7 +2884,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
                             "you can write to.") from None
         if not existed:
             trace.unlink()
-    algo_cls, _run_settings, hyper, _config = _settings(args)
+    algo_cls, _run_settings, hyper, config = _settings(args)
+    buffer_size = profile_buffer_size(config, args.steps)
+    if buffer_size is not None:  # (training's buffer, a million transitions in many presets, is not a profile's)
+        print(f"rlspeed: replay buffer of {buffer_size:,} transitions, the env steps this profile runs (training's "
+              f"{config.buffer_size:,} would cost memory, not time, in a run this short)", file=sys.stderr)
+        hyper = {**hyper, "buffer_size": buffer_size}
     model = _model(args, algo_cls, hyper)
     try:  # (its envs closed, as train's are: a close() error is said after the report, `_main`)
         steps, warmup, profiled = planned_steps(model, args.steps)
@@ -3643,7 +3648,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=_whole(1), default=None, metavar="N",
                       help="env steps of the unprofiled timed run, rounded "
                       "up to whole iterations (default: 10 iterations, at least 2,000); the profiled run records at "
-                      "most 2,048 of them (at least one iteration): the profiler keeps every operation in memory")
+                      "most 2,048 of them, off-policy at most 256 gradient steps' (at least one iteration): the "
+                      "profiler keeps every operation in memory")
     prof.add_argument("--trace", default=None, type=_given("the trace file"), metavar="FILE",
                       help="also write a trace of the profiled run, for chrome://tracing or ui.perfetto.dev")
     prof.add_argument("--json", action="store_true",

@@ -44,6 +44,9 @@ DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
 # few thousand steps of an env made of many small operations): the profiled run records at most this many env steps
 # (whole iterations, at least one)
 PROFILED_MAX_STEPS = 2_048
+# ... and at most this many off-policy gradient steps (whole iterations, at least one): the record grows with the
+# operations run, hundreds per gradient step, and a share of a phase is as well measured over this many
+PROFILED_MAX_UPDATES = 256
 # CUDA runtime calls that block the host until the device catches up (`.item()` is a copy, then a stream sync)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 # Thresholds of `advise` (shares of the profiled wall time, unless said otherwise)
@@ -183,7 +186,10 @@ def _describe(accelerate: dict) -> str:
 
 def steps_per_iteration(model) -> int:
     """Env steps one training iteration of `model` takes (a PPO rollout, or an off-policy `train_freq`)."""
-    cfg = model.config
+    return _iteration_steps(model.config)
+
+
+def _iteration_steps(cfg) -> int:
     return int(getattr(cfg, "num_steps", None) or getattr(cfg, "train_freq", 1)) * int(cfg.num_envs)
 
 
@@ -203,15 +209,37 @@ def parameter_count(model) -> int:
 def planned_steps(model, steps: int | None = None) -> tuple[int, int, int]:
     """(the unprofiled run's env steps, the default warm-up's, the profiled run's) of `profile_run` for `model`:
     `steps` (default: the larger of 10 iterations and 2,000 env steps) rounded up to whole iterations;
-    learning_starts plus two iterations; at most `PROFILED_MAX_STEPS` of `steps` (whole iterations, at least one)."""
-    per_iteration = steps_per_iteration(model)
+    learning_starts plus two iterations; at most `PROFILED_MAX_STEPS` of `steps` and, off-policy, the iterations of
+    `PROFILED_MAX_UPDATES` gradient steps (whole iterations, at least one)."""
+    return _plan(model.config, steps)
+
+
+def _plan(cfg, steps: int | None) -> tuple[int, int, int]:
+    per_iteration = _iteration_steps(cfg)
     if steps is None:
         steps = max(DEFAULT_ITERATIONS * per_iteration, DEFAULT_MIN_STEPS)
     if steps <= 0:
         raise UserError(f"steps must be positive, got {steps}.")
     steps = math.ceil(steps / per_iteration) * per_iteration
-    return (steps, int(getattr(model.config, "learning_starts", 0)) + 2 * per_iteration,
-            min(steps, max(per_iteration, PROFILED_MAX_STEPS // per_iteration * per_iteration)))
+    iterations = PROFILED_MAX_STEPS // per_iteration
+    updates = getattr(cfg, "gradient_steps", None)  # (off-policy: per iteration; -1 one per env step)
+    if updates is not None:
+        iterations = min(iterations, PROFILED_MAX_UPDATES // (per_iteration if updates == -1 else int(updates)))
+    return (steps, int(getattr(cfg, "learning_starts", 0)) + 2 * per_iteration,
+            min(steps, max(1, iterations) * per_iteration))
+
+
+def profile_buffer_size(config, steps: int | None = None) -> int | None:
+    """The replay buffer `rlspeed profile` gives an off-policy `config` (an algorithm's validated config) for a
+    profile of `steps` (`planned_steps`' meaning): every env step the default warm-up, the timed and the profiled
+    runs take, which it never wraps, so that each step costs what it costs with training's larger buffer; None where
+    `config` has no replay buffer or one no larger."""
+    buffer_size = getattr(config, "buffer_size", None)
+    if buffer_size is None:
+        return None
+    timed, warmup, profiled = _plan(config, steps)
+    needed = timed + warmup + profiled
+    return needed if needed < int(buffer_size) else None
 
 
 def _export_trace(prof, trace: Path) -> None:
