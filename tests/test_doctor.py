@@ -378,3 +378,28 @@ def test_a_mujoco_gl_that_fails_to_load_is_named_with_its_fix_not_an_install_lin
     status, detail, _, advice = done.stdout.strip().splitlines()[-4:]
     assert status == doctor.WARN and "MuJoCo cannot be imported with MUJOCO_GL=no-such-platform" in detail
     assert advice.startswith("unset MUJOCO_GL") and "pip install" not in advice
+
+
+def test_doctor_says_what_mujoco_videos_need_on_a_machine_without_a_display(monkeypatch):
+    """On a headless Linux machine doctor passed everything, then `eval --video` of a MuJoCo env failed in glfw (no
+    display) until MUJOCO_GL=egl was set: a WARN now says what to set, from the platforms whose library loads."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "mujoco" else real(name, *a))
+    monkeypatch.setattr(sys, "platform", "linux")
+    for variable in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(doctor, "headless_gl_platforms", lambda: ["osmesa"])
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.status == doctor.WARN and "no display" in check.detail and check.advice == "export MUJOCO_GL=osmesa"
+    monkeypatch.setenv("MUJOCO_GL", "egl")  # (set, and its library missing)
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.status == doctor.WARN and check.advice == "export MUJOCO_GL=osmesa"
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert [check.status for check in doctor.check_mujoco_rendering()] == [doctor.PASS]
+    monkeypatch.delenv("MUJOCO_GL")
+    monkeypatch.setenv("DISPLAY", ":0")  # (glfw renders on the display)
+    assert [check.status for check in doctor.check_mujoco_rendering()] == [doctor.PASS]
+    monkeypatch.delenv("DISPLAY")
+    monkeypatch.setattr(doctor, "headless_gl_platforms", lambda: [])
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.status == doctor.WARN and "export MUJOCO_GL=egl" in check.advice and "libegl1" in check.advice

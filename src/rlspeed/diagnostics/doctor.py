@@ -498,6 +498,56 @@ def check_env_families() -> list[Check]:
     return checks
 
 
+#: MuJoCo's off-screen OpenGL platforms (MUJOCO_GL) for a machine without a display: each needs PyOpenGL and a library
+MUJOCO_HEADLESS_GL = (("egl", ("libEGL.so.1", "libEGL.so")), ("osmesa", ("libOSMesa.so.8", "libOSMesa.so.6",
+                                                                         "libOSMesa.so")))
+
+
+def _loadable(names: tuple[str, ...]) -> bool:
+    import ctypes
+
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def headless_gl_platforms() -> list[str]:
+    """The MUJOCO_GL platforms of `MUJOCO_HEADLESS_GL` that can load here (PyOpenGL importable, the library found by
+    the dynamic loader), without importing MuJoCo or rendering: milliseconds."""
+    if importlib.util.find_spec("OpenGL") is None:
+        return []
+    return [platform for platform, libraries in MUJOCO_HEADLESS_GL if _loadable(libraries)]
+
+
+def check_mujoco_rendering() -> list[Check]:
+    """Whether MuJoCo envs can render frames (videos: `eval --video`, `train --video-every`) with the MUJOCO_GL set:
+    its default, glfw, needs a display, which a headless Linux machine lacks; egl and osmesa need their libraries. A
+    WARN saying what to set; no line without MuJoCo (the env line says to install it)."""
+    if importlib.util.find_spec("mujoco") is None:
+        return []
+    name = "render mujoco"
+    gl = os.environ.get("MUJOCO_GL", "").strip().lower()
+    available = headless_gl_platforms()
+    fix = (f"export MUJOCO_GL={available[0]}" if available else
+           "install EGL and PyOpenGL (apt-get install libegl1; pip install pyopengl), then export MUJOCO_GL=egl")
+    if gl in ("egl", "osmesa"):
+        if gl in available:
+            return [Check(PASS, name, f"MUJOCO_GL={gl}: its library loads (videos render off-screen)")]
+        return [Check(WARN, name, f"MUJOCO_GL={gl}, whose library (or PyOpenGL) is not found: videos of MuJoCo envs "
+                      "will fail", fix)]
+    if gl not in ("", "glfw"):
+        return [Check(WARN, name, f"MUJOCO_GL={gl} is none of MuJoCo's platforms (glfw, egl, osmesa)", fix)]
+    headless = sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    if not headless:
+        return [Check(PASS, name, f"MUJOCO_GL {'=glfw' if gl else 'unset'}: glfw renders with the display")]
+    return [Check(WARN, name, f"no display and MUJOCO_GL {'=glfw' if gl else 'unset'}: videos of MuJoCo envs "
+                  "(eval --video, --video-every) will fail", fix)]
+
+
 # --- 7. Threads ---------------------------------------------------------------------------------------------
 
 
@@ -617,6 +667,7 @@ def run_doctor(device: str = "auto", json_output: bool = False) -> int:
         report(_guarded("matmul", lambda: check_matmul(chosen)))
         report(_guarded("torch.compile", lambda: check_compile(chosen)))
     report(_guarded("envs", check_env_families))
+    report(_guarded("render mujoco", check_mujoco_rendering))
     report(_guarded("threads", check_threads))
     report(_guarded("packages", check_packages))
 
