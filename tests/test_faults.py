@@ -1002,6 +1002,7 @@ def test_a_missing_extra_is_one_command_from_train_eval_video_and_doctor(module,
     extra's one command now (the module made missing whether it is installed or not)."""
     from rlspeed import video
     from rlspeed.diagnostics import doctor
+    from rlspeed.envs import env_spec
     from rlspeed.envs.gymnasium_env import GymnasiumEnv
 
     monkeypatch.setitem(sys.modules, module, None)
@@ -1015,6 +1016,9 @@ def test_a_missing_extra_is_one_command_from_train_eval_video_and_doctor(module,
         with pytest.raises(UserError) as raised:
             make()
         assert str(raised.value).endswith(f"the Python module '{module}' is not installed: {command}"), raised.value
+    if module == "mujoco":  # (a v4 id: v5 needs the same package, so it is not named as the way out)
+        with pytest.raises(UserError, match=r"rlspeed\[mujoco\]\"\.$"):
+            env_spec("Hopper-v4")  # (what train reads first)
     monkeypatch.setattr(doctor, "ENV_FAMILIES", ((extra, env_id, module, doctor.WARN, command[:-1]),))
     (check,) = doctor.check_env_families()
     assert check.detail.endswith(f"{module} is not installed") and check.advice == command[:-1]
