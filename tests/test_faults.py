@@ -994,6 +994,7 @@ def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):
     assert check.advice == 'pip install "rlspeed[video]"'
 
 
+@pytest.mark.filterwarnings("ignore:.*Hopper-v4 is out of date:DeprecationWarning")
 @pytest.mark.parametrize(("module", "env_id", "extra"), [("mujoco", "Hopper-v5", "mujoco"),
                                                         ("Box2D", "LunarLander-v3", "box2d")])
 def test_a_missing_extra_is_one_command_from_train_eval_video_and_doctor(module, env_id, extra, monkeypatch):
