@@ -349,7 +349,8 @@ def test_profile_says_it_reads_the_record_back_and_caveats_a_run_of_a_few_steps(
     assert "rlspeed: 32 env steps profiled in" in err and "reading back the profiler's record of every operation" in err
     assert err.index("reading back") > err.index("profiling DQN")
     report = " ".join(captured.out.split())
-    assert "caveat: only 32 env steps (1 iteration) were profiled, fewer than the 2,016 of the default run" in report
+    # (the default: the preset's 16 gradient steps an iteration, PROFILED_MAX_UPDATES of them in 16 iterations)
+    assert "caveat: only 32 env steps (1 iteration) were profiled, fewer than the 512 of the default run" in report
     assert report.index("caveat:") < report.index("advice:")
     model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=2, train_freq=16)
     assert profiler.too_few_steps(model, 2_016) == [] and profiler.too_few_steps(model, 1_984)
