@@ -245,8 +245,8 @@ def test_learn_says_how_to_silence_it_when_given_sb3s_verbose():
 
 def test_sb3s_verbose_sets_what_learn_prints_and_is_saved(tmp_path, monkeypatch, capsys):
     """Stable-Baselines3's `PPO(env, verbose=...)` is taken: 0 trains without a bar, 1 with it, 2 prints each metrics
-    row as a line too; learn's own progress_bar wins; the model keeps it through save and load; other values are one
-    sentence."""
+    row as a line too; learn's own progress_bar wins (False: no rows either); the model keeps it through save and
+    load; other values are one sentence."""
     import rlspeed.algos.base as base
 
     bars = []
@@ -262,6 +262,8 @@ def test_sb3s_verbose_sets_what_learn_prints_and_is_saved(tmp_path, monkeypatch,
     rows.learn(128, log_interval_s=0)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo timesteps=")]
     assert [line.split()[1] for line in lines] == ["timesteps=64", "timesteps=128"] and "episode_return=" in lines[1]
+    rows.learn(64, log_interval_s=0, progress_bar=False)  # (silences the call: its rows were printed still)
+    assert "timesteps=" not in capsys.readouterr().err
     rows.save(tmp_path / "model")
     assert PPO.load(tmp_path / "model").verbose == 2 and PPO.load(tmp_path / "model", verbose=0).verbose == 0
     for wrong in (3, "1", -1):

@@ -514,6 +514,8 @@ def test_a_population_takes_verbose_as_a_solo_model_does(monkeypatch, capsys):
     assert enabled == [False, True]
     rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo x2 ")]
     assert len(rows) == 1 and rows[0].startswith(f"ppo x2 timesteps={2 * steps} ") and "eval_mean/seed_4=" in rows[0]
+    population.learn(steps, eval_freq=steps, eval_episodes=1, progress_bar=False)  # (silences the call, rows too)
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("ppo x2 ")]
     with pytest.raises(UserError, match=r"^A population's learn takes no verbose: give it when the population is "
                                         r"made \(Population\(PPO, env_id, seeds, verbose=0\)"):
         population.learn(steps, verbose=1)

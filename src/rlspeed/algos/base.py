@@ -3452,7 +3452,8 @@ class Algorithm:
                         self._numerics.check_losses(row, self.num_timesteps, checked=finite_checked)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=bar_evaluation(row, eval_episodes))
-                    if verbose >= 2 and main:  # (the row as metrics.csv gets it, its step count first)
+                    if verbose >= 2 and progress_bar and main:  # (the row as metrics.csv gets it, its step count
+                        # first; learn(progress_bar=False) silences the call, rows too)
                         print_beside_bars(metrics_line(self.name, row), file=sys.stderr)
                     if logger is not None:
                         logger.log(row)

@@ -1791,7 +1791,8 @@ class PopulationBase:
         with float32_default(), torch.inference_mode(False), CloseErrors() as close_errors:
             self._check_start_fits(int(total_timesteps))  # (before metrics.csv and the envs)
             logger = self._metrics_logger(run_dir, evaluating)
-            if verbose >= 2:  # (each row printed, and written where there is a run_dir)
+            if verbose >= 2 and progress_bar:  # (each row printed, and written where there is a run_dir;
+                # learn(progress_bar=False) silences the call, rows too, as a solo model's)
                 logger = _PrintedRows(f"{self.algo_name} x{self.size}", logger)
             saved = self.progress if self._resumed else None
             if eval_freq is None:  # (a model's rule; a resumed loop keeps its own, as a resumed model's does)
