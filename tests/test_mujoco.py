@@ -183,3 +183,29 @@ def test_a_mujoco_install_that_fails_to_import_is_one_sentence_with_its_repair(m
     assert "\n" not in str(raised.value) and "pip install --upgrade 'mujoco==4.0.1'" in str(raised.value)
     problem, fix = _env_family_problem(raised.value, "MuJoCo", 'pip install "rlspeed[mujoco]"')
     assert problem == "MuJoCo is installed but cannot be imported" and fix.endswith("'mujoco-core==4.0.1'")
+
+
+class _MujocoWithoutItsModule(_BrokenMujoco):
+    """A finder whose `mujoco` fails on import for want of a module it imports (glfw, pip-uninstalled)."""
+
+    def exec_module(self, module):
+        raise ModuleNotFoundError("No module named 'glfw'", name="glfw")
+
+
+def test_a_module_mujoco_imports_missing_is_named_with_its_install_command(monkeypatch):
+    """`import mujoco` failing for want of another module names that module and `pip install` it, in the sentence and
+    as `rlspeed doctor`'s fix (which gave "No module named 'glfw'" as the fix, not a command)."""
+    from rlspeed.diagnostics.doctor import _env_family_problem
+    from rlspeed.envs import packages
+    from rlspeed.errors import UserError
+
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.setattr(packages, "_mujoco_routed", False)
+    monkeypatch.delitem(sys.modules, "mujoco")
+    monkeypatch.setattr(sys, "meta_path", [_MujocoWithoutItsModule(), *sys.meta_path])
+    with pytest.raises(UserError, match=r"^MuJoCo is installed but cannot be imported, so 'Hopper-v5' cannot be made: "
+                                        r"the Python module 'glfw' it imports is not installed: pip install glfw$"
+                       ) as raised:
+        packages.route_mujoco_messages("Hopper-v5")
+    assert _env_family_problem(raised.value, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
+        "MuJoCo is installed, but the Python module 'glfw' is not installed", "pip install glfw")

@@ -438,8 +438,11 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
 
     if isinstance(error, MujocoGLError):  # installed: the OpenGL platform MUJOCO_GL names does not load
         return f"MuJoCo cannot be imported with MUJOCO_GL={error.platform}", MUJOCO_GL_ADVICE
-    if isinstance(error, MujocoImportError):  # installed, and broken: MuJoCo's own message names the repair
+    if isinstance(error, MujocoImportError) and not error.missing:  # installed, and broken: MuJoCo's own message
+        # names the repair
         return "MuJoCo is installed but cannot be imported", error.detail
+    if isinstance(error, MujocoImportError):  # (a module it imports is missing: named below, with its install)
+        error = error.error
     if needs == "envpool":  # (installed: it could not write a directory it makes as it loads, a read-only /tmp's)
         from rlspeed.envs.envpool_env import unwritable_at_import
 

@@ -184,11 +184,18 @@ class MujocoGLError(UserError):
 
 
 class MujocoImportError(UserError):
-    """`import mujoco` failed with MUJOCO_GL unset: a broken install, whose ImportError (`detail`) names the repair."""
+    """`import mujoco` failed with MUJOCO_GL unset: a broken install, whose ImportError (`error`) names the repair
+    (`detail`), or a module MuJoCo imports is missing (`missing`, its name: installing it is the repair)."""
 
     def __init__(self, env_id: str, error: ImportError):
-        self.detail = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
-        super().__init__(f"MuJoCo is installed but cannot be imported, so '{env_id}' cannot be made: {self.detail}")
+        self.error = error
+        module = (error.name or "").split(".")[0]
+        self.missing = module if module not in ("", "mujoco") else None
+        self.detail = f"pip install {self.missing}" if self.missing else (
+            " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__)
+        reason = f"the Python module '{self.missing}' it imports is not installed: " if self.missing else ""
+        super().__init__(f"MuJoCo is installed but cannot be imported, so '{env_id}' cannot be made: {reason}"
+                         f"{self.detail}")
 
 
 def _gymnasium_family(env_id: str, family: str) -> bool:
