@@ -3114,6 +3114,12 @@ def test_run_options_given_to_set_name_their_flags(capsys):
     for command, option in (("tune", "--budget N"), ("profile", "--steps N")):
         error = cli_error(capsys, [command, "ppo", "CartPole-v1", "--set", "n_timesteps=1e4"])
         assert error.endswith(f"RL-Zoo's name for the run's length: use {option}.")
+    # (tune and profile were told to use train's flags they lack: --set verbose=0 named --quiet)
+    for command, key, said in (("tune", "verbose=0", "rlspeed tune has no option for it (rlspeed train's is --quiet)"),
+                               ("profile", "video_every=2", "rlspeed profile has no option for it (rlspeed train's "
+                                                            "is --video-every)"),
+                               ("tune", "threads=2", "use --threads"), ("profile", "gym_packages=[x]", "use --gym")):
+        assert said in cli_error(capsys, [command, "ppo", "CartPole-v1", "--set", key])
 
 
 def test_eval_takes_the_seed_of_a_final_evaluation_past_the_training_seeds_limit(tmp_path, capsys):

@@ -330,6 +330,12 @@ _LENGTH_OPTIONS = {"train": "--total-timesteps N (or --set total_timesteps=N)", 
 def _check_set_keys(overrides: dict, command: str = "train") -> None:
     for key in overrides:
         if key in _FLAG_KEYS:
+            # (`_FLAG_KEYS` names rlspeed train's flags: a command without the flag says so, not "use --quiet")
+            flag = re.match(r"--[\w-]+", _FLAG_KEYS[key])
+            if command != "train" and flag and not any(flag[0] in action.option_strings
+                                                       for action in _commands(build_parser())[command]._actions):
+                raise UserError(f"--set {key}=... is not a hyperparameter, and rlspeed {command} has no option for "
+                                f"it (rlspeed train's is {flag[0]}).")
             raise UserError(f"--set {key}=... is not a hyperparameter: use {_FLAG_KEYS[key]}.")
         if key == "n_timesteps":
             raise UserError(f"--set n_timesteps=... is RL-Zoo's name for the run's length: use "
