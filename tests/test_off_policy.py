@@ -393,6 +393,9 @@ def test_the_wrong_action_space_names_the_envs_option_for_the_other_one():
     # (an option at its constructor's default is none: SwitchContinuous-v0 with continuous=False is Switch-v0)
     assert registered_variant("rlspeed-test/SwitchContinuous-v0", {"continuous": False}) == "rlspeed-test/Switch-v0"
     assert registered_variant("rlspeed-test/Switch-v0", {"continuous": False}) is None  # (itself)
+    with pytest.raises(UserError, match=r"needs continuous \(Box\) actions, but CartPole-v1 has discrete actions; "
+                                        r"use a2c, dqn, ppo or recurrent_ppo\.$"):  # (no such option)
+        SAC("CartPole-v1")
 
 
 class _MatrixActions(_Switch):
@@ -412,9 +415,6 @@ def test_dqn_on_matrix_actions_names_only_the_algorithms_that_take_them():
         DQN("rlspeed-test/MatrixActions-v0")
     with pytest.raises(UserError, match=r"SAC supports 1-D Box actions"):  # (why it is not named)
         SAC("rlspeed-test/MatrixActions-v0")
-    with pytest.raises(UserError, match=r"needs continuous \(Box\) actions, but CartPole-v1 has discrete actions; "
-                                        r"use a2c, dqn, ppo or recurrent_ppo\.$"):  # (no such option)
-        SAC("CartPole-v1")
 
 
 # --- load / resume ---------------------------------------------------------------------------------------------
