@@ -380,6 +380,7 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "ppo", "CartPole-v1", "--trained-agent", "runs/x"], "is RL-Zoo's: --init-from runs/x starts from"),
     # (CleanRL's run arguments: `--env-id` gave a bare "unrecognized arguments: --env-id", as argparse took the id)
     (["train", "ppo", "--env-id", "CartPole-v1"], "the env is the command's second word, rlspeed train ALGO ENV_ID"),
+    (["train", "ppo", "--env-id=CartPole-v1"], "ENV_ID; --env-id is CleanRL's argument: the env is the command's"),
     (["train", "ppo", "CartPole-v1", "--cuda"], "the device is --device"),
     (["train", "ppo", "CartPole-v1", "--exp-name", "x"], "a run's directory is --out DIR"),
     (["train", "ppo", "CartPole-v1", "--save-model"], "every run saves its model, RUN_DIR/model.safetensors"),

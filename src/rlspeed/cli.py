@@ -4121,6 +4121,16 @@ def _value_after_key(unknown: list[str], argv: list[str]) -> tuple[str, str] | N
                  and argv[at - 2] in ("--set", "--env-kwargs") and "=" not in argv[at - 1]), None)
 
 
+def _env_id_flag_hint(text: str, argv: list[str]) -> str:
+    """`rlspeed train ppo --env-id=CartPole-v1` (CleanRL's flag with its id joined on, which argparse did not take as
+    ENV_ID): the missing ENV_ID is said with the rule for CleanRL's flag, as `--env-id CartPole-v1` gets it."""
+    if "ENV_ID" not in text or not any(arg.split("=")[0] == "--env-id" for arg in argv):
+        return text
+    from rlspeed.algos.base import CLEANRL_NAMES
+
+    return f"{text.split(' (see ')[0]}; --env-id is CleanRL's argument: {CLEANRL_NAMES['env_id']}."
+
+
 def _swallowed_hint(text: str, argv: list[str]) -> str:
     """`--gym-packages MODULE ALGO ENV_ID`: the option takes every word up to the next option, so argparse said the
     command's arguments, taken as modules, were missing; the error names the words it took and where to put it."""
@@ -4268,7 +4278,7 @@ def _main(argv: list[str]) -> int:
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
             text = _unrecognized_hint(text, argv, command, parser)
         elif text.startswith("the following arguments are required"):
-            text = _swallowed_hint(text, argv)
+            text = _env_id_flag_hint(_swallowed_hint(text, argv), argv)
         elif command is None and text.startswith("a command is required") and set(argv) - {"--debug"}:
             # (`rlspeed --verison`: the unknown option is named, and its closest one, not the missing command)
             unknown = [arg for arg in argv if arg != "--debug"]
