@@ -1961,6 +1961,33 @@ def test_a_run_interrupted_in_its_final_evaluation_names_its_exports_of_other_st
                          f"model.safetensors at 32: redo it with rlspeed export {run} --format onnx --overwrite.")
 
 
+def test_a_stop_before_the_final_save_holds_stops_still_saves_the_finished_training(tmp_path, capsys, monkeypatch):
+    """A SIGTERM that came after training finished, before the final save held the stops (as `_sigterm_raises` set its
+    handlers, or between the two blocks), raised at once: the line said 'model.safetensors and summary.json are saved'
+    though the model had not been saved. The finished training is saved, as for a stop within the save's block, and
+    the line is true."""
+    import signal
+
+    deferred = cli._signals_deferred
+
+    @contextlib.contextmanager
+    def stop_comes_first():
+        signal.raise_signal(signal.SIGTERM)  # (to the handler then set: `_sigterm_raises`'s raises Terminated)
+        with deferred():
+            yield
+
+    monkeypatch.setattr(cli, "_signals_deferred", stop_comes_first)
+    run = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "32", "--num-envs", "2", "--set",
+                     "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device",
+                     "cpu", "--out", str(run)]) == 143
+    assert "rlspeed: interrupted (SIGTERM) after training finished: model.safetensors and summary.json are saved" in (
+        capsys.readouterr().err)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval"] is None
+    assert PPO.load(run / "model.safetensors").num_timesteps == summary["total_timesteps"] == 32
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
 def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     """Another process is refused the directory while a run trains there (tested from outside elsewhere): here, that

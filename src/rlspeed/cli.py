@@ -2630,10 +2630,12 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended; drawn after the model,
     # or, where a signal skips the evaluation, after the summary)
     undrawn = trained or model.result.stop_requested
+    saved = False
     try:
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
                 model.save(run_dir / "model.safetensors")
+                saved = True
                 if undrawn and not signals:
                     _draw_learning_curve(run_dir, model.num_timesteps)
                     undrawn = False
@@ -2642,6 +2644,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             final = model.evaluate(episodes=episodes, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         code = 143 if isinstance(stop, Terminated) else 130
+        if not saved:  # (a stop before `_signals_deferred` held them: the finished training is saved, as in it)
+            with _signals_ignored():
+                model.save(run_dir / "model.safetensors")
         summary = _summary(run, None)
         _write_summary(run_dir, summary)
         say(_steps_line(summary, model.result, target, resumed_from))
