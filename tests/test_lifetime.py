@@ -294,6 +294,24 @@ def test_a_stop_during_the_final_save_stops_the_command_once_the_save_is_written
     assert written == ["model.safetensors"]
 
 
+def test_a_stop_during_the_final_save_is_taken_in_once(monkeypatch):
+    """`_signals_deferred`: a SIGTERM held in the block went through `_signal_arrived` (a forked child's default
+    action, a closed terminal's output dropped, no more of torchrun's signal) twice, as it came and again as it was
+    raised to `_sigterm_raises`'s handler; once now, as it came."""
+    from rlspeed import cli
+
+    arrived, signal_arrived = [], cli._signal_arrived
+
+    def counted(owner, signum):
+        arrived.append(signum)
+        signal_arrived(owner, signum)
+
+    monkeypatch.setattr(cli, "_signal_arrived", counted)
+    with cli._sigterm_raises(), pytest.raises(cli.Terminated, match="SIGTERM"), cli._signals_deferred():
+        signal.raise_signal(signal.SIGTERM)
+    assert arrived == [signal.SIGTERM]
+
+
 def test_stops_held_leaves_an_ignored_stop_ignored_and_the_handlers_as_they_were_when_the_block_raises():
     """`lifetime.stops_held`: a stop the process ignores (SIGHUP under nohup) stays ignored in the block, not held to
     stop it after; a block that raises (a full disk in a video's write) leaves each handler as it was, with the stop

@@ -70,7 +70,6 @@ from rlspeed.lifetime import (
     first_to_say,
     handlers_set,
     peers_said,
-    raise_first,
     stop_ending_with_parent,
     stops_held,
     tell_launcher,
@@ -115,6 +114,11 @@ STOP_SIGNALS = tuple(signum for signum in STOPS if signum != signal.SIGINT)
 
 def _signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def _stop_of(signum: int) -> KeyboardInterrupt:
+    """What the stop `signum` raises in a command: KeyboardInterrupt for Ctrl-C, `Terminated` for the others."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(_signal_name(signum))
 
 
 def _quiet_closed_terminal(signum: int) -> None:
@@ -1936,7 +1940,7 @@ def _stop_after_iteration():
         if received and under_torchrun:
             return
         if received:
-            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(_signal_name(signum))
+            raise _stop_of(signum)
         received.append(signum)
         if under_torchrun and (os.environ.get("RANK", "0") != "0" or _peer_said_why()):
             return  # (each rank gets the signal: one says it; none where torchrun stops the run for a peer's end)
@@ -2042,14 +2046,16 @@ def _signals_ignored():
 @contextlib.contextmanager
 def _signals_deferred():
     """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait (`stops_held`): the first one is raised when
-    the block ends (`raise_first`: KeyboardInterrupt, or `Terminated` under `_sigterm_raises`), so that what the block
-    writes is written whole. Where the block raises (the save failed: a full disk), its error is what the command
-    ends with, not the stop: the stop's line would say the model is saved, and the error's ends the command as the
-    stop asked."""
+    the block ends, as under `_sigterm_raises` (`_stop_of`: KeyboardInterrupt, or `Terminated`), so that what the
+    block writes is written whole. It is raised here, not sent again to the handler then set (`lifetime.raise_first`),
+    so that `_signal_arrived` runs once for it, as it comes. Where the block raises (the save failed: a full disk),
+    its error is what the command ends with, not the stop: the stop's line would say the model is saved, and the
+    error's ends the command as the stop asked."""
     owner = os.getpid()
     with stops_held(lambda signum: _signal_arrived(owner, signum)) as received:
         yield
-    raise_first(received)
+    if received:
+        raise _stop_of(received[0])
 
 
 def _fits(load, path: Path, what: str):
@@ -2617,8 +2623,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 or model.result.steps_to_target is not None)
     if interrupted is None and (signals or model.result.stop_requested) and not finished:
         # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
-        interrupted = (KeyboardInterrupt() if signals and signals[0] == signal.SIGINT
-                       else Terminated(_signal_name(signals[0]) if signals else "SIGTERM"))
+        interrupted = _stop_of(signals[0]) if signals else Terminated("SIGTERM")
     if interrupted is not None:
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
@@ -2640,7 +2645,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                     _draw_learning_curve(run_dir, model.num_timesteps)
                     undrawn = False
             if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
-                raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
+                raise _stop_of(signals[0])
             final = model.evaluate(episodes=episodes, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         code = 143 if isinstance(stop, Terminated) else 130
