@@ -433,6 +433,38 @@ def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_whil
         assert _handlers() == before
 
 
+class _SetOutsidePython(_StopComesBefore):
+    """`_signal` as `rlspeed.lifetime` calls it, where the handler of `signum` was set outside Python (a C library's:
+    `getsignal` gives None), and each handler set is recorded in `set`."""
+
+    def __init__(self, signum):
+        super().__init__(signum, signum, when=lambda handler: False)
+        self.set = []
+
+    def getsignal(self, signum):
+        return None if signum == self.signum else _signal.getsignal(signum)
+
+    def signal(self, signum, handler):
+        self.set.append(signum)
+        return super().signal(signum, handler)
+
+
+def test_the_final_saves_ignored_stops_leave_a_handler_set_outside_python_as_it_is(monkeypatch):
+    """`cli._signals_ignored` (the W&B run's finish after a stop, the interrupted run's save): a stop whose handler was
+    set outside Python is left to it, as Python cannot set that handler again: ignored, it stayed ignored for good (or
+    its handler's return failed the block). The other stops are ignored in the block and back after it."""
+    import rlspeed.lifetime
+    from rlspeed.cli import _signals_ignored
+
+    outside = _SetOutsidePython(signal.SIGUSR1)
+    monkeypatch.setattr(rlspeed.lifetime, "_signal", outside)
+    before = _handlers()
+    with _signals_ignored():
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert _handlers() == before
+    assert signal.SIGUSR1 not in outside.set and signal.SIGTERM in outside.set
+
+
 class _StopAsItIsSet(_StopComesBefore):
     """`_signal` as `rlspeed.lifetime` calls it, where a stop's handler raises once (`_Stop`) as the call that sets the
     handler of `signum` to one `when(handler)` accepts returns: Python runs a stop that another of the process's
