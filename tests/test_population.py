@@ -294,6 +294,13 @@ def test_every_per_member_hyperparameter_reaches_its_member():
             torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
 
 
+def test_stable_baselines3s_name_of_a_hyperparameter_follows_the_per_member_rule_of_ours():
+    """Population(PPO, ..., n_steps=[...]) (SB3's name of num_steps) is refused as num_steps=[...] is, naming the
+    per-member rule, not as a list that is no valid int."""
+    with pytest.raises(UserError, match=r"'num_steps' cannot differ across members"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], n_steps=[64, 128])
+
+
 def test_per_member_learning_rate_applies():
     # (the config refuses learning_rate=0): Adam moves a weight by about the learning rate per step, 4 steps here
     population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **{**SMALL, "learning_rate": [1e-3, 1e-7, 1e-3]})

@@ -32,6 +32,7 @@ from rlspeed.algos.base import (
     default_eval_freq,
     read_switch,
     refuse_learn_keywords,
+    rlspeed_names,
     with_saved_cnn,
 )
 from rlspeed.buffers import replay as replay_buffers
@@ -144,11 +145,12 @@ _REFUSED_BY_VALUE = ("target_kl", "use_sde", "use_sde_at_warmup", "her")
 
 
 def read_as_config(config_cls: type, hyperparameters: dict) -> dict:
-    """`hyperparameters` with the values of `_REFUSED_BY_VALUE` that `config_cls` has as its config reads them (a
-    string 'no' is False, 'none' None: their truth value refused gSDE, HER or target_kl the member would not use);
-    UserError, the model's sentence, for a value the config refuses."""
+    """`hyperparameters` with Stable-Baselines3's names as the config's (`rlspeed_names`: n_steps is PPO's num_steps,
+    whose per-member rule then applies) and the values of `_REFUSED_BY_VALUE` that `config_cls` has as its config
+    reads them (a string 'no' is False, 'none' None: their truth value refused gSDE, HER or target_kl the member would
+    not use); UserError, the model's sentence, for a value the config refuses."""
     fields = {field.name for field in dataclasses.fields(config_cls)}
-    read = dict(hyperparameters)
+    read = rlspeed_names(config_cls, hyperparameters)
     for key in _REFUSED_BY_VALUE:
         if key in fields and key in read and not isinstance(read[key], (list, tuple, torch.Tensor, np.ndarray)):
             read[key] = getattr(build_config(config_cls, {key: read[key]}), key)
