@@ -935,6 +935,11 @@ class _NeedsImageio(gym.Env):
         raise ModuleNotFoundError("No module named 'imageio'", name="imageio")
 
 
+class _BrokenModule(gym.Env):
+    def __init__(self):  # (numpy is installed: as an extension whose shared library is missing fails to load)
+        raise ImportError("libGL.so.1: cannot open shared object file: No such file or directory", name="numpy")
+
+
 class _RaisesWhenMade(gym.Env):
     def __init__(self):
         raise RuntimeError("cannot open the simulator")
@@ -942,6 +947,7 @@ class _RaisesWhenMade(gym.Env):
 
 gym.register("FaultyRaises-v0", entry_point=_RaisesAtStep5, max_episode_steps=100)
 gym.register("FaultyNeedsImageio-v0", entry_point=_NeedsImageio, max_episode_steps=100)
+gym.register("FaultyBrokenModule-v0", entry_point=_BrokenModule, max_episode_steps=100)
 gym.register("FaultyRaisesWhenMade-v0", entry_point=_RaisesWhenMade, max_episode_steps=100)
 
 
@@ -982,6 +988,15 @@ def test_a_missing_env_dependency_says_what_to_install(capsys):
         make_env("FaultyNeedsImageio-v0", num_envs=2, device="cpu")
     code = cli.main(["train", "ppo", "FaultyNeedsImageio-v0", "--no-progress"])
     assert_one_line_error(code, capsys.readouterr(), 'pip install "rlspeed[video]"')
+
+
+def test_an_installed_module_that_fails_to_load_is_not_said_to_be_missing():
+    """A module that is installed but fails to import (a shared library of its own missing) was 'not installed:
+    pip install ...', which changes nothing; its import's error is what to fix."""
+    with pytest.raises(UserError, match=r"'numpy' is installed but cannot be imported: libGL\.so\.1: cannot open") \
+            as info:
+        make_env("FaultyBrokenModule-v0", num_envs=2, device="cpu")
+    assert "pip install" not in str(info.value)
 
 
 def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):

@@ -37,12 +37,18 @@ def missing_dependency(error: BaseException) -> str | None:
     """For an error from making an env whose Python dependency is missing: 'the Python module X is not installed:
     pip install ...' naming what is missing (an ImportError's module, with `install_command`'s advice: rlspeed's extra
     that installs it), or Gymnasium's DependencyNotInstalled message with its `gymnasium[X]` advice given as rlspeed's
-    extra of that name; else None."""
+    extra of that name; 'the Python module X is installed but cannot be imported: ...' with its import's error where
+    X is there but fails to load; else None."""
     if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
             and error.__cause__.name:
         error = error.__cause__  # the import that failed names the module
     if isinstance(error, ImportError) and error.name:
         top = error.name.split(".")[0]
+        # (a module that is there but fails to load, a shared library of its own missing: installing it again
+        # changes nothing, and its import's own error says what is wrong)
+        if not (isinstance(error, ModuleNotFoundError) and error.name == top) and _installed(top):
+            said = " ".join(line.strip() for line in str(error).strip().splitlines())[:200] or type(error).__name__
+            return f"the Python module '{top}' is installed but cannot be imported: {said}"
         return f"the Python module '{top}' is not installed: {install_command(top)}"
     if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -50,6 +56,14 @@ def missing_dependency(error: BaseException) -> str | None:
                       lambda found: f'pip install "rlspeed[{_GYMNASIUM_EXTRAS[found.group(1)]}]"'
                       if found.group(1) in _GYMNASIUM_EXTRAS else found.group(0), said)
     return None
+
+
+def _installed(module: str) -> bool:
+    """Whether the top-level module `module` can be found on the path (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # (a module in sys.modules without a spec)
+        return module in sys.modules
 
 
 _REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gym_packages has called
