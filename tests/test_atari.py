@@ -264,6 +264,23 @@ def test_subprocess_envs_report_lives_and_end_episodes_at_lost_lives():
         env.close()
 
 
+@pytest.mark.parametrize(("import_error", "said"), [
+    (ImportError("libGL.so.1: cannot open shared object file", name="cv2"),
+     r"'cv2' is installed but cannot be imported: libGL\.so\.1: cannot open shared object file\.$"),
+    (ModuleNotFoundError("No module named 'cv2'", name="cv2"),
+     r"'cv2' is not installed: pip install \"rlspeed\[atari\]\"\.$")])
+def test_opencv_that_fails_to_load_is_not_said_to_be_missing(import_error, said, monkeypatch):
+    """OpenCV installed without the libGL it loads (opencv-python in a slim container) was 'not installed: pip
+    install "rlspeed[atari]"', which changes nothing; its import's error is said. Missing, it is still the extra."""
+
+    def preprocessing(*args, **kwargs):
+        raise gym.error.DependencyNotInstalled("opencv-python package not installed") from import_error
+
+    monkeypatch.setattr(gym.wrappers, "AtariPreprocessing", preprocessing)
+    with pytest.raises(UserError, match=rf"^Atari preprocessing needs OpenCV: the Python module {said}"):
+        atari.make_atari_env("PongNoFrameskip-v4")
+
+
 def test_atari_id_without_ale_py_is_one_sentence_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(atari, "register_atari", lambda: False)
     with pytest.raises(UserError, match=r'need ale-py and OpenCV .*: pip install "rlspeed\[atari\]"'):

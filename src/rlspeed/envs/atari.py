@@ -28,7 +28,7 @@ import torch
 
 from rlspeed.envs.base import NO_TIME_LIMIT, BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
-from rlspeed.envs.packages import install_command
+from rlspeed.envs.packages import install_command, missing_dependency
 from rlspeed.errors import UserError, is_true_or_false
 
 #: The standard preprocessing (Mnih et al. 2015; Machado et al. 2018 for the v5 ids' sticky actions).
@@ -188,11 +188,14 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
                                               screen_size=SCREEN_SIZE, terminal_on_life_loss=False,
                                               grayscale_obs=True, scale_obs=False)
-    except gym.error.DependencyNotInstalled:
+    except gym.error.DependencyNotInstalled as error:
         env.close()
-        # (Gymnasium's message names a pip command of its own; rlspeed's extra replaces it)
-        raise UserError(f"Atari preprocessing needs OpenCV (the Python module 'cv2'), which is not installed: "
-                        f"{install_command('cv2')}.") from None
+        # (Gymnasium's message names a pip command of its own, whatever the import's error: cv2 missing, or installed
+        # and failing to load, its libGL missing; `missing_dependency` tells them apart and names rlspeed's extra)
+        cause = error.__cause__
+        reason = (missing_dependency(cause) if isinstance(cause, ImportError) and cause.name else None) or \
+            f"the Python module 'cv2' is not installed: {install_command('cv2')}"
+        raise UserError(f"Atari preprocessing needs OpenCV: {reason.rstrip('.')}.") from None
     if fire:
         env = FireReset(env, fire_action(env_id))
     if limit is not None and limit != NO_TIME_LIMIT:
