@@ -396,6 +396,9 @@ def test_doctor_says_what_mujoco_videos_need_on_a_machine_without_a_display(monk
     assert check.status == doctor.WARN and check.advice == "export MUJOCO_GL=osmesa"
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
     assert [check.status for check in doctor.check_mujoco_rendering()] == [doctor.PASS]
+    monkeypatch.setenv("MUJOCO_GL", "OSMESA")  # (MuJoCo takes it; Gymnasium's renderer looks the name up as written)
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.status == doctor.WARN and "'OSMESA'" in check.detail and check.advice == "export MUJOCO_GL=osmesa"
     monkeypatch.delenv("MUJOCO_GL")
     monkeypatch.setenv("DISPLAY", ":0")  # (glfw renders on the display)
     assert [check.status for check in doctor.check_mujoco_rendering()] == [doctor.PASS]

@@ -533,7 +533,12 @@ def check_mujoco_rendering() -> list[Check]:
     if importlib.util.find_spec("mujoco") is None:
         return []
     name = "render mujoco"
-    gl = os.environ.get("MUJOCO_GL", "").strip().lower()
+    written = os.environ.get("MUJOCO_GL", "")
+    gl = written.strip().lower()
+    if written != gl and gl in ("glfw", "egl", "osmesa"):  # (MuJoCo reads it in any case, Gymnasium's renderer as
+        # written: `eval --video` would fail there)
+        return [Check(WARN, name, f"MUJOCO_GL={written!r}: Gymnasium's MuJoCo renderer takes the name as written, "
+                      f"so videos of MuJoCo envs will fail", f"export MUJOCO_GL={gl}")]
     available = headless_gl_platforms()
     fix = (f"export MUJOCO_GL={available[0]}" if available else
            "install EGL and PyOpenGL (apt-get install libegl1; pip install pyopengl), then export MUJOCO_GL=egl")
