@@ -958,10 +958,13 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed`, and where
     one is NaN `env.rewards_nan` (the NaN guard's refusal names them)."""
-    stored = np.array(rewards, dtype=np.float32)  # (an overflow: numpy's RuntimeWarning, as numpy gives it)
-    # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it; in numpy
-    # for many, where Python's cost per reward would be: EnvPool's thousands of envs)
-    flat = stored.ravel()
+    # (an overflow: numpy's RuntimeWarning, as numpy gives it; `astype` for an array, the adapters' case, is a copy as
+    # np.array is, at less fixed cost per call: benchmarks/env_backends.py's Gymnasium rows time it)
+    stored = (rewards.astype(np.float32) if type(rewards) is np.ndarray
+              else np.array(rewards, dtype=np.float32))
+    # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it, a batch
+    # [N] read as it is; in numpy for many, where Python's cost per reward would be: EnvPool's thousands of envs)
+    flat = stored if stored.ndim == 1 else stored.ravel()
     finite = (all(map(math.isfinite, flat.tolist())) if flat.size <= _FEW_REWARDS
               else bool(np.isfinite(flat).all()))
     if not finite:
@@ -1543,6 +1546,9 @@ class HostObservations:
         parts = ({key: _subspace(space, key) for key in self.layout} if self.keyed else {None: space})
         self.ranges = {key: (part, *integer_range(part)) for key, part in parts.items()
                        if isinstance(part, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))}
+        # the shape of an observation that `write` stores as it is, with no other check (an array whose shape is its
+        # space's, of a space with no parts and no value ranges: a Box's); None where each goes through the checks
+        self._plain_shape = None if self.keyed or self.ranges else tuple(self.layout[0])
 
     @staticmethod
     def part(value, key: str):
@@ -1598,6 +1604,11 @@ class HostObservations:
     def write(self, target, row: int, observation) -> None:
         """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
         than its space's (numpy would broadcast it into the row)."""
+        if type(observation) is np.ndarray and observation.shape == self._plain_shape:
+            # (every env's every step of a Box space, `check_shape`'s own first case, without its call: timed by
+            # benchmarks/env_backends.py's Gymnasium rows)
+            target[row] = observation
+            return
         if not self.keyed:
             check_shape(observation, self.layout[0], source=self.source)
             if self.ranges:
@@ -2101,7 +2112,8 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["final_action_mask"] = final_action_masks(out_info["action_mask"], self._final_masks,
                                                                    self.spec.action_space, source)
             add_success(self, out_info, self._successes)
-            self._add_recorded(out_info, self._recorded)
+            if self._records_returns:
+                self._add_recorded(out_info, self._recorded)
             return (obs_t, host_to(reward, self.device), host_to(terminated, self.device),
                     host_to(truncated, self.device), out_info)
         self.step_send(actions)
@@ -2189,7 +2201,8 @@ class GymnasiumEnv(BatchedEnv):
             successes = {int(row): final_info["is_success"][row] for row in finished
                          if not reported.size or reported[row]}
         add_success(self, out_info, successes)
-        self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
+        if self._records_returns:
+            self._add_recorded(out_info, self._recorded_returns(info, final_info, finished))
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
 
@@ -2221,12 +2234,10 @@ class GymnasiumEnv(BatchedEnv):
         return {int(row): float(returns[row]) for row in finished if recorded[row]}
 
     def _add_recorded(self, out_info: dict, recorded: dict[int, float]) -> None:
-        """Where the envs record their returns (`_records_returns`), on every step (a population's envs join their
-        infos key by key): `out_info["recorded_rows"]`, the finished rows whose env's RecordEpisodeStatistics reported
-        their episode's end (bool `[N]`), and `out_info["recorded_returns"]`, those returns (`[N]`), for
-        `EpisodeStatistics`."""
-        if not self._records_returns:
-            return
+        """Called on every step where the envs record their returns (`_records_returns`, decided when the adapter is
+        made; a population's envs join their infos key by key): `out_info["recorded_rows"]`, the finished rows whose
+        env's RecordEpisodeStatistics reported their episode's end (bool `[N]`), and `out_info["recorded_returns"]`,
+        those returns (`[N]`), for `EpisodeStatistics`."""
         rows = np.zeros(self.num_envs, dtype=bool)
         returns = np.zeros(self.num_envs, dtype=np.float64)
         rows[list(recorded)], returns[list(recorded)] = True, list(recorded.values())
