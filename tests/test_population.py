@@ -29,6 +29,7 @@ from rlspeed import PPO, SAC
 from rlspeed.algos import ALGORITHMS
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.errors import EnvStepError, UserError
+from rlspeed.evaluation import evaluation_seed
 from rlspeed.population import PER_MEMBER, Population
 
 # small and quick: 8 envs x 16 steps, minibatches of 64 (so minibatch order is drawn), 2 epochs
@@ -720,6 +721,26 @@ def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     assert [steps for steps, _ in members[1]["curve"]] == [128]
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
     assert_pruned_member_matches_reruns(population, PPO, env_id, 384, 128, env_backend=backend, **SMALL, **hyper)
+    # (its final evaluation is seeded as its solo run stopped at 128 steps would be, the others' at 384)
+    assert [member["final_eval"]["seed"] for member in members] == [
+        evaluation_seed(0, "final", 384), evaluation_seed(1, "final", 128), evaluation_seed(2, "final", 384)]
+
+
+def test_a_member_that_stops_at_its_target_is_finally_evaluated_on_its_solo_runs_seed(monkeypatch):
+    """With stop="each" a member that reached its target at step S is finally evaluated on
+    `evaluation_seed(seed, "final", S)`, as its solo run, which stops there, is; it took the population's last count."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    evaluate = population.evaluate
+
+    def during_learn(seeds, episodes, members):  # (member 0 reaches the target at the first evaluation, 128 steps)
+        return torch.tensor([100.0 if k == 0 else 0.0 for k in members], dtype=torch.float64)
+
+    monkeypatch.setattr(population, "_evaluate_during_learn", during_learn)
+    summary = population.learn(256, eval_freq=128, eval_episodes=2, target_return=50, stop="each")
+    assert [member["steps_to_target"] for member in summary["members"]] == [128, None]
+    seeds = [member["final_eval"]["seed"] for member in summary["members"]]
+    assert seeds == [evaluation_seed(0, "final", 128), evaluation_seed(1, "final", 256)]
+    assert summary["members"][0]["final_eval"]["mean"] == evaluate([seeds[0]], 2, [0]).item()
 
 
 def test_on_eval_naming_no_member_is_one_sentence():

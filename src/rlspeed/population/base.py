@@ -775,6 +775,20 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     return torch.where(finished, returns, info["episode_return"]), finished, succeeded
 
 
+def final_steps(member: dict, stop: str, num_timesteps: int) -> int:
+    """The step count a member's final evaluation is seeded with (`evaluation_seed(seed, "final", steps)`): its solo
+    run's, the steps it trained. `member` is its summary entry (`pruned_at`, `diverged_at`, `steps_to_target`): a
+    member pruned or diverged trained to that step (a pruned member's solo run is the one stopped there), one that
+    reached its target with `stop="each"` froze there, as its solo run stops there; any other trained the
+    population's `num_timesteps`."""
+    for key in ("pruned_at", "diverged_at"):
+        if member.get(key) is not None:
+            return int(member[key])
+    if stop == "each" and member.get("steps_to_target") is not None:
+        return int(member["steps_to_target"])
+    return int(num_timesteps)
+
+
 @dataclasses.dataclass
 class _LoopProgress:
     """What a `learn` loop has measured so far (members by original index), and when its next evaluation and
@@ -2034,7 +2048,9 @@ class PopulationBase:
         unscored = {"diverged_at"} if evaluate_pruned else {"diverged_at", "pruned_at"}
         scored = ([k for k in range(self.size) if unscored.isdisjoint(loop.left.get(k, {}))]
                   if final and evaluate else [])
-        final_seeds = {k: evaluation_seed(self.seeds[k], "final", self.num_timesteps) for k in scored}
+        final_seeds = {k: evaluation_seed(self.seeds[k], "final", final_steps(
+            {**loop.left.get(k, {}), "steps_to_target": loop.steps_to_target[k]}, stop, self.num_timesteps))
+            for k in scored}
         final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
                        if scored else [])
         finals_by_member = dict(zip(scored, final_means))
