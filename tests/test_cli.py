@@ -3002,7 +3002,8 @@ def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path
         assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
         return
     # a population likewise (it said nothing at all, and evaluated every member)
-    done = signalled_train(tmp_path, "_learn_loop:after", name, "--out", "population", "--seeds", "0-1")
+    # (seeds that are no member indices: the line took seed k's index from the seed)
+    done = signalled_train(tmp_path, "_learn_loop:after", name, "--out", "population", "--seeds", "3-4")
     assert done.returncode == code and "without the final evaluation" in done.stderr, done.stderr
     summary = json.loads((tmp_path / "population" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 128 and summary["aggregate"]["final_eval"] is None
@@ -3011,11 +3012,11 @@ def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path
     from rlspeed.evaluation import evaluation_seed
 
     steps = summary["total_timesteps"]
-    assert (f"rlspeed eval population/members/seed_0.safetensors --seed {evaluation_seed(0, 'final', steps)} runs "
-            f"seed 0's, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps})"
+    assert (f"rlspeed eval population/members/seed_3.safetensors --seed {evaluation_seed(3, 'final', steps)} runs "
+            f"seed 3's, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps})"
             ) in done.stderr, done.stderr
     assert sorted(path.name for path in (tmp_path / "population" / "members").iterdir()) == [
-        "seed_0.safetensors", "seed_1.safetensors"]
+        "seed_3.safetensors", "seed_4.safetensors"]
 
 
 def test_eval_with_a_bad_device_blames_the_flag_not_the_model_file(tmp_path, capsys):

@@ -962,14 +962,18 @@ def _train_population(args: argparse.Namespace) -> int:
         name = _signal_name(signals[0])
         skipped = summary["aggregate"]["final_eval"] is None
         # (the command that runs a member's skipped final evaluation: its seed is the member's final-evaluation seed
-        # at the steps each member trained, as the finished run seeds it, with the run's episodes)
+        # at the steps it trained, as the finished run seeds it, with the run's episodes)
         from rlspeed.evaluation import evaluation_seed
+        from rlspeed.population.base import final_steps
 
         steps = population.num_timesteps
-        first = next((seeds[int(k)] for k in summary.get("member_models") or {}), None)
+        first = next((int(seed) for seed in summary.get("member_models") or {}), None)
         member = f"{run_dir}/members/seed_{first}.safetensors"
-        command = (f"{_eval_command(member, evaluation_seed(first, 'final', steps), _eval_episodes(args))} runs seed "
-                   f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps})"
+        index = seeds.index(first) if first is not None else 0
+        own = final_steps(summary["members"][index], summary.get("stop", "each"), steps)
+        command = (f"{_eval_command(member, evaluation_seed(first, 'final', own), _eval_episodes(args))} runs seed "
+                   f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps}), "
+                   "or, for a member that left earlier, with the steps its member file records"
                    if first is not None else
                    f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
         print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
@@ -1032,6 +1036,7 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
     import torch
 
     from rlspeed.checkpoint import MEMBERS_DIR
+    from rlspeed.population.base import final_steps
 
     saved = {}
     for k, member in enumerate(summary["members"]):
@@ -1044,10 +1049,8 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
         with torch.random.fork_rng():
             torch.manual_seed(population.seeds[k])
             model = population.member_model(k)
-            left_at = member.get("pruned_at")
-            if left_at is None and summary.get("stop", "each") == "each":  # (a member that reached its target left)
-                left_at = member.get("steps_to_target")
-            model.num_timesteps = int(left_at if left_at is not None else population.num_timesteps)
+            # (the steps it trained, as its final evaluation's seed takes them)
+            model.num_timesteps = final_steps(member, summary.get("stop", "each"), population.num_timesteps)
             model.save(run_dir / name)
         _say_stale_exports(print, run_dir / name, model.num_timesteps)
         saved[str(population.seeds[k])] = name
