@@ -418,6 +418,18 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
         Population("PPO", "CartPole-v1", seeds=[0, 1])
 
 
+def test_a_population_of_shared_seeds_is_refused_a_run_dir(tmp_path):
+    """`shared_seeds()` lets members repeat a seed (tune's), but such a population wrote metrics.csv columns and files
+    named by seed, two members into one: learn(run_dir=...) is one sentence, and nothing is written."""
+    from rlspeed.population.base import shared_seeds
+
+    with shared_seeds():
+        population = Population(PPO, "CartPole-v1", seeds=[3, 3], **SMALL)
+    with pytest.raises(UserError, match=r"seeds repeat \(3, 3\) learns without a run_dir"):
+        population.learn(128, run_dir=tmp_path / "run", eval_freq=128, eval_episodes=2)
+    assert not (tmp_path / "run").exists()
+
+
 def test_more_evaluation_episodes_than_their_results_fit_are_refused_up_front():
     """`population.evaluate(episodes=2**62)` failed with torch's RuntimeError ("cannot be represented as a SymInt")
     and learn's eval_episodes only at the first evaluation: one sentence each, counting every member's episodes."""

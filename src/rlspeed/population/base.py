@@ -98,7 +98,8 @@ def shared_seeds() -> Iterator[None]:
     """Within it, populations being built take a seed given more than once (`check_seeds` refuses it otherwise):
     members of one seed start from the same weights and draw the same env and sampling streams, so that members of
     different hyperparameters are compared on common random numbers (`rlspeed tune`'s trials and the candidates of
-    its confirmation). Such a population learns without a `run_dir` (metrics.csv's columns name members by seed)."""
+    its confirmation). Such a population learns without a `run_dir` (metrics.csv's columns and member files are named
+    by seed): its `learn(run_dir=...)` is refused."""
     token = _SHARED_SEEDS.set(True)
     try:
         yield
@@ -1792,6 +1793,9 @@ class PopulationBase:
         if checkpoint_interval_s is not None and run_dir is None:
             raise UserError(f"checkpoint_interval_s={checkpoint_interval_s:g} needs a run_dir to write the checkpoints "
                             "to.")
+        if run_dir is not None and len(set(self.seeds)) != len(self.seeds):  # (`shared_seeds`' populations)
+            raise UserError(f"A population whose seeds repeat ({_seed_text(self.seeds)}) learns without a run_dir: "
+                            "its metrics.csv columns and member files are named by seed.")
         if run_dir is not None:  # (also for learn(0), as a model's learn refuses it)
             self._refuse_other_metrics(Path(run_dir))
         if total_timesteps == 0:  # (a model's learn(0), SB3's: nothing trains or is evaluated, the counts stay)
