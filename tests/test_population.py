@@ -387,6 +387,15 @@ def test_values_a_population_refuses_are_read_as_the_solo_model_reads_them():
         population.save_replay_buffer = "yes"
     with pytest.raises(UserError, match="do not support gSDE"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], use_sde="yes", **SMALL)
+    # per member, and in member_overrides, likewise (both were refused, as the features or as no per-member value)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], target_kl=["none", "none"], use_sde=["no", "off"],
+                            member_overrides=[{"use_sde": "no"}, {"target_kl": "none", "gamma": 0.9}], **SMALL)
+    assert population.config.use_sde is False and population.config.target_kl is None
+    assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])
+    with pytest.raises(UserError, match="do not support gSDE"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"use_sde": "yes"}], **SMALL)
+    with pytest.raises(UserError, match="do not support target_kl"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], target_kl=["none", 0.01], **SMALL)
 
 
 def test_member_overrides_set_one_member():

@@ -145,17 +145,45 @@ _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "
 _REFUSED_BY_VALUE = ("target_kl", "use_sde", "use_sde_at_warmup", "her")
 
 
-def read_as_config(config_cls: type, hyperparameters: dict) -> dict:
+def _read_value(config_cls: type, key: str, value):
+    """`value` of `key` as `config_cls`'s config reads it; a per-member list (or array) element by element, one
+    value where all read the same (as the config would read that one value for every member)."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        return getattr(build_config(config_cls, {key: value}), key)
+    read = [_read_value(config_cls, key, v) for v in value]
+    return read[0] if read and all(v == read[0] for v in read) else read
+
+
+def read_as_config(config_cls: type, hyperparameters: dict, member_overrides=None) -> tuple[dict, object]:
     """`hyperparameters` with Stable-Baselines3's names as the config's (`rlspeed_names`: n_steps is PPO's num_steps,
-    whose per-member rule then applies) and the values of `_REFUSED_BY_VALUE` that `config_cls` has as its config
-    reads them (a string 'no' is False, 'none' None: their truth value refused gSDE, HER or target_kl the member would
-    not use); UserError, the model's sentence, for a value the config refuses."""
-    fields = {field.name for field in dataclasses.fields(config_cls)}
+    whose per-member rule then applies), and it and `member_overrides` with the values of `_REFUSED_BY_VALUE` that
+    `config_cls` has as its config reads them (a string 'no' is False, 'none' None: their truth value refused gSDE,
+    HER or target_kl the member would not use), per-member lists element by element (one value where all read the
+    same); a member's override that reads as the feature off is dropped (it is what every member has). UserError, the
+    model's sentence, for a value the config refuses."""
+    fields = {field.name for field in dataclasses.fields(config_cls)} & set(_REFUSED_BY_VALUE)
     read = rlspeed_names(config_cls, hyperparameters)
-    for key in _REFUSED_BY_VALUE:
-        if key in fields and key in read and not isinstance(read[key], (list, tuple, torch.Tensor, np.ndarray)):
-            read[key] = getattr(build_config(config_cls, {key: read[key]}), key)
-    return read
+    for key in fields & set(read):
+        read[key] = _read_value(config_cls, key, read[key])
+    if not isinstance(member_overrides, (list, tuple)):
+        return read, member_overrides
+    overrides_read = []
+    for overrides in member_overrides:
+        if isinstance(overrides, dict):
+            overrides = {key: _read_value(config_cls, key, value) if key in fields else value
+                         for key, value in overrides.items()}
+            overrides = {key: value for key, value in overrides.items() if key not in fields or _uses(key, value)}
+        overrides_read.append(overrides)
+    return read, overrides_read
+
+
+def _uses(key: str, value) -> bool:
+    """Whether `value` of a `_REFUSED_BY_VALUE` key (read as the config reads it; a list: any member's) turns
+    its feature on (target_kl: any value but None; the others: a true one)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return any(v is not None if key == "target_kl" else bool(v) for v in values)
 
 
 def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str],
@@ -167,13 +195,16 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
     values (same rule). UserError for a solo run's option populations do not have (`accelerate`, `strategy`,
     `nan_policy`, `save_replay_buffer` other than their defaults): the solo models would take it, the population
     would not."""
-    if hyperparameters.get("target_kl") is not None:
+    # (a feature is refused where any member would have it: the values for all, or one member's override)
+    given = [hyperparameters, *(overrides for overrides in member_overrides if isinstance(overrides, dict))
+             ] if isinstance(member_overrides, (list, tuple)) else [hyperparameters]
+    if any(_uses("target_kl", values.get("target_kl")) for values in given):
         raise UserError("Populations do not support target_kl yet (each member would stop its epochs at another "
                         "minibatch): leave it out, or train the seeds as separate runs.")
-    if any(hyperparameters.get(key) for key in ("use_sde", "use_sde_at_warmup")):
+    if any(_uses(key, values.get(key)) for values in given for key in ("use_sde", "use_sde_at_warmup")):
         raise UserError("Populations do not support gSDE (use_sde) yet: remove it (a preset's: --set use_sde=false, "
                         "where the preset tuned its other values with gSDE), or train the seeds as separate runs.")
-    if hyperparameters.get("her"):
+    if any(_uses("her", values.get("her")) for values in given):
         raise UserError("Populations do not support Hindsight Experience Replay (her) yet: leave it out, or train the "
                         "seeds as separate runs.")
     for key, unused in _SOLO_OPTIONS.items():
@@ -1167,8 +1198,8 @@ class PopulationBase:
         # (what the solo model takes: its hyperparameters and its constructor's own arguments)
         known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
         known |= set(inspect.signature(algo_cls.__init__).parameters)
-        members = split_member_values(read_as_config(algo_cls.config_cls, hyperparameters), member_overrides,
-                                      self.size, self.per_member, known)
+        hyperparameters, member_overrides = read_as_config(algo_cls.config_cls, hyperparameters, member_overrides)
+        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              replay=self._planned_replay, env_backend=self.env_backend,
