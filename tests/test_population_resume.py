@@ -231,6 +231,21 @@ def test_a_resume_keeps_each_confirmations_episodes_cut_short(tmp_path, monkeypa
     assert _confirmations_cut_short(summary["members"], 3) == ", 5 of 15 cut short at the step limit"
 
 
+def test_a_checkpoint_keeps_the_populations_verbose_as_a_solo_models_file_does(tmp_path):
+    """A population's verbose was not saved: a resume went on with the new population's default 1 (a bar) where the
+    run had verbose=0. A population built without verbose takes the checkpoint's, as PPO.load takes its file's; one
+    given it keeps its own, as load(path, verbose=...) does."""
+    population = _population(PPO, "CartPole-v1", verbose=0)
+    population.learn(64, progress_bar=False)
+    path = population.save(tmp_path / "checkpoint.safetensors")
+    resumed = _population(PPO, "CartPole-v1")
+    resumed.resume(path)
+    assert resumed.verbose == 0
+    given = _population(PPO, "CartPole-v1", verbose=2)
+    given.resume(path)
+    assert given.verbose == 2
+
+
 def test_a_resumed_loop_without_eval_freq_keeps_its_checkpoints_interval(tmp_path):
     """learn without eval_freq right after resume evaluates at the checkpoint's interval, as a resumed model does (the
     default for the steps left, a 40th of them and at least 2,048, would move or drop the run's evaluations)."""

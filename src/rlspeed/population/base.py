@@ -1181,6 +1181,8 @@ class PopulationBase:
             raise UserError(f"{type(self).__name__} trains rlspeed's {self.algo_cls.__name__}, not {given}.")
         self.seeds = seeds = check_seeds(seeds)
         # (the population's, as a solo model's: what its learn prints; the members' models get it, `member_model`)
+        # (one built without it takes a resumed checkpoint's, as a loaded solo model takes its file's)
+        self._verbose_given = "verbose" in hyperparameters
         self.verbose = check_verbose(hyperparameters.pop("verbose", 1))
         from rlspeed.envs import backend_for_options, check_env_kwargs
 
@@ -1527,7 +1529,7 @@ class PopulationBase:
             "env_kwargs": self.env_kwargs, "config": dataclasses.asdict(self.config),
             "member_hyperparameters": [self._member_hyperparameters(k) for k in range(self.size)],
             "alive": list(self.alive), "num_timesteps": self.num_timesteps, "state": own,
-            "env": {"restorable": env_state is not None}, "loop": self.progress,
+            "verbose": check_verbose(self.verbose), "env": {"restorable": env_state is not None}, "loop": self.progress,
             "replay_buffer": self._save_replay(checkpoint_path(path)),
             "rlspeed_version": __version__, "torch_version": torch.__version__}}
         replay = metadata["population"]["replay_buffer"]
@@ -1538,10 +1540,11 @@ class PopulationBase:
         newly built population (same algorithm, env, seeds and hyperparameters: anything else is a UserError):
         parameters, optimiser state, generators, the members in the computation, `num_timesteps`, the envs' episodes
         in progress where the backend can restore them (native envs; Gymnasium envs start fresh episodes, with a
-        warning), and for the next `learn` the loop's progress. That `learn`'s `total_timesteps` counts from the
-        checkpoint's `num_timesteps`: pass what is left of the run's budget. On the CPU with native envs a resumed run
-        ends bitwise as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the digest
-        check.
+        warning), the checkpoint's `verbose` where this population was built without one (as a solo model's `load`
+        takes its file's), and for the next `learn` the loop's progress. That `learn`'s `total_timesteps` counts from
+        the checkpoint's `num_timesteps`: pass what is left of the run's budget. On the CPU with native envs a
+        resumed run ends bitwise as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the
+        digest check.
 
         Non-finite values are accepted: a member that diverged keeps its last parameters (it is never evaluated)."""
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=True)
@@ -1564,6 +1567,8 @@ class PopulationBase:
             for row, k in enumerate(self.alive):
                 self.generators[row].set_state(tensors[f"generator.{k}"].cpu())  # ok-sync: once, at resume
             self.num_timesteps = int(saved["num_timesteps"])
+            if not self._verbose_given and saved.get("verbose") is not None:  # (older checkpoints have none)
+                self.verbose = check_verbose(saved["verbose"])
         except (KeyError, TypeError, ValueError, RuntimeError) as error:
             raise UserError(f"'{path}' does not fit this population ({str(error).splitlines()[0][:200]}): the file "
                             "was edited or damaged.") from None
