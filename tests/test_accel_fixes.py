@@ -1038,6 +1038,23 @@ def test_clipping_parameters_without_gradients_returns_zero_as_torch_does():
     assert all(p.grad is None for p in params)
 
 
+def test_clipping_takes_any_iterable_of_parameters_as_torch_does():
+    """`rlspeed.nn.clip_grad_norm(net.parameters(), ...)` (a generator, as torch's `clip_grad_norm_` takes it) on a
+    network without gradients failed with TypeError (len() of a generator); with gradients it clips as torch does."""
+    from rlspeed.nn import clip_grad_norm
+
+    net = nn.Linear(3, 2)
+    assert clip_grad_norm(net.parameters(), 0.5).item() == 0.0
+    twin = nn.Linear(3, 2)
+    twin.load_state_dict(net.state_dict())
+    for module in (net, twin):
+        module(torch.ones(4, 3)).pow(2).sum().backward()
+    norm = clip_grad_norm(net.parameters(), 0.5)
+    assert torch.allclose(norm, torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.5))
+    assert all(torch.allclose(a.grad, b.grad) for a, b in zip(net.parameters(), twin.parameters()))
+    assert torch.allclose(clip_grad_norm(net.weight, 1e9), torch.linalg.vector_norm(net.weight.grad))
+
+
 def test_an_accelerated_module_inside_an_update_step_runs_as_the_step_chose(monkeypatch):
     """The docs' pattern: `auto_accelerate(model)` and a step whose loss calls the model. Inside the step the model
     runs its plain forward, so the step's strategy, checked on the loss itself, is what runs: a module decided on
