@@ -2629,18 +2629,20 @@ class Algorithm:
             raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "
                             f"actions; use {_algorithms_taking(lambda algo: algo.supports_discrete)}"
                             f"{_continuous_option_hint(spec, True)}.")
+        if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+            # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
+            # not be members of the space (said before the discrete/continuous advice: every taker of Boxes refuses)
+            multi = _algorithms_taking(lambda algo: algo.supports_multi_actions)
+            raise UserError(f"{spec.env_id} has Box actions of dtype {np.dtype(space.dtype).name}; rlspeed's "
+                            "continuous policies act in real numbers: give the env a MultiDiscrete action space "
+                            f"(one choice per integer; {multi} train on it), or a float Box and round in a "
+                            "gymnasium.ActionWrapper.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             # (a Box of more than one axis: only the algorithms that take such shapes, not those that refuse them)
             flat = len(space.shape) == 1
             takers = _algorithms_taking(lambda algo: algo.supports_continuous and (flat or algo.supports_multi_actions))
             raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
                             f"actions; use {takers}{_continuous_option_hint(spec, False)}.")
-        if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
-            # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
-            # not be members of the space
-            raise UserError(f"{spec.env_id} has Box actions of dtype {np.dtype(space.dtype).name}; rlspeed's "
-                            "continuous policies act in real numbers: give the env a MultiDiscrete action space "
-                            "(one choice per integer), or a float Box and round in a gymnasium.ActionWrapper.")
         if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 and not self.supports_multi_actions:
             # this algorithm's actors emit a flat action vector; nothing reshapes it to the space's shape
             raise UserError(f"{type(self).__name__} supports 1-D Box actions and {spec.env_id} has Box actions of "
