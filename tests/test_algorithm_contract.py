@@ -633,9 +633,12 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
     with pytest.raises(UserError, match=r"sets action_noise_std=0\.2, and action_noise_std=0\.1 is given too"):
         build_config(td3, {"action_noise": noise.NormalActionNoise(np.zeros(2), 0.2 * np.ones(2)),
                            "action_noise_std": 0.1})
-    with pytest.raises(UserError, match="not Stable-Baselines3's NormalActionNoise object: action_noise='normal'"):
+    # (the refusal says which objects are taken: it said a name only, though these are taken)
+    with pytest.raises(UserError, match="takes a name, or Stable-Baselines3's NormalActionNoise or OrnsteinUhlenbeck"
+                                        "ActionNoise of mean 0 with one sigma .*, not this NormalActionNoise object: "
+                                        "action_noise='normal'"):
         rlspeed.TD3("Pendulum-v1", action_noise=noise.NormalActionNoise(np.ones(1), 0.1 * np.ones(1)))  # (mean 1)
-    with pytest.raises(UserError, match="not Stable-Baselines3's VectorizedActionNoise object: action_noise='normal'"
+    with pytest.raises(UserError, match="not this VectorizedActionNoise object: action_noise='normal'"
                                         ".*every env draws its own noise"):  # (SB3's way to give n_envs > 1 noise)
         rlspeed.DDPG("Pendulum-v1", action_noise=noise.VectorizedActionNoise(
             noise.OrnsteinUhlenbeckActionNoise(np.zeros(1), 0.1 * np.ones(1)), n_envs=2))

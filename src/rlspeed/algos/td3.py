@@ -58,10 +58,11 @@ class TD3Config(OffPolicyConfig):
         noise = str(self.action_noise).partition("(")[0]  # (a Stable-Baselines3 noise object, as its repr)
         vectorized = noise == "VecNoise"  # (VectorizedActionNoise's repr)
         require(not (vectorized or noise.endswith("ActionNoise")),
-                f"action_noise takes a name, not Stable-Baselines3's "
-                f"{'VectorizedActionNoise' if vectorized else noise} object: action_noise='normal' (or "
-                f"'ornstein-uhlenbeck') with action_noise_std=its sigma (one value for every action dimension)"
-                + ("; every env draws its own noise." if vectorized else "."))
+                f"action_noise takes a name, or Stable-Baselines3's NormalActionNoise or "
+                f"OrnsteinUhlenbeckActionNoise of mean 0 with one sigma for every action dimension (and no "
+                f"initial_noise), not this {'VectorizedActionNoise' if vectorized else noise} object: "
+                f"action_noise='normal' (or 'ornstein-uhlenbeck') with action_noise_std=its sigma (one value for "
+                f"every action dimension)" + ("; every env draws its own noise." if vectorized else "."))
         require(self.action_noise in ACTION_NOISES,
                 f"action_noise must be one of {', '.join(ACTION_NOISES)}, got '{self.action_noise}'.")
         require(self.action_noise_std >= 0, f"action_noise_std must be >= 0, got {self.action_noise_std}.")
