@@ -436,7 +436,7 @@ def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
 def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, options, tmp_path):
     """A port from sb3-contrib that lost its ActionMasker wrapper trains unmasked: asking for masks says so (the
     saved config's use_masking, on loading or resuming, asks for nothing)."""
-    from rlspeed import cli
+    from rlspeed import cli, yamlfile
     from rlspeed.errors import UnusedSettingWarning
 
     model = algo("CartPole-v1", seed=0, num_envs=2, use_masking=True, **options)
@@ -453,6 +453,10 @@ def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, option
                                                                               for k, v in options.items()), [])]
         assert cli.main([*run, "--total-timesteps", "64"]) == 0
         assert cli.main([*run, "--total-timesteps", "128", "--resume"]) == 0
+        # (config.yaml's hyperparameters passed back, as docs/troubleshooting.md's reproducibility paragraph does:
+        # they hold the default use_masking=True, which asked for nothing; it warned)
+        hyper = yamlfile.read_file(tmp_path / "run" / "config.yaml")[1]["hyperparameters"]
+        algo("CartPole-v1", seed=0, **hyper).learn(32, progress_bar=False)
 
 
 class _MaskInObservation(gym.Env):

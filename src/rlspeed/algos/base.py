@@ -2071,8 +2071,10 @@ class Algorithm:
             if hyperparameters.setdefault("num_envs", given) != given:
                 raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
                                 f"which has {given} envs.")
-        #: use_masking=True given by the caller (not a checkpoint's config): an env without masks is then worth a word
-        self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec
+        #: use_masking=True given by the caller (not a checkpoint's config, nor a whole config passed back, as
+        #: config.yaml's `hyperparameters` hold it: the default written out): an env without masks is then worth a word
+        whole = {field.name for field in dataclasses.fields(self.config_cls)} <= hyperparameters.keys()
+        self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec and not whole
         self.config = build_config(self.config_cls, hyperparameters)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
