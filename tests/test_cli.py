@@ -218,7 +218,13 @@ def test_eval_a_saved_model(runs, capsys):
     # the JSON alone tells a sampled evaluation from the deterministic one (it did not say)
     assert result["deterministic"] is True
     assert cli.main(["eval", str(model_path), "--episodes", "1", "--stochastic", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["deterministic"] is False
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["deterministic"] is False
+    # (rlspeed.evaluate's result has the JSON's shape: it lacked "deterministic")
+    from rlspeed.evaluation import evaluate
+
+    result = evaluate(PPO.load(model_path, device="cpu"), episodes=1, seed=printed["seed"], deterministic=False)
+    assert result == printed
 
 
 def test_eval_takes_every_env_backend_train_takes(tmp_path, capsys):

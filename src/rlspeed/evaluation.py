@@ -260,7 +260,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
     `evaluation_env_cap(backend)` envs where they are more, each episode seeded as in one env of them all) and return
     their returns.
 
-    Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
+    Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished", "seed", "deterministic"}`` (`lengths`:
+    each episode's env steps; `deterministic`: the policy's mode, as `rlspeed eval --json` names it),
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
     the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`; for the
     model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
@@ -396,7 +397,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
         with _evaluating(model, env, seed, deterministic):
             if spread:
                 spread = _spread_episodes(model, env, quotas, limit, deterministic, bar)
-                return _spread_result(spread, episodes, limit, seed)
+                return _spread_result(spread, episodes, limit, seed, deterministic)
             played = _first_episodes(model, env, limit, deterministic, bar, progress_bar)
     except BaseException as error:
         failure = error
@@ -409,7 +410,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
             _close_evaluation_env(env, failure)
     if played["unfinished"]:
         warn_unfinished(played["unfinished"], episodes, limit, time_limit=isinstance(env_id, str))
-    return _result(**played, seed=seed)
+    return _result(**played, seed=seed, deterministic=deterministic)
 
 
 def _evaluation_env(env_id, num_envs: int, device, seed: int | None, backend: str, options: dict) -> BatchedEnv:
@@ -585,7 +586,7 @@ def _evaluate_in_waves(model, env_id: str, episodes: int, seed: int, determinist
         warn_unfinished(played["unfinished"], episodes, limit, time_limit=True)
     if len(played["successes"]) < episodes:
         played["successes"] = None
-    return _result(**played, seed=seed)
+    return _result(**played, seed=seed, deterministic=deterministic)
 
 
 def return_statistics(values: typing.Sequence[float]) -> tuple[float, float]:
@@ -663,21 +664,22 @@ def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: b
             "successes": [bool(s) for _, _, s in episodes] if reported else None, "unfinished": unfinished}
 
 
-def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) -> dict:
+def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None, deterministic: bool) -> dict:
     """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
         warn_unfinished(unfinished, episodes, limit, time_limit=False, unstarted=episodes - len(values))
-    return _result(values, spread["lengths"], unfinished, spread["successes"], seed)
+    return _result(values, spread["lengths"], unfinished, spread["successes"], seed, deterministic)
 
 
 def _result(returns: list[float], lengths: list[int], unfinished: int, successes: list[bool] | None,
-            seed: int | None) -> dict:
+            seed: int | None, deterministic: bool) -> dict:
     """`evaluate`'s result of the episodes of `returns` and `lengths` (`unfinished` of them still running at the step
-    limit); with `successes` and their share of the finished episodes where the env reports ``is_success``."""
+    limit); with `successes` and their share of the finished episodes where the env reports ``is_success``, and the
+    `seed` and the policy's mode (`deterministic`), as `rlspeed eval --json` prints them."""
     mean, std = return_statistics(returns)
     result = {"mean": mean, "std": std, "episodes": len(returns), "returns": returns, "lengths": lengths,
-              "unfinished": unfinished, "seed": seed}
+              "unfinished": unfinished, "seed": seed, "deterministic": deterministic}
     if successes is not None:
         result["successes"] = successes
         if unfinished < len(returns):
