@@ -37,7 +37,9 @@ from rlspeed.presets import load_preset, split_run_settings
 ENV_ID = "CartPole-v1"
 TARGET_RETURN = 475.0
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's evaluation env is made with seed + this; each evaluation then reseeds it
+# with the seed rlspeed's learn evaluates on at that step (common.sb3_target_callback): both sides' episodes have
+# the same seeds (the same episodes where rlspeed's side runs Gymnasium's envs)
 ZOO_NUM_ENVS = 8
 # Both libraries reach the target within a few tens of thousands of steps, so the preset's eval_freq (10,000) would
 # round every time to target up to a multiple of it; evaluation time is off the clock, so evaluate more often.
@@ -160,7 +162,7 @@ def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
 
     model, env = sb3_model(seed)
     eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
-    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET, TARGET_RETURN,
+    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed, TARGET_RETURN,
                                      EVAL_EPISODES, args.threads)
 
 

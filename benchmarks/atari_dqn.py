@@ -46,7 +46,8 @@ import common
 
 ENV_ID = "BreakoutNoFrameskip-v4"
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's final evaluation is seeded seed + this, as its published numbers were;
+# rlspeed's final_eval takes rlspeed.evaluation.evaluation_seed(seed, "final", steps): other episodes of the env
 # the budget measured (README section): 50,000 learning steps after RL-Zoo's 100,000 random ones; on the shared
 # 2-core machine a 250,000-step SB3 run would take about an hour
 DEFAULT_STEPS = 150_000

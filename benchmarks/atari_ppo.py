@@ -45,7 +45,8 @@ NUM_ENVS = 8
 NUM_STEPS = 128
 ROLLOUT = NUM_ENVS * NUM_STEPS
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's final evaluation is seeded seed + this, as its published numbers were;
+# rlspeed's final_eval takes rlspeed.evaluation.evaluation_seed(seed, "final", steps): other episodes of the env
 SIDES = ("rlspeed-gym", "rlspeed-gym-auto", "rlspeed-envpool", "rlspeed-envpool-auto", "sb3")
 
 

@@ -451,17 +451,20 @@ def rlspeed_target_record(model, **extra) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return: float, episodes: int = 10):
+def sb3_target_callback(eval_env, eval_freq: int, seed: int, target_return: float, episodes: int = 10):
     """An SB3 callback that evaluates like rlspeed's learn(target_return=...) and stops training at the target.
 
     When a rollout starts (SB3 calls this before every `train_freq` collection, after the previous gradient steps)
     and the step count has passed the next evaluation point, it pauses the clock, runs a deterministic
-    `episodes`-episode evaluation on `eval_env` (reseeded with `eval_seed + steps`, as rlspeed does), resumes
+    `episodes`-episode evaluation on `eval_env` (reseeded with `rlspeed.evaluation.evaluation_seed(seed, "learn",
+    steps)`, the env seed rlspeed's `learn` evaluates a run of `seed` on after as many steps), resumes
     the clock and asks SB3 to stop once the mean reaches the target. Training that runs out of budget gets a final
     evaluation, as in rlspeed.
     """
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
+
+    from rlspeed.evaluation import evaluation_seed
 
     class TimeToTarget(BaseCallback):
         def __init__(self):
@@ -484,7 +487,7 @@ def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return:
             paused = time.perf_counter()
             train_clock = paused - self.clock_start - self.eval_s
             steps = self.model.num_timesteps
-            eval_env.seed(eval_seed + steps)
+            eval_env.seed(evaluation_seed(seed, "learn", steps))
             mean, _std = evaluate_policy(self.model, eval_env, n_eval_episodes=episodes, deterministic=True)
             self.eval_s += time.perf_counter() - paused
             self.last_eval_steps = steps
@@ -507,12 +510,13 @@ def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return:
     return TimeToTarget()
 
 
-def sb3_time_to_target(model, env, eval_env, budget: int, eval_freq: int, eval_seed: int, target_return: float,
+def sb3_time_to_target(model, env, eval_env, budget: int, eval_freq: int, seed: int, target_return: float,
                        episodes: int, threads: int) -> dict:
-    """Train an SB3 `model` on `env` until `target_return` (see `sb3_target_callback`); closes both envs.
+    """Train an SB3 `model` (of the run seed `seed`) on `env` until `target_return` (see `sb3_target_callback`);
+    closes both envs.
 
     Returns the same fields as the scripts' rlspeed time-to-target runs."""
-    callback = sb3_target_callback(eval_env, eval_freq, eval_seed, target_return, episodes)
+    callback = sb3_target_callback(eval_env, eval_freq, seed, target_return, episodes)
     set_threads(threads)
     callback.start_clock()
     model.learn(budget, callback=callback)

@@ -41,7 +41,9 @@ ENV_IDS = {"ppo": "LunarLander-v3", "dqn": "LunarLander-v3", "sac": "LunarLander
            "td3": "LunarLanderContinuous-v3"}
 TARGET_RETURN = 200.0
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's evaluation env is made with seed + this; each evaluation then reseeds it
+# with the seed rlspeed's learn evaluates on at that step (common.sb3_target_callback): both sides' episodes have
+# the same seeds (the same episodes where rlspeed's side runs Gymnasium's envs)
 EVAL_FREQ = {"ppo": 16_384, "dqn": 2_500, "sac": 10_000, "td3": 10_000}
 
 
@@ -112,7 +114,7 @@ def sb3_run(algo: str, seed: int, args) -> dict:
     model = getattr(stable_baselines3, algo.upper())(entry.pop("policy"), env, seed=seed, device="cpu", **entry)
     eval_env = make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
     cpu_started = time.process_time()
-    record = common.sb3_time_to_target(model, env, eval_env, budget(algo), EVAL_FREQ[algo], seed + EVAL_SEED_OFFSET,
+    record = common.sb3_time_to_target(model, env, eval_env, budget(algo), EVAL_FREQ[algo], seed,
                                        TARGET_RETURN, EVAL_EPISODES, args.threads)
     return {**record, "cpu_s": time.process_time() - cpu_started}
 

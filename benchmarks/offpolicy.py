@@ -35,7 +35,9 @@ from rlspeed.envs import resolve_backend
 from rlspeed.presets import load_preset, split_run_settings
 
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's evaluation env is made with seed + this; each evaluation then reseeds it
+# with the seed rlspeed's learn evaluates on at that step (common.sb3_target_callback): both sides' episodes have
+# the same seeds (the same episodes where rlspeed's side runs Gymnasium's envs)
 
 
 @dataclass
@@ -132,7 +134,7 @@ def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args)
     env = make_vec_env(case.env_id, n_envs=1, seed=seed)
     eval_env = make_vec_env(case.env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
     model = sb3_model(case, env, seed, args.sb3_device)
-    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET,
+    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed,
                                      case.target_return, EVAL_EPISODES, args.threads)
 
 

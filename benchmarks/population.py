@@ -66,7 +66,7 @@ def sb3_run(seed: int, eval_freq: int) -> dict:
     env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)
     eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)
     model = SB3PPO("MlpPolicy", env, device="cpu", seed=seed, **zoo_sb3_kwargs())
-    record = common.sb3_time_to_target(model, env, eval_env, SB3_BUDGET, eval_freq, seed + EVAL_SEED_OFFSET, TARGET,
+    record = common.sb3_time_to_target(model, env, eval_env, SB3_BUDGET, eval_freq, seed, TARGET,
                                        EVAL_EPISODES, threads=1)
     return {"seed": seed, **{key: record[key] for key in ("reached", "time_to_target_s", "steps_to_target",
                                                           "train_wall_s")}}

@@ -49,7 +49,9 @@ ENV_ID = "CartPoleNoVel-v1"
 PENDULUM_ID = "PendulumNoVel-v1"
 TARGET_RETURN = 475.0
 EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+EVAL_SEED_OFFSET = 100_000  # the SB3 side's evaluation env is made with seed + this; each evaluation then reseeds it
+# with the seed rlspeed's learn evaluates on at that step (common.sb3_target_callback): both sides' episodes have
+# the same seeds (the same episodes where rlspeed's side runs Gymnasium's envs)
 NUM_ENVS = 8
 GAMMA = 0.98
 
@@ -147,7 +149,7 @@ def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
     evaluates."""
     model, env = sb3_model(seed)
     result = common.sb3_time_to_target(model, env, sb3_eval_env(env, seed, ENV_ID), budget, eval_freq,
-                                       seed + EVAL_SEED_OFFSET, TARGET_RETURN, EVAL_EPISODES, args.threads)
+                                       seed, TARGET_RETURN, EVAL_EPISODES, args.threads)
     return {**result, "library": "sb3-contrib"}
 
 
@@ -180,7 +182,7 @@ def sb3_learning(seed: int, budget: int, args) -> dict:
     """sb3-contrib trains `budget` steps at RL-Zoo's settings, evaluated as `rlspeed_learning` evaluates."""
     model, env = sb3_model(seed, args.env)
     result = common.sb3_time_to_target(model, env, sb3_eval_env(env, seed, args.env), budget, budget // 2,
-                                       seed + EVAL_SEED_OFFSET, math.inf, EVAL_EPISODES, args.threads)
+                                       seed, math.inf, EVAL_EPISODES, args.threads)
     kept = ("env_backend", "device", "steps", "train_wall_s", "evaluations", "threads")
     return {"library": "sb3-contrib", **{key: result[key] for key in kept}}
 

@@ -4,6 +4,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,27 @@ def test_recurrent_ppo_learning_section_gives_each_seed_the_means_and_says_which
     level = [run("sb3", 0, -600.0, -200.0), run("rlspeed", 0, -600.0, -150.0)]  # (equal means are neither side's)
     assert "(rlspeed level on the mean by 0.0, ahead on 0 of 1 seeds)" in "\n".join(
         script.learning_report(level, script.learning_summary(level), settings))
+
+
+def test_sb3s_time_to_target_evaluates_on_the_seeds_rlspeeds_learn_evaluates_on(monkeypatch):
+    """The scripts' SB3 side reseeded each evaluation with seed + 100,000 + steps ("as rlspeed does"), while rlspeed's
+    learn evaluates on `evaluation_seed(seed, "learn", steps)`: the two sides played other episodes. Each evaluation
+    now takes the seed rlspeed's learn takes after as many steps."""
+    evaluation = pytest.importorskip("stable_baselines3.common.evaluation")
+    from rlspeed.evaluation import evaluation_seed
+
+    common = _benchmarks_common()
+
+    class EvalEnv:
+        def __init__(self):
+            self.seeds = []
+
+        def seed(self, seed):
+            self.seeds.append(seed)
+
+    monkeypatch.setattr(evaluation, "evaluate_policy", lambda *args, **kwargs: (0.0, 0.0))
+    eval_env = EvalEnv()
+    callback = common.sb3_target_callback(eval_env, 100, 7, 475.0, episodes=10)
+    callback.model = types.SimpleNamespace(num_timesteps=256)  # (SB3's BaseCallback reads the model's steps)
+    callback._on_rollout_start()
+    assert eval_env.seeds == [evaluation_seed(7, "learn", 256)]
