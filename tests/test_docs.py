@@ -672,8 +672,11 @@ def test_the_defaults_check_reads_rows_pairs_and_sentences():
 def test_the_run_directory_table_names_what_a_run_writes():
     """docs/cli.md's run directory table names each file and folder a run writes (`rlspeed.cli.RUN_FILES`: it named
     the TensorBoard events without their `tensorboard/` folder, and neither `videos/` nor `wandb/`), a population's
-    (`members/`, `learning_curves.png`) in its Populations bullet, and nothing a run does not write."""
-    from rlspeed.cli import RUN_FILES
+    (`members/`, `learning_curves.png`) in its Populations bullet, and nothing a run does not write; with the lock file
+    every run leaves (`RUN_LOCK`, which the table lacked)."""
+    from rlspeed.cli import RUN_FILES, RUN_LOCK
+
+    left = {*RUN_FILES, RUN_LOCK}  # (the files and folders a run leaves)
 
     page = docs_prose(ROOT / "docs" / "cli.md")
     section = page[page.index("## The run directory"):page.index("`metrics.csv`'s columns")]
@@ -681,9 +684,9 @@ def test_the_run_directory_table_names_what_a_run_writes():
              for name in re.findall(r"`([^`]+)`", row)}
     population = re.search(r"^- \*\*Populations\.\*\*.*?(?=^- \*\*)", page, re.MULTILINE | re.DOTALL)[0]
     named = table | {name.split("/")[0] for name in re.findall(r"`([\w./<>]+)`", population)}
-    staged = {name for name in RUN_FILES if ".next." in name}  # (the table's replay row says `*.replay.next...`)
-    assert set(RUN_FILES) - staged - named == set(), "files a run writes that docs/cli.md's run directory lacks"
-    assert table - set(RUN_FILES) == set(), "docs/cli.md's run directory table names files a run does not write"
+    staged = {name for name in left if ".next." in name}  # (the table's replay row says `*.replay.next...`)
+    assert left - staged - named == set(), "files a run writes that docs/cli.md's run directory lacks"
+    assert table - left == set(), "docs/cli.md's run directory table names files a run does not write"
 
 
 def test_the_tune_pages_ppo_space_is_the_default_one():
