@@ -232,7 +232,7 @@ def test_auto_takes_envpool_for_atari_only():
 def test_envpool_backend_for_an_id_it_lacks_is_one_sentence():
     with pytest.raises(UserError, match="EnvPool has no env for 'rlspeed/CartPole-v1'"):
         resolve_backend("rlspeed/CartPole-v1", "envpool")
-    with pytest.raises(UserError, match="takes no Gymnasium env options"):
+    with pytest.raises(UserError, match="takes env options only for MuJoCo ids, not for 'CartPole-v1'"):
         make_env("CartPole-v1", backend="envpool", sutton_barto_reward=True)
 
 
@@ -431,3 +431,81 @@ def test_an_envpool_env_whose_close_raises_is_named_and_kept_as_a_gymnasium_envs
         env.close()
     assert [str(error) for error in closing.errors] == [
         "The env 'CartPole-v1' (envpool backend) raised RuntimeError in close(): the pool's threads did not stop"]
+
+
+needs_mujoco = pytest.mark.skipif(not (envpool_env.envpool_installed() and _has("mujoco")),
+                                  reason="envpool or mujoco is not installed")
+
+INF = float("inf")
+
+
+def _fixed_action_rollout(env_id: str, backend: str, options: dict, steps: int, seed: int = 0):
+    """Rewards and terminations of `steps` steps of one env (no initial noise in `options`: the same start on both
+    backends) under a fixed action, after `reset(seed=seed)` (on EnvPool: a pool made afresh)."""
+    env = make_env(env_id, backend=backend, env_kwargs=options, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (Gymnasium's v4 ids: out of date)
+        env.reset(seed=seed)
+        action = torch.full((1, env.spec.action_dim), 0.5)
+        rewards, terminations = [], []
+        for _ in range(steps):
+            _, reward, terminated, _, _ = env.step(action)
+            rewards.append(float(reward[0]))
+            terminations.append(bool(terminated[0]))
+    spec = env.spec
+    env.close()
+    return torch.tensor(rewards, dtype=torch.float64), terminations, spec
+
+
+@needs_mujoco
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("env_id", "options"), [
+    ("Hopper-v4", {"ctrl_cost_weight": 0.5, "forward_reward_weight": 0.0, "healthy_reward": 0.0}),
+    ("Hopper-v4", {"terminate_when_unhealthy": False}),
+    ("Hopper-v4", {"healthy_z_range": (1.0, INF), "healthy_angle_range": (-0.1, 0.1),
+                   "healthy_state_range": (-50, 50)}),
+    ("Walker2d-v4", {"healthy_z_range": (0.9, 1.9), "healthy_angle_range": (-0.5, 0.5)}),
+    ("HalfCheetah-v4", {"exclude_current_positions_from_observation": False, "forward_reward_weight": 2.0}),
+    ("Hopper-v5", {"ctrl_cost_weight": 0.5, "healthy_reward": 2.0})])
+def test_mujoco_options_give_gymnasiums_rewards_and_terminations_on_envpool(env_id, options):
+    """`--env-backend envpool --env-kwargs ...` on a MuJoCo id was refused; EnvPool's env of the id now takes the
+    options it has under Gymnasium's names (its `*_min` / `*_max` for a range), in the pool `reset(seed)` makes too:
+    from the same start, a fixed action gives Gymnasium's rewards and terminations, and the options are recorded."""
+    options = {"reset_noise_scale": 0.0, **options}
+    expected, expected_ends, gym_spec = _fixed_action_rollout(env_id, "gymnasium", options, 100)
+    rewards, ends, spec = _fixed_action_rollout(env_id, "envpool", options, 100)
+    torch.testing.assert_close(rewards, expected, rtol=0, atol=1e-5)
+    assert ends == expected_ends
+    assert spec.env_kwargs == options and spec.observation_space.shape == gym_spec.observation_space.shape
+
+
+@needs_mujoco
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_envpool_refuses_mujoco_options_it_does_not_take_alike_naming_the_gymnasium_backend():
+    """Options EnvPool's env lacks, or has with another meaning, and ranges its keys cannot give exactly are one
+    sentence naming the backend that takes them, not an env silently made without them."""
+    with pytest.raises(UserError, match=r"Hopper-v5 does not take the env option frame_skip .*--env-backend gymnasium"):
+        make_env("Hopper-v5", backend="envpool", env_kwargs={"frame_skip": 2})
+    with pytest.raises(UserError, match=r"bounds healthy_z only below .*healthy_z_range=\(0.7, 2.0\).*gymnasium"):
+        make_env("Hopper-v4", backend="envpool", env_kwargs={"healthy_z_range": (0.7, 2.0)})
+    with pytest.raises(UserError, match="Gymnasium's HalfCheetah-v4 takes no env option healthy_reward"):
+        make_env("HalfCheetah-v4", backend="envpool", env_kwargs={"healthy_reward": 1.0})
+
+
+@needs_mujoco
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_model_on_envpool_records_its_mujoco_options_and_evaluates_with_them(tmp_path):
+    """A model trained on EnvPool with env options keeps them in its spec and checkpoint, and its evaluation on
+    EnvPool makes the env with them (no termination where the unhealthy hopper ends one), as on Gymnasium."""
+    import rlspeed
+
+    options = {"terminate_when_unhealthy": False}
+    with pytest.raises(UserError, match="does not take the env option frame_skip"):  # (up front, at construction)
+        rlspeed.SAC("Hopper-v5", device="cpu", env_backend="envpool", env_kwargs={"frame_skip": 2})
+    model = rlspeed.SAC("Hopper-v5", device="cpu", env_backend="envpool", env_kwargs=options)
+    assert model.env_backend == "envpool" and model.spec.env_kwargs == options
+    path = model.save(tmp_path / "model")
+    loaded = rlspeed.SAC.load(path, device="cpu")
+    assert loaded.env_backend == "envpool" and loaded.spec.env_kwargs == options
+    # (the untrained policy falls within 300 steps: terminated where unhealthy ends an episode)
+    assert rlspeed.evaluate(loaded, episodes=1, seed=3, backend="envpool", max_steps=300)["unfinished"] == 1

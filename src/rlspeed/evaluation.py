@@ -370,13 +370,13 @@ def evaluate(model: rlspeed.algos.Algorithm,
         if isinstance(env_id, str):
             check_evaluation_env(model, env_id)
         options = env_options(model, env_id, env_kwargs)
-        if options and backend not in ("gymnasium", "gymnasium-async"):
-            if asked not in ("auto", "gymnasium", "gymnasium-async"):
+        if options and backend not in ("gymnasium", "gymnasium-async", "envpool"):  # (EnvPool: `envpool_options`)
+            if asked not in ("auto", "gymnasium", "gymnasium-async", "envpool"):
                 whose = "The env options" if env_kwargs else "This model's env was made with options"
                 raise UserError(f"{whose} ({', '.join(options)}), which only Gymnasium's envs take: evaluate it with "
                                 f"backend='gymnasium' (--env-backend gymnasium on the command line), not "
                                 f"'{asked}'.")
-            backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
+            backend = "gymnasium"  # (env options are Gymnasium's envs': `auto` may pick another)
         backend = resolve_backend(env_id, backend, episodes, resolve_device(device)) if size is None else backend
         if backend == "envpool" and size is None:  # (up front: in waves, a later wave's seeds would pass the limit)
             check_envpool_seeds(seed, episodes)

@@ -2099,7 +2099,7 @@ class Algorithm:
         elif isinstance(env, str):
             self.env_id = env
             self.spec = env_spec(env, env_kwargs)
-            env_backend = backend_for_options(self.spec.env_kwargs, env_backend)
+            env_backend = backend_for_options(self.spec.env_kwargs, env_backend, env)
             self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
                                                self.device)
         else:

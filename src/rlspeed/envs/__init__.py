@@ -27,7 +27,14 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
-from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_only, envpool_refusal, envpool_task
+from rlspeed.envs.envpool_env import (
+    EnvPoolEnv,
+    envpool_installed,
+    envpool_only,
+    envpool_options,
+    envpool_refusal,
+    envpool_task,
+)
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
@@ -254,10 +261,13 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         return made.with_options(env_kwargs)
 
 
-def backend_for_options(env_kwargs: dict, backend: str) -> str:
+def backend_for_options(env_kwargs: dict, backend: str, env_id: str | None = None) -> str:
     """The env backend of a model or population whose env takes the options `env_kwargs`: Gymnasium's (what `auto`
-    becomes; options exist only for Gymnasium's envs, as `make_env` decides); UserError for another backend."""
-    if not env_kwargs or backend in ("gymnasium", "gymnasium-async"):
+    becomes; options are Gymnasium's env's, as `make_env` decides), or EnvPool's (which takes some of a MuJoCo id's,
+    `envpool_options`, which checks them up front given the Gymnasium id `env_id`); UserError for another backend."""
+    if env_kwargs and backend == "envpool" and env_id is not None and (task := envpool_task(env_id)) is not None:
+        envpool_options(env_id, task, env_kwargs)
+    if not env_kwargs or backend in ("gymnasium", "gymnasium-async", "envpool"):
         return backend
     if backend == "auto":
         return "gymnasium"
@@ -395,11 +405,10 @@ def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int 
             if native_kwargs:
                 raise UserError(f"The native-env options ({', '.join(native_kwargs)}) apply only to backend "
                                 f"'torch', not to '{chosen}'.")
-            if chosen == "envpool":
+            if chosen == "envpool":  # (options of MuJoCo ids EnvPool takes alike; others refused: `envpool_options`)
                 if env_kwargs:
-                    raise UserError(f"The envpool backend takes no Gymnasium env options ({', '.join(env_kwargs)}); "
-                                    "use backend='gymnasium' to pass them to gymnasium.make.")
-                env = EnvPoolEnv(env_id, num_envs=num_envs, device=device, seed=seed)
+                    env_kwargs = _typed_options(gym_spec(env_id), env_kwargs)
+                env = EnvPoolEnv(env_id, num_envs=num_envs, device=device, seed=seed, env_kwargs=env_kwargs)
             else:
                 vectorization = "async" if chosen == "gymnasium-async" else "sync"
                 kind = atari.AtariGymnasiumEnv if atari_game else GymnasiumEnv

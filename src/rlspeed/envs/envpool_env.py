@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import random
 import re
 import warnings
@@ -159,6 +160,76 @@ def envpool_task(env_id: str) -> str | None:
     return env_id if env_id in ids else None
 
 
+#: Gymnasium MuJoCo env options EnvPool's env of the same id takes under the same name and meaning (checked equal by
+#: short fixed-action rollouts on both backends, tests/test_envpool_options.py); Gymnasium's `*_range` options are
+#: EnvPool's `*_min` / `*_max` pair (`envpool_options`)
+MUJOCO_OPTIONS = ("ctrl_cost_weight", "forward_reward_weight", "healthy_reward", "terminate_when_unhealthy",
+                  "reset_noise_scale", "exclude_current_positions_from_observation", "contact_cost_weight")
+MUJOCO_RANGES = ("healthy_z_range", "healthy_state_range", "healthy_angle_range", "contact_force_range")
+
+
+def is_mujoco(env_id: str) -> bool:
+    """Whether `env_id` is one of Gymnasium's MuJoCo ids (registered from gymnasium.envs.mujoco)."""
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None else None
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
+def envpool_options(env_id: str, task: str, env_kwargs: dict) -> dict:
+    """`env_kwargs`, Gymnasium env options of `env_id`, as the options of EnvPool's `task`: for MuJoCo ids those in
+    `MUJOCO_OPTIONS` EnvPool's task has, and the `MUJOCO_RANGES` as its `*_min` / `*_max` keys where those give the
+    range exactly (a range whose end EnvPool has no key for must leave that end infinite, Gymnasium's default); any
+    other option is a UserError naming it and the backend that takes it."""
+    if not env_kwargs:
+        return {}
+    use_gymnasium = "use --env-backend gymnasium (backend='gymnasium'), which passes them to gymnasium.make"
+    if not is_mujoco(env_id):
+        raise UserError(f"The envpool backend takes env options only for MuJoCo ids, not for '{env_id}' "
+                        f"({', '.join(env_kwargs)}): {use_gymnasium}.")
+    config = import_envpool().make_spec(task).config._asdict()
+    # (the options Gymnasium's env declares: an option it lacks is refused here as gymnasium.make refuses it)
+    declared = inspect.signature(gym.envs.registration.load_env_creator(gym.spec(env_id).entry_point)).parameters
+    lacking = [name for name in env_kwargs if name not in declared]
+    if lacking:
+        raise UserError(f"Gymnasium's {env_id} takes no env option {', '.join(lacking)}, so neither does the envpool "
+                        "backend, which takes Gymnasium's options EnvPool's env has.")
+    options, refused = {}, []
+    for name, value in env_kwargs.items():
+        if name in MUJOCO_OPTIONS and name in config:
+            default = config[name]
+            if isinstance(default, bool):
+                if not isinstance(value, (bool, np.bool_)):
+                    raise UserError(f"The env option {name} is true or false, got {value!r}.")
+                options[name] = bool(value)
+            elif isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise UserError(f"The env option {name} is a number, got {value!r}.")
+            else:
+                options[name] = float(value)
+            continue
+        base = name.removesuffix("_range")
+        if name in MUJOCO_RANGES and (f"{base}_min" in config or f"{base}_max" in config):
+            try:
+                low, high = (float(end) for end in value)
+            except (TypeError, ValueError):
+                raise UserError(f"The env option {name} is a pair of numbers (low, high), got {value!r}.") from None
+            for key, end, unbounded in ((f"{base}_min", low, -np.inf), (f"{base}_max", high, np.inf)):
+                if key in config:
+                    options[key] = end
+                elif end != unbounded:
+                    raise UserError(f"EnvPool's {task} bounds {base} only {'above' if key.endswith('min') else 'below'}"
+                                    f" ({'_max' if key.endswith('min') else '_min'}), so {name}={tuple(value)!r} with"
+                                    f" a finite {'low' if key.endswith('min') else 'high'} end is not its option; "
+                                    f"{use_gymnasium}.")
+            continue
+        refused.append(name)
+    if refused:
+        taken = ", ".join(MUJOCO_OPTIONS + MUJOCO_RANGES)
+        raise UserError(f"EnvPool's {task} does not take the env option{'s' if len(refused) > 1 else ''} "
+                        f"{', '.join(refused)} as Gymnasium's does (it takes {taken} where the id has them); "
+                        f"{use_gymnasium}.")
+    return options
+
+
 def check_envpool_seeds(seed: int, count: int) -> None:
     """UserError unless `count` EnvPool envs seeded `seed` (env i with `seed + i`) all get seeds EnvPool takes, C++
     ints below 2**31 (a larger seed stopped EnvPool on a bare AssertionError; env seeds past it wrapped round)."""
@@ -200,25 +271,28 @@ class EnvPoolEnv(BatchedEnv):
     `envpool_refusal`); `num_threads`: EnvPool's, the threads that step the envs (0: EnvPool's default).
     `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`, below 2**31: `check_envpool_seeds`);
     `reset(seed=s)` with another seed makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids
-    add `info["lives"]`.
+    add `info["lives"]`. `env_kwargs`: Gymnasium env options of a MuJoCo id, those EnvPool's env takes with the same
+    meaning (`envpool_options`; any other is a UserError), recorded in `spec.env_kwargs`.
     """
 
     backend = "envpool"
 
     def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None,
-                 num_threads: int = 0):
+                 num_threads: int = 0, env_kwargs: dict | None = None):
         if not envpool_installed():
             raise UserError(f"The envpool backend needs EnvPool: {INSTALL}.")
         refusal = envpool_refusal(env_id)
         if refusal is not None:
             raise UserError(refusal)
+        task = envpool_task(env_id)
+        env_kwargs = dict(env_kwargs or {})
+        options = envpool_options(env_id, task, env_kwargs)  # (refused before the warning below)
         if env_id in OTHER_VALUES and env_id not in _WARNED_VALUES:
             _WARNED_VALUES.add(env_id)
             # (one env for both uses: `rlspeed train` and `rlspeed eval` make it alike, so the sentence names both)
             warn_at_caller(f"{OTHER_VALUES[env_id]}: a model trained there learns from, and one evaluated there is "
                            "scored on, other values than --env-backend gymnasium (env_backend='gymnasium') gives.",
                            UserWarning)
-        task = envpool_task(env_id)
         self.env_id, self.task, self.num_envs, self.device = env_id, task, num_envs, torch.device(device)
         self.num_threads = num_threads
         self.atari = atari.is_atari(env_id)
@@ -233,6 +307,7 @@ class EnvPoolEnv(BatchedEnv):
                              "repeat_action_probability": float(registered.get("repeat_action_probability", 0.0)),
                              "full_action_space": bool(registered.get("full_action_space", False)),
                              "max_episode_steps": max_steps}
+        self._options.update(options)  # (every pool made, `reset(seed)`'s too)
         self._seed = seed if seed is not None else random.randrange(2**31)
         self.pool = self._make_pool(self._seed)
         if max_steps is None:
@@ -245,7 +320,8 @@ class EnvPoolEnv(BatchedEnv):
             raise UserError(f"EnvPool's '{env_id}' gives {type(self.pool.observation_space).__name__} observations, "
                             "which the envpool backend does not take; use --env-backend gymnasium (or auto).")
         self.spec = EnvSpec.from_spaces(env_id, _observation_bounds(_float32(self.pool.observation_space)),
-                                        _float32(self.pool.action_space), max_steps, threshold)
+                                        _float32(self.pool.action_space), max_steps,
+                                        threshold).with_options(env_kwargs)
         # (the contract's dtypes: float32 vectors, int64 indices where EnvPool gives int32, uint8 images)
         self._obs_dtype = numpy_dtype(observation_layout(self.spec.observation_space)[1])
         self._action_dtype = (np.int32 if isinstance(self.spec.action_space, gym.spaces.Discrete)
@@ -325,5 +401,5 @@ class EnvPoolEnv(BatchedEnv):
         close_other_backend(self.pool.close, self.spec.env_id, self.backend)
 
 
-__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_refusal", "envpool_task",
-           "INSTALL"]
+__all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_options",
+           "envpool_refusal", "envpool_task", "INSTALL"]
