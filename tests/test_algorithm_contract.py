@@ -106,21 +106,29 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
         algo(env_id, device="cpu", learning_rat=1e-3)
     # (Stable-Baselines3's keywords say what to write instead)
     with pytest.raises(UserError, match="'policy_kwargs' is Stable-Baselines3's keyword; .*plain keywords") as told:
-        algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
+        algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64], "optimizer_class": torch.optim.SGD})
     # (the algorithm's own network keywords: PPO was told to write n_critics=... and lstm_hidden_size=...)
     assert ("n_critics=..." in str(told.value)) == (algo.name in ("sac", "td3", "ddpg"))
     assert ("lstm_hidden_size=..." in str(told.value)) == (algo.name == "recurrent_ppo")
     assert ("log_std_init=..." in str(told.value)) == ("log_std_init" in algo.config_cls.__dataclass_fields__)
-    # (and which: SB3's activation_fn class by rlspeed's name)
-    with pytest.raises(UserError, match=r"plain keywords .*: here activation='leaky_relu', net_arch=\[32\]\.$"):
-        algo(env_id, device="cpu", policy_kwargs={"activation_fn": torch.nn.LeakyReLU, "net_arch": [32]})
-    # (by RL-Zoo's translation's rule, per algorithm: PPO was told to write n_critics=3, and the CNN's width in
-    # features_extractor_kwargs was dropped)
-    with pytest.raises(UserError) as refusal:
-        algo(env_id, device="cpu", policy_kwargs={"n_critics": 3, "features_extractor_kwargs": {"features_dim": 64}})
-    assert str(refusal.value).endswith(": here cnn_features_dim=64, n_critics=3." if algo.name in ("sac", "td3", "ddpg")
-                                       else f": here cnn_features_dim=64; policy_kwargs.n_critics=3: rlspeed's "
-                                            f"{algo.name} has no such option.")
+    # (and which, where an option is refused: SB3's activation_fn class by rlspeed's name)
+    with pytest.raises(UserError, match=r"plain keywords .*: here activation='leaky_relu', net_arch=\[32\]; "):
+        algo(env_id, device="cpu", policy_kwargs={"activation_fn": torch.nn.LeakyReLU, "net_arch": [32],
+                                                  "features_extractor_class": torch.nn.Flatten})
+    # (options that are all rlspeed's settings are taken as them, saved under rlspeed's names; by RL-Zoo's
+    # translation's rule, per algorithm: PPO was told to write n_critics=3)
+    given = {"n_critics": 3, "features_extractor_kwargs": {"features_dim": 64}}
+    if algo.name in ("sac", "td3"):
+        assert build_config(algo.config_cls, {"policy_kwargs": given}) == build_config(
+            algo.config_cls, {"n_critics": 3, "cnn_features_dim": 64})
+    elif algo.name == "ddpg":  # (as the keyword: DDPG has one critic)
+        with pytest.raises(UserError, match=r"DDPG has n_critics=1 \(got 3\)"):
+            build_config(algo.config_cls, {"policy_kwargs": given})
+    else:
+        with pytest.raises(UserError) as refusal:
+            algo(env_id, device="cpu", policy_kwargs=given)
+        assert str(refusal.value).endswith(f": here cnn_features_dim=64; policy_kwargs.n_critics=3: rlspeed's "
+                                           f"{algo.name} has no such option.")
     # (each rule once, after the options it refuses: "builds its own optimizer" was said once per option)
     with pytest.raises(UserError) as refusal:
         build_config(algo.config_cls, {"policy_kwargs": {"optimizer_class": torch.optim.SGD, "optimizer_kwargs": {}}})
@@ -131,8 +139,7 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     # "my_ppo", whose dict net_arch is pi/qf, and refused PPO's pi/vf)
     mine = dataclasses.make_dataclass(f"My{algo.config_cls.__name__}", [("extra", int, 1)], bases=(algo.config_cls,))
     if algo.name in ON_POLICY:
-        with pytest.raises(UserError, match=r": here net_arch=\[32\]\.$"):
-            build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}})
+        assert build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}}).net_arch == (32,)
     # (SB3's tensorboard_log="tb" (nearly every SB3 tutorial) is told the learn call that writes there, in SB3's
     # directory for the first run)
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; .*give learn the "
@@ -435,6 +442,91 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
     for algo, env_id, options, message in refusals:
         with pytest.raises(UserError, match=message):
             algo(env_id, device="cpu", **options)
+
+
+def _parameter_count(model) -> int:
+    """The parameters of the networks a model acts and learns with (no target copies), as SB3's policy has them."""
+    names = ("q_network",) if hasattr(model, "q_network") else ("actor", "critic") if hasattr(model, "actor") else (
+        "policy",)
+    return sum(parameter.numel() for name in names for parameter in getattr(model, name).parameters())
+
+
+@pytest.mark.parametrize("algo_name, env_id, policy_kwargs, keywords", [
+    # (SB3 2.x's dict form, its class for the activation; SB3's net_arch list is separate actor and critic of those
+    # widths, as rlspeed's; the activation left out is SB3's default, Tanh on-policy and ReLU off-policy, as rlspeed's)
+    ("PPO", "Pendulum-v1", {"net_arch": {"pi": [32, 32], "vf": [32, 32]}, "activation_fn": torch.nn.ReLU,
+                            "ortho_init": False, "log_std_init": -2.0},
+     {"net_arch": [32, 32], "activation": "relu", "ortho_init": False, "log_std_init": -2.0}),
+    ("A2C", "Pendulum-v1", {"net_arch": [16]}, {"net_arch": [16]}),
+    ("SAC", "Pendulum-v1", {"net_arch": [32, 32], "n_critics": 3, "share_features_extractor": False},
+     {"net_arch": [32, 32], "n_critics": 3}),
+    ("TD3", "Pendulum-v1", {"net_arch": [24], "activation_fn": torch.nn.Tanh},
+     {"net_arch": [24], "activation": "tanh"}),
+    ("DQN", "CartPole-v1", {"net_arch": [32]}, {"net_arch": [32]}),
+])
+def test_stable_baselines3_policy_kwargs_build_the_networks_sb3_builds(algo_name, env_id, policy_kwargs, keywords):
+    """SB3's policy_kwargs whose options are all rlspeed's network settings are taken as them (they were refused,
+    naming them): the model is the one rlspeed's own keywords make, saved under rlspeed's names, and has as many
+    parameters as SB3's policy made of the same policy_kwargs."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    mapped = algo(env_id, device="cpu", seed=0, policy_kwargs=policy_kwargs)
+    assert mapped.config == algo(env_id, device="cpu", seed=0, **keywords).config
+    theirs = getattr(sb3, algo_name)("MlpPolicy", env_id, device="cpu", policy_kwargs=policy_kwargs)
+    networks = [theirs.policy.actor, theirs.policy.critic] if hasattr(theirs.policy, "actor") else [
+        theirs.policy.q_net if algo_name == "DQN" else theirs.policy]
+    assert _parameter_count(mapped) == sum(p.numel() for network in networks for p in network.parameters())
+    activation = type(next(layer for layer in theirs.policy.modules() if layer.__class__.__module__ ==
+                           "torch.nn.modules.activation"))
+    assert mapped.config.activation == activation.__name__.lower()
+
+
+def test_stable_baselines3_policy_kwargs_given_twice_or_beyond_rlspeeds_networks_are_one_sentence():
+    """A setting given both in policy_kwargs and as its keyword is refused naming both; an option rlspeed's networks
+    have not leaves the whole dict refused, naming the keywords of those it has."""
+    import rlspeed
+
+    with pytest.raises(UserError, match=r"policy_kwargs sets net_arch, and net_arch=\[8\] is given too"):
+        build_config(rlspeed.PPO.config_cls, {"policy_kwargs": {"net_arch": [8]}, "net_arch": [8]})
+    with pytest.raises(UserError, match=r"here net_arch=\[8\]; policy_kwargs.share_features_extractor=False: rlspeed's "
+                                        "PPO, A2C and RecurrentPPO share one encoder"):
+        build_config(rlspeed.PPO.config_cls, {"policy_kwargs": {"net_arch": [8], "share_features_extractor": False}})
+    with pytest.raises(UserError, match="rlspeed picks its encoder from the observation space"):
+        build_config(rlspeed.SAC.config_cls, {"policy_kwargs": {"features_extractor_class": torch.nn.Flatten}})
+
+
+@pytest.mark.parametrize("buffer_class", ["stable_baselines3", "rlspeed", "name"])
+def test_stable_baselines3_her_replay_buffer_is_rlspeeds_her(buffer_class):
+    """SB3's HER example, replay_buffer_class=HerReplayBuffer with replay_buffer_kwargs=dict(n_sampled_goal=4,
+    goal_selection_strategy="future"), is her=True with those settings, saved under rlspeed's names (it was refused,
+    naming them); an option or a strategy rlspeed's HER has not is one sentence naming what it has."""
+    import rlspeed
+
+    if buffer_class == "stable_baselines3":
+        buffer_class = pytest.importorskip("stable_baselines3.her").HerReplayBuffer
+    elif buffer_class == "rlspeed":
+        from rlspeed.buffers import HerReplayBuffer as buffer_class
+    else:
+        buffer_class = "HerReplayBuffer"
+    for algo in (rlspeed.SAC, rlspeed.DQN, rlspeed.TD3):
+        config = build_config(algo.config_cls, {"replay_buffer_class": buffer_class, "replay_buffer_kwargs": dict(
+            n_sampled_goal=2, goal_selection_strategy="FINAL", handle_timeout_termination=True)})
+        assert config == build_config(algo.config_cls, {"her": True, "n_sampled_goal": 2,
+                                                        "goal_selection_strategy": "final"})
+    assert build_config(rlspeed.SAC.config_cls, {"replay_buffer_class": buffer_class}).her
+    refusals = [({"goal_selection_strategy": "random"}, "one of future, final, episode"),
+                ({"copy_info_dict": True}, "copy_info_dict=True: rlspeed's Hindsight Experience Replay takes "
+                                           "n_sampled_goal and goal_selection_strategy"),
+                ("n_sampled_goal=4", "expected a dict of HerReplayBuffer's options")]
+    for options, message in refusals:
+        with pytest.raises(UserError, match=message):
+            build_config(rlspeed.SAC.config_cls, {"replay_buffer_class": buffer_class,
+                                                        "replay_buffer_kwargs": options})
+    with pytest.raises(UserError, match="replay_buffer_class=HerReplayBuffer sets n_sampled_goal, and "):
+        build_config(rlspeed.SAC.config_cls, {"replay_buffer_class": buffer_class, "n_sampled_goal": 3,
+                                                    "replay_buffer_kwargs": {"n_sampled_goal": 2}})
 
 
 def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):

@@ -28,6 +28,11 @@ LSTM_LAYOUT_RULE = ("rlspeed's RecurrentPPO has one LSTM layer (torch.nn.LSTM's 
                     "the critic")
 
 
+#: what a user is told about `share_features_extractor` at another value than SB3's default
+SHARE_RULE = ("rlspeed's PPO, A2C and RecurrentPPO share one encoder between actor and critic, and its SAC, TD3 and "
+              "DDPG give the actor and the critics one each (SB3's defaults), which no setting changes")
+
+
 def is_rlspeeds_lstm_layout(name: str, value: object) -> bool:
     """Whether sb3-contrib's layout option `name` (a key of `SB3_CONTRIB_LSTM_LAYOUT`) at `value` builds rlspeed's
     `RecurrentActorCritic`: its default value, of its type (an empty `lstm_kwargs` as its None). Of its type: 1 for
@@ -120,6 +125,11 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
             else:
                 out.refuse_option(key, repr(item), "rlspeed's gSDE has SB3's defaults for it (on-policy: no "
                                                    "squashing; SAC: squashed, mean clipped to [-2, 2])")
+        elif name == "share_features_extractor" and algo != "dqn":
+            if item is (algo in ON_POLICY):  # (SB3's default: on-policy one encoder, off-policy one each)
+                out.notes.append(f"{key} {item!r}: rlspeed's {algo} does that too")
+            else:
+                out.refuse_option(key, repr(item), SHARE_RULE)
         elif name in ("optimizer_class", "optimizer_kwargs"):
             instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if algo == "a2c" else ""
             out.refuse_option(key, repr(item), f"rlspeed's {algo} builds its own optimizer{instead}")

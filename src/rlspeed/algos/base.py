@@ -172,7 +172,8 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 
 #: Stable-Baselines3 keywords with no rlspeed hyperparameter of that name, and what to write instead
 SB3_KEYWORDS = {
-    "policy_kwargs": "rlspeed takes the network's options as plain keywords",
+    "policy_kwargs": "it is taken where each of its options is a setting of rlspeed's networks, which rlspeed "
+                     "takes as plain keywords",
     "tensorboard_log": "rlspeed writes TensorBoard events (where the tensorboard package is installed) into "
                        "learn's run directory, beside metrics.csv and the checkpoint: leave tensorboard_log out and "
                        "give learn the directory (rlspeed train: --out DIR)",
@@ -185,7 +186,7 @@ SB3_KEYWORDS = {
               "activation=... shape them)",
     "replay_buffer_class": "rlspeed's off-policy algorithms have one replay buffer of their own, which stores frame "
                            "stacks and large images compactly by itself (frame_dedup); for Hindsight Experience "
-                           "Replay (HerReplayBuffer) write her=True",
+                           "Replay write her=True (replay_buffer_class=HerReplayBuffer is taken as that)",
     "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters, "
                             "and HerReplayBuffer's options as her=True, n_sampled_goal=4, "
                             "goal_selection_strategy='future'",
@@ -524,6 +525,71 @@ _NETWORK_KEYWORDS = {"net_arch": "[64, 64]", "activation": "'tanh'", "log_std_in
                      "lstm_hidden_size": "..."}
 
 
+def _algo_name(config_cls: type) -> str:
+    """rlspeed's CLI name of the algorithm whose config `config_cls` is, or derives from (a subclass's own config is
+    of that algorithm): "ppo", "recurrent_ppo"."""
+    names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
+    return next((names[base] for base in config_cls.__mro__ if base in names),
+                re.sub(r"(?<=[a-z])(?=[A-Z])", "_", _owner_name(config_cls)).lower())
+
+
+def sb3_policy_kwargs(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's `policy_kwargs` dict as the hyperparameters it names, by the rule RL-Zoo's
+    translation follows (`rlspeed.policy_kwargs.translate_policy_kwargs`): PPO's dict(net_arch=[64, 64],
+    activation_fn=nn.ReLU) is net_arch=[64, 64], activation='relu', saved under those names. Taken only where every
+    option builds what SB3 builds (each a setting the config has); otherwise `values` is left to `build_config`'s
+    refusal, which names each option's keyword or why there is none. UserError where a setting it makes is also
+    given as a keyword."""
+    kwargs = values.get("policy_kwargs")
+    if not isinstance(kwargs, dict) or not kwargs:
+        return values
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    read = Collected()
+    translate_policy_kwargs(_algo_name(config_cls), kwargs, read)
+    if read.refused or any(key not in fields for key in read.hyper):
+        return values
+    given = [key for key in read.hyper if key in values]
+    if given:
+        raise UserError(f"policy_kwargs sets {', '.join(given)}, and "
+                        f"{', '.join(f'{key}={values[key]!r}' for key in given)} is given too: give one of them.")
+    made = {**read.hyper, **({"net_arch": kwargs["net_arch"]} if "net_arch" in read.hyper else {})}
+    # (SB3's net_arch as written: build_config's one rule for its dict forms, as for the keyword)
+    return {**{key: value for key, value in values.items() if key != "policy_kwargs"}, **made}
+
+
+#: Stable-Baselines3's HerReplayBuffer options at the values that are what rlspeed's Hindsight Experience Replay does
+#: (its defaults): taken, changing nothing; n_sampled_goal and goal_selection_strategy are rlspeed's settings
+_SB3_HER_DEFAULTS = {"handle_timeout_termination": True, "copy_info_dict": False, "optimize_memory_usage": False}
+
+
+def sb3_her(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's replay_buffer_class=HerReplayBuffer (the class, or its name) as her=True and
+    its replay_buffer_kwargs n_sampled_goal and goal_selection_strategy as those settings, where the config has
+    `her`; other options are left to `build_config`'s refusal. UserError for an option rlspeed's HER has not, or a
+    setting also given as a keyword."""
+    buffer_class = values.get("replay_buffer_class")
+    name = buffer_class if isinstance(buffer_class, str) else getattr(buffer_class, "__name__", None)
+    if name != "HerReplayBuffer" or "her" not in {field.name for field in dataclasses.fields(config_cls)}:
+        return values
+    options = values.get("replay_buffer_kwargs") or {}
+    if not isinstance(options, dict):
+        raise UserError(f"replay_buffer_kwargs={options!r}: expected a dict of HerReplayBuffer's options "
+                        "(n_sampled_goal, goal_selection_strategy).")
+    other = [f"{key}={item!r}" for key, item in options.items() if key not in ("n_sampled_goal",
+             "goal_selection_strategy") and not (key in _SB3_HER_DEFAULTS and item is _SB3_HER_DEFAULTS[key])]
+    if other:
+        raise UserError(f"replay_buffer_kwargs {', '.join(other)}: rlspeed's Hindsight Experience Replay takes "
+                        "n_sampled_goal and goal_selection_strategy (future, final or episode), and handles time "
+                        "limits and info dicts as SB3's defaults do.")
+    made = {"her": True, **{key: item for key, item in options.items() if key not in _SB3_HER_DEFAULTS}}
+    given = [key for key in made if key in values]
+    if given:
+        raise UserError(f"replay_buffer_class=HerReplayBuffer sets {', '.join(given)}, and "
+                        f"{', '.join(f'{key}={values[key]!r}' for key in given)} is given too: give one of them.")
+    rest = {key: value for key, value in values.items() if key not in ("replay_buffer_class", "replay_buffer_kwargs")}
+    return {**rest, **made}
+
+
 def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
     """The network's keywords the algorithm of `config_cls` (whose field names are `fields`) has, and SB3's
     `policy_kwargs` as the keywords to write instead (" (net_arch=[64, 64], ...): here activation='leaky_relu',
@@ -534,12 +600,8 @@ def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Con
     if not isinstance(policy_kwargs, dict):
         return keywords
     owner = _owner_name(config_cls)
-    # (rlspeed's algorithm whose config it is, or derives from: a subclass's own config is of that algorithm)
-    names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
-    algo = next((names[base] for base in config_cls.__mro__ if base in names),
-                re.sub(r"(?<=[a-z])(?=[A-Z])", "_", owner).lower())
     read = Collected()
-    translate_policy_kwargs(algo, policy_kwargs, read)
+    translate_policy_kwargs(_algo_name(config_cls), policy_kwargs, read)
     written = [f"{key}={value!r}" for key, value in sorted(read.hyper.items()) if key in fields]
     # (each rule said once, after the options it refuses: "policy_kwargs.optimizer_class=..., ...optimizer_kwargs=...:
     # rlspeed's ppo builds its own optimizer")
@@ -592,7 +654,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = config_type_hints(config_cls)
-    overrides = sb3_action_noise(config_cls, rlspeed_names(config_cls, overrides))
+    overrides = sb3_policy_kwargs(config_cls, rlspeed_names(config_cls, overrides))
+    overrides = sb3_action_noise(config_cls, sb3_her(config_cls, overrides))
     nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
                                       if base.__name__ in SB3_NOTHING_OF), {})}
     values = {}
