@@ -884,6 +884,10 @@ def test_load_and_resume_refuse_other_networks_for_the_saved_weights(tmp_path, k
         PPO.load(path, **{key: value})
     with pytest.raises(UserError, match=f"holds networks built with {key}="):
         PPO("CartPole-v1", num_envs=2, num_steps=16, **{key: value}).resume(path)
+    # (SB3's policy_kwargs, the same settings: checked as them, and the file's own network taken)
+    with pytest.raises(UserError, match=f"holds networks built with {key}="):
+        PPO.load(path, policy_kwargs={"activation_fn": "nn.ReLU"} if key == "activation" else {key: value})
+    assert PPO.load(path, policy_kwargs={"net_arch": [64, 64], "activation_fn": "nn.Tanh"}).config.net_arch == (64, 64)
     loaded = PPO.load(path, learning_rate=1e-4, env_backend="torch")
     assert loaded.config.learning_rate == 1e-4 and loaded.env_backend == "torch"
     with pytest.raises(UserError, match="env_backend='bogus'.*expected one of auto, torch"):

@@ -303,6 +303,15 @@ def test_sb3s_n_steps_is_taken_as_rlspeeds_name_and_saved_under_it(tmp_path):
     assert cli._settings(args)[3].num_steps == 16  # (over the preset's num_steps)
 
 
+def test_sb3s_policy_kwargs_in_set_sets_the_network_over_a_presets():
+    """`--set policy_kwargs=...` (SB3's dict, the activation's class name as code writes it) sets the network over a
+    preset's net_arch, as --set net_arch=... does: it was refused as net_arch given twice."""
+    args = cli.build_parser().parse_args(["train", "dqn", "CartPole-v1", "--set",
+                                          "policy_kwargs={net_arch: [32], activation_fn: nn.Tanh}"])
+    config = cli._settings(args)[3]
+    assert (config.net_arch, config.activation) == ((32,), "tanh")  # (the preset's: [128, 128], relu)
+
+
 def test_none_written_as_text_switches_an_optional_setting_off():
     """`--set target_kl=None` (Python's spelling) or `none` (the CLI's, as --target-return none) was refused as "not a
     valid float"; it is the setting off, as None. SAC's ent_coef, whose None is the tuned value, still takes auto."""

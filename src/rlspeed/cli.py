@@ -1128,7 +1128,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     """(algorithm class, run settings, hyperparameters, their validated config) from the preset of (ALGO, ENV_ID),
     `--set` and `--num-envs`: every value is checked here, before anything is built."""
-    from rlspeed.algos.base import build_config, rlspeed_names
+    from rlspeed.algos.base import build_config, sb3_settings
     from rlspeed.presets import coerce_run_settings, load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
@@ -1191,7 +1191,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
             args.preset_info, args.preset_message = args.resume_preset, None
     init_notes = (_networks_of_init_file(args, algo_cls, hyper)
                   if getattr(args, "init_from", None) and not _resumes_checkpoint(args) else [])
-    overrides = rlspeed_names(algo_cls.config_cls, _parse_set(args.set or []))  # (SB3's n_steps: over a preset's)
+    overrides = sb3_settings(algo_cls.config_cls, _parse_set(args.set or []))  # (SB3's n_steps: over a preset's)
     _check_set_keys(overrides, getattr(args, "command", "train"))
     run_overrides, hyper_overrides = split_run_settings(overrides)
     for key in run_overrides:  # (a flag would win silently: the two say different things, or the same twice)

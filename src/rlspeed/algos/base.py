@@ -590,6 +590,14 @@ def sb3_her(config_cls: type, values: dict) -> dict:
     return {**rest, **made}
 
 
+def sb3_settings(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's names and options as rlspeed's settings for `config_cls`'s algorithm:
+    n_steps (`rlspeed_names`), policy_kwargs (`sb3_policy_kwargs`) and replay_buffer_class=HerReplayBuffer
+    (`sb3_her`), to be saved under rlspeed's names. One rule for the constructor (`build_config`), load's overrides
+    (before its check of the saved networks) and `--set` (over a preset's settings)."""
+    return sb3_her(config_cls, sb3_policy_kwargs(config_cls, rlspeed_names(config_cls, values)))
+
+
 def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
     """The network's keywords the algorithm of `config_cls` (whose field names are `fields`) has, and SB3's
     `policy_kwargs` as the keywords to write instead (" (net_arch=[64, 64], ...): here activation='leaky_relu',
@@ -654,8 +662,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = config_type_hints(config_cls)
-    overrides = sb3_policy_kwargs(config_cls, rlspeed_names(config_cls, overrides))
-    overrides = sb3_action_noise(config_cls, sb3_her(config_cls, overrides))
+    overrides = sb3_action_noise(config_cls, sb3_settings(config_cls, overrides))
     nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
                                       if base.__name__ in SB3_NOTHING_OF), {})}
     values = {}
@@ -4087,7 +4094,8 @@ class Algorithm:
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
         algo = saved_algorithm(meta, cls, path)
-        overrides = rlspeed_names(algo.config_cls, overrides)  # (SB3's n_steps=... over the file's num_steps)
+        # (SB3's n_steps=..., policy_kwargs=... over the file's num_steps, net_arch: the network check below sees them)
+        overrides = sb3_settings(algo.config_cls, overrides)
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own: built
             # as its class, in a command's words inside `command_advice`)
