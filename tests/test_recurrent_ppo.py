@@ -492,9 +492,8 @@ def test_sb3_contribs_lstm_layout_at_its_defaults_is_taken_on_every_path():
     assert dataclasses.asdict(model.config) == dataclasses.asdict(RecurrentPPOConfig(lstm_hidden_size=64))
     entry = {"policy_kwargs": f"dict({', '.join(f'{key}={value!r}' for key, value in given.items())})"}
     assert zoo.translate_entry("recurrent_ppo", entry, "test").unsupported == []
-    with pytest.raises(UserError) as raised:
-        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=given)
-    assert LSTM_LAYOUT_RULE not in str(raised.value)
+    # (and SB3's policy_kwargs of them: taken as the settings, as the keywords)
+    assert RecurrentPPO(ENV_ID, device="cpu", policy_kwargs={**given, "lstm_hidden_size": 64}).config == model.config
 
 
 def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():
@@ -513,10 +512,10 @@ def test_policy_kwargs_refusal_names_the_lstm_layouts_rlspeed_has_not():
     assert str(raised.value).endswith("; policy_kwargs.n_lstm_layers=2, policy_kwargs.shared_lstm=True, "
                                       "policy_kwargs.lstm_kwargs={'dropout': 0.1}: rlspeed's RecurrentPPO has one "
                                       "LSTM layer (torch.nn.LSTM's defaults) for the actor and one for the critic.")
-    with pytest.raises(UserError) as raised:  # (RL-Zoo's CartPoleNoVel dict: rlspeed's layout)
-        RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(lstm_hidden_size=64, enable_critic_lstm=True,
-                                                              n_lstm_layers=1, shared_lstm=False, lstm_kwargs={}))
-    assert str(raised.value).endswith(": here lstm_hidden_size=64.")
+    # (RL-Zoo's CartPoleNoVel dict: rlspeed's layout, taken as lstm_hidden_size=64)
+    taken = RecurrentPPO(ENV_ID, device="cpu", policy_kwargs=dict(lstm_hidden_size=64, enable_critic_lstm=True,
+                                                                  n_lstm_layers=1, shared_lstm=False, lstm_kwargs={}))
+    assert taken.config == RecurrentPPO(ENV_ID, device="cpu", lstm_hidden_size=64).config
 
 
 def test_bad_option_from_the_command_line_exits_2(capsys, monkeypatch, tmp_path):
