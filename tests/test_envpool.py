@@ -510,3 +510,27 @@ def test_a_model_on_envpool_records_its_mujoco_options_and_evaluates_with_them(t
     # (the untrained policy falls within 300 steps: terminated where unhealthy ends an episode)
     with pytest.warns(UserWarning, match="1 of 1 episodes were still running after 300 steps"):
         assert rlspeed.evaluate(loaded, episodes=1, seed=3, backend="envpool", max_steps=300)["unfinished"] == 1
+
+
+@needs_mujoco
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_population_on_envpool_makes_its_members_envs_with_its_mujoco_options(monkeypatch):
+    """A population on EnvPool passes its env options to every member's pool, as a solo model does, and refuses
+    one EnvPool does not take up front: they were dropped without a word (members trained on the default env)."""
+    from rlspeed import SAC
+    from rlspeed.population import Population
+
+    with pytest.raises(UserError, match="does not take the env option frame_skip"):
+        Population(SAC, "Hopper-v5", seeds=[0, 1], device="cpu", env_backend="envpool", env_kwargs={"frame_skip": 2})
+    made = []
+
+    class Recorded(envpool_env.EnvPoolEnv):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(envpool_env, "EnvPoolEnv", Recorded)
+    population = Population(SAC, "Hopper-v5", seeds=[0, 1], device="cpu", env_backend="envpool",
+                            env_kwargs={"terminate_when_unhealthy": False})
+    population._make_env(1, [0, 1]).close()
+    assert len(made) == 2 and all(pool._options["terminate_when_unhealthy"] is False for pool in made)

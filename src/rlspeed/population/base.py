@@ -1193,7 +1193,7 @@ class PopulationBase:
         except (TypeError, ValueError):
             raise UserError(f"A population's env_kwargs are recorded in its checkpoints, so they must be JSON values "
                             f"(numbers, strings, lists, dicts); got {self.env_kwargs!r:.100}.") from None
-        self.env_backend = population_env_backend(env_id, backend_for_options(self.env_kwargs, env_backend))
+        self.env_backend = population_env_backend(env_id, backend_for_options(self.env_kwargs, env_backend, env_id))
         from rlspeed.device import resolve_device
 
         self.env_id, self.size, self.device = env_id, len(seeds), resolve_device(device)
@@ -1321,7 +1321,8 @@ class PopulationBase:
 
             def member_env(seed: int) -> BatchedEnv:  # (Gymnasium's envs take their seeds at reset: `_reset`)
                 if backend == "envpool":
-                    return EnvPoolEnv(env_id, num_envs=rows_per_member, device=self.device, seed=seed + first_row)
+                    return EnvPoolEnv(env_id, num_envs=rows_per_member, device=self.device, seed=seed + first_row,
+                                      env_kwargs=self.env_kwargs)
                 return GymnasiumEnv(env_id, num_envs=rows_per_member, device=self.device, vectorization="async",
                                     env_kwargs=self.env_kwargs)
 
