@@ -749,6 +749,17 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
         rlspeed.PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32).learn(32, use_masking=False)
 
 
+def test_load_takes_sb3_action_noise_over_the_saved_noise(tmp_path):
+    # (load's overrides read SB3's noise object as the constructor does: TD3.load(path, action_noise=NormalActionNoise
+    # (sigma=0.3)) was refused as 'action_noise_std=0.2 is given too', the 0.2 being the file's own setting)
+    from rlspeed import TD3
+    noise = pytest.importorskip("stable_baselines3.common.noise")
+    path = tmp_path / "td3"
+    TD3("Pendulum-v1", action_noise_std=0.2, verbose=0).save(path)
+    loaded = TD3.load(path, action_noise=noise.NormalActionNoise(np.zeros(1), 0.3 * np.ones(1)))
+    assert (loaded.config.action_noise, loaded.config.action_noise_std) == ("normal", 0.3)
+
+
 def test_stable_baselines3_helpers_imported_from_rlspeed_say_what_to_use_instead():
     """A script ported by swapping `stable_baselines3` for `rlspeed` in its imports (`from rlspeed import
     make_vec_env`, `from rlspeed.evaluation import evaluate_policy`, ...) got a bare "cannot import name": now one

@@ -592,10 +592,12 @@ def sb3_her(config_cls: type, values: dict) -> dict:
 
 def sb3_settings(config_cls: type, values: dict) -> dict:
     """`values` with Stable-Baselines3's names and options as rlspeed's settings for `config_cls`'s algorithm:
-    n_steps (`rlspeed_names`), policy_kwargs (`sb3_policy_kwargs`) and replay_buffer_class=HerReplayBuffer
-    (`sb3_her`), to be saved under rlspeed's names. One rule for the constructor (`build_config`), load's overrides
-    (before its check of the saved networks) and `--set` (over a preset's settings)."""
-    return sb3_her(config_cls, sb3_policy_kwargs(config_cls, rlspeed_names(config_cls, values)))
+    n_steps (`rlspeed_names`), policy_kwargs (`sb3_policy_kwargs`), replay_buffer_class=HerReplayBuffer
+    (`sb3_her`) and TD3/DDPG's action noise objects (`sb3_action_noise`), to be saved under rlspeed's names. One rule
+    for the constructor (`build_config`), load's overrides (before they meet the file's settings) and `--set` (over a
+    preset's settings)."""
+    return sb3_action_noise(config_cls, sb3_her(config_cls, sb3_policy_kwargs(config_cls, rlspeed_names(config_cls,
+                                                                                                        values))))
 
 
 def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
@@ -662,7 +664,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = config_type_hints(config_cls)
-    overrides = sb3_action_noise(config_cls, sb3_settings(config_cls, overrides))
+    overrides = sb3_settings(config_cls, overrides)
     nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
                                       if base.__name__ in SB3_NOTHING_OF), {})}
     values = {}
