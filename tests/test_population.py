@@ -300,6 +300,10 @@ def test_stable_baselines3s_name_of_a_hyperparameter_follows_the_per_member_rule
     per-member rule, not as a list that is no valid int."""
     with pytest.raises(UserError, match=r"'num_steps' cannot differ across members"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], n_steps=[64, 128])
+    # (SB3's HerReplayBuffer is her=True, as for the solo model: refused by the population's rule, not passed to
+    # the members' models, which the population's loop does not consult for HER)
+    with pytest.raises(UserError, match="Populations do not support Hindsight Experience Replay"):
+        Population(SAC, "Pendulum-v1", seeds=[0, 1], replay_buffer_class="HerReplayBuffer")
 
 
 def test_per_member_learning_rate_applies():

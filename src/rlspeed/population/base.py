@@ -32,7 +32,7 @@ from rlspeed.algos.base import (
     default_eval_freq,
     read_switch,
     refuse_learn_keywords,
-    rlspeed_names,
+    sb3_settings,
     with_saved_cnn,
 )
 from rlspeed.buffers import replay as replay_buffers
@@ -157,14 +157,15 @@ def _read_value(config_cls: type, key: str, value):
 
 
 def read_as_config(config_cls: type, hyperparameters: dict, member_overrides=None) -> tuple[dict, object]:
-    """`hyperparameters` with Stable-Baselines3's names as the config's (`rlspeed_names`: n_steps is PPO's num_steps,
-    whose per-member rule then applies), and it and `member_overrides` with the values of `_REFUSED_BY_VALUE` that
+    """`hyperparameters` with Stable-Baselines3's names and options as the config's (`sb3_settings`, the solo
+    model's rule: n_steps is PPO's num_steps, whose per-member rule then applies; replay_buffer_class=HerReplayBuffer
+    is her=True, which populations refuse), and it and `member_overrides` with the values of `_REFUSED_BY_VALUE` that
     `config_cls` has as its config reads them (a string 'no' is False, 'none' None: their truth value refused gSDE,
     HER or target_kl the member would not use), per-member lists element by element (one value where all read the
     same); a member's override that reads as the feature off is dropped (it is what every member has). UserError, the
     model's sentence, for a value the config refuses."""
     fields = {field.name for field in dataclasses.fields(config_cls)} & set(_REFUSED_BY_VALUE)
-    read = rlspeed_names(config_cls, hyperparameters)
+    read = sb3_settings(config_cls, hyperparameters)
     for key in fields & set(read):
         read[key] = _read_value(config_cls, key, read[key])
     if not isinstance(member_overrides, (list, tuple)):
