@@ -187,6 +187,25 @@ def test_a_models_largest_seed_still_evaluates_with_its_offsets():
     assert rlspeed.evaluate(model, episodes=2, seed=2**32 - 1 + 1_000_000)["seed"] == 2**32 - 1 + 1_000_000
 
 
+def test_neighbouring_seeds_and_kinds_evaluate_on_unrelated_episodes():
+    """`evaluation_seed`: runs of seeds s and s + 1 (and one run's kinds of evaluation) play no episode seed in
+    common over 10 episodes, where a seed plus an offset shared nine of ten; the same arguments give the same seed,
+    and every episode seed of an evaluation of up to 2**30 episodes stays below 2**31 (EnvPool's limit)."""
+    from rlspeed.evaluation import EVALUATION_KINDS, EVALUATION_SEED_RANGE, evaluation_seed
+
+    def episodes(seed, kind="learn", steps=4096):
+        return set(range(evaluation_seed(seed, kind, steps), evaluation_seed(seed, kind, steps) + 10))
+
+    for seed in (0, 1, 41, 2**32 - 2):
+        assert not episodes(seed) & episodes(seed + 1)
+    assert all(not episodes(7, a) & episodes(7, b) for a in EVALUATION_KINDS for b in EVALUATION_KINDS if a != b)
+    assert not episodes(7, steps=4096) & episodes(7, steps=4097)
+    assert evaluation_seed(7, "final", 512) == evaluation_seed(7, "final", 512)
+    assert evaluation_seed(None, "final", 512) == evaluation_seed(0, "final", 512)
+    assert all(0 <= evaluation_seed(seed, "confirm", 10**12) < EVALUATION_SEED_RANGE <= 2**30
+               for seed in (0, 2**32 - 1, 2**63 - 1))
+
+
 def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
     """gym.make_vec's own spec keeps the registered time limit: the envs' (max_episode_steps=N, a TimeLimit wrapper)
     is the one evaluation runs to; RecordEpisodeStatistics passed as `wrappers=` keeps the registered id."""
