@@ -838,6 +838,18 @@ ENV_OBJECT_BYTES = {"gymnasium": 16 * 2**10, "gymnasium-async": 20 * 2**20}
 _BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
+def _read_bool(value: typing.Any) -> bool:
+    """`value` as the config reads a bool: True or False (numpy's, 1 or 0 too), or its text (`_BOOL_TEXT`, any case);
+    ValueError otherwise (a list, a mapping or 2.5 is no on/off value: bool() would take it as one)."""
+    if isinstance(value, str):
+        if value.strip().lower() not in _BOOL_TEXT:
+            raise ValueError
+        return _BOOL_TEXT[value.strip().lower()]
+    if is_true_or_false(value):
+        return bool(value)
+    raise ValueError
+
+
 #: how to have networks the settings do not make (the end of a refusal)
 _OWN_NETWORKS = ("build the networks in a subclass (PPO and A2C: its _build_policy, SAC, TD3 and DDPG: its _setup; "
                  "docs/algorithms.md)")
@@ -880,14 +892,7 @@ def coerce(key: str, value, hint):
         origin = typing.get_origin(hint)
     try:
         if hint is bool:
-            if isinstance(value, str):
-                if value.strip().lower() not in _BOOL_TEXT:
-                    raise ValueError
-                return _BOOL_TEXT[value.strip().lower()]
-            # (a list, a mapping or 2.5 is no on/off value: bool() would take it as one)
-            if is_true_or_false(value):
-                return bool(value)
-            raise ValueError
+            return _read_bool(value)
         if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole
             if isinstance(value, (bool, np.bool_)):
                 raise ValueError
@@ -1975,11 +1980,11 @@ def read_switch(name: str, value: typing.Any) -> bool:
     value of 'no' is True)."""
     if value is None or isinstance(value, ReplayBufferSaving):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _BOOL_TEXT:
-        return _BOOL_TEXT[value.strip().lower()]
-    if is_true_or_false(value):
-        return bool(value)
-    raise UserError(f"{name} is True or False ('yes' or 'no', 'on' or 'off' as text), not {value!r}"[:200] + ".")
+    try:
+        return _read_bool(value)
+    except ValueError:
+        raise UserError(f"{name} is True or False ('yes' or 'no', 'on' or 'off' as text), not {value!r}"[:200]
+                        + ".") from None
 
 
 def _import_apart(module: str) -> None:
