@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import warnings
@@ -865,35 +866,45 @@ def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["model.safetensors"]
 
 
+class _Stopped(Exception):
+    """What `_stopped_inside_each_write`'s SIGTERM handler raises."""
+
+
+@contextlib.contextmanager
+def _stopped_inside_each_write():
+    """A SIGTERM handler that raises `_Stopped` within the block (the one from before it back after), and a video
+    writer that gets SIGTERM inside each frame's write, as imageio's write to ffmpeg's pipe does; its `written` lists
+    the frames whose write ended."""
+    import signal
+
+    def stop(number, frame):
+        raise _Stopped
+
+    class Writer:
+        def __init__(self):
+            self.written = []
+
+        def append_data(self, frame):
+            signal.raise_signal(signal.SIGTERM)
+            self.written.append(frame)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield Writer()
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_stop_during_a_frames_write_comes_once_the_frame_is_written():
     """A Ctrl-C or SIGTERM inside a frame's write to ffmpeg left part of a frame in its input; ffmpeg, killed as it
     began to complain of it, left a line open, and `rlspeed eval --video`'s last line read "[in#0/rawvideo @ 0x...]
     rlspeed: interrupted (SIGTERM)". The stop comes once the frame is written now, as the handler raises it."""
-    import signal
-
     from rlspeed.video import _append
 
-    class Stopped(Exception):
-        pass
-
-    def stop(number, frame):
-        raise Stopped
-
-    written = []
-
-    class Writer:  # (a stop arrives inside the write, as it does in imageio's write to ffmpeg's pipe)
-        def append_data(self, frame):
-            signal.raise_signal(signal.SIGTERM)
-            written.append(frame)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        with pytest.raises(Stopped):
-            _append(Writer(), "frame")
-        assert signal.getsignal(signal.SIGTERM) is stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert written == ["frame"]
+    with _stopped_inside_each_write() as writer, pytest.raises(_Stopped):
+        _append(writer, "frame")
+    assert writer.written == ["frame"]
 
 
 def test_in_a_recording_a_stop_waits_for_a_frames_write_only():
@@ -904,34 +915,18 @@ def test_in_a_recording_a_stop_waits_for_a_frames_write_only():
 
     from rlspeed.video import _append, _writes_whole
 
-    class Stopped(Exception):
-        pass
-
-    def stop(number, frame):
-        raise Stopped
-
-    written, stepped = [], []
-
-    class Writer:  # (a stop arrives inside the write, as it does in imageio's write to ffmpeg's pipe)
-        def append_data(self, frame):
-            signal.raise_signal(signal.SIGTERM)
-            written.append(frame)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
+    stepped = []
+    with _stopped_inside_each_write() as writer:
         with _writes_whole() as write:
-            with pytest.raises(Stopped):
-                _append(Writer(), "frame", write)
-            assert written == ["frame"]
-            with pytest.raises(Stopped):  # (an env's step)
+            with pytest.raises(_Stopped):
+                _append(writer, "frame", write)
+            assert writer.written == ["frame"]
+            with pytest.raises(_Stopped):  # (an env's step)
                 signal.raise_signal(signal.SIGTERM)
                 stepped.append("step")
-            with pytest.raises(Stopped):
-                _append(Writer(), "frame", write)
-        assert signal.getsignal(signal.SIGTERM) is stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert written == ["frame", "frame"] and stepped == []
+            with pytest.raises(_Stopped):
+                _append(writer, "frame", write)
+    assert writer.written == ["frame", "frame"] and stepped == []
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the stop ends the process it comes to: filmed in a fork")
