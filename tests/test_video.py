@@ -900,10 +900,10 @@ def test_a_stop_during_a_frames_write_comes_once_the_frame_is_written():
     """A Ctrl-C or SIGTERM inside a frame's write to ffmpeg left part of a frame in its input; ffmpeg, killed as it
     began to complain of it, left a line open, and `rlspeed eval --video`'s last line read "[in#0/rawvideo @ 0x...]
     rlspeed: interrupted (SIGTERM)". The stop comes once the frame is written now, as the handler raises it."""
-    from rlspeed.video import _append
+    from rlspeed.video import _append, _writes_whole
 
-    with _stopped_inside_each_write() as writer, pytest.raises(_Stopped):
-        _append(writer, "frame")
+    with _stopped_inside_each_write() as writer, _writes_whole() as write, pytest.raises(_Stopped):
+        _append(writer, "frame", write)
     assert writer.written == ["frame"]
 
 
@@ -936,7 +936,7 @@ def test_a_stop_whose_handler_is_the_default_comes_once_the_frame_is_written_too
     ffmpeg's input. It ends the process as before, once the frame is written."""
     import signal
 
-    from rlspeed.video import _append
+    from rlspeed.video import _append, _writes_whole
 
     reading, writing = os.pipe()
     child = os.fork()
@@ -950,7 +950,8 @@ def test_a_stop_whose_handler_is_the_default_comes_once_the_frame_is_written_too
                     os.kill(os.getpid(), signal.SIGTERM)
                     os.write(writing, frame)
 
-            _append(Writer(), b"frame")
+            with _writes_whole() as write:
+                _append(Writer(), b"frame", write)
         finally:
             os._exit(3)
     os.close(writing)

@@ -252,11 +252,11 @@ class _WriteFailed(Exception):
     """The video writer's OSError (args[0]), told apart from one the env or the model raises."""
 
 
-def _append(writer, frame, write: Callable[[], typing.ContextManager] | None = None) -> None:
-    """Write `frame` whole (in a block of `write`, a recording's `_writes_whole`; one of its own where not given); the
-    writer's OSError as `_WriteFailed`."""
+def _append(writer, frame, write: Callable[[], typing.ContextManager]) -> None:
+    """Write `frame` whole (in a block of `write`, the recording's `_writes_whole`); the writer's OSError as
+    `_WriteFailed`."""
     try:
-        with _stops_after_the_write() if write is None else write():
+        with write():
             writer.append_data(frame)
     except OSError as error:
         raise _WriteFailed(error) from None
@@ -287,14 +287,6 @@ def _writes_whole() -> Iterator[Callable[[], typing.ContextManager]]:
 
     with stops_held(waiting=lambda: writing[0]) as came:
         yield write
-
-
-@contextlib.contextmanager
-def _stops_after_the_write() -> Iterator[None]:
-    """`_writes_whole` for one write: within the block a stop waits, and the first that came is raised again as the
-    block ends, to the handler from before it."""
-    with _writes_whole() as write, write():
-        yield
 
 
 class _GifWriter:
