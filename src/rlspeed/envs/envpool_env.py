@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import random
 import re
 import warnings
@@ -30,7 +29,15 @@ import numpy as np
 import torch
 
 from rlspeed.envs import atari
-from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, numpy_dtype, observation_layout
+from rlspeed.envs.base import (
+    BatchedEnv,
+    EnvSpec,
+    ResetResult,
+    StepResult,
+    constructor_parameters,
+    numpy_dtype,
+    observation_layout,
+)
 from rlspeed.envs.gymnasium_env import close_other_backend, float32_rewards
 from rlspeed.errors import UserError, warn_at_caller
 
@@ -161,7 +168,7 @@ def envpool_task(env_id: str) -> str | None:
 
 
 #: Gymnasium MuJoCo env options EnvPool's env of the same id takes under the same name and meaning (checked equal by
-#: short fixed-action rollouts on both backends, tests/test_envpool_options.py); Gymnasium's `*_range` options are
+#: short fixed-action rollouts on both backends, tests/test_envpool.py); Gymnasium's `*_range` options are
 #: EnvPool's `*_min` / `*_max` pair (`envpool_options`)
 MUJOCO_OPTIONS = ("ctrl_cost_weight", "forward_reward_weight", "healthy_reward", "terminate_when_unhealthy",
                   "reset_noise_scale", "exclude_current_positions_from_observation", "contact_cost_weight")
@@ -187,9 +194,10 @@ def envpool_options(env_id: str, task: str, env_kwargs: dict) -> dict:
         raise UserError(f"The envpool backend takes env options only for MuJoCo ids, not for '{env_id}' "
                         f"({', '.join(env_kwargs)}): {use_gymnasium}.")
     config = import_envpool().make_spec(task).config._asdict()
-    # (the options Gymnasium's env declares: an option it lacks is refused here as gymnasium.make refuses it)
-    declared = inspect.signature(gym.envs.registration.load_env_creator(gym.spec(env_id).entry_point)).parameters
-    lacking = [name for name in env_kwargs if name not in declared]
+    # (the options Gymnasium's env declares: an option it lacks is refused here as gymnasium.make refuses it; none
+    # where Gymnasium's env cannot be loaded, MuJoCo's Python package missing, and EnvPool's own check below decides)
+    declared = [parameter.name for parameter in constructor_parameters(gym.spec(env_id).entry_point)]
+    lacking = [name for name in env_kwargs if declared and name not in declared]
     if lacking:
         raise UserError(f"Gymnasium's {env_id} takes no env option {', '.join(lacking)}, so neither does the envpool "
                         "backend, which takes Gymnasium's options EnvPool's env has.")
