@@ -39,6 +39,7 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.gymnasium_env import close_other_backend, float32_rewards
+from rlspeed.envs.packages import gymnasium_family
 from rlspeed.errors import UserError, warn_at_caller
 
 INSTALL = 'pip install "rlspeed[envpool]"'  # (`packages.install_command("envpool")`)
@@ -175,13 +176,6 @@ MUJOCO_OPTIONS = ("ctrl_cost_weight", "forward_reward_weight", "healthy_reward",
 MUJOCO_RANGES = ("healthy_z_range", "healthy_state_range", "healthy_angle_range", "contact_force_range")
 
 
-def is_mujoco(env_id: str) -> bool:
-    """Whether `env_id` is one of Gymnasium's MuJoCo ids (registered from gymnasium.envs.mujoco)."""
-    spec = gym.registry.get(env_id)
-    entry = spec.entry_point if spec is not None else None
-    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
-
-
 def envpool_options(env_id: str, task: str, env_kwargs: dict) -> dict:
     """`env_kwargs`, Gymnasium env options of `env_id`, as the options of EnvPool's `task`: for MuJoCo ids those in
     `MUJOCO_OPTIONS` EnvPool's task has, and the `MUJOCO_RANGES` as its `*_min` / `*_max` keys where those give the
@@ -190,7 +184,7 @@ def envpool_options(env_id: str, task: str, env_kwargs: dict) -> dict:
     if not env_kwargs:
         return {}
     use_gymnasium = "use --env-backend gymnasium (backend='gymnasium'), which passes them to gymnasium.make"
-    if not is_mujoco(env_id):
+    if not gymnasium_family(env_id, "mujoco"):
         raise UserError(f"The envpool backend takes env options only for MuJoCo ids, not for '{env_id}' "
                         f"({', '.join(env_kwargs)}): {use_gymnasium}.")
     config = import_envpool().make_spec(task).config._asdict()

@@ -212,7 +212,7 @@ class MujocoImportError(UserError):
                          f"{self.detail}")
 
 
-def _gymnasium_family(env_id: str, family: str) -> bool:
+def gymnasium_family(env_id: str, family: str) -> bool:
     """Whether `env_id` is registered as one of Gymnasium's own envs of `family` ("mujoco", "box2d"): its entry point
     a module of `gymnasium.envs.<family>`."""
     spec = gym.registry.get(env_id)
@@ -228,7 +228,7 @@ def route_mujoco_messages(env_id: str) -> None:
     Without a handler MuJoCo prints them and appends them to MUJOCO_LOG.TXT in the working directory, a file the user
     did not ask for (HalfCheetah-v5 writes one on every make with MuJoCo 4)."""
     global _mujoco_routed
-    if _mujoco_routed or not _gymnasium_family(env_id, "mujoco") or importlib.util.find_spec("mujoco") is None:
+    if _mujoco_routed or not gymnasium_family(env_id, "mujoco") or importlib.util.find_spec("mujoco") is None:
         return
     try:
         import mujoco
@@ -255,7 +255,7 @@ def import_box2d(env_id: str) -> None:
     """For an id of Gymnasium's Box2D envs (LunarLander, BipedalWalker, CarRacing): import Box2D now, with its import
     warnings ignored. Raised as errors (`python -W error`, a test suite's filter of DeprecationWarnings) they crash
     the interpreter inside the extension's import: a segmentation fault, no sentence."""
-    if "Box2D" in sys.modules or not _gymnasium_family(env_id, "box2d") or importlib.util.find_spec("Box2D") is None:
+    if "Box2D" in sys.modules or not gymnasium_family(env_id, "box2d") or importlib.util.find_spec("Box2D") is None:
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_BOX2D_IMPORT_WARNINGS, category=DeprecationWarning)
