@@ -205,7 +205,7 @@ class MujocoImportError(UserError):
         self.error = error
         module = (error.name or "").split(".")[0]
         self.missing = module if module not in ("", "mujoco") else None
-        self.detail = f"pip install {self.missing}" if self.missing else (
+        self.detail = install_command(self.missing) if self.missing else (
             " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__)
         reason = f"the Python module '{self.missing}' it imports is not installed: " if self.missing else ""
         super().__init__(f"MuJoCo is installed but cannot be imported, so '{env_id}' cannot be made: {reason}"
