@@ -3117,7 +3117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
     how = "deterministic" if deterministic else "stochastic"
     made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
-    episodes = f"{args.episodes} episode{'s' if args.episodes != 1 else ''}"
+    episodes = _episodes(args.episodes)
     print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}"
           f"{_cut_short(result.get('unfinished'), result['episodes'])}{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
@@ -3131,7 +3131,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
                              deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite,
                              backend=args.env_backend if args.env_backend != "auto" else None)
-        episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
+        episodes = _episodes(video['episodes'])
         returns = "return" if video["episodes"] == 1 else "mean return"
         print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
               f"{_score(video['mean'])}{_cut_short(video['unfinished'], video['episodes'])})",
