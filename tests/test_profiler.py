@@ -65,6 +65,8 @@ def test_profile_times_off_policy_gradient_steps_and_rounds_steps_to_iterations(
     assert result.share("update") > 0 and result.share("act") > 0 and result.share("buffer") > 0
     assert "gae" not in [p.name for p in result.phases]
     assert result.device_busy_ms is None and result.host_syncs is None  # device figures exist for CUDA only
+    networks = {*model.actor.parameters(), *model.critic.parameters()}
+    assert result.parameters == sum(p.numel() for p in networks) + 1  # and the learnt temperature, log_alpha
     with pytest.raises(UserError, match="steps must be positive"):
         profile_run(model, steps=0, warmup_steps=0)
 

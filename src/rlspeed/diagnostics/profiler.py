@@ -194,16 +194,17 @@ def _iteration_steps(cfg) -> int:
 
 
 def parameter_count(model) -> int:
-    """Parameters of the networks the model trains (target copies not counted)."""
-    seen: set[int] = set()
-    total = 0
-    for name, module in model._modules().items():
-        if isinstance(module, torch.nn.Module) and "target" not in name:
-            for p in module.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    total += p.numel()
-    return total
+    """Parameters the model trains: each one its optimizers step, once (SAC's learnt `log_alpha`, a subclass's own
+    head beside its networks; target copies and frozen parameters not counted). A model without an optimizer: its
+    networks' parameters, target copies left out."""
+    optimizers = model._optimizers().values()
+    if optimizers:
+        params = (p for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad)
+    else:
+        params = (p for name, module in model._modules().items()
+                  if isinstance(module, torch.nn.Module) and "target" not in name for p in module.parameters())
+    return sum({id(p): p.numel() for p in params}.values())
 
 
 def planned_steps(model, steps: int | None = None) -> tuple[int, int, int]:
