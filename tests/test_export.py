@@ -23,7 +23,7 @@ from rlspeed.envs import RunningMeanStd
 from rlspeed.envs.base import EnvSpec
 from rlspeed.envs.wrappers import normalizable, observation_statistics
 from rlspeed.errors import UserError
-from rlspeed.export import FORMATS, export, export_checkpoint, random_action_masks, random_observations
+from rlspeed.export import FORMATS, export, export_checkpoint, load_program, random_action_masks, random_observations
 from rlspeed.nn import Encoder
 
 BATCHES = (1, 17)
@@ -627,13 +627,33 @@ def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
             run(*given[:index], value.astype(other[value.dtype.name]), *given[index + 1:])
     # an input without its batch axis (one env's observation, as a Gymnasium env returns it) or with one axis more:
     # TorchScript failed deep in its graph ("Dimension out of range") or ran on it; refused in a sentence naming the
-    # input's shape, as ONNX refuses it. (torch.export's programs refuse the first in torch's words, before the graph.)
-    rank = {"onnx": "Invalid rank", "torchscript": r"takes shape \[.*batch.*\], as its sidecar's inputs say"}
+    # input's shape, as ONNX refuses it. An exported program refused the first in torch's words ("tuple index out of
+    # range") and ran on a trailing axis of size 1: `load_program`'s module refuses both in TorchScript's sentence.
+    rank = r"Invalid rank" if format == "onnx" else r"takes shape \[.*batch.*\], as its sidecar's inputs say"
+    if format == "exported_program":
+        checked = load_program(path)
+        tensors = [torch.from_numpy(np.ascontiguousarray(value)) for value in given]
+        outputs = [out if isinstance(out, tuple) else (out,)
+                   for out in (checked(*tensors), torch.export.load(str(path)).module()(*tensors))]
+        assert all(map(torch.equal, *outputs))
+        with pytest.raises(TypeError, match=r"takes \d+ inputs \(.+\), as its sidecar's inputs say; got \d+\."):
+            checked(*tensors[:-1])
+        run = lambda *inputs: checked(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))  # noqa: E731
     for index, value in enumerate(given):
         unbatched = [value[0]] if value.ndim > 1 else []  # (the runners pass a scalar on as a batch of one)
-        for wrong in unbatched + ([] if format == "exported_program" else [value[..., None]]):
-            with pytest.raises(Exception, match=rank.get(format, "")):  # noqa: PT011 (each runtime's own class)
+        for wrong in unbatched + [value[..., None]]:
+            with pytest.raises(Exception, match=rank):  # noqa: PT011 (each runtime's own class)
                 run(*given[:index], wrong, *given[index + 1:])
+
+
+def test_load_program_refuses_a_file_it_cannot_load_in_one_sentence(tmp_path):
+    with pytest.raises(UserError, match=r"loads an exported program \(\.pt2\), not .*torch\.jit\.load\(path\)"):
+        load_program(tmp_path / "policy.pt")
+    with pytest.raises(UserError, match=r"does not exist: export the policy there first"):
+        load_program(tmp_path / "policy.pt2")
+    (tmp_path / "text.pt2").write_text("not an archive")
+    with pytest.raises(UserError, match=r"is not an exported program torch can read"):
+        load_program(tmp_path / "text.pt2")
 
 
 @pytest.mark.parametrize("kind", ["tuple", "dict"])

@@ -197,7 +197,7 @@ class PolicyExport(nn.Module):
         another number of dimensions than its `shape` (`"batch"` where the batch is) in one sentence, as ONNX does
         ("Invalid rank"): one observation without its batch axis failed deep in the graph. (torch.export's programs
         check the number of dimensions before their graph runs, in torch's own words: a check in the graph, where
-        the shapes are fixed, would never run.)"""
+        the shapes are fixed, would never run; `load_program`'s module checks them in these sentences first.)"""
         torch.ops.aten._assert_tensor_metadata(x, dtype=dtype)
         if self.input_check is None:
             return x
@@ -323,11 +323,12 @@ def _dtype_refusal(name: str, dtype: torch.dtype) -> str:
             f"convert it (numpy: .astype(\"{dtype_name}\"); torch: .to(torch.{dtype_name})).")
 
 
-def _shape_refusal(name: str, shape: list) -> str:
+def _shape_refusal(name: str, shape: list, rank: bool = True) -> str:
     """What a TorchScript policy says for input `name` of another number of dimensions than its `shape` (the
-    tensor's shape follows), as ONNX refuses it ("Invalid rank")."""
-    single = (": a single one is a batch of one, x[None] in numpy, x.unsqueeze(0) in torch" if shape[0] == "batch"
-              else "")
+    tensor's shape follows), as ONNX refuses it ("Invalid rank"); `rank` False: of another size in a fixed
+    dimension (the hint for a single observation left out)."""
+    single = (": a single one is a batch of one, x[None] in numpy, x.unsqueeze(0) in torch"
+              if rank and shape[0] == "batch" else "")
     dims = "[" + ", ".join(str(dim) for dim in shape) + "]"
     return f"input '{name}' of this exported policy takes shape {dims}, as its sidecar's inputs say{single}; got "
 
@@ -738,11 +739,11 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
     """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program";
     None: the one the path's suffix names, `export_format`), with a sidecar `path + ".json"`; returns the path.
 
-    Load the result with `onnxruntime.InferenceSession(path)`, `torch.jit.load(path)` or
-    `torch.export.load(path).module()`; each maps raw observations `[B, ...]` to the env's actions (RecurrentPPO:
-    observations, state and episode starts to actions and the next state). `action_mask=True` adds the input
-    `action_mask` (bool `[B, n]`; all True is no mask) for policies that take masks; None adds it when the model's
-    last training run used the env's masks.
+    Load the result with `onnxruntime.InferenceSession(path)`, `torch.jit.load(path)` or `load_program(path)`
+    (`torch.export.load(path).module()` with the inputs checked first); each maps raw observations `[B, ...]` to
+    the env's actions (RecurrentPPO: observations, state and episode starts to actions and the next state).
+    `action_mask=True` adds the input `action_mask` (bool `[B, n]`; all True is no mask) for policies that take
+    masks; None adds it when the model's last training run used the env's masks.
     """
     path = given_path("export's path", path)
     format = export_format(path, format)
@@ -807,6 +808,63 @@ def export(model: rlspeed.algos.Algorithm, path: str | Path, format: str | None 
     except OSError as error:
         raise _unwritable(sidecar_path, error) from None
     return path
+
+
+class CheckedProgram(nn.Module):
+    """An exported program's module (`torch.export.load(path).module()`) that checks its inputs first, as a
+    TorchScript export does in its graph: `load_program` makes it.
+
+    The program's own check runs before its graph and names no input: a missing batch axis is torch's "tuple index
+    out of range", and it reads only the dimensions the graph names, so a trailing axis of size 1 (`[B, 3, 1]` for
+    `[B, 3]`) ran as if it were not there. Here an input of another dtype, number of dimensions or fixed size than
+    its sidecar's `inputs` give it is refused in one sentence naming the input and the shape it takes (`x[None]`
+    for one observation), the TorchScript file's words.
+
+    `program`: the module of the exported program; `inputs`: the sidecar's `inputs` (name, dtype, shape with
+    `"batch"` where the batch is), in the graph's order."""
+
+    def __init__(self, program: nn.Module, inputs: list[dict]) -> None:
+        super().__init__()
+        self.program = program
+        self.layouts = [(item["name"], getattr(torch, item["dtype"]), item["shape"]) for item in inputs]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The program's outputs for `inputs` (tensors, in the sidecar's order), each checked first."""
+        if len(inputs) != len(self.layouts):
+            names = ", ".join(name for name, _, _ in self.layouts)
+            raise TypeError(f"this exported policy takes {len(self.layouts)} inputs ({names}), as its sidecar's "
+                            f"inputs say; got {len(inputs)}.")
+        for x, (name, dtype, shape) in zip(inputs, self.layouts):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"input '{name}' of this exported policy takes a torch tensor (torch.from_numpy(x) "
+                                f"for a numpy array); got {type(x).__name__}.")
+            _checked_input(x, dtype, len(shape), _dtype_refusal(name, dtype), _shape_refusal(name, shape))
+            if any(isinstance(size, int) and size != got for size, got in zip(shape, x.shape)):
+                raise ValueError(_shape_refusal(name, shape, rank=False) + str(x.shape) + ".")
+        return self.program(*inputs)
+
+
+def load_program(path: str | Path) -> CheckedProgram:
+    """The policy rlspeed exported to `path` as an exported program (`.pt2`), ready to call: a `CheckedProgram`,
+    whose inputs are checked against the archive's sidecar before the program runs (one sentence naming the input:
+    one observation without its batch axis, an extra axis, another dtype). `torch.export.load(path).module()` runs
+    the same graph where rlspeed is not installed, with torch's own checks. UserError for a missing file or one that
+    is not a `.pt2` rlspeed wrote."""
+    path = given_path("load_program's path", path)
+    if path.suffix != FORMATS["exported_program"]:
+        raise UserError(f"load_program loads an exported program (.pt2), not '{path}': load a TorchScript file (.pt) "
+                        "with torch.jit.load(path), an ONNX one with onnxruntime.InferenceSession(path).")
+    extra = {_SIDECAR_IN_ARCHIVE: ""}
+    try:
+        program = torch.export.load(path, extra_files=extra)
+    except FileNotFoundError:
+        raise UserError(f"'{path}' does not exist: export the policy there first (export(model, path)).") from None
+    except Exception as error:  # noqa: BLE001 (whatever torch's archive reader raises for a file that is not one)
+        raise UserError(f"'{path}' is not an exported program torch can read ({error}).") from None
+    if not extra[_SIDECAR_IN_ARCHIVE]:
+        raise UserError(f"'{path}' holds no {_SIDECAR_IN_ARCHIVE}: not a policy rlspeed exported "
+                        "(torch.export.load(path).module() runs it unchecked).")
+    return CheckedProgram(program.module(), json.loads(extra[_SIDECAR_IN_ARCHIVE])["inputs"])
 
 
 def _uncapturable(model, module: nn.Module, format: str, error: Exception) -> Exception:
