@@ -224,8 +224,38 @@ def test_box_actions_beyond_float32_or_of_integers_are_refused_in_one_sentence()
     integers = gym.vector.SyncVectorEnv([lambda: _CheckedBox([0], [10], np.int64)],
                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     for algo in (rlspeed.PPO, rlspeed.SAC, rlspeed.DQN):  # (DQN advised a2c or ppo, which refuse the dtype)
-        with pytest.raises(UserError, match="Box actions of dtype int64; .*MultiDiscrete .*a2c, ppo or recurrent_ppo"):
+        with pytest.raises(UserError, match=r"Box actions of dtype int64; .*Discrete\(high - low \+ 1\).* low \+ a"
+                                            r" .*\(a2c, dqn, ppo or recurrent_ppo train on it\)"):
             algo(integers, device="cpu")
+    pairs = gym.vector.SyncVectorEnv([lambda: _CheckedBox([0, 0], [10, 10], np.int64)],
+                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(UserError, match=r"MultiDiscrete\(high - low \+ 1\).*\(a2c, ppo or recurrent_ppo train on it"):
+        rlspeed.DQN(pairs, device="cpu")
+
+
+class _AsIndices(gym.ActionWrapper):
+    """The wrapper the integer Box's refusal describes: Discrete (one integer) or MultiDiscrete(high - low + 1), whose
+    action(a) returns low + a in the Box's shape and dtype."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        box = env.action_space
+        self.action_space = (gym.spaces.Discrete(int(box.high[0] - box.low[0] + 1)) if box.shape == (1,)
+                             else gym.spaces.MultiDiscrete(box.high - box.low + 1))
+
+    def action(self, action):
+        box = self.env.action_space
+        return (box.low + np.reshape(action, box.shape)).astype(box.dtype)
+
+
+@pytest.mark.parametrize(("algo", "low", "high"), [(rlspeed.DQN, [-3], [4]), (rlspeed.PPO, [-3, 1], [4, 2])])
+def test_the_wrapper_an_integer_box_is_advised_trains_on_its_members(algo, low, high):
+    vector = gym.vector.SyncVectorEnv([lambda: _AsIndices(_CheckedBox(low, high, np.int64))],
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    options = {"learning_starts": 10, "batch_size": 16} if algo is rlspeed.DQN else {"num_steps": 16, "batch_size": 16}
+    algo(vector, seed=0, device="cpu", **options).learn(40, progress_bar=False)
+    env = vector.envs[0].unwrapped
+    assert env.steps >= 40 and env.outside == 0
 
 
 class OffCenterActions(gym.Env):

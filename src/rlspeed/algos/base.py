@@ -2711,11 +2711,18 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
             # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
             # not be members of the space (said before the discrete/continuous advice: every taker of Boxes refuses)
-            multi = _algorithms_taking(lambda algo: algo.supports_multi_actions)
+            # (indices start at 0, so the wrapper adds the Box's low; one integer is a Discrete, which DQN takes too)
+            if space.shape and math.prod(space.shape) == 1:
+                choices = "Discrete(high - low + 1)"
+                takers = _algorithms_taking(lambda algo: algo.supports_discrete)
+            else:
+                choices = "MultiDiscrete(high - low + 1)"
+                takers = _algorithms_taking(lambda algo: algo.supports_multi_actions)
             raise UserError(f"{spec.env_id} has Box actions of dtype {np.dtype(space.dtype).name}; rlspeed's "
-                            "continuous policies act in real numbers: give the env a MultiDiscrete action space "
-                            f"(one choice per integer; {multi} train on it), or a float Box and round in a "
-                            "gymnasium.ActionWrapper.")
+                            "continuous policies act in real numbers: wrap the env in a gymnasium.ActionWrapper "
+                            f"whose action_space is {choices} and whose action(a) returns low + a in the Box's "
+                            f"shape and dtype ({takers} train on it), or one whose action_space is a float Box and "
+                            "whose action(a) rounds a.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             # (a Box of more than one axis: only the algorithms that take such shapes, not those that refuse them)
             flat = len(space.shape) == 1
