@@ -2715,6 +2715,28 @@ def test_resuming_from_a_damaged_checkpoint_names_the_model_that_is_kept(tmp_pat
     assert len(error.strip().splitlines()) == 1
 
 
+def test_resuming_an_encrypted_run_without_its_key_asks_for_the_key_not_an_overwrite(tmp_path, monkeypatch, capsys):
+    """A whole encrypted checkpoint read without its key: the sentence asks for the key, and does not advise
+    --overwrite (which would discard the run) nor `rlspeed eval` (which needs the key as well)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "00" * 16)
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    for name in ("checkpoint.safetensors", "model.safetensors"):
+        model.save(tmp_path / "run" / name)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--out", "run",
+            "--no-progress", "--resume", "--set", "num_steps=32"]
+    for key in (None, "11" * 16):  # (no key, another key)
+        if key is None:
+            monkeypatch.delenv("RLSPEED_CHECKPOINT_KEY")
+        else:
+            monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", key)
+        assert cli.main(argv) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("rlspeed: error: 'run/checkpoint.safetensors' ") and "key" in error
+        assert "--overwrite" not in error and "rlspeed eval" not in error and len(error.strip().splitlines()) == 1
+
+
 def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
     """A CPU's results depend on the thread count (the order of its sums): config.yaml records it and --resume
     without --threads takes it, so that the resumed run computes as the uninterrupted one."""

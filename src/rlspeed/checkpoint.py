@@ -488,6 +488,11 @@ def header_metadata(path: str | os.PathLike) -> dict | None:
     return metadata if isinstance(metadata, dict) else None
 
 
+class _KeyNeeded(UserError):
+    """An encrypted checkpoint read without a key or with another key than its own: the file is whole, and only its
+    key opens it (not a damaged file: `rlspeed train --resume` then advises no `--overwrite`)."""
+
+
 def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
     """The safetensors bytes of the encrypted checkpoint `data` (read from `path`); UserError naming the file without
     a key, with another key, or when authentication fails (the file was changed)."""
@@ -506,9 +511,9 @@ def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
     if cipher not in CIPHERS or len(nonce) != _NONCE_BYTES:
         raise UserError(f"'{path}' has a damaged encryption header (cipher {cipher!r}): the file was changed.")
     if key is None:
-        raise UserError(f"'{path}' is encrypted ({cipher}); set {KEY_ENV} or {KEY_FILE_ENV} to its key.")
+        raise _KeyNeeded(f"'{path}' is encrypted ({cipher}); set {KEY_ENV} or {KEY_FILE_ENV} to its key.")
     if key.key_id != key_id:
-        raise UserError(f"'{path}' was encrypted with another key (key id {key_id}) than {key.source} "
+        raise _KeyNeeded(f"'{path}' was encrypted with another key (key id {key_id}) than {key.source} "
                         f"(key id {key.key_id}).")
     if len(key.secret) not in _KEY_BYTES[cipher]:
         raise UserError(f"'{path}' has a damaged encryption header: {cipher} does not take {key.source}'s "
