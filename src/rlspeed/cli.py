@@ -3082,7 +3082,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                         "drop --overwrite.")
     given = Path(args.checkpoint)
     members = _population_members(given)  # (a population's run directory: every member's model)
-    path = members[0] if members else run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
+    # (a run directory, as `rlspeed train` prints it: its model; refused here, before any module is imported)
+    path = None if members else run_model(given)
     # the run directory of a run's model (the directory, or a file in it) or of a population member's model
     run_dir = (given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR
                else given.parent if (given.parent / "config.yaml").is_file() else None)
@@ -3097,7 +3098,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if isinstance(recorded, list) and recorded:
             _import_recorded(args, [str(module) for module in recorded], config_file, "its env")
     _import_env_modules(args, "env")
-    if members:
+    if path is None:  # (a population's run directory)
         return _eval_population(args, given, members, run_config)
     model = _load_evaluated_model(args, path, run_config)
     env_id = _evaluated_env_id(args, model, path)
