@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -549,3 +551,68 @@ def test_an_off_policy_population_under_a_zoo_preset_that_normalises_normalises(
     assert "left out" not in capsys.readouterr().err
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "normalize_obs: true" in config and "normalize_reward: true" in config
+
+
+@pytest.fixture(scope="module")
+def population_run(tmp_path_factory) -> Path:
+    """A two-member population's run (seeds 0 and 3) of a few hundred steps on CartPole with an env option of its own
+    (max_episode_steps=50), for `rlspeed eval RUN_DIR`."""
+    from rlspeed.population import plot
+
+    out = tmp_path_factory.mktemp("population") / "run"
+    with pytest.MonkeyPatch.context() as patch:  # (no plot: as `_plots_only_where_asked`, which is per test)
+        patch.setattr(plot, "plot_learning_curves", lambda summary, path: None)
+        assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,3", *SMALL[:8], "--total-timesteps", "128",
+                         "--eval-freq", "128", "--eval-episodes", "1", "--env-kwargs", "max_episode_steps=50",
+                         "--no-progress", "--out", str(out)]) == 0
+    return out
+
+
+def test_eval_run_dir_names_the_env_options_and_each_members_command_repeats_its_line(population_run, capsys):
+    """`rlspeed eval RUN_DIR`'s lines named no env option (the run's own, or --env-kwargs), and each member's hint was
+    "--seed S repeats it with MEMBER", which without --stochastic, --episodes and --env-kwargs played other episodes:
+    the hint is now the whole command, and running it gives the member's numbers."""
+    capsys.readouterr()
+    assert cli.main(["eval", str(population_run), "--episodes", "2", "--seed", "7", "--no-progress"]) == 0
+    assert "2 PPO members on CartPole-v1 (max_episode_steps=50), deterministic, 2 episodes each, seed 7: median " in \
+        capsys.readouterr().out
+    assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7", "--stochastic", "--env-kwargs",
+                     "max_episode_steps=20", "--no-progress", "--json"]) == 0
+    printed = capsys.readouterr()
+    assert "2 PPO members on CartPole-v1 (max_episode_steps=20), stochastic, 3 episodes each, seed 7: " in printed.err
+    evaluated = json.loads(printed.out)["members"]
+    commands = re.findall(r"^rlspeed: seed \d+: .* \((rlspeed eval .*) repeats it\)$", printed.err, re.MULTILINE)
+    assert len(commands) == len(evaluated) == 2
+    for command, member in zip(commands, evaluated):
+        argv = shlex.split(command)
+        assert argv[:3] == ["rlspeed", "eval", member["model"]]
+        assert cli.main([*argv[1:], "--no-progress", "--json"]) == 0
+        repeated = json.loads(capsys.readouterr().out)
+        assert (repeated["mean"], repeated["std"], repeated["episodes"], repeated["seed"]) == (
+            member["mean"], member["std"], 3, member["seed"])
+
+
+def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(population_run, capsys, monkeypatch):
+    """A member whose mean return is not finite was dropped from the aggregate without a word, and where no mean was
+    finite `rlspeed eval RUN_DIR` ended in stats' "Scores must be a non-empty array" after the members' lines, without
+    its --json: such members are named, and with none finite the line says there is no median or IQM (null in
+    --json)."""
+    means = {}
+
+    def evaluated(args, model, env_id, env_kwargs, seed):
+        return {"mean": means[model.seed], "std": 0.0, "episodes": args.episodes, "unfinished": 0}
+
+    monkeypatch.setattr(cli, "_evaluated", evaluated)
+    for finite in ([], [0]):
+        means.update({0: 12.5 if finite else math.nan, 3: math.inf})
+        capsys.readouterr()
+        assert cli.main(["eval", str(population_run), "--seed", "7", "--no-progress", "--json"]) == 0
+        printed = capsys.readouterr()
+        result = json.loads(printed.out)
+        line = printed.err.splitlines()[-1]
+        if finite:
+            assert result["aggregate"] == aggregate([12.5])
+            assert line.endswith("(one member: no interval); seed 3 left out (mean not finite)")
+        else:
+            assert result["aggregate"] is None and [entry["mean"] for entry in result["members"]] == [None, None]
+            assert line.endswith("seed 7: no median or IQM: no member's mean return is finite")

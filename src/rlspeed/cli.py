@@ -3230,15 +3230,26 @@ def _population_members(given: Path) -> list[Path]:
     return _member_models(given / MEMBERS_DIR)
 
 
+def _member_eval_command(args: argparse.Namespace, path: Path, seed: int) -> str:
+    """The `rlspeed eval` command that repeats the line `rlspeed eval RUN_DIR` prints for the member model `path`,
+    evaluated from `seed`: its file and seed with the options given that change the episodes or the actions
+    (`--episodes`, `--stochastic`, `--env`, `--env-kwargs`, `--env-backend`, `--device`), quoted for a shell."""
+    options = [*(["--stochastic"] if args.stochastic else []), *(["--env", args.env] if args.env else []),
+               *(part for option in args.env_kwargs or [] for part in ("--env-kwargs", option)),
+               *(["--env-backend", args.env_backend] if args.env_backend is not None else []),
+               *(["--device", args.device] if args.device != "auto" else [])]
+    return " ".join([_eval_command(shlex.quote(str(path)), seed, args.episodes), *map(shlex.quote, options)])
+
+
 def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path], run_config: dict) -> int:
     """`rlspeed eval RUN_DIR` of a population's run: each member's model (`members/`) evaluated on fresh episodes as
     `rlspeed eval MEMBER` evaluates one, member seed S's from `evaluation_seed(S, "members", --seed)` (so members of
-    neighbouring seeds play unrelated episodes, and `rlspeed eval MEMBER --seed <its seed>` repeats its line), then
+    neighbouring seeds play unrelated episodes, and the command its line names repeats it: `_member_eval_command`), then
     the median and IQM of their means with 95% bootstrap intervals, as summary.json's `aggregate["final_eval"]`.
     `--json` prints the members' results and the aggregate on stdout. Returns 0."""
     import math
 
-    from rlspeed.evaluation import evaluation_seed
+    from rlspeed.evaluation import env_options, evaluation_seed
     from rlspeed.stats import aggregate
 
     if args.video is not None:
@@ -3257,23 +3268,31 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
             result = _evaluated(args, model, env_id, env_kwargs, seed)
         finally:
             model.close()
-        names.add((type(model).__name__, env_id))
+        options = env_options(model, env_id, env_kwargs)
+        names.add((type(model).__name__, env_id, ", ".join(f"{k}={v!r}" for k, v in options.items())))
         success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
         print(f"rlspeed: seed {member_seed}: {_score(result['mean'])} +/- {_score(result['std'])}"
-              f"{_cut_short(result.get('unfinished'), result['episodes'])}{success} (--seed {seed} repeats it "
-              f"with {path})", file=out, flush=True)
+              f"{_cut_short(result.get('unfinished'), result['episodes'])}{success} "
+              f"({_member_eval_command(args, path, seed)} repeats it)", file=out, flush=True)
         results.append({"member_seed": member_seed, "model": str(path), **result, "seed": seed})
+    # (a non-finite mean has no place in a median or IQM: left out and named; where none is finite, there is none)
     means = [entry["mean"] for entry in results if math.isfinite(entry["mean"])]
-    final = aggregate(means)
+    final = aggregate(means) if means else None
+    not_finite = [str(entry["member_seed"]) for entry in results if not math.isfinite(entry["mean"])]
+    left_out = f"; seed {', '.join(not_finite)} left out (mean not finite)" if not_finite else ""
     recorded = run_config.get("seeds") if isinstance(run_config, dict) else None
     missing = ([seed for seed in recorded if seed not in {entry["member_seed"] for entry in results}]
                if isinstance(recorded, list) else [])
     without = (f"; {len(missing)} of {len(recorded)} members have no model (a member that diverged is not saved): "
                f"seed {', '.join(map(str, missing))}" if missing else "")
-    what = " and ".join(sorted(f"{name} members on {env_id}" for name, env_id in names))
+    # (the env and the options it was made with, as a single model's line names them)
+    what = " and ".join(sorted(f"{name} members on {env_id}{f' ({options})' if options else ''}"
+                               for name, env_id, options in names))
     how = "deterministic" if not args.stochastic else "stochastic"
-    print(f"rlspeed: {len(results)} {what}, {how}, {_episodes(args.episodes)} each{seed_note}: median "
-          f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}{without}", file=out)
+    scores = (f"median {_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}{left_out}"
+              if final is not None else "no median or IQM: no member's mean return is finite")
+    print(f"rlspeed: {len(results)} {what}, {how}, {_episodes(args.episodes)} each{seed_note}: {scores}{without}",
+          file=out)
     if args.json:
         print(strict_json({"members": results, "aggregate": final, "seed": args.seed,
                            "deterministic": not args.stochastic, "episodes": args.episodes}))
