@@ -1773,8 +1773,9 @@ def test_resume_of_a_finished_run_without_a_checkpoint_has_nothing_left_to_train
 
 
 def test_resume_of_a_finished_run_names_the_settings_it_leaves_unused(tmp_path, monkeypatch, capsys):
-    """--resume of a finished run with other hyperparameters or evaluation episodes said only "nothing left to train"
-    (exit 0): the --set value and --eval-episodes given went unused without a word."""
+    """--resume of a finished run with other hyperparameters, evaluation episodes or a smaller budget said only
+    "nothing left to train" (exit 0): the --set value, --eval-episodes and --total-timesteps given went unused without
+    a word."""
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--target-return", "none",
             "--num-envs", "4", "--set", "num_steps=16", "--total-timesteps", "256", "--checkpoint-freq", "128"]
@@ -1789,6 +1790,10 @@ def test_resume_of_a_finished_run_names_the_settings_it_leaves_unused(tmp_path, 
     assert "these settings go unused: n_epochs " in err
     assert "-> 3, eval_episodes 10 -> 2, checkpoint_freq 128 -> 64 (config.yaml keeps the run's)" in err
     assert (tmp_path / "run" / "config.yaml").read_text() == config
+    # a smaller budget, with nothing left to train too, went unnamed
+    assert cli.main([*argv, "--resume", "--total-timesteps", "128"]) == 0
+    assert "these settings go unused: total_timesteps 256 -> 128 (config.yaml keeps the run's)" in \
+        capsys.readouterr().err
     # a run of 2 processes (--nproc 2: its config.yaml's processes) requeued in one: named too (it went unsaid)
     (tmp_path / "run" / "config.yaml").write_text(config.replace("processes: 1\n", "processes: 2\n"))
     assert cli.main([*argv, "--resume"]) == 0

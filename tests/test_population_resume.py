@@ -726,7 +726,8 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
                                                                                                      finished_run):
     """A batch job's requeue (the same command with --resume) of a population that finished exits 0 with nothing
     left to train, as a single run's does: it was refused with exit 2, which a requeue script reads as a failure;
-    another budget is refused (a population writes no checkpoint at its end to train on from). One killed after its
+    so does a smaller budget, as a single run's (it was refused); a larger one is refused (a population writes no
+    checkpoint at its end to train on from). One killed after its
     first summary but before its member models were written (its summary's member_models null) was refused too, for
     ever: --resume finishes it from its last checkpoint."""
     out = _copy_of(finished_run, tmp_path)
@@ -744,6 +745,13 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
     assert "these settings go unused: learning_rate " in err and "-> [0.1, 0.2], eval_episodes " in err
     assert (out / "config.yaml").read_bytes() == config
     assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume", "--total-timesteps", "1024"])
+    # a budget it has trained (it was refused, where a single run's exits 0), whatever the target: nothing to train,
+    # and the budget and target given go unused, which is said
+    assert cli.main([*argv, "--resume", "--total-timesteps", "512", "--target-return", "900"]) == 0
+    said = capsys.readouterr()
+    assert "nothing left to train: the population run finished" in said.out
+    assert "these settings go unused: total_timesteps 768 -> 512, target_return 1000.0 -> 900.0 (config" in said.err
+    assert (out / "summary.json").read_bytes() == summary and (out / "config.yaml").read_bytes() == config
 
     def killed(*args):
         raise Killed

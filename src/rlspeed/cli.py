@@ -826,7 +826,8 @@ def _train_population(args: argparse.Namespace) -> int:
             population.close()
             print("rlspeed: nothing left to train: the population run finished (its summary.json); --overwrite "
                   "trains it again", flush=True)
-            _say_unapplied_settings(run_dir / "config.yaml", population, args, {**_plain(_config), **per_member})
+            _say_unapplied_settings(run_dir / "config.yaml", population, args, {**_plain(_config), **per_member},
+                                    {"total_timesteps": total, "target_return": target})
             return 0
         if checkpoint.exists():
             _stage("loading the checkpoint", run_dir=run_dir)
@@ -1995,12 +1996,13 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
                          target: float | None) -> bool:
     """UserError unless the run `run_dir/config.yaml` describes (where there is one) is a population of `algo` on
     `env_id` with `seeds`: --resume continues the same run only. True where that run finished with the budget and
-    target given (a batch job's requeue that finds it finished: nothing left to train); a finished run asked for
-    another budget or target is refused (a population writes no checkpoint at its end to go on from). False, to
-    resume, where there is no config.yaml, where the run has not finished (no summary.json), and where it finished
-    with the budget and target given but a signal as training ended skipped the final evaluation: with a checkpoint,
-    the run resumes from it and ends with that evaluation (training nothing where the checkpoint holds the whole
-    budget); without one (a stop before the first checkpoint), it trains again from the beginning."""
+    target given (a batch job's requeue that finds it finished) or trained at least the budget given, whatever the
+    target (as a single run's `_trained_enough`): nothing left to train; a finished run asked for a larger budget
+    (with another target, or the same one it did not reach) is refused (a population writes no checkpoint at its end
+    to go on from). False, to resume, where there is no config.yaml, where the run has not finished (no
+    summary.json), and where it finished so but a signal as training ended skipped the final evaluation: with a
+    checkpoint, the run resumes from it and ends with that evaluation (training nothing where the checkpoint holds
+    the whole budget); without one (a stop before the first checkpoint), it trains again from the beginning."""
     path = run_dir / "config.yaml"
     try:
         config = yamlfile.load_run_file(path.read_text(encoding="utf-8")) if path.exists() else None
@@ -2021,7 +2023,8 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
                         "--out.")
     summary = _ended_summary(run_dir / "summary.json")
     if summary is not None:
-        if config.get("total_timesteps") == total and config.get("target_return") == target:
+        if ((config.get("total_timesteps") == total and config.get("target_return") == target)
+                or _trained_enough(summary, total, target)):
             from rlspeed.report import final_evaluation_skipped
 
             # (a stop as its last iteration ended skipped a member's final evaluation: resumed from its checkpoint,
@@ -2124,7 +2127,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         if ended.get("final_eval") is not None:
             if main:
                 _say_nothing_left(ended, target, checkpoint=False)
-                _say_unapplied_settings(run_dir / "config.yaml", model, args)
+                _say_unapplied_settings(run_dir / "config.yaml", model, args,
+                                        budget={"total_timesteps": total, "target_return": target})
             return 0
         # (a signal skipped its final evaluation: the model, which `save` writes whole as a checkpoint, is resumed
         # below, and nothing trains before the evaluation, as from a checkpoint of the whole budget)
@@ -2166,7 +2170,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             and (run_dir / "model.safetensors").exists()):
         if main:
             _say_nothing_left(ended, target, reached)
-            _say_unapplied_settings(run_dir / "config.yaml", model, args)
+            _say_unapplied_settings(run_dir / "config.yaml", model, args,
+                                    budget={"total_timesteps": run_total, "target_return": target})
         return 0
     if resumed_from is not None:
         _refuse_budget_below_trained(run_dir, run_total, resumed_from, "steps the run has trained",
@@ -2258,17 +2263,18 @@ def _summary_reached(ended: dict, target) -> bool:
     return target is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target
 
 
-def _say_unapplied_settings(path: Path, model, args: argparse.Namespace, hyperparameters: dict | None = None) -> None:
+def _say_unapplied_settings(path: Path, model, args: argparse.Namespace, hyperparameters: dict | None = None,
+                            budget: dict | None = None) -> None:
     """After a `--resume` that finds its run (solo `model` or population) finished: one line naming the
-    hyperparameters (default: the model's), evaluation episodes and run settings given that differ from the run's
-    config.yaml, which nothing applies (no step trains, the final evaluation is not run again), rather than leaving
-    them unsaid."""
+    hyperparameters (default: the model's), evaluation episodes, run settings and `budget` (the `total_timesteps` and
+    `target_return` given) that differ from the run's config.yaml, which nothing applies (no step trains, the final
+    evaluation is not run again), rather than leaving them unsaid."""
     before = _run_config(path)
     if not before:
         return
     old, new = before.get("hyperparameters") or {}, _plain(model.config) if hyperparameters is None else hyperparameters
     changed = {key: (old[key], new[key]) for key in new if key in old and old[key] != new[key]}
-    given = {"eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
+    given = {**(budget or {}), "eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
              "threads": args.threads, "env_backend": model.env_backend, "device": str(model.device),
              "processes": getattr(getattr(model, "strategy", None), "world_size", None)}
     changed.update({key: (before[key], value) for key, value in given.items()
