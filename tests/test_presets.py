@@ -482,6 +482,25 @@ def test_a_mujoco_v5_id_whose_newest_rl_zoo_entry_is_v2_takes_it_and_says_so():
     assert "its Humanoid-v4 entry: RL-Zoo has none for v5, whose" in load_preset("ppo", "Humanoid-v5", "auto").message()
 
 
+@requires_zoo
+def test_a_gymnasium_robotics_id_takes_rl_zoos_entry_of_its_older_version_and_says_so(monkeypatch):
+    """RL-Zoo's SAC entry for FetchReach (HER, [64, 64], lr 1e-3, gamma 0.95) is for FetchReach-v1, while
+    Gymnasium-Robotics registers FetchReach-v4: `rlspeed train sac gymnasium_robotics:FetchReach-v4` said "RL-Zoo has
+    none either" and trained rlspeed's default SAC without HER, which does not learn the sparse task in RL-Zoo's
+    20,000 steps. It takes the v1 entry, as the run's line says; an id of that name from another package does not."""
+    import gymnasium as gym
+
+    monkeypatch.setitem(gym.registry, "FetchReach-v4", gym.envs.registration.EnvSpec(
+        "FetchReach-v4", entry_point="gymnasium_robotics.envs.fetch.reach:MujocoFetchReachEnv"))
+    fetch = load_preset("sac", "FetchReach-v4", "auto")
+    assert fetch.source == "zoo" and fetch["her"] is True and fetch["net_arch"] == [64, 64]
+    assert "its FetchReach-v1 entry: RL-Zoo has none for v4, v3 or v2, Gymnasium-Robotics'" in fetch.message()
+    assert dict(fetch) == dict(load_preset("sac", "FetchReach-v4", "zoo"))
+    monkeypatch.setitem(gym.registry, "FetchReach-v4", gym.envs.registration.EnvSpec(
+        "FetchReach-v4", entry_point="my_robots:Reach"))
+    assert load_preset("sac", "FetchReach-v4", "auto").source == "rlspeed-default"
+
+
 def test_zoo_without_rl_zoo3_is_one_sentence_with_the_pip_command(monkeypatch):
     monkeypatch.setattr(zoo, "_package_dir", lambda: None)
     with pytest.raises(UserError, match="pip install rl_zoo3"):

@@ -224,9 +224,9 @@ def has_entry(algo: str, env_id: str) -> bool:
 
 def _entry_key(entries: dict, env_id: str) -> str | None:
     """The key of `env_id`'s entry: the id itself, the native id behind `rlspeed/ID`, `atari` for every id of an
-    Atari game (RL-Zoo's rule: an env made by ale-py's AtariEnv), or a MuJoCo `-v5` id's newest older entry where
-    RL-Zoo has none for v5 (`MUJOCO_V4_NOTE`): `-v4`, else `-v3`, else `-v2` (PPO's InvertedPendulum, Reacher); None
-    when there is none."""
+    Atari game (RL-Zoo's rule: an env made by ale-py's AtariEnv), or the newest older entry of a MuJoCo `-v5` id
+    or a Gymnasium-Robotics id where RL-Zoo has none for the id's own version (`_older_versions`); None when there
+    is none."""
     for key in (env_id, env_id.removeprefix("rlspeed/")):
         if key in entries:
             return key
@@ -235,24 +235,32 @@ def _entry_key(entries: dict, env_id: str) -> str | None:
     if "atari" in entries and (env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
                                or atari_image_id(env_id)):
         return "atari"
-    return next((older for older in _mujoco_older(env_id) if older in entries), None)
+    return next((older for older in _older_versions(env_id)[0] if older in entries), None)
 
 
 #: how a preset says that a MuJoCo v5 id took an older entry of RL-Zoo's ({skipped}: the versions between, with none)
 MUJOCO_V4_NOTE = ("its {older} entry: RL-Zoo has none for {skipped}, whose envs revise {version}'s (Ant-v5's "
                   "observations differ from Ant-v4's, for one)")
+#: how a preset says that a Gymnasium-Robotics id took an older entry of RL-Zoo's
+ROBOTICS_NOTE = ("its {older} entry: RL-Zoo has none for {skipped}, Gymnasium-Robotics' later versions of the same "
+                 "task")
 
 
-def _mujoco_older(env_id: str) -> list[str]:
-    """`Name-v4`, `Name-v3`, `Name-v2` for a registered Gymnasium MuJoCo `Name-v5` id (RL-Zoo's entries are for v4,
-    a few of PPO's still for v2), else []."""
+def _older_versions(env_id: str) -> tuple[list[str], str]:
+    """The ids of older versions of a registered env whose RL-Zoo entry may stand for it, newest first, and the note
+    that says so: `Name-v4`, `Name-v3`, `Name-v2` for a Gymnasium MuJoCo `Name-v5` id (RL-Zoo's entries are for v4,
+    a few of PPO's still for v2; `MUJOCO_V4_NOTE`); `Name-v{N-1}` down to `Name-v1` for a Gymnasium-Robotics
+    `Name-vN` id (RL-Zoo's Fetch entries are for v1; `ROBOTICS_NOTE`); else no ids."""
     import gymnasium as gym
 
     spec = gym.registry.get(env_id)
     entry = str(getattr(spec, "entry_point", "")) if spec is not None else ""
-    if not env_id.endswith("-v5") or not entry.startswith("gymnasium.envs.mujoco"):
-        return []
-    return [f"{env_id.removesuffix('-v5')}-v{version}" for version in (4, 3, 2)]
+    name, _, version = env_id.rpartition("-v")
+    if entry.startswith("gymnasium.envs.mujoco") and version == "5":
+        return [f"{name}-v{older}" for older in (4, 3, 2)], MUJOCO_V4_NOTE
+    if entry.startswith("gymnasium_robotics") and name and version.isdigit():
+        return [f"{name}-v{older}" for older in range(int(version) - 1, 0, -1)], ROBOTICS_NOTE
+    return [], ""
 
 
 def translate(algo: str, env_id: str) -> Translation:
@@ -263,11 +271,12 @@ def translate(algo: str, env_id: str) -> Translation:
         raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}: use --preset "
                         "auto (rlspeed's, else the defaults) or a preset file.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
-    if key in (older := _mujoco_older(env_id)):
+    older, note = _older_versions(env_id)
+    if key in older:
         version = key.rsplit("-", 1)[1]
-        skipped = ["v5", *(name.rsplit("-", 1)[1] for name in older[:older.index(key)])]
+        skipped = [env_id.rsplit("-", 1)[1], *(name.rsplit("-", 1)[1] for name in older[:older.index(key)])]
         skipped = " or ".join([", ".join(skipped[:-1]), skipped[-1]] if len(skipped) > 1 else skipped)
-        source = f"{source[:-1]}; {MUJOCO_V4_NOTE.format(older=key, skipped=skipped, version=version)})"
+        source = f"{source[:-1]}; {note.format(older=key, skipped=skipped, version=version)})"
     from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
 
     return translate_entry(algo, entries[key], source, atari=atari_image_id(env_id))
