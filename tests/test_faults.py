@@ -1079,6 +1079,29 @@ def test_an_env_module_that_raises_on_import_is_one_sentence(tmp_path, monkeypat
         assert_one_line_error(cli.main(["train", "ppo", *args]), capsys.readouterr(), expected.format(why))
 
 
+def test_an_env_module_that_imports_mujoco_under_a_mujoco_gl_it_cannot_load_says_what_to_set(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """`MUJOCO_GL=osmesa rlspeed eval RUN --video ...` of a Gymnasium-Robotics run (osmesa's library missing) said
+    "The module 'gymnasium_robotics' ... raised AttributeError on import: 'NoneType' object has no attribute
+    'glGetError'", PyOpenGL's words, where Gymnasium's own MuJoCo ids say which MUJOCO_GL to set; a module that imports
+    MuJoCo is told so too. (A stand-in `mujoco` that fails as MuJoCo does under a platform whose library is missing.)"""
+    (tmp_path / "mujoco").mkdir()
+    (tmp_path / "mujoco" / "__init__.py").write_text("raise AttributeError(\"'NoneType' object has no attribute "
+                                                     "'glGetError'\")\n")
+    (tmp_path / "robot_envs_module.py").write_text("import mujoco\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mujoco", raising=False)
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert_one_line_error(cli.main(["train", "sac", "robot_envs_module:FetchReach-v4"]), capsys.readouterr(),
+                          "MuJoCo cannot be imported with MUJOCO_GL=osmesa (AttributeError: 'NoneType' object has no "
+                          "attribute 'glGetError'): MuJoCo loads that OpenGL platform on import; unset MUJOCO_GL")
+    monkeypatch.delenv("MUJOCO_GL")  # (unset, the module's own error is said as it was)
+    monkeypatch.delitem(sys.modules, "robot_envs_module", raising=False)
+    assert_one_line_error(cli.main(["train", "sac", "robot_envs_module:FetchReach-v4"]), capsys.readouterr(),
+                          "The module 'robot_envs_module' (named in 'robot_envs_module:FetchReach-v4') raised "
+                          "AttributeError on import")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
 def test_a_device_or_a_pipe_is_never_replaced_by_a_written_file(tmp_path, capsys):
     """Files are written beside their path and renamed over it: `rlspeed profile --trace /dev/null` (torch's profiler

@@ -12,6 +12,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import gymnasium as gym
 
@@ -79,16 +80,11 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)", role:
             raise UserError(f"'{module}' {why} is not a Python module name.")
         try:
             imported = _import_here_too(module)
-        except ImportError as error:
-            # a module not found: where Python looked (a run evaluated from another directory misses its env's file)
-            where = (" (modules are found on PYTHONPATH and in the current directory)"
-                     if isinstance(error, ModuleNotFoundError) and error.name == module.split(".")[0] else "")
-            raise UserError(f"Cannot import the module '{module}' {why}, which should {role}: "
-                            f"{error}{where}.") from None
-        except Exception as error:  # (the module's own code failed: named, its traceback under --debug)
-            detail = str(error).strip().splitlines()
-            raise UserError(f"The module '{module}' {why} raised {type(error).__name__} on import"
-                            f"{': ' + detail[0] if detail else ''} (--debug shows its traceback).") from error
+        except Exception as error:
+            # (a module that imports MuJoCo, Gymnasium-Robotics: its error would be PyOpenGL's, naming no platform)
+            if (platform_error := mujoco_gl_error()) is not None:
+                raise platform_error from error
+            _import_failed(module, why, role, error)
         register = getattr(imported, "register_envs", None)
         if callable(register) and module not in _REGISTERED_BY_CALL:
             _REGISTERED_BY_CALL.add(module)
@@ -98,6 +94,19 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)", role:
                     register()
             except TypeError:  # a register_envs with parameters is not this convention
                 pass
+
+
+def _import_failed(module: str, why: str, role: str, error: Exception) -> NoReturn:
+    """UserError for `module`'s failed import (`import_gym_packages`'s `why` and `role` in its sentence)."""
+    if isinstance(error, ImportError):
+        # a module not found: where Python looked (a run evaluated from another directory misses its env's file)
+        where = (" (modules are found on PYTHONPATH and in the current directory)"
+                 if isinstance(error, ModuleNotFoundError) and error.name == module.split(".")[0] else "")
+        raise UserError(f"Cannot import the module '{module}' {why}, which should {role}: {error}{where}.") from None
+    # (the module's own code failed: named, its traceback under --debug)
+    detail = str(error).strip().splitlines()
+    raise UserError(f"The module '{module}' {why} raised {type(error).__name__} on import"
+                    f"{': ' + detail[0] if detail else ''} (--debug shows its traceback).") from error
 
 
 def _import_here_too(module: str):
@@ -195,6 +204,20 @@ class MujocoGLError(UserError):
         self.platform = platform
         super().__init__(f"MuJoCo cannot be imported with MUJOCO_GL={platform} ({type(error).__name__}: {detail}): "
                          f"MuJoCo loads that OpenGL platform on import; {MUJOCO_GL_ADVICE}.")
+
+
+def mujoco_gl_error() -> MujocoGLError | None:
+    """MujocoGLError where MUJOCO_GL is set and MuJoCo, installed and not imported yet, cannot be imported with it (a
+    module that imports MuJoCo, such as Gymnasium-Robotics, then fails on PyOpenGL's error, which names no platform);
+    else None."""
+    platform = os.environ.get("MUJOCO_GL")
+    if not platform or "mujoco" in sys.modules or not _installed("mujoco"):
+        return None
+    try:
+        import mujoco  # noqa: F401
+    except Exception as error:  # noqa: BLE001 (PyOpenGL's AttributeError, MuJoCo's RuntimeError, ImportError)
+        return MujocoGLError(platform, error)
+    return None
 
 
 class MujocoImportError(UserError):
