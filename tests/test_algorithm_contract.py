@@ -760,6 +760,53 @@ def test_load_takes_sb3_action_noise_over_the_saved_noise(tmp_path):
     assert (loaded.config.action_noise, loaded.config.action_noise_std) == ("normal", 0.3)
 
 
+def test_stable_baselines3_noise_objects_without_their_arguments_are_one_sentence():
+    # (the arguments of SB3's noise objects are private attributes: one of another SB3 version without them was
+    # taken as mean 1 and refused as such, or, OU's theta or dt, an AttributeError)
+    noise = pytest.importorskip("stable_baselines3.common.noise")
+    from rlspeed import DDPG, TD3
+
+    normal, ou = noise.NormalActionNoise(np.zeros(1), 0.1 * np.ones(1)), noise.OrnsteinUhlenbeckActionNoise(
+        np.zeros(1), 0.1 * np.ones(1))
+    del normal._mu, ou._dt
+    with pytest.raises(UserError, match=r"action_noise=NormalActionNoise\(...\): .*\(no _mu\); give the settings "
+                                        "instead: action_noise='normal', action_noise_std=SIGMA"):
+        build_config(TD3.config_cls, {"action_noise": normal})
+    with pytest.raises(UserError, match=r"\(no _dt\); give .*ou_theta=THETA, ou_dt=DT"):
+        build_config(DDPG.config_cls, {"action_noise": ou})
+
+
+def test_stable_baselines3_defaults_are_taken_in_numpys_types_and_bools_stay_bools():
+    # (SB3's do-nothing defaults matched their exact Python type only: np.int64(100) from a config file or a sweep
+    # was refused; True, which equals 1, must not pass for a count, nor 1 or 0 for a flag)
+    from rlspeed import PPO, SAC
+
+    taken = {"stats_window_size": np.int64(100), "_init_setup_model": np.True_, "optimize_memory_usage": np.False_}
+    assert build_config(PPO.config_cls, taken) == build_config(PPO.config_cls, {})
+    assert build_config(SAC.config_cls, {"target_update_interval": np.int32(1), "stats_window_size": 100.0}) == \
+        build_config(SAC.config_cls, {})
+    for config_cls, key, value in ((PPO.config_cls, "_init_setup_model", 1), (PPO.config_cls, "create_eval_env", 0),
+                                   (SAC.config_cls, "target_update_interval", True),
+                                   (PPO.config_cls, "stats_window_size", np.int64(10))):
+        with pytest.raises(UserError, match=f"'{key}' is Stable-Baselines3's keyword"):
+            build_config(config_cls, {key: value})
+
+
+def test_stable_baselines3_settings_read_each_config_class_once(monkeypatch):
+    # (a population builds a config per member, reading SB3's settings key by key: dataclasses.fields and the walk
+    # over every algorithm class ran on each call)
+    import rlspeed.algos.base as base
+    from rlspeed import PPO
+
+    values = {"n_steps": 64, "policy_kwargs": {"net_arch": [32]}, "stats_window_size": 100}
+    base.build_config(PPO.config_cls, values)
+    read, fields = [], dataclasses.fields
+    monkeypatch.setattr(base.dataclasses, "fields", lambda *args: read.append("fields") or fields(*args))
+    monkeypatch.setattr(base, "_algorithm_classes", lambda: read.append("classes") or {})
+    assert base.sb3_settings(PPO.config_cls, values) == {"num_steps": 64, "net_arch": [32], "stats_window_size": 100}
+    assert read == []
+
+
 def test_stable_baselines3_helpers_imported_from_rlspeed_say_what_to_use_instead():
     """A script ported by swapping `stable_baselines3` for `rlspeed` in its imports (`from rlspeed import
     make_vec_env`, `from rlspeed.evaluation import evaluate_policy`, ...) got a bare "cannot import name": now one

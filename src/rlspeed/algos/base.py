@@ -23,6 +23,7 @@ import secrets
 import sys
 import threading
 import time
+import types
 import typing
 import warnings
 from collections.abc import Callable, Collection
@@ -229,6 +230,32 @@ SB3_NOTHING = {"tensorboard_log": (None,), "policy_kwargs": (None, {}), "_init_s
 #: SB3's SAC's default target_update_interval=1 asks
 SB3_NOTHING_OF = {"SACConfig": {"target_update_interval": (1,)}}
 
+
+@functools.cache
+def _sb3_nothing(config_cls: type) -> dict[str, tuple]:
+    """`SB3_NOTHING` with `SB3_NOTHING_OF`'s entries for `config_cls`'s algorithm (its own, or the first of its
+    bases that has one)."""
+    return {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
+                                   if base.__name__ in SB3_NOTHING_OF), {})}
+
+
+def is_sb3_default(value: object, default: object) -> bool:
+    """Whether `value` is `SB3_NOTHING`'s `default` as a script may write it: None as None, a bool as a bool (numpy's
+    too: True is no 1), a dict as an equal dict, a number as an equal number of any numeric type (numpy's scalars,
+    100.0 for 100) but a bool."""
+    if default is None or isinstance(default, bool):
+        return value is default or (isinstance(value, np.bool_) and bool(value) is default)
+    if isinstance(default, dict):
+        return isinstance(value, dict) and value == default
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == default
+
+
+@functools.cache
+def _field_names(config_cls: type) -> typing.Mapping[str, None]:
+    """The names of `config_cls`'s fields in their order (as a read-only mapping's keys), read once per config class
+    (`build_config` and `sb3_settings` read them for every config a population builds, member by member)."""
+    return types.MappingProxyType(dict.fromkeys(field.name for field in dataclasses.fields(config_cls)))
+
 #: Stable-Baselines3's constructor names that rlspeed spells otherwise, with rlspeed's name for each in the
 #: algorithms that have it (the first of them the config has): taken as that name, and saved under it
 #: (`rlspeed_names`: the constructor, load's overrides and `--set` read them through it)
@@ -238,7 +265,7 @@ SB3_NAMES = {"n_steps": ("num_steps", "n_step")}  # (rollout length on-policy; n
 def rlspeed_names(config_cls: type, values: dict) -> dict:
     """`values` with Stable-Baselines3's names (`SB3_NAMES`) as rlspeed's for `config_cls`'s algorithm: PPO's
     n_steps=64 is num_steps=64, DQN's n_steps=3 n_step=3. UserError where both names are given."""
-    fields = {field.name for field in dataclasses.fields(config_cls)}
+    fields = _field_names(config_cls)
     renamed = dict(values)
     for sb3_name, names in SB3_NAMES.items():
         ours = next((name for name in names if name in fields), None)
@@ -525,9 +552,11 @@ _NETWORK_KEYWORDS = {"net_arch": "[64, 64]", "activation": "'tanh'", "log_std_in
                      "lstm_hidden_size": "..."}
 
 
+@functools.cache
 def _algo_name(config_cls: type) -> str:
     """rlspeed's CLI name of the algorithm whose config `config_cls` is, or derives from (a subclass's own config is
-    of that algorithm): "ppo", "recurrent_ppo"."""
+    of that algorithm): "ppo", "recurrent_ppo". Read once per config class: rlspeed's algorithms, all it looks
+    among, are defined when `rlspeed.algos` is imported, before any call."""
     names = {algo_cls.config_cls: name for name, algo_cls in _algorithm_classes().items()}
     return next((names[base] for base in config_cls.__mro__ if base in names),
                 re.sub(r"(?<=[a-z])(?=[A-Z])", "_", _owner_name(config_cls)).lower())
@@ -543,7 +572,7 @@ def sb3_policy_kwargs(config_cls: type, values: dict) -> dict:
     kwargs = values.get("policy_kwargs")
     if not isinstance(kwargs, dict) or not kwargs:
         return values
-    fields = {field.name for field in dataclasses.fields(config_cls)}
+    fields = _field_names(config_cls)
     read = Collected()
     translate_policy_kwargs(_algo_name(config_cls), kwargs, read)
     if read.refused or any(key not in fields for key in read.hyper):
@@ -569,7 +598,7 @@ def sb3_her(config_cls: type, values: dict) -> dict:
     setting also given as a keyword."""
     buffer_class = values.get("replay_buffer_class")
     name = buffer_class if isinstance(buffer_class, str) else getattr(buffer_class, "__name__", None)
-    if name != "HerReplayBuffer" or "her" not in {field.name for field in dataclasses.fields(config_cls)}:
+    if name != "HerReplayBuffer" or "her" not in _field_names(config_cls):
         return values
     options = values.get("replay_buffer_kwargs") or {}
     if not isinstance(options, dict):
@@ -633,9 +662,17 @@ def sb3_action_noise(config_cls: type, values: dict) -> dict:
     kind = type(noise).__name__
     if (kind not in ("NormalActionNoise", "OrnsteinUhlenbeckActionNoise")
             or not type(noise).__module__.startswith("stable_baselines3") or "action_noise_std" not in
-            {field.name for field in dataclasses.fields(config_cls)}):
+            _field_names(config_cls)):
         return values
-    mean, sigma = np.asarray(getattr(noise, "_mu", 1.0)), np.asarray(getattr(noise, "_sigma", ()))
+    # (SB3 keeps the arguments in private attributes only, named after them: read where they are, said where not)
+    kept = ("_mu", "_sigma", "_theta", "_dt") if kind == "OrnsteinUhlenbeckActionNoise" else ("_mu", "_sigma")
+    lost = [name for name in kept if not hasattr(noise, name)]
+    if lost:
+        settings = ("action_noise='ornstein-uhlenbeck', action_noise_std=SIGMA, ou_theta=THETA, ou_dt=DT"
+                    if kind == "OrnsteinUhlenbeckActionNoise" else "action_noise='normal', action_noise_std=SIGMA")
+        raise UserError(f"action_noise={kind}(...): this Stable-Baselines3's {kind} keeps its arguments elsewhere "
+                        f"than rlspeed reads them (no {', '.join(lost)}); give the settings instead: {settings}.")
+    mean, sigma = np.asarray(noise._mu), np.asarray(noise._sigma)
     if sigma.size == 0 or np.any(mean != 0) or np.any(sigma != sigma.flat[0]):
         return values
     made = {"action_noise": "normal", "action_noise_std": float(sigma.flat[0])}
@@ -662,11 +699,10 @@ def _run_dir_line(tensorboard_log: object, config_cls: type) -> str:
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
-    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    fields = _field_names(config_cls)
     hints = config_type_hints(config_cls)
     overrides = sb3_settings(config_cls, overrides)
-    nothing = {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
-                                      if base.__name__ in SB3_NOTHING_OF), {})}
+    nothing = _sb3_nothing(config_cls)
     values = {}
     # (auto_X last: it sets the value it names, ent_coef_init, whatever comes first, also over a saved config's)
     for key, value in sorted(overrides.items(), key=lambda item: item[0] in AUTO_VALUES):
@@ -681,8 +717,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"'{key}' is not a hyperparameter of {owner}: several agents trained at once are a "
                                 f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
-            if key in nothing and any(value is default or (value == default and type(value) in (dict, int))
-                                      for default in nothing[key]):
+            if key in nothing and any(is_sb3_default(value, default) for default in nothing[key]):
                 continue  # (as Stable-Baselines3's default: nothing to set)
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
