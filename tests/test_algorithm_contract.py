@@ -776,6 +776,42 @@ def test_stable_baselines3_noise_objects_without_their_arguments_are_one_sentenc
         build_config(DDPG.config_cls, {"action_noise": ou})
 
 
+def test_stable_baselines3_schedule_objects_with_a_setting_here_are_taken():
+    """SB3's constant schedules (ConstantSchedule, FloatSchedule of a number, the deprecated constant_fn) are their
+    value, held (anneal_lr=False: PPO's default anneals); off-policy, a learning rate's linear schedule to 0 over the
+    whole run (LinearSchedule(start, 0, 1.0), get_linear_fn) is its start with anneal_lr, which decays it at SB3's
+    progress; on-policy anneal_lr/anneal_clip decay at CleanRL's progress, so that schedule is one sentence saying
+    so; others, and functions of one's own, are refused as before (all were)."""
+    utils = pytest.importorskip("stable_baselines3.common.utils")
+    from rlspeed import DQN, PPO, SAC
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (SB3's deprecation warnings of its functions)
+        constant, linear = utils.constant_fn(5e-4), utils.get_linear_fn(1e-3, 0.0, 1.0)
+    config = build_config(PPO.config_cls, {"learning_rate": utils.ConstantSchedule(1e-3), "clip_range": constant,
+                                           "clip_range_vf": utils.FloatSchedule(0.3)})
+    assert (config.learning_rate, config.anneal_lr, config.clip_range, config.anneal_clip, config.clip_range_vf) == \
+        (1e-3, False, 5e-4, False, 0.3)
+    for algo, schedule in ((DQN, utils.FloatSchedule(utils.LinearSchedule(3e-4, 0, 1.0))), (SAC, linear)):
+        config = build_config(algo.config_cls, {"learning_rate": schedule})
+        assert config.anneal_lr is True
+        for progress in (1.0, 0.7, 0.25, 0.0):  # (rlspeed's decay: the value times the progress remaining)
+            assert config.learning_rate * progress == pytest.approx(schedule(progress), rel=1e-12)
+    for key in ("learning_rate", "clip_range"):
+        with pytest.raises(UserError, match=f"{key}=LinearSchedule.*: PPO's anneal_.*=True decays {key} linearly to "
+                                            "0 at CleanRL's progress .*; give .*=0.2, anneal_.*=True"):
+            build_config(PPO.config_cls, {key: utils.LinearSchedule(0.2, 0, 1.0)})
+    with pytest.raises(UserError, match=r"learning_rate=ConstantSchedule\(val=0.001\) holds learning_rate "
+                                        r"\(anneal_lr=False\), and anneal_lr='on' is given too: give one of them"):
+        build_config(PPO.config_cls, {"learning_rate": utils.ConstantSchedule(1e-3), "anneal_lr": "on"})
+    for key, schedule in (("learning_rate", utils.LinearSchedule(1e-3, 1e-4, 1.0)),
+                          ("learning_rate", utils.LinearSchedule(1e-3, 0, 0.5)), ("learning_rate", lambda _: 1e-3)):
+        with pytest.raises(UserError, match=f"Hyperparameter '{key}' got .*A schedule is not a hyperparameter value"):
+            build_config(DQN.config_cls, {key: schedule})
+    with pytest.raises(UserError, match="Hyperparameter 'clip_range_vf' got .*A schedule is not"):
+        build_config(PPO.config_cls, {"clip_range_vf": utils.LinearSchedule(0.2, 0, 1.0)})
+
+
 def test_stable_baselines3_defaults_are_taken_in_numpys_types_and_bools_stay_bools():
     # (SB3's do-nothing defaults matched their exact Python type only: np.int64(100) from a config file or a sweep
     # was refused; True, which equals 1, must not pass for a count, nor 1 or 0 for a flag)

@@ -334,7 +334,8 @@ SB3_ATTRIBUTES = {
                     "model.config.exploration_initial_eps to exploration_final_eps over exploration_fraction of each "
                     "learn call (predict(deterministic=False) explores with exploration_final_eps)"),
     "lr_schedule": "the learning rate is model.config.learning_rate, decayed linearly to 0 over each learn call "
-                   "where model.config.anneal_lr is True (rlspeed takes no schedule callables)",
+                   "where model.config.anneal_lr is True (of SB3's schedules, the constructor takes a ConstantSchedule "
+                   "as its value, and off-policy a LinearSchedule(start, 0, 1.0) as anneal_lr)",
     **dict.fromkeys(("logger", "set_logger"), "learn(run_dir=DIR) writes the metrics (metrics.csv, and TensorBoard "
                                               "logs where the tensorboard package is installed) in DIR, and a "
                                               "callback's self.logger.record(key, value) adds a column of its own "
@@ -619,14 +620,102 @@ def sb3_her(config_cls: type, values: dict) -> dict:
     return {**rest, **made}
 
 
+#: hyperparameters that rlspeed decays linearly to 0 over a learn call, each with the switch that does it
+SB3_SCHEDULED = {"learning_rate": "anneal_lr", "clip_range": "anneal_clip"}
+#: the algorithms (by config class) whose switches decay their hyperparameter at Stable-Baselines3's progress (the step
+#: count after each collection), so that its LinearSchedule(start, 0, 1.0) is that switch: the off-policy learning
+#: rates. On-policy anneal_lr and anneal_clip decay at CleanRL's progress (the count before each rollout), one
+#: update's worth above SB3's schedule (`sb3_schedules`)
+SB3_PROGRESS_OF = {"OffPolicyConfig": ("learning_rate",)}
+#: Stable-Baselines3's deprecated schedule functions (`stable_baselines3.common.utils`), by qualified name, with the
+#: names of the arguments they keep: their values are read from the function's closure, the arguments as given
+_SB3_SCHEDULE_FUNCTIONS = {"get_linear_fn.<locals>.func": ("start", "end", "end_fraction"),
+                           "constant_fn.<locals>.func": ("val",),
+                           "get_schedule_fn.<locals>.<lambda>": ("value_schedule",)}
+
+
+def sb3_schedule(schedule: object) -> tuple[float, float, float] | None:
+    """Stable-Baselines3's schedule `schedule` as the (start, end, end_fraction) of its documented arguments:
+    `ConstantSchedule(val)` and `constant_fn(val)` as (val, val, 1.0), `LinearSchedule(start, end, end_fraction)` and
+    `get_linear_fn(...)` as theirs, `FloatSchedule(x)` and `get_schedule_fn(x)` as x's (a number: constant). None for
+    anything else, a function of one's own above all: what it returns is not known without calling it at every
+    progress point."""
+    kind = type(schedule)
+    if kind.__module__.startswith("stable_baselines3.") and kind.__name__ in ("FloatSchedule", "ConstantSchedule",
+                                                                             "LinearSchedule"):
+        arguments = {name: getattr(schedule, name, None) for name in ("value_schedule", "val", "start", "end",
+                                                                      "end_fraction")}
+    elif (isinstance(schedule, types.FunctionType) and schedule.__module__ == "stable_baselines3.common.utils"
+          and schedule.__qualname__ in _SB3_SCHEDULE_FUNCTIONS):
+        kept = dict(zip(schedule.__code__.co_freevars, schedule.__closure__ or ()))
+        arguments = {name: kept[name].cell_contents for name in _SB3_SCHEDULE_FUNCTIONS[schedule.__qualname__]
+                     if name in kept}
+    else:
+        return None
+    inner = arguments.get("value_schedule")
+    if inner is not None:  # (FloatSchedule's and get_schedule_fn's: a number, or a schedule)
+        return (inner, inner, 1.0) if _real(inner) else sb3_schedule(inner)
+    if arguments.get("val") is not None:
+        arguments = {"start": arguments["val"], "end": arguments["val"], "end_fraction": 1.0}
+    read = tuple(arguments.get(name) for name in ("start", "end", "end_fraction"))
+    return tuple(float(value) for value in read) if all(_real(value) for value in read) else None
+
+
+def _real(value: object) -> bool:
+    """Whether `value` is a real number (numpy's too) that is no bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def sb3_schedules(config_cls: type, values: dict) -> dict:
+    """`values` with Stable-Baselines3's schedule objects (`sb3_schedule`) as the settings that do what they do here:
+    a constant one as its value, held (its switch in `SB3_SCHEDULED` off: learning_rate=ConstantSchedule(3e-4) is
+    learning_rate=3e-4, anneal_lr=False, PPO's default being on); off-policy, a learning rate's linear schedule to 0
+    over the whole run (`LinearSchedule(start, 0, 1.0)`) as its start with anneal_lr on, which decays it at the same
+    progress (each learn call's, or with learn's reset_num_timesteps=False the model's whole step count, as SB3's
+    progress_remaining). UserError for that schedule where the switch decays at another progress (on-policy: said,
+    with the settings for rlspeed's decay) or where the switch is also given otherwise; other schedules are left to
+    the config's refusal."""
+    fields = _field_names(config_cls)
+    at_sb3s_progress = next((SB3_PROGRESS_OF[base.__name__] for base in config_cls.__mro__
+                             if base.__name__ in SB3_PROGRESS_OF), ())
+    made = {}
+    for key, value in values.items():
+        read = sb3_schedule(value) if key in fields and callable(value) else None
+        if read is None:
+            continue
+        (start, end, end_fraction), switch = read, SB3_SCHEDULED.get(key)
+        switch = switch if switch in fields else None
+        if start == end and end_fraction > 0:
+            taken = {key: start, **({switch: False} if switch else {})}
+        elif end == 0 and end_fraction == 1 and switch:
+            if key not in at_sb3s_progress:
+                raise UserError(f"{key}={value!r}: {_owner_name(config_cls)}'s {switch}=True decays {key} linearly to "
+                                "0 at CleanRL's progress (the step count before each rollout), one update's worth "
+                                f"above this schedule's value at every update; give {key}={start:g}, {switch}=True "
+                                "for that decay.")
+            taken = {key: start, switch: True}
+        else:
+            continue
+        if switch in values:
+            try:
+                agrees = _read_bool(values[switch]) is taken[switch]
+            except ValueError:
+                agrees = True  # (the config's own refusal of the value)
+            if not agrees:
+                raise UserError(f"{key}={value!r} {'decays' if taken[switch] else 'holds'} {key} ({switch}="
+                                f"{taken[switch]}), and {switch}={values[switch]!r} is given too: give one of them.")
+        made.update(taken)
+    return {**values, **made}
+
+
 def sb3_settings(config_cls: type, values: dict) -> dict:
     """`values` with Stable-Baselines3's names and options as rlspeed's settings for `config_cls`'s algorithm:
     n_steps (`rlspeed_names`), policy_kwargs (`sb3_policy_kwargs`), replay_buffer_class=HerReplayBuffer
-    (`sb3_her`) and TD3/DDPG's action noise objects (`sb3_action_noise`), to be saved under rlspeed's names. One rule
-    for the constructor (`build_config`), load's overrides (before they meet the file's settings) and `--set` (over a
-    preset's settings)."""
-    return sb3_action_noise(config_cls, sb3_her(config_cls, sb3_policy_kwargs(config_cls, rlspeed_names(config_cls,
-                                                                                                        values))))
+    (`sb3_her`), TD3/DDPG's action noise objects (`sb3_action_noise`) and schedule objects (`sb3_schedules`), to be
+    saved under rlspeed's names. One rule for the constructor (`build_config`), load's overrides (before they meet
+    the file's settings) and `--set` (over a preset's settings)."""
+    return sb3_schedules(config_cls, sb3_action_noise(config_cls, sb3_her(config_cls, sb3_policy_kwargs(
+        config_cls, rlspeed_names(config_cls, values)))))
 
 
 def _policy_keywords(policy_kwargs: object, config_cls: type, fields: typing.Container[str]) -> str:
@@ -975,7 +1064,8 @@ def coerce(key: str, value, hint):
     annealed = {"learning_rate": "anneal_lr=True decays learning rates", "clip_range": "anneal_clip=True decays the "
                 "clip range"}.get(key, "only learning_rate (anneal_lr=True) and clip_range (anneal_clip=True) decay,")
     advice = (f" A schedule is not a hyperparameter value here: give the starting value, and {annealed} linearly to 0 "
-              "(Stable-Baselines3's linear schedule)." if schedule else "")
+              "(Stable-Baselines3's linear schedule; its ConstantSchedule is taken as its value, and off-policy its "
+              "LinearSchedule(start, 0, 1.0) as anneal_lr)." if schedule else "")
     if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         advice = " Give auto for the automatically tuned value, or a number."
     elif key in AUTO_VALUES and isinstance(value, str) and value.strip().lower().startswith("auto"):
