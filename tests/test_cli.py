@@ -1972,31 +1972,56 @@ def test_a_run_interrupted_in_its_final_evaluation_names_its_exports_of_other_st
                          f"model.safetensors at 32: redo it with rlspeed export {run} --format onnx --overwrite.")
 
 
-def test_a_stop_before_the_final_save_holds_stops_still_saves_the_finished_training(tmp_path, capsys, monkeypatch):
-    """A SIGTERM that came after training finished, before the final save held the stops (as `_sigterm_raises` set its
-    handlers, or between the two blocks), raised at once: the line said 'model.safetensors and summary.json are saved'
-    though the model had not been saved. The finished training is saved, as for a stop within the save's block, and
-    the line is true."""
+@pytest.mark.parametrize("name, where", [("SIGINT", "training's end"), ("SIGTERM", "training's end"),
+                                         ("SIGINT", "after a first stop"), ("SIGTERM", "summary")])
+def test_a_stop_between_the_training_and_its_save_waits_for_the_save(tmp_path, capsys, monkeypatch, name, where):
+    """A Ctrl-C or SIGTERM that came as the training's handling of stops ended (its handlers put back), before the
+    final save held the stops, raised out of the command ("interrupted (SIGTERM)", exit 143): a finished training
+    was not saved, and a second stop lost an interrupted run's save likewise; one while the summary of a run stopped
+    in its final evaluation was written left none. Stops wait from there on: the finished training is saved, its
+    summary saying the evaluation was skipped, and an interrupted one is saved as interrupted."""
     import signal
 
-    deferred = cli._signals_deferred
+    from rlspeed.algos.base import Algorithm
+
+    stopping, write_summary = cli._stopping, cli._write_summary
 
     @contextlib.contextmanager
-    def stop_comes_first():
-        signal.raise_signal(signal.SIGTERM)  # (to the handler then set: `_sigterm_raises`'s raises Terminated)
-        with deferred():
-            yield
+    def stop_as_it_ends(backend):
+        with stopping(backend) as signals:
+            if where == "after a first stop":  # (a first Ctrl-C, recorded: the run stops after its iteration)
+                signals.append(signal.SIGINT)
+            yield signals
+        if where != "summary":
+            signal.raise_signal(getattr(signal, name))  # (to the handler then set)
 
-    monkeypatch.setattr(cli, "_signals_deferred", stop_comes_first)
+    def stopped_while_written(run_dir, summary):
+        signal.raise_signal(getattr(signal, name))
+        write_summary(run_dir, summary)
+
+    def interrupted(model, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_stopping", stop_as_it_ends)
+    if where == "summary":
+        monkeypatch.setattr(Algorithm, "evaluate", interrupted)
+        monkeypatch.setattr(cli, "_write_summary", stopped_while_written)
     run = tmp_path / "run"
-    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "32", "--num-envs", "2", "--set",
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
                      "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device",
-                     "cpu", "--out", str(run)]) == 143
-    assert "rlspeed: interrupted (SIGTERM) after training finished: model.safetensors and summary.json are saved" in (
-        capsys.readouterr().err)
+                     "cpu", "--out", str(run)])
+    stderr = capsys.readouterr().err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["final_eval"] is None
-    assert PPO.load(run / "model.safetensors").num_timesteps == summary["total_timesteps"] == 32
+    assert PPO.load(run / "model.safetensors").num_timesteps == summary["total_timesteps"]
+    if where == "after a first stop":
+        assert code == 130 and summary["interrupted"] and summary["total_timesteps"] == 32, stderr
+        assert "rlspeed: interrupted (Ctrl-C) after 32 steps: saved model.safetensors, checkpoint" in stderr
+        return
+    stop = "Ctrl-C" if where == "summary" else name.replace("SIGINT", "Ctrl-C")
+    assert code == (130 if stop == "Ctrl-C" else 143), stderr
+    assert f"rlspeed: interrupted ({stop}) after training finished: model.safetensors and summary.json are saved" in (
+        stderr)
+    assert summary["final_eval"] is None and summary["total_timesteps"] == 64
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")

@@ -279,26 +279,31 @@ def test_ctrl_c_while_subprocess_envs_are_forked_stops_and_leaves_no_worker():
 
 
 def test_a_stop_during_the_final_save_stops_the_command_once_the_save_is_written():
-    """`_signals_deferred` (the final save's block, held by `lifetime.stops_held`): a SIGTERM inside the block stops
-    the command as the block ends, with `Terminated`, so that the model file is written whole; the handler from before
-    is back after the block."""
-    from rlspeed.cli import Terminated, _signals_deferred, _sigterm_raises
+    """`_learn_and_save`'s block holding the stops (`lifetime.stops_held`): a SIGTERM while the finished training is
+    saved waits for the save, then stops the final evaluation as it begins (`_sigterm_raises(STOPS, held)`), with
+    `Terminated`, taken from the list once; the handler from before is back after the block."""
+    from rlspeed.cli import STOPS, Terminated, _sigterm_raises
+    from rlspeed.lifetime import stops_held
 
     written = []
     with _sigterm_raises():
         outer = signal.getsignal(signal.SIGTERM)
-        with pytest.raises(Terminated, match="SIGTERM"), _signals_deferred():
+        with stops_held() as held:
             signal.raise_signal(signal.SIGTERM)
             written.append("model.safetensors")
+            with pytest.raises(Terminated, match="SIGTERM"), _sigterm_raises(STOPS, held):
+                written.append("evaluated")
+            assert held == []
         assert signal.getsignal(signal.SIGTERM) is outer
     assert written == ["model.safetensors"]
 
 
 def test_a_stop_during_the_final_save_is_taken_in_once(monkeypatch):
-    """`_signals_deferred`: a SIGTERM held in the block went through `_signal_arrived` (a forked child's default
-    action, a closed terminal's output dropped, no more of torchrun's signal) twice, as it came and again as it was
-    raised to `_sigterm_raises`'s handler; once now, as it came."""
+    """A SIGTERM held while the final save is written goes through `_signal_arrived` (a forked child's default
+    action, a closed terminal's output dropped, no more of torchrun's signal) once, as it came, not again as it stops
+    the evaluation."""
     from rlspeed import cli
+    from rlspeed.lifetime import stops_held
 
     arrived, signal_arrived = [], cli._signal_arrived
 
@@ -307,8 +312,10 @@ def test_a_stop_during_the_final_save_is_taken_in_once(monkeypatch):
         signal_arrived(owner, signum)
 
     monkeypatch.setattr(cli, "_signal_arrived", counted)
-    with cli._sigterm_raises(), pytest.raises(cli.Terminated, match="SIGTERM"), cli._signals_deferred():
+    with cli._sigterm_raises(), stops_held(lambda signum: cli._signal_arrived(os.getpid(), signum)) as held:
         signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(cli.Terminated, match="SIGTERM"), cli._sigterm_raises(cli.STOPS, held):
+            pass
     assert arrived == [signal.SIGTERM]
 
 
@@ -545,15 +552,22 @@ def test_a_stop_as_the_stops_are_held_back_leaves_them_neither_held_back_nor_set
         assert (_handlers(), signal.pthread_sigmask(signal.SIG_BLOCK, ())) == (before, mask)
 
 
-def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_in_it():
-    """`_signals_deferred`: where the final save fails (a full disk) after a SIGTERM came in it, the command ends with
-    the save's error (its line says the model is not saved), not with the stop, whose line would say it is; the
-    handlers from before are back."""
-    from rlspeed.cli import _signals_deferred, _sigterm_raises
+def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_in_it(tmp_path, monkeypatch, capsys):
+    """Where the final save fails (a full disk) after a SIGTERM came in it, the command ends with the save's error
+    (its line says the model is not saved), not with the stop, whose line would say it is; the handlers from before
+    are back."""
+    from rlspeed.algos.base import Algorithm
+    from rlspeed.errors import UserError
 
-    with _sigterm_raises():
-        before = _handlers()
-        with pytest.raises(OSError, match="no space"), _signals_deferred():
-            signal.raise_signal(signal.SIGTERM)
-            raise OSError("no space left on device")
-        assert _handlers() == before
+    def full_disk(model, path, *args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        raise UserError(f"cannot write '{path}' (no space left on device).")
+
+    monkeypatch.setattr(Algorithm, "save", full_disk)
+    before = _handlers()
+    code = main(["train", "ppo", "CartPole-v1", "--total-timesteps", "32", "--num-envs", "2", "--set", "num_steps=16",
+                 "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device", "cpu", "--out",
+                 str(tmp_path / "run")])
+    stderr = capsys.readouterr().err
+    assert code == 2 and "no space left on device" in stderr and "interrupted" not in stderr, stderr
+    assert _handlers() == before

@@ -467,7 +467,7 @@ def _stage(doing: str | None, left: str | None = None, run_dir: Path | None = No
 
 def _signals_stop_cleanly(command):
     """`command` with SIGTERM (and the other `STOP_SIGNALS`) raising `Terminated` wherever no narrower block decides
-    (training's `_stopping`, the final save's `_signals_deferred`): a signal while the run starts (its directory made,
+    (training's `_stopping`, `_learn_and_save`'s block holding them): a signal while the run starts (its directory made,
     a replaced run moved aside, a tracker starting) ends as Ctrl-C does there, the run directory left as before."""
 
     @functools.wraps(command)
@@ -1904,17 +1904,21 @@ def _signal_arrived(owner: int, signum: int) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_raises():
+def _sigterm_raises(signums: tuple[int, ...] = STOP_SIGNALS, waiting: list[int] | None = None):
     """Within the block SIGTERM (and the other `STOP_SIGNALS`) raises `Terminated` (a KeyboardInterrupt), as Ctrl-C
-    raises KeyboardInterrupt. Yields an empty list: no signal waits to be acted on later (as `_stop_after_iteration`'s
-    list can hold one)."""
+    raises KeyboardInterrupt (`_stop_of`). Yields an empty list: no signal waits to be acted on later (as
+    `_stop_after_iteration`'s list can hold one). `signums`: STOPS inside a block where stops wait (`stops_held`,
+    whose SIGINT handler holds Ctrl-C too); `waiting`: that block's list, whose first stop, taken from it, raises as
+    the block begins."""
     owner = os.getpid()
 
     def handler(signum, frame):
         _signal_arrived(owner, signum)
-        raise Terminated(_signal_name(signum))
+        raise _stop_of(signum)
 
-    with handlers_set(handler, STOP_SIGNALS):
+    with handlers_set(handler, signums):
+        if waiting:  # (checked once the handlers are set: one that comes after the check raises itself)
+            raise _stop_of(waiting.pop(0))
         yield []
 
 
@@ -1988,7 +1992,7 @@ def _stopping(backend: str):
     (`_forked_children_apart`), and ranks stopping at once would stop in different collectives and wait in them for
     their peers until torchrun's deadline killed them."""
     if backend == "gymnasium-async" and not ("TORCHELASTIC_RUN_ID" in os.environ and _children_kept_apart()):
-        return _sigterm_raises()
+        return _sigterm_raises(STOPS)  # (Ctrl-C too: `_learn_and_save`'s block around it holds stops)
     return _stop_after_iteration()
 
 
@@ -2047,21 +2051,6 @@ def _signals_ignored():
     save short)."""
     with handlers_set(signal.SIG_IGN, STOPS, keep_ignored=False):
         yield
-
-
-@contextlib.contextmanager
-def _signals_deferred():
-    """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait (`stops_held`): the first one is raised when
-    the block ends, as under `_sigterm_raises` (`_stop_of`: KeyboardInterrupt, or `Terminated`), so that what the
-    block writes is written whole. It is raised here, not sent again to the handler then set (`lifetime.raise_first`),
-    so that `_signal_arrived` runs once for it, as it comes. Where the block raises (the save failed: a full disk),
-    its error is what the command ends with, not the stop: the stop's line would say the model is saved, and the
-    error's ends the command as the stop asked."""
-    owner = os.getpid()
-    with stops_held(lambda signum: _signal_arrived(owner, signum)) as received:
-        yield
-    if received:
-        raise _stop_of(received[0])
 
 
 def _fits(load, path: Path, what: str):
@@ -2615,69 +2604,76 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # (a run a signal stopped gets its learning_curve.png last, after the files `_save_interrupted` writes: learn drew
     # it first, and on a loaded machine the plot outlasted a scheduler's grace period, whose kill left none of them)
     model._curve_on_stop = False
-    with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
-        model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
-        try:
-            if not trained:
-                model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                            eval_episodes=_eval_episodes(args), run_dir=run_dir, checkpoint_freq=checkpoint_freq,
-                            # (without a step frequency asked for, a crash still loses at most about this much
-                            # training: also beside --resume's 1/20 of the budget, hours of a slow env's steps)
-                            checkpoint_interval_s=CHECKPOINT_INTERVAL_S if args.checkpoint_freq is None else None,
-                            callback=callbacks or None)
-        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
-            interrupted = stop
-        except Exception as error:
-            if main:
-                _write_ended_by_error(run, run_dir, error)
-            raise
-    finished = (trained or model.num_timesteps - steps_before >= total
-                or model.result.steps_to_target is not None)
-    if interrupted is None and (signals or model.result.stop_requested) and not finished:
-        # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
-        interrupted = _stop_of(signals[0]) if signals else Terminated("SIGTERM")
-    if interrupted is not None:
-        return _save_interrupted(run, run_dir, interrupted)
-    if not main:
-        return 0
+    # From here to the end a stop waits (`held`) wherever no narrower block sets its handlers: once the training's
+    # own handling of stops ends, the model (a finished training's too) and summary.json are written whole; the final
+    # evaluation and the drawing of the learning curve are what a stop cuts short (`_sigterm_raises(STOPS, held)`).
+    owner = os.getpid()
+    with stops_held(lambda signum: _signal_arrived(owner, signum)) as held:
+        with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
+            if held:  # (one that came as the training's handlers were set: it stops the run as one before them)
+                raise _stop_of(held[0])
+            model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
+            try:
+                if not trained:
+                    model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
+                                eval_episodes=_eval_episodes(args), run_dir=run_dir, checkpoint_freq=checkpoint_freq,
+                                # (without a step frequency asked for, a crash still loses at most about this much
+                                # training: also beside --resume's 1/20 of the budget, hours of a slow env's steps)
+                                checkpoint_interval_s=CHECKPOINT_INTERVAL_S if args.checkpoint_freq is None else None,
+                                callback=callbacks or None)
+            except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+                interrupted = stop
+            except Exception as error:
+                if main:
+                    _write_ended_by_error(run, run_dir, error)
+                raise
+        finished = (trained or model.num_timesteps - steps_before >= total
+                    or model.result.steps_to_target is not None)
+        if interrupted is None and (signals or model.result.stop_requested) and not finished:
+            # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
+            interrupted = _stop_of(signals[0]) if signals else Terminated("SIGTERM")
+        if interrupted is not None:
+            return _save_interrupted(run, run_dir, interrupted, held)
+        if not main:
+            return 0
+        held[:0] = signals  # (one that came as the last iteration ended: the first the final evaluation meets)
+        # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended)
+        return _save_finished(run, run_dir, held, callbacks, undrawn=trained or model.result.stop_requested)
+
+
+def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, undrawn: bool) -> int:
+    """`_learn_and_save`'s end after a finished training, in its block where stops wait (`held`, with any that came
+    as the training ended): save the model, evaluate it (a stop, one that waits or one that comes meanwhile, skips
+    the evaluation: the summary says so) and write summary.json (also to the W&B tracker); returns the exit code.
+    learning_curve.png, where learn drew none (`undrawn`), is drawn after the model, or, where a stop skips the
+    evaluation, last."""
     from rlspeed.evaluation import evaluation_seed
 
+    args, model, target, tracker = run["args"], run["model"], run["target"], run["tracker"]
+    resumed_from, say = run["resumed_from"], _say_for(args, True)
     # (a member of a population of the same seed and steps evaluates on the same episodes)
     eval_seed, episodes = evaluation_seed(args.seed, "final", model.num_timesteps), _eval_episodes(args)
-    # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended; drawn after the model,
-    # or, where a signal skips the evaluation, after the summary)
-    undrawn = trained or model.result.stop_requested
-    saved = False
+    model.save(run_dir / "model.safetensors")
+    if undrawn and not held:
+        _draw_learning_curve(run_dir, model.num_timesteps)
+        undrawn = False
     try:
-        with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
-            with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
-                model.save(run_dir / "model.safetensors")
-                saved = True
-                if undrawn and not signals:
-                    _draw_learning_curve(run_dir, model.num_timesteps)
-                    undrawn = False
-            if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
-                raise _stop_of(signals[0])
+        with _sigterm_raises(STOPS, held):  # (a scheduler's signal too: the summary is written, without the evaluation)
             final = model.evaluate(episodes=episodes, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         code = 143 if isinstance(stop, Terminated) else 130
-        if not saved:  # (a stop before `_signals_deferred` held them: the finished training is saved, as in it)
-            with _signals_ignored():
-                model.save(run_dir / "model.safetensors")
         summary = _summary(run, None)
         _write_summary(run_dir, summary)
         say(_steps_line(summary, model.result, target, resumed_from))
         if tracker is not None:  # (the W&B run too, with the signal's exit code)
-            with _signals_ignored():
-                tracker.finish(summary, exit_code=code)
+            tracker.finish(summary, exit_code=code)
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(--resume runs it; {_eval_command(run_dir, eval_seed, episodes)} evaluates the model)", file=sys.stderr,
               flush=True)
         _say_stale_exports(print, run_dir / "model.safetensors", model.num_timesteps)
         if undrawn:
-            with contextlib.suppress(KeyboardInterrupt):  # (as after a stop mid-run: last, a second signal cuts it)
-                _draw_learning_curve(run_dir, model.num_timesteps)
+            _draw_curve_last(run_dir, model.num_timesteps, held)
         return code
     except Exception as error:  # (an env's error in the final evaluation ends the run as one in training does)
         _write_ended_by_error(run, run_dir, error, in_training=False)
@@ -2697,7 +2693,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         raise UserError(f"{str(error).rstrip('.')}; the trained model is saved in {run_dir / 'model.safetensors'} "
                         f"(final evaluation {_score(final['mean'])} +/- {_score(final['std'])}), and {then}.") from None
     if tracker is not None:
-        tracker.finish(summary)
+        with _sigterm_raises(STOPS, held):  # (its upload may be long: a stop ends it, the run's files written)
+            tracker.finish(summary)
     say(_steps_line(summary, result, target, resumed_from))
     numerics = summary["numerics"]
     if numerics.get("rollbacks"):  # (the warnings scrolled by: the closing lines say what the model holds)
@@ -2856,25 +2853,25 @@ def _stopped_by(result, interrupted: bool) -> str | None:
     return result.stopped_by
 
 
-def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
-    """After Ctrl-C or SIGTERM: save the model, a checkpoint (`--resume` continues from it) and summary.json
-    (`"interrupted": true`, no final evaluation), then draw learning_curve.png; return 130 or 143."""
+def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: list[int] | None = None) -> int:
+    """After Ctrl-C or SIGTERM, in `_learn_and_save`'s block where stops wait (`held`: its list): save the model, a
+    checkpoint (`--resume` continues from it) and summary.json (`"interrupted": true`, no final evaluation), then draw
+    learning_curve.png; return 130 or 143."""
     code, name = (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
     if not run["strategy"].is_main:
         return code
     trained = run["model"]._resume is None  # (else it stopped before training: the checkpoint it resumed from stays)
-    with _signals_ignored():
-        if trained:
-            run["model"].save(run_dir / "model.safetensors")
-            run["model"].save(run_dir / "checkpoint.safetensors")
-        training_env = getattr(run["model"], "_env", None)
-        if training_env is not None:  # (now, not at exit: subprocess envs stopped mid-step are terminated quietly)
-            training_env.close()
-        summary = _summary(run, None, interrupted=True)
-        steps = summary["total_timesteps"]
-        _write_summary(run_dir, summary)
-        if run["tracker"] is not None:
-            run["tracker"].finish(summary, exit_code=code)
+    if trained:
+        run["model"].save(run_dir / "model.safetensors")
+        run["model"].save(run_dir / "checkpoint.safetensors")
+    training_env = getattr(run["model"], "_env", None)
+    if training_env is not None:  # (now, not at exit: subprocess envs stopped mid-step are terminated quietly)
+        training_env.close()
+    summary = _summary(run, None, interrupted=True)
+    steps = summary["total_timesteps"]
+    _write_summary(run_dir, summary)
+    if run["tracker"] is not None:
+        run["tracker"].finish(summary, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
              if trained else
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
@@ -2882,10 +2879,15 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
     if trained:  # (the model it saved: exports beside it of other steps are named)
         _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
-    # (last: the slow part, which a second signal cuts short, the run saved)
-    with contextlib.suppress(KeyboardInterrupt):
-        _draw_learning_curve(run_dir, run["model"].num_timesteps)
+    _draw_curve_last(run_dir, run["model"].num_timesteps, [] if held is None else held)
     return code
+
+
+def _draw_curve_last(run_dir: Path, steps: int, held: list[int]) -> None:
+    """learning_curve.png after a stop saved the run, last: the slow part, which another stop cuts short (one that
+    came while the run was saved too, in `held`)."""
+    with contextlib.suppress(KeyboardInterrupt), _sigterm_raises(STOPS, held):
+        _draw_learning_curve(run_dir, steps)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
