@@ -181,15 +181,21 @@ def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_
     assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]
 
 
-def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("stops, when", [(1, "while it starts"), (2, "while it starts"), (1, "once it started")])
+def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypatch, tmp_path, capsys, stops, when):
     """A SIGTERM (or Ctrl-C) that came while the launcher started torchrun stopped the launcher ("interrupted") and
     left torchrun and its workers training, the run directory locked by them: it now reaches torchrun once started,
-    as a later one does, and the launcher waits for it to stop its workers."""
+    as a later one does, and the launcher waits for it to stop its workers. Each stop reaches it once: of two that
+    came while it started only the first did, and one that came as the launcher went on after torchrun started went
+    twice (a second Ctrl-C then became torchrun's third, which makes it give up its workers)."""
+    from rlspeed import cli
+
     sent = []
 
-    class Torchrun:  # (the stop comes before its start returns)
+    class Torchrun:  # (the stops come before its start returns, or as the launcher goes on after it)
         def __init__(self, command, env, start_new_session, pass_fds):
-            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(stops if when == "while it starts" else 0):
+                os.kill(os.getpid(), signal.SIGTERM)
 
         def send_signal(self, signum):
             sent.append(signum)
@@ -197,11 +203,25 @@ def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypat
         def wait(self):
             return -sent[0] if sent else 0
 
+    def stop_once_started(frame, event, arg):  # (at the launcher's first line after `process` holds torchrun)
+        if frame.f_code is cli._launch_torchrun.__code__:
+            if event == "line" and frame.f_locals.get("process") is not None and not sent:
+                sys.settrace(None)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return stop_once_started
+        return None
+
     monkeypatch.setattr(subprocess, "Popen", Torchrun)
-    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
-                 str(tmp_path / "run")])
+    trace = sys.gettrace()
+    if when == "once it started":
+        sys.settrace(stop_once_started)
+    try:
+        code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
+                     str(tmp_path / "run")])
+    finally:
+        sys.settrace(trace)
     stderr = capsys.readouterr().err
-    assert sent == [signal.SIGTERM], stderr
+    assert sent == [signal.SIGTERM] * stops, stderr
     assert code == 143 and "rlspeed: stopping the process (it saves where it is)" in stderr
 
 

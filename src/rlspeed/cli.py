@@ -3005,13 +3005,22 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     # its workers training, and the directory stays locked until they end, not open to a requeued command's run
     lock = _run_locks().get(str((run_dir / RUN_LOCK).resolve()))
     received: list[int] = []
+    unsent: collections.deque[int] = collections.deque()  # (those of `received` not yet passed on)
+    nth = itertools.count(1)  # (numbers the stops passed on)
     process: subprocess.Popen | None = None  # (torchrun, once started)
 
-    def pass_on(signum: int, nth: int) -> None:
-        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more. On Windows
-        # torchrun shares this console, whose Ctrl-C reached it already, and Popen sends no SIGINT there)
-        if nth <= 2 and not (signum == signal.SIGINT and sys.platform == "win32"):
-            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+    def pass_on() -> None:
+        # Each stop is passed on once, by whichever call takes it from `unsent` (the handler's, or the one after
+        # torchrun started): popleft and next are single calls, inside which no handler runs. A third signal in
+        # torchrun's own shutdown makes it give up its workers: two reach it, no more. (On Windows torchrun shares
+        # this console, whose Ctrl-C reached it already, and Popen sends no SIGINT there.)
+        while process is not None and unsent:
+            try:
+                signum = unsent.popleft()
+            except IndexError:  # (taken meanwhile)
+                return
+            if next(nth) <= 2 and not (signum == signal.SIGINT and sys.platform == "win32"):
+                process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     def forward(signum, _frame) -> None:
         _quiet_closed_terminal(signum)
@@ -3020,8 +3029,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                   if args.nproc != 1 else "rlspeed: stopping the process (it saves where it is)", file=sys.stderr,
                   flush=True)
         received.append(signum)
-        if process is not None:
-            pass_on(signum, len(received))
+        unsent.append(signum)
+        pass_on()
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
@@ -3034,8 +3043,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                                    start_new_session=True,
                                    # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
                                    pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
-        if received:
-            pass_on(received[0], 1)
+        pass_on()  # (those that came while it started)
         code = process.wait()
     if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
