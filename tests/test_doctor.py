@@ -406,3 +406,30 @@ def test_doctor_says_what_mujoco_videos_need_on_a_machine_without_a_display(monk
     monkeypatch.setattr(doctor, "headless_gl_platforms", lambda: [])
     (check,) = doctor.check_mujoco_rendering()
     assert check.status == doctor.WARN and "export MUJOCO_GL=egl" in check.advice and "libegl1" in check.advice
+    # PyOpenGL advised only where missing, as pip names it (`import OpenGL`: "pip install OpenGL" installs nothing)
+    found = {"mujoco": True, "OpenGL": True}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if found[name] else None) if name in found else real(name, *a))
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.advice == "install EGL (apt-get install libegl1), then export MUJOCO_GL=egl"
+    found["OpenGL"] = False
+    (check,) = doctor.check_mujoco_rendering()
+    assert check.advice == ("install EGL and PyOpenGL (apt-get install libegl1; pip install PyOpenGL), then export "
+                            "MUJOCO_GL=egl")
+
+
+def test_a_module_an_env_family_imports_that_fails_to_load_is_said_in_one_clause(monkeypatch):
+    """A module MuJoCo imports, installed, whose own library is missing: doctor said "MuJoCo is installed, but the
+    Python module 'OpenGL' is installed but cannot be imported"; missing, it advised `pip install OpenGL`, which is
+    not PyOpenGL's name."""
+    from rlspeed.envs import packages
+
+    monkeypatch.setattr(packages, "_installed", lambda module: True)
+    broken = ImportError("libGL.so.1: cannot open shared object file: No such file or directory", name="OpenGL.GL")
+    assert doctor._env_family_problem(broken, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
+        "MuJoCo is installed, but the Python module 'OpenGL', installed too, cannot be imported",
+        "libGL.so.1: cannot open shared object file: No such file or directory")
+    monkeypatch.setattr(packages, "_installed", lambda module: False)
+    missing = ModuleNotFoundError("No module named 'OpenGL'", name="OpenGL")
+    assert doctor._env_family_problem(missing, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
+        "MuJoCo is installed, but the Python module 'OpenGL' is not installed", "pip install PyOpenGL")

@@ -458,7 +458,8 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
             from rlspeed.envs import missing_dependency
 
             detail = missing_dependency(error) or f"the Python module '{module}' is not installed"
-            return f"{needs} is installed, but {detail.split(': ')[0]}", detail.split(": ", 1)[-1]
+            said, _, fix = detail.partition(": ")  # (what is wrong, then the install command or the import's error)
+            return f"{needs} is installed, but {said.replace(' is installed but', ', installed too,')}", fix
         return f"{needs} is not installed", advice
     if type(error).__name__ == "DependencyNotInstalled":
         # gymnasium's own message names a pip command of its own; ours replaces it
@@ -540,8 +541,12 @@ def check_mujoco_rendering() -> list[Check]:
         return [Check(WARN, name, f"MUJOCO_GL={written!r}: Gymnasium's MuJoCo renderer takes the name as written, "
                       f"so videos of MuJoCo envs will fail", f"export MUJOCO_GL={gl}")]
     available = headless_gl_platforms()
+    from rlspeed.envs.packages import install_command
+
+    opengl = importlib.util.find_spec("OpenGL") is not None  # (PyOpenGL: installed with MuJoCo, unless removed)
     fix = (f"export MUJOCO_GL={available[0]}" if available else
-           "install EGL and PyOpenGL (apt-get install libegl1; pip install pyopengl), then export MUJOCO_GL=egl")
+           f"install EGL{'' if opengl else ' and PyOpenGL'} (apt-get install libegl1"
+           f"{'' if opengl else '; ' + install_command('OpenGL')}), then export MUJOCO_GL=egl")
     if gl in ("egl", "osmesa"):
         if gl in available:
             return [Check(PASS, name, f"MUJOCO_GL={gl}: its library loads (videos render off-screen)")]

@@ -27,11 +27,17 @@ EXTRAS = {"mujoco": "mujoco", "Box2D": "box2d", "ale_py": "atari", "cv2": "atari
 _GYMNASIUM_EXTRAS = {"mujoco": "mujoco", "box2d": "box2d", "classic-control": "video"}
 
 
+#: The pip distributions of optional modules named otherwise (`import OpenGL` is PyOpenGL, which MuJoCo's off-screen
+#: rendering needs)
+_DISTRIBUTIONS = {"OpenGL": "PyOpenGL"}
+
+
 def install_command(module: str) -> str:
     """What to run where the Python module `module` (any dotted name; its top-level package counts) is missing:
-    `pip install "rlspeed[EXTRA]"` for a module of one of rlspeed's extras (`EXTRAS`), else `pip install MODULE`."""
+    `pip install "rlspeed[EXTRA]"` for a module of one of rlspeed's extras (`EXTRAS`), else `pip install` its
+    distribution (the module's name, or `_DISTRIBUTIONS`'s where pip names it otherwise: PyOpenGL for OpenGL)."""
     top = module.split(".")[0]
-    return f'pip install "rlspeed[{EXTRAS[top]}]"' if top in EXTRAS else f"pip install {top}"
+    return f'pip install "rlspeed[{EXTRAS[top]}]"' if top in EXTRAS else f"pip install {_DISTRIBUTIONS.get(top, top)}"
 
 
 def missing_dependency(error: BaseException) -> str | None:
