@@ -191,13 +191,13 @@ class PolicyExport(nn.Module):
         return self.actions(obs, *extra)
 
     def _checked(self, x: torch.Tensor, name: str, dtype: torch.dtype, shape: list) -> torch.Tensor:
-        """Input `x`, refused unless of its `dtype`, in every format as ONNX refuses it (the graph's own conversions
-        would take int32 for int64, uint8 for bool): an aten check torch.export keeps, and in a TorchScript trace,
-        which keeps no Python check and drops that one, the scripted `input_check`, which also refuses a tensor of
-        another number of dimensions than its `shape` (`"batch"` where the batch is) in one sentence, as ONNX does
-        ("Invalid rank"): one observation without its batch axis failed deep in the graph. (torch.export's programs
-        check the number of dimensions before their graph runs, in torch's own words: a check in the graph, where
-        the shapes are fixed, would never run; `load_program`'s module checks them in these sentences first.)"""
+        """Input `x`, refused unless its dtype is `dtype`, in every format, as ONNX refuses it (the graph's own
+        conversions would take int32 for int64, uint8 for bool). The rule per format: torch.export keeps the aten
+        dtype check, and checks the number of dimensions itself before its graph runs (in torch's words: its graph's
+        shapes are fixed, so a check there would never run; `load_program`'s module checks them in these sentences
+        first); a TorchScript trace keeps no Python check and drops the aten one, so the scripted `input_check`
+        refuses there both another dtype and another number of dimensions than `shape`'s (`"batch"` where the batch
+        is), each in one sentence, as ONNX's "Invalid rank" refuses it."""
         torch.ops.aten._assert_tensor_metadata(x, dtype=dtype)
         if self.input_check is None:
             return x

@@ -958,8 +958,9 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     """`rewards` (one per env, as the envs returned them) as a new float32 array, as rlspeed keeps rewards; where a
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed`, and where
     one is NaN `env.rewards_nan` (the NaN guard's refusal names them)."""
-    # (an overflow: numpy's RuntimeWarning, as numpy gives it; `astype` for an array, the adapters' case, is a copy as
-    # np.array is, at less fixed cost per call: benchmarks/env_backends.py's Gymnasium rows time it)
+    # (an overflow: numpy's RuntimeWarning, as numpy gives it. An array, the adapters' case, is copied by `astype`,
+    # the call for a known type; anything else goes through np.array's conversion. It runs on every env step: its cost
+    # is in the whole steps benchmarks/env_backends.py's Gymnasium rows time, which no benchmark splits)
     stored = (rewards.astype(np.float32) if type(rewards) is np.ndarray
               else np.array(rewards, dtype=np.float32))
     # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it, a batch
@@ -1605,8 +1606,8 @@ class HostObservations:
         """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
         than its space's (numpy would broadcast it into the row)."""
         if type(observation) is np.ndarray and observation.shape == self._plain_shape:
-            # (every env's every step of a Box space, `check_shape`'s own first case, without its call: timed by
-            # benchmarks/env_backends.py's Gymnasium rows)
+            # (every env's every step of a Box space: `check_shape`'s own first case, without its call; its cost is in
+            # the whole steps benchmarks/env_backends.py's Gymnasium rows time, which no benchmark splits)
             target[row] = observation
             return
         if not self.keyed:
