@@ -13,6 +13,9 @@ torch's import short."""
 
 from __future__ import annotations
 
+# Handlers are set, read and put back, and the mask changed, with `_signal`'s calls, not `signal`'s (Python functions
+# around them that convert handlers and signals to enums): C calls, with no frame of a wrapper between them where a
+# stop's handler could run, and one module that tests replace to send a stop before an exact call.
 import _signal
 import contextlib
 import ctypes
@@ -258,8 +261,7 @@ def _signals_waiting(signums) -> Iterator[None]:
     if not signums or not hasattr(_signal, "pthread_sigmask"):
         yield
         return
-    # (`_signal`'s, as `handlers_set`'s calls: `signal`'s wrapper makes an enum's member of each signal it returns.
-    # The mask is read before any signal is blocked and blocked inside the try: a stop whose handler raises as the
+    # (the mask is read before any signal is blocked and blocked inside the try: a stop whose handler raises as the
     # blocking call returns, handled by another thread meanwhile, must not leave the signals blocked for good)
     before = _signal.pthread_sigmask(_signal.SIG_BLOCK, ())
     try:
@@ -269,13 +271,19 @@ def _signals_waiting(signums) -> Iterator[None]:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, before)
 
 
+#: how many times `_put_back` tries to set the handlers back: a stop's handler raises at most once per stop, while
+#: an error of the calls themselves (not a stop's) would come at every try
+_PUT_BACK_TRIES = 100
+
+
 def _put_back(previous: dict[int, typing.Any]) -> None:
     """Set each handler of `previous` (signal -> handler) again, the signals waiting meanwhile (`_signals_waiting`).
     A handler that raises as its stop comes meanwhile (the process's other threads still take stops that this one
     holds back; Python runs the handler in this one, wherever it is then) does not keep the others from going back:
-    all is tried again, and what it raised is raised once they are all back."""
+    all is tried again (those back already are skipped), up to `_PUT_BACK_TRIES` times, and the first error is
+    raised once they are all back."""
     raised: BaseException | None = None
-    for _ in range(100):  # (bounded: an error of the calls themselves would come again at each try)
+    for _ in range(_PUT_BACK_TRIES):
         try:
             with _signals_waiting(tuple(previous)):
                 for signum, handler in previous.items():
@@ -285,9 +293,12 @@ def _put_back(previous: dict[int, typing.Any]) -> None:
         except BaseException as error:  # noqa: BLE001 (a stop's handler: raised below, once all are back)
             raised = raised or error
     if raised is not None:
+        # An error raised from a variable of this frame must not stay in it: its traceback holds the frame, which
+        # holds it, and the cycle would keep the caller's block (a generator, holding what it set) until the cyclic
+        # garbage collector runs.
         try:
             raise raised
-        finally:  # (no cycle of its traceback and this frame, which would keep a generator's block of the signals)
+        finally:
             raised = None
 
 
@@ -304,28 +315,28 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
     process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them.
     `replaced`, where given, is filled as they are set with the handlers from before the block (signal -> handler, as
     `_signal` gives it) that `handler` replaced."""
-    # (`_signal`'s calls, which `signal`'s wrap: the wrappers only convert handlers to and from an enum's members,
-    # which this function neither reads nor returns but for `handler`)
     handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
     previous: dict[int, typing.Any] = {} if replaced is None else replaced
     try:  # (set inside the try: a stop whose handler raises between two of them puts back those set so far)
         with _signals_waiting(signums):
-            try:
-                for signum in signums:
-                    current = _signal.getsignal(signum)
-                    if current is not None and not (keep_ignored and current == signal.SIG_IGN):
-                        # (kept before it is replaced: a stop whose handler raises as the call returns, before its
-                        # result could be kept, would leave `handler` set for good)
-                        previous[signum] = current
-                        _signal.signal(signum, handler)
-            except ValueError:  # (not the main thread: none set)
-                previous.pop(signum, None)
+            for signum in signums:
+                current = _signal.getsignal(signum)
+                if current is None or (keep_ignored and current == signal.SIG_IGN):
+                    continue
+                # (kept before it is replaced: a stop whose handler raises as the call returns, before its result
+                # could be kept, would leave `handler` set for good)
+                previous[signum] = current
+                try:
+                    _signal.signal(signum, handler)
+                except ValueError:  # (not the main thread, where none can be set: none is)
+                    del previous[signum]
+                    break
         yield
     finally:
         _put_back(previous)
 
 
-def raise_first(came: list[int]) -> None:
+def resend_first_stop(came: list[int]) -> None:
     """Raise the first stop of `came` (a list `stops_held` filled) again, to the handler now set, as it would have
     come outside the block: Python's KeyboardInterrupt for Ctrl-C, the `rlspeed` command's `Terminated`, the signal's
     default action (the process ends) where nothing handles it. Nothing where the list is empty."""
@@ -348,7 +359,7 @@ def stops_held(arrived: Callable[[int], object] | None = None,
                waiting: Callable[[], bool] | None = None) -> Iterator[list[int]]:
     """Within the block a stop (`STOPS`) waits: each that comes is added to the list yielded, after `arrived(signum)`
     where given, and the handlers from before the block are back as it ends, whether or not it raised
-    (`handlers_set`); the caller acts on the list then (`raise_first`). With `waiting`, a stop waits only while
+    (`handlers_set`); the caller acts on the list then (`resend_first_stop`). With `waiting`, a stop waits only while
     `waiting()` holds (a frame's write, in a recording whose block this is); one that comes otherwise goes at once to
     the handler from before the block, as without it. A stop the process ignores stays ignored, and one whose handler
     Python did not set (None) is left as it is. Outside the main thread, where signals cannot be set, nothing changes

@@ -34,7 +34,7 @@ from rlspeed.envs.packages import missing_dependency
 from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.evaluation import _own_random_stream, check_evaluated_model, env_options
 from rlspeed.files import given_path, move_into_place, process_running, refuse_special_file
-from rlspeed.lifetime import raise_first, stops_held
+from rlspeed.lifetime import resend_first_stop, stops_held
 
 # (the model's class is named through the package, `rlspeed.algos.Algorithm`, which typing.get_type_hints imports
 # as it resolves the annotation: an import of it here would close a cycle, algos.base calling this module)
@@ -283,7 +283,7 @@ def _writes_whole() -> Iterator[Callable[[], typing.ContextManager]]:
             writing[0] = False
             first = came[:1]
             came.clear()
-            raise_first(first)  # (a stop wins over an error of the write)
+            resend_first_stop(first)  # (a stop wins over an error of the write)
 
     with stops_held(waiting=lambda: writing[0]) as came:
         yield write
