@@ -51,9 +51,7 @@ def missing_dependency(error: BaseException) -> str | None:
         error = error.__cause__  # the import that failed names the module
     if isinstance(error, ImportError) and error.name:
         top = error.name.split(".")[0]
-        # (a module that is there but fails to load, a shared library of its own missing: installing it again
-        # changes nothing, and its import's own error says what is wrong)
-        if not (isinstance(error, ModuleNotFoundError) and error.name == top) and _installed(top):
+        if _fails_to_load(error):
             said = " ".join(line.strip() for line in str(error).strip().splitlines())[:200] or type(error).__name__
             return f"the Python module '{top}' is installed but cannot be imported: {said}"
         return f"the Python module '{top}' is not installed: {install_command(top)}"
@@ -63,6 +61,13 @@ def missing_dependency(error: BaseException) -> str | None:
                       lambda found: f'pip install "rlspeed[{_GYMNASIUM_EXTRAS[found.group(1)]}]"'
                       if found.group(1) in _GYMNASIUM_EXTRAS else found.group(0), said)
     return None
+
+
+def _fails_to_load(error: ImportError) -> bool:
+    """Whether the module `error` names (by its top-level package) is there but fails to load, a shared library of its
+    own missing, say: installing it again changes nothing, and its import's own error says what is wrong."""
+    top = (error.name or "").split(".")[0]
+    return bool(top) and not (isinstance(error, ModuleNotFoundError) and error.name == top) and _installed(top)
 
 
 def _installed(module: str) -> bool:
@@ -228,12 +233,13 @@ def mujoco_gl_error() -> MujocoGLError | None:
 
 class MujocoImportError(UserError):
     """`import mujoco` failed with MUJOCO_GL unset: a broken install, whose ImportError (`error`) names the repair
-    (`detail`), or a module MuJoCo imports is missing (`missing`, its name: installing it is the repair)."""
+    (`detail`; a module MuJoCo imports that is installed but fails to load is one), or a module MuJoCo imports is
+    missing (`missing`, its name: installing it is the repair)."""
 
     def __init__(self, env_id: str, error: ImportError):
         self.error = error
         module = (error.name or "").split(".")[0]
-        self.missing = module if module not in ("", "mujoco") else None
+        self.missing = module if module not in ("", "mujoco") and not _fails_to_load(error) else None
         self.detail = install_command(self.missing) if self.missing else (
             " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__)
         reason = f"the Python module '{self.missing}' it imports is not installed: " if self.missing else ""
