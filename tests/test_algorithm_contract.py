@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
-import os
 import pickle
 import re
 import warnings
@@ -140,12 +139,12 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     mine = dataclasses.make_dataclass(f"My{algo.config_cls.__name__}", [("extra", int, 1)], bases=(algo.config_cls,))
     if algo.name in ON_POLICY:
         assert build_config(mine, {"policy_kwargs": {"net_arch": {"pi": [32], "vf": [32]}}}).net_arch == (32,)
-    # (SB3's tensorboard_log="tb" (nearly every SB3 tutorial) is told the learn call that writes there, in SB3's
-    # directory for the first run)
-    with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; .*give learn the "
-                                        "directory") as told:
-        algo(env_id, device="cpu", tensorboard_log="tb")
-    assert f"model.learn(total_timesteps, run_dir={os.path.join('tb', algo.__name__ + '_1')!r})" in str(told.value)
+    # (SB3's tensorboard_log="tb" (nearly every SB3 tutorial) is the model's: learn writes its runs there; a
+    # hyperparameter's place, a preset's or --set's, says where it goes)
+    assert algo(env_id, device="cpu", tensorboard_log=Path("tb")).tensorboard_log == "tb"
+    with pytest.raises(UserError, match=r"'tensorboard_log' is Stable-Baselines3's keyword; it is a model's argument, "
+                                        r"not a hyperparameter \(Algo\(env, tensorboard_log=DIR\).*learn\(run_dir="):
+        build_config(algo.config_cls, {"tensorboard_log": "tb"})
     # (SB3's keywords at its defaults, which ask for nothing, as a script writes them out: they were refused too;
     # stats_window_size=100, and SAC's action_noise=None and target_update_interval=1 (TD3's and DDPG's
     # action_noise=None is their "none", as SB3's))
@@ -231,8 +230,8 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     # (a run's name as the target, SB3's tb_log_name: refused naming it; a number as text: the number to write, no
     # argument positions for a keyword)
     with pytest.raises(UserError, match=r"^learn's target_return is a number \(or None for no target\), not 'run' "
-                                        r"\(a run's name, Stable-Baselines3's tb_log_name, is not taken: "
-                                        r"learn\(run_dir=DIR\)"):
+                                        r"\(a run's name, Stable-Baselines3's tb_log_name, is given by name: "
+                                        r"learn\(total_timesteps, tb_log_name=...\)"):
         model.learn(64, None, True, "run")
     with pytest.raises(UserError, match=r"^learn's target_return is a number \(or None for no target\), not '195' "
                                         r"written as text: write target_return=195 without quotes\.$"):
@@ -758,6 +757,55 @@ def test_load_takes_sb3_action_noise_over_the_saved_noise(tmp_path):
     TD3("Pendulum-v1", action_noise_std=0.2, verbose=0).save(path)
     loaded = TD3.load(path, action_noise=noise.NormalActionNoise(np.zeros(1), 0.3 * np.ones(1)))
     assert (loaded.config.action_noise, loaded.config.action_noise_std) == ("normal", 0.3)
+
+
+def test_tensorboard_log_runs_are_numbered_as_stable_baselines3_numbers_them(tmp_path):
+    """SB3's `tensorboard_log=DIR` was refused: learn writes each run in DIR/<tb_log_name>_N, N as SB3's
+    get_latest_run_id gives it (one past the largest; reset_num_timesteps=False: the largest, continued)."""
+    from rlspeed.algos.base import tensorboard_run_dir
+    utils = pytest.importorskip("stable_baselines3.common.utils")
+
+    for name in ("PPO_1", "PPO_3", "PPO_x", "PPO_2_1", "first_run_7", "first_run_a_9"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "PPO_12").write_text("")  # (a file counts as SB3 globs it)
+    for name in ("PPO", "first_run", "first_run_a", "PPO_2", "A2C", "[x]"):
+        latest = utils.get_latest_run_id(str(tmp_path), name)
+        assert tensorboard_run_dir(str(tmp_path), name) == tmp_path / f"{name}_{latest + 1}"
+        assert tensorboard_run_dir(str(tmp_path), name, new_run=False) == tmp_path / f"{name}_{latest}"
+    assert tensorboard_run_dir(str(tmp_path), "PPO") == tmp_path / "PPO_13"
+
+
+def test_tensorboard_log_is_where_learn_writes_its_runs(tmp_path):
+    """A model made with tensorboard_log=DIR writes each learn call's run (metrics.csv; TensorBoard events where
+    tensorboard is installed) in DIR/NAME_N, as SB3's TensorBoard runs; reset_num_timesteps=False continues the
+    last; an explicit run_dir wins; the directory is saved with the model; tb_log_name that names nothing is one
+    sentence; a population, whose members' would write nothing, refuses it."""
+    from rlspeed import PPO
+    from rlspeed.population import Population
+
+    model = PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1, verbose=0,
+                tensorboard_log=tmp_path / "tb")
+    model.learn(32, tb_log_name="first_run")
+    model.learn(32, tb_log_name="first_run", reset_num_timesteps=False)
+    model.learn(32)
+    with open(tmp_path / "tb" / "first_run_1" / "metrics.csv", newline="") as file:
+        assert [row["timesteps"] for row in csv.DictReader(file)][-1] == "64"
+    assert sorted(path.name for path in (tmp_path / "tb").iterdir()) == ["PPO_1", "first_run_1"]
+    model.learn(32, run_dir=tmp_path / "mine")
+    assert (tmp_path / "mine" / "metrics.csv").is_file() and len(list((tmp_path / "tb").iterdir())) == 2
+    assert PPO.load(model.save(tmp_path / "model")).tensorboard_log == str(tmp_path / "tb")
+    with pytest.raises(UserError, match="tb_log_name names a run under the model's tensorboard_log, and run_dir is "
+                                        "the run's directory itself: give one of them"):
+        model.learn(32, run_dir=tmp_path / "other", tb_log_name="x")
+    model.tensorboard_log = None
+    with pytest.raises(UserError, match=r"learn's tb_log_name='x' names a run under the model's tensorboard_log, and "
+                                        r"this model has none: make it with PPO\(env, tensorboard_log=DIR\)"):
+        model.learn(32, tb_log_name="x")
+    with pytest.raises(UserError, match=r"tensorboard_log is a directory's path \(a str or pathlib.Path\) or None, "
+                                        "not 5"):
+        PPO("CartPole-v1", device="cpu", tensorboard_log=5)
+    with pytest.raises(UserError, match=r"A population takes no tensorboard_log .*: its learn\(run_dir=DIR\)"):
+        Population(PPO, "CartPole-v1", seeds=range(2), tensorboard_log=tmp_path / "tb")  # (its members' was unused)
 
 
 def test_stable_baselines3_noise_objects_without_their_arguments_are_one_sentence():

@@ -9,7 +9,9 @@ import copy
 import dataclasses
 import difflib
 import functools
+import glob
 import importlib
+import importlib.util
 import inspect
 import io
 import json
@@ -175,9 +177,11 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 SB3_KEYWORDS = {
     "policy_kwargs": "it is taken where each of its options is a setting of rlspeed's networks, which rlspeed "
                      "takes as plain keywords",
-    "tensorboard_log": "rlspeed writes TensorBoard events (where the tensorboard package is installed) into "
-                       "learn's run directory, beside metrics.csv and the checkpoint: leave tensorboard_log out and "
-                       "give learn the directory (rlspeed train: --out DIR)",
+    "tensorboard_log": "it is a model's argument, not a hyperparameter (Algo(env, tensorboard_log=DIR): each learn "
+                       "call writes its run, TensorBoard events included, in DIR/<ALGO>_N as SB3 numbers them); "
+                       "elsewhere rlspeed writes the events (where the tensorboard package is installed) in the "
+                       "run's directory, beside metrics.csv and the checkpoint: give that directory (learn(run_dir="
+                       "DIR); rlspeed train: --out DIR)",
     "action_noise": "rlspeed's TD3 and DDPG take their exploration noise as action_noise='normal' (or "
                     "'ornstein-uhlenbeck', 'none') with action_noise_std=its sigma; SAC explores by sampling its "
                     "own policy and adds no noise to it (SB3's default action_noise=None is taken)",
@@ -776,16 +780,6 @@ def sb3_action_noise(config_cls: type, values: dict) -> dict:
     return {**values, **made}
 
 
-def _run_dir_line(tensorboard_log: object, config_cls: type) -> str:
-    """SB3's `tensorboard_log=DIR` as the learn call that writes there (its first run's directory, as SB3 names
-    it: DIR/PPO_1); "" for a value that is no directory's path."""
-    if not isinstance(tensorboard_log, (str, os.PathLike)):
-        return ""
-    run_dir = os.path.join(tensorboard_log, f"{_owner_name(config_cls)}_1")
-    return (f": here model.learn(total_timesteps, run_dir={run_dir!r}), whose events `tensorboard --logdir "
-            f"{os.fspath(tensorboard_log)}` shows")
-
-
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = _field_names(config_cls)
@@ -810,8 +804,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 continue  # (as Stable-Baselines3's default: nothing to set)
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}"
-                                f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}"
-                                f"{_run_dir_line(value, config_cls) if key == 'tensorboard_log' else ''}.")
+                                f"{_policy_keywords(value, config_cls, fields) if key == 'policy_kwargs' else ''}.")
             if key in MODEL_ARGUMENTS:
                 owner = _owner_name(config_cls)
                 raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
@@ -1247,6 +1240,27 @@ def check_verbose(verbose: typing.Any) -> int:
         return int(verbose)
     raise UserError(f"verbose is 0 (learn prints nothing), 1 (its progress bar) or 2 (the bar and each metrics row), "
                     f"not {verbose!r}.")
+
+
+def check_tensorboard_log(tensorboard_log: typing.Any) -> str | None:
+    """`tensorboard_log` (Stable-Baselines3's: the directory that holds a model's runs) as a str, None as None, or
+    UserError in one sentence."""
+    if tensorboard_log is None or isinstance(tensorboard_log, (str, os.PathLike)):
+        return None if tensorboard_log is None else os.fspath(tensorboard_log)
+    raise UserError(f"tensorboard_log is a directory's path (a str or pathlib.Path) or None, not {tensorboard_log!r}.")
+
+
+def tensorboard_run_dir(tensorboard_log: str, name: str, new_run: bool = True) -> Path:
+    """The run directory a learn call writes under `tensorboard_log` as Stable-Baselines3 numbers its TensorBoard
+    runs (`stable_baselines3.common.utils.get_latest_run_id`): `tensorboard_log/name_N`, N one past the largest of
+    the `name_<digits>` directories there (1 where there is none), or, not `new_run` (learn's
+    reset_num_timesteps=False), the largest itself (0 where there is none), the run that call continues."""
+    latest = 0
+    for path in glob.glob(os.path.join(glob.escape(tensorboard_log), f"{glob.escape(name)}_[0-9]*")):
+        prefix, _, number = os.path.basename(path).rpartition("_")
+        if prefix == name and number.isdigit():
+            latest = max(latest, int(number))
+    return Path(tensorboard_log) / f"{name}_{latest + 1 if new_run else latest}"
 
 
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
@@ -1841,7 +1855,8 @@ SB3_LEARN_KEYWORDS = {
                            "step count, as SB3's do, where by default they run again over each call's steps)",
     "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",
     "tb_log_name": "learn(run_dir=DIR) writes metrics.csv in DIR, and TensorBoard logs where the tensorboard package "
-                   "is installed",
+                   "is installed (a model's learn also takes tb_log_name, naming its run under the model's "
+                   "tensorboard_log)",
     "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
                 "rlspeed.callbacks.EvalCallback(eval_env)",
     "verbose": "verbose is the model's, as in Stable-Baselines3 (Algo(env, verbose=0) trains without output), and "
@@ -1861,8 +1876,8 @@ def _refuse_sb3_positionals(progress_bar, target_return) -> None:
         try:
             number = float(target_return)
         except ValueError:
-            said = (f"(a run's name, Stable-Baselines3's tb_log_name, is not taken: "
-                    f"{SB3_LEARN_KEYWORDS['tb_log_name']})")
+            said = ("(a run's name, Stable-Baselines3's tb_log_name, is given by name: learn(total_timesteps, "
+                    "tb_log_name=...) under the model's tensorboard_log)")
         else:
             said = (f"written as text: write target_return={number:g} without quotes" if math.isfinite(number)
                     else "(a finite one)")
@@ -2194,6 +2209,7 @@ class Algorithm:
                  num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
                  nan_policy: str = "raise", numerics_guard: bool = True, save_replay_buffer: bool = False,
                  env_kwargs: dict[str, typing.Any] | None = None, verbose: int = 1,
+                 tensorboard_log: str | os.PathLike[str] | None = None,
                  **hyperparameters: typing.Any) -> None:
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
         `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
@@ -2235,6 +2251,12 @@ class Algorithm:
         `verbose` (Stable-Baselines3's levels, saved with the model): what `learn` prints on stderr where its
         `progress_bar` is not given: 0 nothing, 1 the progress bar (steps/s, recent return, evaluations), 2 the bar and
         each metrics row (the values metrics.csv gets, SB3's table at its `verbose=1`) as a line.
+
+        `tensorboard_log` (Stable-Baselines3's, saved with the model): a directory whose runs `learn` writes where it
+        is given no `run_dir`: each call's run directory (metrics.csv, the checkpoint and, where the tensorboard
+        package is installed, TensorBoard events in its `tensorboard/` folder) is `tensorboard_log/<name>_N`, named
+        and numbered as SB3 names its TensorBoard runs (`learn`'s `tb_log_name`, by default the algorithm's class
+        name: PPO_1, PPO_2, ...), so `tensorboard --logdir tensorboard_log` shows them.
         """
         name = type(self).__name__
         _refuse_policy(type(self), env, policy_and_env)
@@ -2244,6 +2266,8 @@ class Algorithm:
         seed = None if seed is None else check_seed(seed)
         #: what learn prints where its progress_bar is not given (0, 1 or 2: `__init__`)
         self.verbose = check_verbose(verbose)
+        #: the directory whose numbered run directories `learn` writes where it is given no run_dir (None: none)
+        self.tensorboard_log = check_tensorboard_log(tensorboard_log)
         #: torch's threads while `learn` runs (None: `rlspeed.device.set_training_threads`' default)
         self.num_threads = check_num_threads(num_threads)
         from rlspeed.callbacks import MetricsRecorder
@@ -3263,6 +3287,33 @@ class Algorithm:
         return host_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                            self.device)
 
+    def _tensorboard_run(self, run_dir: str | os.PathLike | None, tb_log_name: typing.Any,
+                         new_run: bool) -> str | os.PathLike | None:
+        """`learn`'s run directory: `run_dir` where given, else the model's `tensorboard_log`'s next run as SB3
+        numbers them (`tensorboard_run_dir`, named `tb_log_name` or after the algorithm), else None. UserError for
+        a `tb_log_name` that names nothing (no tensorboard_log, or a run_dir given too), or a tensorboard_log whose
+        events the tensorboard package is not installed to write."""
+        if tb_log_name is not None and not (isinstance(tb_log_name, str) and tb_log_name.strip()
+                                            and os.sep not in tb_log_name and "/" not in tb_log_name):
+            raise UserError(f"learn's tb_log_name names a run (a directory's name, no path), not {tb_log_name!r}.")
+        if run_dir is not None:
+            if tb_log_name is not None:
+                raise UserError(f"learn(run_dir=..., tb_log_name={tb_log_name!r}): tb_log_name names a run under the "
+                                "model's tensorboard_log, and run_dir is the run's directory itself: give one of them.")
+            return run_dir
+        log = check_tensorboard_log(self.tensorboard_log)  # (also one set on the model since, as SB3's users do)
+        if log is None:
+            if tb_log_name is not None:
+                raise UserError(f"learn's tb_log_name={tb_log_name!r} names a run under the model's tensorboard_log, "
+                                f"and this model has none: make it with {type(self).__name__}(env, "
+                                "tensorboard_log=DIR), or give learn the run's directory, learn(run_dir=DIR).")
+            return None
+        if importlib.util.find_spec("tensorboard") is None:
+            raise UserError(f"tensorboard_log={log!r} asks for TensorBoard events, and the tensorboard package is not "
+                            "installed: pip install tensorboard (or make the model without tensorboard_log; "
+                            "learn(run_dir=DIR) writes metrics.csv alone).")
+        return tensorboard_run_dir(log, tb_log_name or _owner_name(self.config_cls), new_run)
+
     def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool | None = None,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
@@ -3297,6 +3348,10 @@ class Algorithm:
         reading is a row of `run_dir/metrics.csv` (the last iterations before a stop a callback or signal asked for
         included); a `run_dir` holding another run's metrics.csv is refused (a model continues only the run it
         trained in or was loaded from), not one without rows (a call stopped before its first row left it).
+        Without `run_dir`, a model made with Stable-Baselines3's `tensorboard_log=DIR` writes its run in
+        `DIR/<tb_log_name>_N` (Stable-Baselines3's learn keyword, by default the algorithm's class name), N numbered
+        as SB3 numbers its runs: one past the largest there, or with `reset_num_timesteps=False` the largest, which
+        the call continues.
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
@@ -3317,6 +3372,7 @@ class Algorithm:
         whole_count_schedules = stable_baselines3.get("reset_num_timesteps", True) is False
         if whole_count_schedules:
             del stable_baselines3["reset_num_timesteps"]
+        tb_log_name = stable_baselines3.pop("tb_log_name", None)
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         _refuse_sb3_positionals(progress_bar, target_return)
         verbose = check_verbose(self.verbose)  # (also one set on the model since, as SB3's users set it)
@@ -3329,6 +3385,7 @@ class Algorithm:
         checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
+        run_dir = self._tensorboard_run(run_dir, tb_log_name, new_run=not whole_count_schedules)
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to "
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
@@ -4106,6 +4163,7 @@ class Algorithm:
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
                     "verbose": self.verbose,
+                    **({"tensorboard_log": self.tensorboard_log} if self.tensorboard_log is not None else {}),
                     "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
@@ -4266,7 +4324,7 @@ class Algorithm:
         arguments = meta.get("init_arguments") if isinstance(meta.get("init_arguments"), dict) else {}
         own = _own_init_parameters(algo)
         config = {**{key: value for key, value in arguments.items() if key in own}, **meta["config"],
-                  **({"verbose": meta["verbose"]} if "verbose" in meta else {}), **overrides}
+                  **{key: meta[key] for key in ("verbose", "tensorboard_log") if key in meta}, **overrides}
         env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
         if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
             # the constructor takes it without an env, and learn would refuse it late)

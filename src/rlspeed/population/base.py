@@ -1185,6 +1185,9 @@ class PopulationBase:
         # (one built without it takes a resumed checkpoint's, as a loaded solo model takes its file's)
         self._verbose_given = "verbose" in hyperparameters
         self.verbose = check_verbose(hyperparameters.pop("verbose", 1))
+        if hyperparameters.pop("tensorboard_log", None) is not None:  # (the members would hold it and write nothing)
+            raise UserError("A population takes no tensorboard_log (a solo model's directory of numbered runs): its "
+                            "learn(run_dir=DIR) writes the members' metrics and TensorBoard events in DIR.")
         from rlspeed.envs import backend_for_options, check_env_kwargs
 
         #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs)
