@@ -797,6 +797,8 @@ def test_tensorboard_log_is_where_learn_writes_its_runs(tmp_path):
     with pytest.raises(UserError, match="tb_log_name names a run under the model's tensorboard_log, and run_dir is "
                                         "the run's directory itself: give one of them"):
         model.learn(32, run_dir=tmp_path / "other", tb_log_name="x")
+    del model.__dict__["tensorboard_log"]  # (as a model pickled before the attribute: it trains, writing no run)
+    assert model.learn(32).num_timesteps == 160
     model.tensorboard_log = None
     with pytest.raises(UserError, match=r"learn's tb_log_name='x' names a run under the model's tensorboard_log, and "
                                         r"this model has none: make it with PPO\(env, tensorboard_log=DIR\)"):

@@ -3301,7 +3301,8 @@ class Algorithm:
                 raise UserError(f"learn(run_dir=..., tb_log_name={tb_log_name!r}): tb_log_name names a run under the "
                                 "model's tensorboard_log, and run_dir is the run's directory itself: give one of them.")
             return run_dir
-        log = check_tensorboard_log(self.tensorboard_log)  # (also one set on the model since, as SB3's users do)
+        # (also one set on the model since, as SB3's users do; a model pickled before the attribute has none)
+        log = check_tensorboard_log(self.__dict__.get("tensorboard_log"))
         if log is None:
             if tb_log_name is not None:
                 raise UserError(f"learn's tb_log_name={tb_log_name!r} names a run under the model's tensorboard_log, "
