@@ -290,12 +290,18 @@ class FlatAdam:
         weight_decay = group.get("weight_decay", 0.0)
         if advance:
             self.count_step()
-        for part in [slice(None)] if parts is None else parts:
-            grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None, grad=self.grad[part])
-            pieces = self._per_parameter(part) if self.uneven_steps else [(part, self.step_count)]
-            flats, grads, exp_avgs, exp_avg_sqs = ([buffer[piece] for piece, _ in pieces]
-                                                   for buffer in (self.flat, self.grad, self.exp_avg, self.exp_avg_sq))
-            steps = [step for _, step in pieces]
+        for part in [None] if parts is None else parts:
+            if part is None and not self.uneven_steps:  # (the whole buffers, as they are: no views to make)
+                flats, grads, exp_avgs, exp_avg_sqs = [self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq]
+                steps = [self.step_count]
+                grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None)
+            else:
+                part = slice(None) if part is None else part
+                grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None, grad=self.grad[part])
+                pieces = self._per_parameter(part) if self.uneven_steps else [(part, self.step_count)]
+                flats, grads, exp_avgs, exp_avg_sqs = ([buffer[piece] for piece, _ in pieces] for buffer in
+                                                       (self.flat, self.grad, self.exp_avg, self.exp_avg_sq))
+                steps = [step for _, step in pieces]
             if self._fused_adam is not None:
                 self._fused_adam(flats, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=lr,
                                  beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
