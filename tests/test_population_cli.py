@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import cli_error, endless_pendulum_id
 
 from rlspeed import cli
@@ -616,3 +617,32 @@ def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(populat
         else:
             assert result["aggregate"] is None and [entry["mean"] for entry in result["members"]] == [None, None]
             assert line.endswith("seed 7: no median or IQM: no member's mean return is finite")
+
+
+def test_a_populations_final_line_names_members_without_a_finite_mean(tmp_path, capsys, monkeypatch):
+    """A member whose final mean return is not finite was left out of the final line's median and IQM without a word,
+    and with none finite the run printed no final line at all (summary.json's aggregate null): named, or said."""
+    from rlspeed.population import ppo
+
+    evaluate = ppo.PPOPopulation.evaluate
+    not_finite = []
+
+    def evaluated(self, seeds=None, episodes=10, members=None, max_steps=None):
+        means = evaluate(self, seeds, episodes, members, max_steps)
+        return torch.tensor([math.nan if self.seeds[k] in not_finite else mean
+                             for k, mean in zip(members, means.tolist())], dtype=torch.float64)
+
+    monkeypatch.setattr(ppo.PPOPopulation, "evaluate", evaluated)
+    for case in ([3], [0, 3]):
+        not_finite[:] = case
+        out = tmp_path / f"run{len(case)}"
+        assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,3", *SMALL[:8], "--total-timesteps", "128",
+                         "--eval-freq", "256", "--eval-episodes", "1", "--no-progress", "--out", str(out)]) == 0
+        line = next(line for line in capsys.readouterr().out.splitlines() if "final evaluation" in line)
+        summary = json.loads((out / "summary.json").read_text())
+        if len(case) == 1:
+            assert "(one member: no interval); seed 3 left out (mean not finite); training " in line
+            assert summary["aggregate"]["final_eval"]["runs"] == 1
+        else:
+            assert "each): no median or IQM: no member's mean return is finite; training " in line
+            assert summary["aggregate"]["final_eval"] is None

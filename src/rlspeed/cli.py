@@ -992,13 +992,19 @@ def _train_population(args: argparse.Namespace) -> int:
             line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
                      f"{_interval(steps, lambda value: f'{value:,.0f}')}")
         say(f"rlspeed: {line}")
-    if final is not None:  # (the result: --quiet too)
-        evaluated = [member["final_eval"] for member in summary["members"] if member["final_eval"] is not None]
-        cut = _cut_short(sum(entry.get("unfinished", 0) for entry in evaluated),
-                         sum(entry["episodes"] for entry in evaluated))
-        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each{cut}): median "
-              f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}; training "
-              f"{summary['train_wall_s']:.2f} s")
+    evaluated = [member for member in summary["members"] if member["final_eval"] is not None]
+    # (the aggregate leaves out a mean that is not finite: those members are named; with none finite there is none)
+    not_finite = [str(member["seed"]) for member in evaluated
+                  if not (isinstance(member["final_eval"]["mean"], (int, float))
+                          and math.isfinite(member["final_eval"]["mean"]))]
+    if evaluated:  # (the result: --quiet too)
+        cut = _cut_short(sum(member["final_eval"].get("unfinished", 0) for member in evaluated),
+                         sum(member["final_eval"]["episodes"] for member in evaluated))
+        scores = (f"median {_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}"
+                  + (f"; seed {', '.join(not_finite)} left out (mean not finite)" if not_finite else "")
+                  if final is not None else "no median or IQM: no member's mean return is finite")
+        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each{cut}): {scores}; "
+              f"training {summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
     if saved:
         from rlspeed.checkpoint import MEMBERS_DIR
