@@ -99,7 +99,8 @@ bash benchmarks/cuda_check.sh                # on a CUDA machine: the GPU tests,
 (recurrent_ppo, action_spaces, predict_latency), `.[box2d,zoo]` (lunar_lander, learning_table), `minatar`
 (cnn_encoder, replay_layouts, population_cnn), `.[atari,envpool]` (atari_ppo, atari_dqn, conv_layout's end-to-end
 pairs, population_cnn on Atari ids), `.[mujoco]` (mujoco_offpolicy), `.[export]` (export_parity; its MinAtar and
-MiniGrid cases are skipped without `minatar` and `minigrid`) and `.[video]` (videos).
+MiniGrid cases are skipped without `minatar` and `minigrid`), `.[video]` (videos) and `.[mujoco]` with
+`gymnasium-robotics` and `pettingzoo` (her_fetch).
 
 `cuda_check.sh` installs the wheels it finds in `.whl/` first, for GPU machines without network access. For a
 machine with Python 3.12 (add `stable-baselines3==2.9.2 cloudpickle` for `SB3=1`; SB3 needs nothing else beyond
@@ -313,6 +314,29 @@ def brief(result: dict) -> str:
     if result.get("reached"):
         return f"target at {result['steps_to_target']:,} steps, {result['time_to_target_s']:.2f}s"
     return f"target not reached in {result.get('steps', 0):,} steps"
+
+
+def goal_episodes(env, predict: Callable, episodes: int, seed: int) -> dict:
+    """`episodes` episodes of `predict(obs) -> action` on `env` (a Gymnasium env, closed after), reset with seeds
+    `seed`, `seed + 1`, ...: the success rate (the env's `is_success` at each episode's end) and the mean return."""
+    successes, returns = [], []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done, info = 0.0, False, {}
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(predict(obs))
+            total += float(reward)
+            done = terminated or truncated
+        successes.append(bool(info.get("is_success", False)))
+        returns.append(total)
+    env.close()
+    return {"success_rate": statistics.fmean(successes), "mean_return": statistics.fmean(returns)}
+
+
+def goal_columns(runs: Sequence[dict]) -> list[str]:
+    """A table's success rate and mean return per seed, of runs that `goal_episodes` evaluated."""
+    return [", ".join(f"{run['success_rate']:.0%}" for run in runs),
+            ", ".join(f"{run['mean_return']:.1f}" for run in runs)]
 
 
 def spread(values: Sequence[float | None]) -> dict:

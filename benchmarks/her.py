@@ -23,7 +23,6 @@ import warnings
 from pathlib import Path
 
 import gymnasium as gym
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -47,18 +46,7 @@ def _bit_flipping(n_bits: int):
 
 def _evaluate(predict, n_bits: int, seed: int) -> dict:
     """Deterministic episodes on a fresh env: success rate and mean return."""
-    env = _bit_flipping(n_bits)
-    successes, returns = [], []
-    for episode in range(EPISODES):
-        obs, _ = env.reset(seed=seed + episode)
-        total, done, info = 0.0, False, {}
-        while not done:
-            obs, reward, terminated, truncated, info = env.step(predict(obs))
-            total += float(reward)
-            done = terminated or truncated
-        successes.append(bool(info.get("is_success", False)))
-        returns.append(total)
-    return {"success_rate": float(np.mean(successes)), "mean_return": float(np.mean(returns))}
+    return common.goal_episodes(_bit_flipping(n_bits), predict, EPISODES, seed)
 
 
 def run_rlspeed(n_bits: int, steps: int, seed: int, her: bool) -> dict:
@@ -118,8 +106,7 @@ def main() -> None:
     sps = {name: common.spread([r["sps"] for r in rows]) for name, rows in by_name.items()}
     rows = []
     for name, runs in by_name.items():
-        rows.append([name, ", ".join(f"{r['success_rate']:.0%}" for r in runs),
-                     ", ".join(f"{r['mean_return']:.1f}" for r in runs),
+        rows.append([name, *common.goal_columns(runs),
                      f"{common.fmt(sps[name]['median'])} ({common.fmt_range(sps[name])})",
                      common.fmt_ratio(common.ratio(sps[name]["median"], sps["stable-baselines3"]["median"]))])
     table = common.markdown_table(["run", "success rate per seed", "mean return per seed", "env steps/s (median, "
