@@ -1102,6 +1102,20 @@ def test_an_env_module_that_imports_mujoco_under_a_mujoco_gl_it_cannot_load_says
                           "AttributeError on import")
 
 
+def test_an_env_that_fails_a_bare_assert_while_made_is_named_with_where_it_failed(tmp_path, monkeypatch):
+    """gymnasium-robotics 1.4.2 with NumPy 2.4 fails an `assert` without a message while making any Fetch env: rlspeed
+    said only "The env 'FetchReach-v4' (gymnasium backend) raised AssertionError in make()", which leaves the user
+    nothing to search for; the sentence names the file, line and source of the assert. (The env's module is a file of
+    its own: pytest gives the asserts of test modules messages.)"""
+    (tmp_path / "bare_assert_envs.py").write_text("def make():\n    assert 1 + 1 == 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(gym.registry, "BareAssert-v0",
+                        gym.envs.registration.EnvSpec("BareAssert-v0", entry_point="bare_assert_envs:make"))
+    with pytest.raises(EnvStepError, match=r"raised AssertionError in make\(\) at \S*/bare_assert_envs\.py:2 "
+                                           r"\(assert 1 \+ 1 == 3\)$"):
+        make_env("BareAssert-v0", backend="gymnasium", device="cpu")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
 def test_a_device_or_a_pipe_is_never_replaced_by_a_written_file(tmp_path, capsys):
     """Files are written beside their path and renamed over it: `rlspeed profile --trace /dev/null` (torch's profiler

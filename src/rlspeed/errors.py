@@ -10,8 +10,10 @@ import contextvars
 import functools
 import inspect
 import numbers
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -62,6 +64,18 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+def raised_at(error: BaseException) -> str:
+    """Where `error` was raised, for a sentence about an error without a message (a bare `assert` in an env's code):
+    "at package/module/file.py:142 (assert x in y)", the last frame of its traceback (the file's last three path
+    parts, and the line's source where it can be read); "" without a traceback."""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
+    if not frames:
+        return ""
+    frame = frames[-1]
+    source = f" ({frame.line.strip()[:120]})" if frame.line and frame.line.strip() else ""
+    return f"at {'/'.join(Path(frame.filename).parts[-3:])}:{frame.lineno}{source}"
+
+
 class EnvStepError(RuntimeError):
     """An env raised inside `reset`, `step` or `close`: the message names the env and the call; the env's own exception
     is chained (`__cause__`) with its traceback.
@@ -82,10 +96,11 @@ class EnvStepError(RuntimeError):
                  options: Sequence[str] = ()) -> None:
         self.env_id, self.call, self.error = env_id, call, error
         detail = first_line(error)
+        where = "" if detail else raised_at(error)  # (an error without a message: a bare `assert` in the env's code)
         # (`options`: the env options it was made with, which may hold the value it could not use)
         made_with = f" (it was made with the options {', '.join(options)}: check their values)" if options else ""
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
-                         + (f": {detail}" if detail else "") + made_with)
+                         + (f" {where}" if where else "") + (f": {detail}" if detail else "") + made_with)
 
 
 class CloseErrors:
