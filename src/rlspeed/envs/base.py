@@ -894,6 +894,10 @@ class EpisodeStatistics(EnvWrapper):
         self._return = torch.zeros(self.num_envs, device=self.device, dtype=dtype)
         # (lengths counted in int64: a float32 count stops at 2**24 steps, an episode of a few hours at 1,000 steps/s)
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
+        # (the totals' restart values, as 0-dim tensors: `torch.where` with them makes one fresh tensor in one kernel,
+        # where an out-of-place `masked_fill` copies, then fills)
+        self._restart = (torch.zeros((), device=self.device, dtype=dtype),
+                         torch.zeros((), device=self.device, dtype=torch.int64))
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
     @property
@@ -937,7 +941,8 @@ class EpisodeStatistics(EnvWrapper):
         rows, recorded = info.pop("recorded_rows", None), info.pop("recorded_returns", None)
         if rows is not None and recorded is not None:  # (finished episodes a recorder under reward wrappers summed)
             episode_return = torch.where(rows & done, recorded.to(episode_return.dtype), episode_return)
-        self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0)
+        self._return = torch.where(done, self._restart[0], episode_return)
+        self._length = torch.where(done, self._restart[1], episode_length)
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length
         return obs, reward, terminated, truncated, info
