@@ -2503,6 +2503,30 @@ def test_a_stable_baselines3_vec_env_whose_close_raises_is_named_and_kept_as_a_g
         assert _CloseRaising.closed == {id(each.unwrapped) for each in envs.envs} and len(envs.envs) == 3
 
 
+def test_a_stable_baselines3_subprocess_worker_that_an_envs_error_ended_is_named_and_closes_quietly():
+    """An error in a SubprocVecEnv's env ends its worker (which prints the env's traceback): the step said only "raised
+    EOFError in step()", and closing the VecEnv afterwards raised a second EnvStepError, "EOFError in close()", from
+    SB3's close reading the dead worker's pipe. The step names the worker and its exit code now, and the close that
+    follows ends the workers left without a word."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    # (one worker: a forked worker holds its siblings' pipe ends open, so the parent would wait for a dead one's
+    # answer for ever, as SB3 alone does; forkserver, SB3's default, forks none from the parent)
+    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises")],  # (it raises at its step 2)
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    actions = torch.zeros(1, dtype=torch.int64)
+    env.reset(seed=0)
+    env.step(actions)
+    with pytest.raises(EnvStepError, match=r"'user-sb3-vec-env' \(sb3 backend\) raised ChildProcessError in "
+                       r"step\(\): worker 0 exited with code 1; the worker printed the env's traceback above"):
+        env.step(actions)
+    with CloseErrors() as closing:
+        env.close()
+    assert closing.errors == [] and envs.closed and not any(process.is_alive() for process in envs.processes)
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

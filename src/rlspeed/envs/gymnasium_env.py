@@ -14,6 +14,7 @@ import functools
 import inspect
 import math
 import multiprocessing
+import multiprocessing.connection
 import numbers
 import os
 import pickle
@@ -1050,7 +1051,7 @@ def close_other_backend(close: Callable[[], object], env_id: str, backend: str, 
     """Call `close`, the close of an env of another backend (an SB3 VecEnv's, an EnvPool pool's), by `close_envs`'s
     rule: an error it raises is an `EnvStepError` naming the env `env_id` and close(), kept within a `CloseErrors`
     block, else raised. `inner`: the subprocess vector env inside (SB3's SubprocVecEnv), whose workers close their
-    envs after the parent stops listening (`_worker_close_error`). `envs`: the env objects inside whose own close
+    envs after the parent stops listening (`worker_exit_error`). `envs`: the env objects inside whose own close
     stops at the first that raises (SB3's DummyVecEnv), each closed first, every error kept (as `close_envs` does a
     SyncVectorEnv's); `close` must then reach none of them again."""
     errors = _close_each(envs)
@@ -1059,7 +1060,7 @@ def close_other_backend(close: Callable[[], object], env_id: str, backend: str, 
     except Exception as error:  # noqa: BLE001 (said: `_close_failed`)
         errors.append(error)
     else:
-        if inner is not None and (error := _worker_close_error(inner)) is not None:
+        if inner is not None and (error := worker_exit_error(inner)) is not None:
             errors.append(error)
     if errors:
         _close_failed(env_id, backend, errors)
@@ -1079,13 +1080,20 @@ def _worker_traced(error: BaseException, trace: str) -> BaseException:
     return error
 
 
-def _worker_close_error(inner) -> BaseException | None:
-    """An error for the workers of the closed subprocess vector env `inner` (Gymnasium's AsyncVectorEnv, SB3's
-    SubprocVecEnv: its `processes`) whose env's close() raised, None where none did: a Gymnasium worker answers
-    "closed" before it closes its env, an SB3 one answers nothing, so the error ends the worker (its traceback on
-    stderr, exit code 1) where the vector env's close, which reads only the answer or joins the worker, says
-    nothing."""
-    failed = [(index, process.exitcode) for index, process in enumerate(inner.processes)
+def worker_exit_error(inner, wait_s: float = 0.0) -> BaseException | None:
+    """An error for the workers of the subprocess vector env `inner` (Gymnasium's AsyncVectorEnv, SB3's
+    SubprocVecEnv: its `processes`) that exited with an error, None where none did: an error its env raised that the
+    worker does not send back (a Gymnasium worker answers "closed" before it closes its env; an SB3 worker answers
+    nothing, in close() or in step()) ends the worker, its traceback on stderr, exit code 1, while the parent reads
+    only a closed pipe (EOFError) or, closing, joins it and says nothing. `wait_s`: where no worker has exited yet,
+    how long to wait for one to (the parent read the end of a worker's pipe, which ends as its process does)."""
+    processes = list(inner.processes)
+    if wait_s and all(process.exitcode is None for process in processes):
+        ended = multiprocessing.connection.wait([process.sentinel for process in processes], timeout=wait_s)
+        for process in processes:
+            if process.sentinel in ended:  # (its files closed as it ends, before it can be reaped: join does)
+                process.join(wait_s)
+    failed = [(index, process.exitcode) for index, process in enumerate(processes)
               if process.exitcode not in (0, None)]
     if not failed:
         return None
@@ -2381,7 +2389,7 @@ class GymnasiumEnv(BatchedEnv):
                 closed = inner.call("close_for_parent") if getattr(self, "_subprocess_wrapped", False) else ()
                 self.vector_env.close()
                 errors = [_worker_traced(*answer) for answer in closed if answer is not None]
-                if not errors and (error := _worker_close_error(inner)) is not None:
+                if not errors and (error := worker_exit_error(inner)) is not None:
                     errors = [error]
                 if errors:
                     _close_failed(self.spec.env_id, "gymnasium-async", errors)

@@ -44,6 +44,7 @@ from rlspeed.envs.gymnasium_env import (
     warn_step_only_masks,
     warn_unapplied_masks,
     warn_unseeded_reset,
+    worker_exit_error,
 )
 from rlspeed.errors import UserError
 
@@ -135,6 +136,11 @@ def _raised_by(error: BaseException, owner) -> bool:
                                                                                   gym.Wrapper))
 
 
+#: how long a step or reset that read the end of a SubprocVecEnv worker's pipe waits for a worker to exit (it does as
+#: its pipe ends; a generous bound for a loaded machine, waited only where a worker ended)
+WORKER_EXIT_WAIT_S = 30.0
+
+
 class _CheckedAnswers:
     """A SubprocVecEnv's pipe to one worker (its `remotes`), in its place while its `step_wait` reads the answers
     (`recv`, all it calls): each answer's reward, (observation, reward, done, info, reset info), is checked
@@ -191,6 +197,8 @@ class SB3VecEnv(BatchedEnv):
         #: whether each env is in SB3's Monitor, whose episodes and returns are the ones counted (`EpisodeStatistics`)
         self._monitored = monitored(vec_env)
         self._first_step = True  # (its rewards are checked: `_first_step_wait`)
+        #: a SubprocVecEnv's worker ended in a step or reset (`_name_exited_workers`): its close ends the rest
+        self._workers_ended = False
 
     def _masks(self, infos=None, finished=()) -> dict:
         """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`
@@ -248,6 +256,7 @@ class SB3VecEnv(BatchedEnv):
             obs = self.vec_env.reset()
         except Exception as error:
             self._name_contract_breach("reset", error)
+            self._name_exited_workers(error)
             raise
         if seed is not None:  # (a DummyVecEnv's envs, seeded seed + i by its seed(): SubprocVecEnv's are elsewhere)
             envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
@@ -277,6 +286,7 @@ class SB3VecEnv(BatchedEnv):
                 obs, rewards, dones, infos = self.vec_env.step_wait()
         except Exception as error:
             self._name_contract_breach("step", error, numpy_actions)
+            self._name_exited_workers(error)
             raise
         obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
@@ -385,6 +395,19 @@ class SB3VecEnv(BatchedEnv):
         if problem:
             raise UserError(problem) from error
 
+    def _name_exited_workers(self, error: Exception) -> None:
+        """Where a SubprocVecEnv's step or reset met the end of a worker's pipe (`error`: EOFError, a broken pipe):
+        ChildProcessError naming the workers that exited and their exit codes (an error in the env ends an SB3
+        worker, which prints its traceback; the parent heard only "EOFError"). The VecEnv cannot go on either way:
+        its `close` ends the workers left."""
+        inner = getattr(self.vec_env, "unwrapped", self.vec_env)
+        if not isinstance(error, (EOFError, OSError)) or not isinstance(getattr(inner, "processes", None), list):
+            return
+        self._workers_ended = True
+        exited = worker_exit_error(inner, wait_s=WORKER_EXIT_WAIT_S)
+        if exited is not None:
+            raise exited from error
+
     def _probe(self, call: str, actions=None) -> str | None:
         """`probe_contract` of the first env inside a DummyVecEnv (None for a VecEnv whose envs are elsewhere)."""
         envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
@@ -397,10 +420,20 @@ class SB3VecEnv(BatchedEnv):
         """Close the VecEnv (for SubprocVecEnv, its worker processes too); an error of an env's close() is an
         `EnvStepError` naming the env, kept or raised as `close_envs` says (`close_other_backend`)."""
         inner = self.vec_env.unwrapped
+        if self._workers_ended and not getattr(inner, "closed", True):
+            # (the step or reset that a worker's end broke said so: SB3's close would read the dead worker's pipe and
+            # raise EOFError again; the workers left are ended without a word, and the wrappers close over none)
+            for process in inner.processes:
+                if process.is_alive():
+                    process.terminate()
+            for process in inner.processes:
+                process.join()
+            inner.closed = True
         dummy = getattr(sys.modules.get("stable_baselines3.common.vec_env.dummy_vec_env"), "DummyVecEnv", None)
         if dummy is None or type(inner).close is not dummy.close:
             close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
-                                inner if isinstance(getattr(inner, "processes", None), list) else None)
+                                inner if isinstance(getattr(inner, "processes", None), list)
+                                and not self._workers_ended else None)
             return
         # (DummyVecEnv's close is a loop over its envs that stops at the first whose close raises: each is closed
         # first, every error said; its wrappers' close then runs over none of them, and the VecEnv keeps its envs)
