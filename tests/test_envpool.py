@@ -407,8 +407,10 @@ def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to
     # (`rlspeed eval` of such a model gave its user the Python form, which a command line cannot follow)
     with command_advice("rlspeed eval"), pytest.raises(UserError) as refused:
         rlspeed.evaluate(model, episodes=2)
+    # (it named no id: Gymnasium's versions of EnvPool's, as training's refusal names them)
     assert str(refused.value).endswith("evaluate it on the Gymnasium id of an env with the same spaces: rlspeed eval "
-                                       "MODEL --env ID."), refused.value
+                                       "MODEL --env ID (Gymnasium has Taxi-v4 (--env-backend gymnasium: EnvPool has "
+                                       "no env for it))."), refused.value
 
 
 @needs_envpool

@@ -28,7 +28,7 @@ from rlspeed.envs.base import (
     space_text,
     space_to_json,
 )
-from rlspeed.envs.envpool_env import check_envpool_seeds, envpool_only
+from rlspeed.envs.envpool_env import check_envpool_seeds, envpool_only, gymnasium_versions
 from rlspeed.envs.gymnasium_env import (
     USER_SB3_VEC_ENV,
     USER_VECTOR_ENV,
@@ -346,7 +346,7 @@ def evaluate(model: rlspeed.algos.Algorithm,
         raise UserError(f"This model trained on EnvPool's '{env_id}', an env rlspeed makes again only from a "
                         "Gymnasium id: " + in_words(
                             "evaluate it on the Gymnasium id of an env with the same spaces: rlspeed eval MODEL "
-                            "--env ID.",
+                            f"--env ID ({gymnasium_versions(env_id)}).",
                             f"evaluate it on an env you make, rlspeed.evaluate(model, make_env('{env_id}', "
                             "num_envs=N, backend='envpool', seed=S), episodes=N) (and EvalCallback(env) instead of "
                             "eval_freq)."))

@@ -132,9 +132,18 @@ def envpool_only(env_id: str) -> str | None:
     """Where Gymnasium registers no `env_id` and EnvPool (installed) has it (Taxi-v3, LunarLander-v2, its dm_control
     and Atari `<Game>-v5` ids): the sentence saying that models take Gymnasium ids (their spec, evaluations, videos and
     resumed runs make the env again from the id), naming Gymnasium's versions of it with the backend that runs them
-    (`envpool_refusal`), and how a model trains on EnvPool's env in Python all the same; else None."""
+    (`gymnasium_versions`), and how a model trains on EnvPool's env in Python all the same; else None."""
     if env_id in gym.registry or not envpool_installed() or env_id not in _all_envpool_ids():
         return None
+    return (f"'{env_id}' is EnvPool's id, which Gymnasium does not register, and rlspeed's models take Gymnasium ids "
+            f"(they make the env again from its id to evaluate, film and resume a run): {gymnasium_versions(env_id)}; "
+            f"in Python a model also trains on the env make_env('{env_id}', backend='envpool') makes, evaluated on "
+            "another such env, rlspeed.evaluate(model, env).")
+
+
+def gymnasium_versions(env_id: str) -> str:
+    """The Gymnasium ids of EnvPool's id `env_id`'s env, in words, each with the backend that runs it ("Gymnasium has
+    LunarLander-v3 (EnvPool runs it too: --env-backend envpool)"; `envpool_refusal`), or that there is none."""
     atari.register_atari()  # (ale-py's ids, for EnvPool's `<Game>-v5` of a game `_looks_like_atari` does not list)
     name = env_id.rsplit("-v", 1)[0].lower()  # (as `envpool_task` matches them: EnvPool's TicTacToe3d is ale-py's 3D)
     # (in order of their version numbers: Taxi-v10 after Taxi-v4)
@@ -146,11 +155,7 @@ def envpool_only(env_id: str) -> str | None:
     said = ([f"{', '.join(runs)} (EnvPool runs {'it' if len(runs) == 1 else 'them'} too: --env-backend envpool)"]
             if runs else []) + ([f"{', '.join(lacks)} (--env-backend gymnasium: EnvPool has no env for "
                                  f"{'it' if len(lacks) == 1 else 'them'})"] if lacks else [])
-    gymnasium = "Gymnasium has " + " and ".join(said) if said else "Gymnasium registers no version of it"
-    return (f"'{env_id}' is EnvPool's id, which Gymnasium does not register, and rlspeed's models take Gymnasium ids "
-            f"(they make the env again from its id to evaluate, film and resume a run): {gymnasium}; in Python a "
-            f"model also trains on the env make_env('{env_id}', backend='envpool') makes, evaluated on another such "
-            "env, rlspeed.evaluate(model, env).")
+    return "Gymnasium has " + " and ".join(said) if said else "Gymnasium registers no version of it"
 
 
 def envpool_task(env_id: str) -> str | None:
@@ -404,4 +409,4 @@ class EnvPoolEnv(BatchedEnv):
 
 
 __all__ = ["EnvPoolEnv", "check_envpool_seeds", "envpool_installed", "envpool_only", "envpool_options",
-           "envpool_refusal", "envpool_task", "INSTALL"]
+           "envpool_refusal", "envpool_task", "gymnasium_versions", "INSTALL"]
