@@ -69,7 +69,8 @@ def _finite(module: torch.nn.Module) -> bool:
 @pytest.mark.parametrize("algo", [SAC, TD3, PPO], ids=lambda algo: algo.__name__)
 def test_learning_smoke_on_hopper_keeps_weights_finite(algo):
     """A thousand or two steps with the preset's kind of settings, shrunk (off-policy: 768 gradient steps after 256
-    random steps): training runs through falls and truncations, and every weight stays finite."""
+    random steps): training runs through falls (episodes end and envs reset; no episode reaches the time limit in this
+    budget), and every weight stays finite."""
     if algo is PPO:
         model, steps = algo("Hopper-v5", num_envs=2, num_steps=256, batch_size=128, n_epochs=2, normalize_obs=True,
                             normalize_reward=True, seed=0, device="cpu", env_backend="gymnasium"), 2048
