@@ -759,7 +759,7 @@ def test_load_takes_sb3_action_noise_over_the_saved_noise(tmp_path):
     assert (loaded.config.action_noise, loaded.config.action_noise_std) == ("normal", 0.3)
 
 
-def test_tensorboard_log_runs_are_numbered_as_stable_baselines3_numbers_them(tmp_path):
+def test_tensorboard_log_runs_are_numbered_as_stable_baselines3_numbers_them(tmp_path, monkeypatch):
     """SB3's `tensorboard_log=DIR` was refused: learn writes each run in DIR/<tb_log_name>_N, N as SB3's
     get_latest_run_id gives it (one past the largest; reset_num_timesteps=False: the largest, continued)."""
     from rlspeed.algos.base import tensorboard_run_dir
@@ -773,6 +773,11 @@ def test_tensorboard_log_runs_are_numbered_as_stable_baselines3_numbers_them(tmp
         assert tensorboard_run_dir(str(tmp_path), name) == tmp_path / f"{name}_{latest + 1}"
         assert tensorboard_run_dir(str(tmp_path), name, new_run=False) == tmp_path / f"{name}_{latest}"
     assert tensorboard_run_dir(str(tmp_path), "PPO") == tmp_path / "PPO_13"
+    # (learn writes under the home directory a "~" names: its runs are counted there, not in a folder named "~",
+    # where none is, so every call made PPO_1 again)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert tensorboard_run_dir("~", "PPO") == tmp_path / "PPO_13"
+    assert tensorboard_run_dir("~", "PPO", new_run=False) == tmp_path / "PPO_12"
 
 
 def test_tensorboard_log_is_where_learn_writes_its_runs(tmp_path):

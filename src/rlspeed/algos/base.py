@@ -1254,13 +1254,14 @@ def tensorboard_run_dir(tensorboard_log: str, name: str, new_run: bool = True) -
     """The run directory a learn call writes under `tensorboard_log` as Stable-Baselines3 numbers its TensorBoard
     runs (`stable_baselines3.common.utils.get_latest_run_id`): `tensorboard_log/name_N`, N one past the largest of
     the `name_<digits>` directories there (1 where there is none), or, not `new_run` (learn's
-    reset_num_timesteps=False), the largest itself (0 where there is none), the run that call continues."""
-    latest = 0
-    for path in glob.glob(os.path.join(glob.escape(tensorboard_log), f"{glob.escape(name)}_[0-9]*")):
+    reset_num_timesteps=False), the largest itself (0 where there is none), the run that call continues. The runs
+    are counted where learn writes them: a `~` in `tensorboard_log` is expanded (`local_path`)."""
+    folder, latest = local_path(tensorboard_log), 0
+    for path in glob.glob(os.path.join(glob.escape(os.fspath(folder)), f"{glob.escape(name)}_[0-9]*")):
         prefix, _, number = os.path.basename(path).rpartition("_")
         if prefix == name and number.isdigit():
             latest = max(latest, int(number))
-    return Path(tensorboard_log) / f"{name}_{latest + 1 if new_run else latest}"
+    return folder / f"{name}_{latest + 1 if new_run else latest}"
 
 
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq, progress_bar,
