@@ -2024,6 +2024,60 @@ def test_a_stop_between_the_training_and_its_save_waits_for_the_save(tmp_path, c
     assert summary["final_eval"] is None and summary["total_timesteps"] == 64
 
 
+@pytest.mark.parametrize("where", ["finished", "interrupted", "final evaluation"])
+def test_a_stop_cuts_the_wandb_finish_short_and_says_the_run_is_saved(tmp_path, capsys, monkeypatch, where):
+    """W&B's finish of the run (its upload: without a network as long as W&B waits) is cut short by a Ctrl-C, the
+    run's own files written. After a stop (in training or in the final evaluation) it was in the block where stops
+    wait: a Ctrl-C there did nothing, and the command hung as long as W&B did; in a finished run the stop ended the
+    command as 'rlspeed: interrupted', without the final evaluation's line, as if nothing was saved."""
+    import signal
+
+    from rlspeed.algos.base import Algorithm
+
+    class Tracker:  # (W&B's finish, into which a Ctrl-C comes)
+        finished: list[int] = []
+
+        def finish(self, summary=None, exit_code=0):
+            if summary is not None:  # (not the command's closing call, which does nothing after the run's)
+                signal.raise_signal(signal.SIGINT)
+                self.finished.append(exit_code)
+
+    stopping = cli._stopping
+
+    @contextlib.contextmanager
+    def first_stop_recorded(backend):
+        with stopping(backend) as signals:
+            signals.append(signal.SIGTERM)  # (a first stop: the run stops after its iteration)
+            yield signals
+
+    def interrupted(model, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_callbacks", lambda args, config, run_dir: ([], Tracker()))
+    if where == "interrupted":
+        monkeypatch.setattr(cli, "_stopping", first_stop_recorded)
+    if where == "final evaluation":
+        monkeypatch.setattr(Algorithm, "evaluate", interrupted)
+    run = tmp_path / "run"
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
+                     "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device",
+                     "cpu", "--eval-episodes", "2", "--out", str(run)])
+    out, err = capsys.readouterr()
+    assert Tracker.finished == [], err  # (cut short by the Ctrl-C)
+    assert f"rlspeed: interrupted (Ctrl-C) as Weights & Biases finished its run, which W&B may hold without its end; " \
+           f"the run's files in {run} are saved." in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert PPO.load(run / "model.safetensors").num_timesteps == summary["total_timesteps"]
+    if where == "interrupted":
+        assert code == 143 and summary["interrupted"], err
+        assert "rlspeed: interrupted (SIGTERM) after 32 steps: saved model.safetensors, checkpoint" in err
+        assert not (run / "learning_curve.png").exists()  # (a stop that cut W&B short stops the rest)
+    else:
+        assert code == 130, err
+    if where == "finished":  # (the run's result is said)
+        assert summary["final_eval"] is not None and "rlspeed: final evaluation (deterministic" in out + err
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
 def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     """Another process is refused the directory while a run trains there (tested from outside elsewhere): here, that

@@ -2612,7 +2612,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     model._curve_on_stop = False
     # From here to the end a stop waits (`held`) wherever no narrower block sets its handlers: once the training's
     # own handling of stops ends, the model (a finished training's too) and summary.json are written whole; the final
-    # evaluation and the drawing of the learning curve are what a stop cuts short (`_sigterm_raises(STOPS, held)`).
+    # evaluation, W&B's finish and the drawing of the learning curve are what a stop cuts short
+    # (`_sigterm_raises(STOPS, held)`).
     owner = os.getpid()
     with stops_held(lambda signum: _signal_arrived(owner, signum)) as held:
         with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
@@ -2671,14 +2672,13 @@ def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, u
         summary = _summary(run, None)
         _write_summary(run_dir, summary)
         say(_steps_line(summary, model.result, target, resumed_from))
-        if tracker is not None:  # (the W&B run too, with the signal's exit code)
-            tracker.finish(summary, exit_code=code)
+        stopped = _finish_tracker(tracker, summary, held, run_dir, exit_code=code)  # (with the signal's exit code)
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(--resume runs it; {_eval_command(run_dir, eval_seed, episodes)} evaluates the model)", file=sys.stderr,
               flush=True)
         _say_stale_exports(print, run_dir / "model.safetensors", model.num_timesteps)
-        if undrawn:
+        if undrawn and stopped is None:
             _draw_curve_last(run_dir, model.num_timesteps, held)
         return code
     except Exception as error:  # (an env's error in the final evaluation ends the run as one in training does)
@@ -2698,9 +2698,7 @@ def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, u
                 else f"{_eval_command(run_dir, eval_seed, episodes)} repeats the evaluation")
         raise UserError(f"{str(error).rstrip('.')}; the trained model is saved in {run_dir / 'model.safetensors'} "
                         f"(final evaluation {_score(final['mean'])} +/- {_score(final['std'])}), and {then}.") from None
-    if tracker is not None:
-        with _sigterm_raises(STOPS, held):  # (its upload may be long: a stop ends it, the run's files written)
-            tracker.finish(summary)
+    stopped = _finish_tracker(tracker, summary, held, run_dir)
     say(_steps_line(summary, result, target, resumed_from))
     numerics = summary["numerics"]
     if numerics.get("rollbacks"):  # (the warnings scrolled by: the closing lines say what the model holds)
@@ -2728,7 +2726,7 @@ def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, u
     _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{cut}, seed {eval_seed}): "
                        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")  # (the result: --quiet too)
     say(f"rlspeed: run directory {run_dir}")
-    return 0
+    return 0 if stopped is None else 143 if isinstance(stopped, Terminated) else 130
 
 
 def _steps_line(summary: dict, result, target, resumed_from) -> str:
@@ -2876,8 +2874,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
     summary = _summary(run, None, interrupted=True)
     steps = summary["total_timesteps"]
     _write_summary(run_dir, summary)
-    if run["tracker"] is not None:
-        run["tracker"].finish(summary, exit_code=code)
+    stopped = _finish_tracker(run["tracker"], summary, [] if held is None else held, run_dir, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
              if trained else
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
@@ -2885,8 +2882,28 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
     if trained:  # (the model it saved: exports beside it of other steps are named)
         _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
-    _draw_curve_last(run_dir, run["model"].num_timesteps, [] if held is None else held)
+    if stopped is None:  # (one that cut W&B short stops the rest: the curve too)
+        _draw_curve_last(run_dir, run["model"].num_timesteps, [] if held is None else held)
     return code
+
+
+def _finish_tracker(tracker, summary: dict, held: list[int], run_dir: Path,
+                    exit_code: int = 0) -> KeyboardInterrupt | None:
+    """The W&B `tracker`'s finish (None: no tracker), last of `_learn_and_save`'s writes, in its block where stops
+    wait (`held`): W&B's upload may be long, and without a network it waits as long as W&B does; a stop, one that
+    waited included, cuts it short, the run's own files written. That stop is said in a line and returned (None where
+    W&B finished)."""
+    if tracker is None:
+        return None
+    try:
+        with _sigterm_raises(STOPS, held):
+            tracker.finish(summary, exit_code=exit_code)
+    except KeyboardInterrupt as stop:
+        print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) as Weights & Biases "
+              f"finished its run, which W&B may hold without its end; the run's files in {run_dir} are saved.",
+              file=sys.stderr, flush=True)
+        return stop
+    return None
 
 
 def _draw_curve_last(run_dir: Path, steps: int, held: list[int]) -> None:
