@@ -2269,11 +2269,14 @@ def _say_unapplied_settings(path: Path, model, args: argparse.Namespace, hyperpa
         return
     old, new = before.get("hyperparameters") or {}, _plain(model.config) if hyperparameters is None else hyperparameters
     changed = {key: (old[key], new[key]) for key in new if key in old and old[key] != new[key]}
-    given = {**(budget or {}), "eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
+    given = {"eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
              "threads": args.threads, "env_backend": model.env_backend, "device": str(model.device),
              "processes": getattr(getattr(model, "strategy", None), "world_size", None)}
     changed.update({key: (before[key], value) for key, value in given.items()
                     if before.get(key) is not None and value is not None and before[key] != value})
+    # (a budget's None is a setting: no target, which --resume keeps unless one is given)
+    changed.update({key: (before[key], value) for key, value in (budget or {}).items()
+                    if key in before and before[key] != value})
     if changed:
         print(f"rlspeed: note: nothing trains, so these settings go unused: "
               f"{', '.join(f'{key} {a} -> {b}' for key, (a, b) in changed.items())} (config.yaml keeps the run's)",
