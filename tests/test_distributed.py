@@ -72,6 +72,7 @@ def test_ranks_hold_bitwise_identical_parameters_and_count_all_steps(tmp_path):
     assert [i["local_envs"] for i in info] == [2, 2]  # num_envs=4 split over 2 ranks
     # total env steps = the sum over ranks: 3 iterations x 32 steps x (2 + 2) envs
     assert info[0]["num_timesteps"] == info[1]["num_timesteps"] == 3 * 32 * 4
+    assert info[0]["words"] == info[1]["words"] == [None, "", "refusé: 'run'"]  # (`broadcast_text`: rank 0's)
 
 
 def test_two_rank_ppo_solves_cartpole(tmp_path):
@@ -817,3 +818,111 @@ def test_a_resume_with_other_num_envs_restores_a_one_process_runs_whole_replay_b
         64, run_dir=tmp_path, checkpoint_freq=64, progress_bar=False)
     said = _replay_resume_warnings(tmp_path / "checkpoint.safetensors")
     assert not [message for message in said if "replay buffer" in message], said
+
+
+class RankOf2(TwinRanks):
+    """Rank `rank` of 2 for the run directory's decision: the others read rank 0's `word` (`broadcast_text`)."""
+
+    def __init__(self, rank: int = 0, word: str | None = None):
+        super().__init__()
+        self.rank, self.word = rank, word
+
+    def broadcast_text(self, text):
+        return text if self.rank == 0 else self.word
+
+
+def a_run_in(out: Path) -> None:
+    """What a run's first attempt left in `out`: its config.yaml and a checkpoint."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text("algo: ppo\nenv_id: CartPole-v1\n", encoding="utf-8")
+    (out / "checkpoint.safetensors").write_bytes(b"trained")
+
+
+def test_torchrun_by_hand_refuses_a_run_in_out_on_every_rank_and_a_restart_of_its_own_job_goes_on(tmp_path,
+                                                                                                     monkeypatch):
+    """`torchrun --nproc-per-node 2 -m rlspeed train ... --out DIR` (no `--nproc` launcher) wrote over the run in DIR,
+    exit 0, and locked nothing: its workers left the checks to the launcher. Now rank 0 locks DIR and refuses a run
+    there as a plain run does, and the other ranks end with its sentence (its exit code: Busy's too); a restart of
+    the job that took DIR (TORCHELASTIC_RESTART_COUNT above 0, its TORCHELASTIC_RUN_ID) goes on there, while another
+    job is refused, a restart or not; an --overwrite undone (it failed before saving) leaves its restart checked."""
+    import argparse
+
+    from rlspeed import cli
+    from rlspeed.errors import Busy, UserError
+    from rlspeed.locks import hold_lock
+
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    out = tmp_path / "run"
+    args = argparse.Namespace(out=str(out), resume=False, overwrite=False, track=False)
+
+    def attempt(job: str, restart: int, **flags) -> Path:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        try:
+            return cli._prepare_workers_run_dir(argparse.Namespace(**{**vars(args), **flags}), "ppo", RankOf2())
+        finally:
+            cli._release_run_locks()  # (the attempt's processes end)
+
+    a_run_in(out)
+    refused = "' already holds a run .*--overwrite to replace it"
+    with pytest.raises(UserError, match=refused):  # (it trained over the run: model changed, exit 0)
+        attempt("job-a", 0)
+    for word in ("refused 'run' already holds a run", "busy Another rlspeed process is training in 'run'"):
+        with pytest.raises(Busy if word.startswith("busy") else UserError, match=word.split(" ", 1)[1]) as said:
+            cli._prepare_workers_run_dir(args, "ppo", RankOf2(rank=1, word=word))
+        assert not isinstance(said.value, Busy) or word.startswith("busy")
+    # a new job in a new directory: taken (locked while it trains) and named
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    assert cli._prepare_workers_run_dir(argparse.Namespace(**{**vars(args), "out": str(fresh)}), "ppo",
+                                        RankOf2()) == fresh
+    with pytest.raises(Busy):
+        hold_lock(fresh / cli.RUN_LOCK, {}, "held")
+    cli._release_run_locks()
+    a_run_in(fresh)  # (what its first attempt trained before a process failed)
+    args.out = str(fresh)
+    assert attempt("job-a", 1) == fresh  # (torchrun's restart of that job: resumes there)
+    with pytest.raises(UserError, match=refused):
+        attempt("job-b", 1)  # (another job's restart)
+    with pytest.raises(UserError, match=refused):
+        attempt("job-a", 0)  # (another job of the same --rdzv-id)
+    # an --overwrite that failed before saving puts the run back: its restart is checked again, not trained over it
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert cli._prepare_workers_run_dir(argparse.Namespace(**{**vars(args), "overwrite": True}), "ppo",
+                                        RankOf2()) == fresh
+    cli._settle_overwrites(succeeded=False)
+    cli._release_run_locks()
+    assert (fresh / "checkpoint.safetensors").read_bytes() == b"trained"
+    with pytest.raises(UserError, match=refused):
+        attempt("job-a", 1)
+
+
+def test_an_overwrite_under_torchrun_by_hand_is_settled_before_the_worker_leaves(tmp_path, monkeypatch, capsys):
+    """A worker leaves with os._exit (`DistributedStrategy.leave`), never reaching the end of `main`, where a run that
+    --overwrite moved aside is deleted: rank 0 settles it before it leaves."""
+    from rlspeed import cli, distributed
+
+    out = tmp_path / "run"
+    a_run_in(out)
+    left = []
+
+    class Leaving(RankOf2):
+        def leave(self, code: int = 0) -> int:
+            left.append(sorted(path.name for path in out.iterdir() if path.name.startswith(".rlspeed-overwritten")))
+            return code
+
+    def train(args, algo_cls, strategy, *rest) -> int:
+        run_dir = cli._prepare_workers_run_dir(args, algo_cls.name, strategy)
+        (run_dir / "model.safetensors").write_bytes(b"new")
+        return 0
+
+    monkeypatch.setattr(distributed, "DistributedStrategy", lambda **kwargs: Leaving())
+    monkeypatch.setattr(cli, "_train", train)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--overwrite", "--out", str(out)]) == 0
+    assert left == [[]]
+    assert not (out / "checkpoint.safetensors").exists()

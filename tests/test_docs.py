@@ -673,10 +673,10 @@ def test_the_run_directory_table_names_what_a_run_writes():
     """docs/cli.md's run directory table names each file and folder a run writes (`rlspeed.cli.RUN_FILES`: it named
     the TensorBoard events without their `tensorboard/` folder, and neither `videos/` nor `wandb/`), a population's
     (`members/`, `learning_curves.png`) in its Populations bullet, and nothing a run does not write; with the lock file
-    every run leaves (`RUN_LOCK`, which the table lacked)."""
-    from rlspeed.cli import RUN_FILES, RUN_LOCK
+    every run leaves (`RUN_LOCK`, which the table lacked), and the job file of a run under torchrun started by hand."""
+    from rlspeed.cli import RUN_FILES, RUN_LOCK, TORCHRUN_JOB_FILE
 
-    left = {*RUN_FILES, RUN_LOCK}  # (the files and folders a run leaves)
+    left = {*RUN_FILES, RUN_LOCK, TORCHRUN_JOB_FILE}  # (the files and folders a run leaves)
 
     page = docs_prose(ROOT / "docs" / "cli.md")
     section = page[page.index("## The run directory"):page.index("`metrics.csv`'s columns")]

@@ -571,8 +571,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
         with _forked_children_apart("TORCHELASTIC_RUN_ID" in os.environ):
+            code = _train(args, algo_cls, strategy, run_settings, hyper, total)
+            if strategy.enabled:  # (`leave` ends the process: `main` would not settle a run --overwrite moved aside)
+                _settle_overwrites(succeeded=code == 0)
             # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
-            return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
+            return strategy.leave(code)
     finally:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
 
@@ -1486,6 +1489,60 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     return run_dir
 
 
+#: The file in a run directory naming the torchrun job (its TORCHELASTIC_RUN_ID) whose rank 0 checked and took the
+#: directory, under torchrun started by hand: a restart of that job goes on there (`_prepare_workers_run_dir`)
+TORCHRUN_JOB_FILE = ".rlspeed-torchrun-job"
+
+
+def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, finished_enough=None) -> Path:
+    """`_prepare_run_dir` for a run of `strategy`'s processes. In one process, or under `rlspeed train --nproc` (whose
+    launcher made the checks and holds the lock: `RUN_LOCKED_BY_LAUNCHER`), as it is. Under torchrun started by hand,
+    rank 0 locks the directory and makes the checks as the launcher would, unless this attempt is a restart of the job
+    that took it (TORCHELASTIC_RESTART_COUNT above 0 and its TORCHELASTIC_RUN_ID in `TORCHRUN_JOB_FILE`, written by
+    the attempt that made the checks), which goes on there under the lock; the other ranks wait for its word (they
+    would see each other's new files) and end with its refusal, the same sentence and exit code."""
+    launched = args.out is not None and os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(Path(args.out).resolve())
+    if not strategy.enabled or launched:
+        return _prepare_run_dir(args, algo, checked_before=strategy.enabled, finished_enough=finished_enough)
+    refusal = None
+    if strategy.is_main:
+        try:
+            run_dir = _take_run_dir_for_torchrun_job(args, algo, finished_enough)
+        except UserError as error:
+            refusal = f"{'busy' if isinstance(error, Busy) else 'refused'} {error}"
+        except Exception:
+            strategy.broadcast_text("failed")  # (the others end too, not waiting in a collective: it says why)
+            raise
+    said = strategy.broadcast_text(refusal)
+    if said == "failed":
+        raise PeerEnded(f"Process {strategy.rank} of {strategy.world_size} stopped: process 0 failed to prepare the "
+                        f"run directory '{args.out}' (its message is above).")
+    if said is not None:
+        how, sentence = said.split(" ", 1)
+        raise (Busy if how == "busy" else UserError)(sentence)
+    return run_dir if strategy.is_main else _prepare_run_dir(args, algo, checked_before=True)
+
+
+def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished_enough) -> Path:
+    """Rank 0's part of `_prepare_workers_run_dir` under torchrun started by hand: the run directory, locked, checked
+    as a plain run's unless this attempt restarts the job named in its `TORCHRUN_JOB_FILE`, which then names this job.
+    (The lock comes first: what a killed `--overwrite` left there is settled before the restart is judged.)"""
+    run_dir, job = Path(args.out), os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_dir.is_dir():
+        _lock_run_dir(run_dir)
+    try:
+        named = (run_dir / TORCHRUN_JOB_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        named = None
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and bool(job) and named == job
+    run_dir = _prepare_run_dir(args, algo, checked_before=restart, finished_enough=finished_enough)
+    if restart:
+        _lock_run_dir(run_dir)  # (where the directory was gone: made just now)
+    else:
+        _write_text(run_dir / TORCHRUN_JOB_FILE, job + "\n")
+    return run_dir
+
+
 def _check_out_makeable(run_dir: Path) -> None:
     """UserError where the run directory `run_dir` (`--out`) could not be made or written: a file in its place or in
     its parents', or a folder above it where nothing can be made (read-only, another user's). Makes nothing: `--dry-run`
@@ -1619,6 +1676,8 @@ def _move_back(aside: Path, run_dir: Path) -> None:
     for item in items:
         os.replace(item, run_dir / item.name)
     aside.rmdir()
+    # (the replacing run is undone: a restart of its torchrun job must not go on over the run put back)
+    (run_dir / TORCHRUN_JOB_FILE).unlink(missing_ok=True)
 
 
 def _saved_models(run_dir: Path) -> list[Path]:
@@ -1868,6 +1927,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool, parent
                     (run_dir / name).unlink(missing_ok=True)
                 shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
+                (run_dir / TORCHRUN_JOB_FILE).unlink(missing_ok=True)  # (a restart finds nothing of its job: checked)
                 if created and not any(run_dir.iterdir()):
                     _remove_empty([run_dir, *parents])
         elif (fresh and isinstance(error, UserError) and run_dir not in _overwritten()  # (which puts the old run back)
@@ -2101,8 +2161,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if args.dry_run:
         with contextlib.closing(model):
             return _print_dry_run(args, _solo_config(args, algo_cls, model, total, target, recorded_eval_freq))
-    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled,
-                               finished_enough=lambda ended: _trained_enough(ended, total, target))
+    run_dir = _prepare_workers_run_dir(args, algo_cls.name, strategy,
+                                       finished_enough=lambda ended: _trained_enough(ended, total, target))
     _stage("starting the run", run_dir=run_dir)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
