@@ -1559,19 +1559,24 @@ def test_warnings_are_one_rlspeed_line_and_a_diverged_run_says_how_to_rerun(tmp_
 def test_resume_without_seed_keeps_the_runs_own_seed(tmp_path, monkeypatch, capsys):
     """A run started with --seed 7 and resumed without --seed goes on with seed 7: config.yaml and summary.json keep
     it, and the final evaluation's episodes are seed 7's (not the default seed 0's). The resumed run names the export
-    beside it, of the model it replaced (`_say_stale_exports`)."""
+    beside it, of the model it replaced (`_say_stale_exports`). Its lines say which steps they count: the steps left
+    (it said "up to 4,096 steps", then "8,192 steps ... over the whole run" for a run resumed from 4,096 to 8,192)."""
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "200", "--no-progress",
             "--set", "num_steps=16", "--out", "run"]
     assert cli.main([*argv, "--total-timesteps", "400", "--seed", "7"]) == 0
+    before = json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"]
     (tmp_path / "run" / "model.onnx").write_text("")  # (export's files, as `rlspeed export run` leaves them)
     (tmp_path / "run" / "model.onnx.json").write_text(json.dumps({"format": "onnx", "algo": "PPO",
                                                                   "num_timesteps": 400}))
     capsys.readouterr()
     assert cli.main([*argv, "--total-timesteps", "800", "--resume"]) == 0
-    assert "run/model.onnx is an export of the model at 400 steps, not of this model.safetensors at" in (
-        capsys.readouterr().err)
+    said = capsys.readouterr()
+    assert "run/model.onnx is an export of the model at 400 steps, not of this model.safetensors at" in said.err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert re.search(rf"up to {800 - before:,} more steps.*, after the {before:,} the run has trained", said.out)
+    assert (f"the whole run: {summary['total_timesteps']:,} steps in " in said.out
+            and f"steps/s), {summary['total_timesteps'] - before:,} of them in this resume" in said.out), said.out
     assert summary["total_timesteps"] >= 800
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == summary["seed"] == 7
     from rlspeed.evaluation import evaluation_seed

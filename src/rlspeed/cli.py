@@ -2652,7 +2652,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(f"rlspeed: {why}: nothing left to train; saving the model and evaluating it", flush=True)
     else:
         say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
-            f"device {model.device}), up to {total:,} steps{_whole_iterations(total, model.steps_per_iteration)}"
+            f"device {model.device}), up to {total:,} {'more ' if resumed_from is not None else ''}steps"
+            f"{_whole_iterations(total, model.steps_per_iteration)}"
+            + (f", after the {resumed_from:,} the run has trained" if resumed_from is not None else "")
             + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     if main:
         _warn_idle_accelerator(args, model.device)
@@ -2802,8 +2804,10 @@ def _steps_line(summary: dict, result, target, resumed_from) -> str:
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
                    f"{result.time_to_target_s:.2f} s{cut}" if result.time_to_target_s is not None
                    else f"; target {target:g} not reached")
-    return (f"rlspeed: {summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} "
-            f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
+    steps = f"{summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} steps/s)"
+    if resumed_from is not None:  # (what the run has trained in all, and the part of it this command trained)
+        steps = f"the whole run: {steps}, {summary['total_timesteps'] - resumed_from:,} of them in this resume"
+    return f"rlspeed: {steps}{reached}"
 
 
 def _write_ended_by_error(run: dict, run_dir: Path, error: Exception, in_training: bool = True) -> None:
