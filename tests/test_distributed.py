@@ -128,6 +128,28 @@ def test_num_envs_must_split_evenly(monkeypatch, bad):
         strategy.split_envs(int(bad))
 
 
+def test_num_envs_that_does_not_split_is_refused_before_the_batch_size_it_makes(capsys, monkeypatch, tmp_path):
+    """`--num-envs 63` with 2 processes was refused for its batch_size first ("252 or 504 would do"), and following
+    that advice met the num_envs refusal: num_envs is checked first, with `--nproc` and under torchrun, and the
+    advice that follows, for the rollout of the num_envs advised, holds."""
+    from conftest import cli_error
+
+    from rlspeed import cli
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = ["train", "ppo", "CartPole-v1", "--out", str(tmp_path / "run")]
+    said = cli_error(capsys, [*base, "--num-envs", "63", "--nproc", "2"])
+    assert "num_envs (63) must be a multiple of --nproc (2)" in said and "use --num-envs 62" in said
+    monkeypatch.setattr(cli, "_launch_torchrun", lambda args: cli._settings(args) and 0)  # (settings that hold)
+    advice = re.search(r"--set batch_size=(\d+)", cli_error(capsys, [*base, "--num-envs", "62", "--nproc", "2"]))
+    assert int(advice[1]) % 2 == 0  # (the rollout's size for 62 envs, which 2 processes share)
+    assert cli.main([*base, "--num-envs", "62", "--nproc", "2", "--set", f"batch_size={advice[1]}"]) == 0
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (a worker of torchrun started by hand)
+    said = cli_error(capsys, [*base, "--num-envs", "63"])
+    assert "num_envs (63) must be a multiple of the number of processes (2)" in said and "--num-envs 62" in said
+    assert not (tmp_path / "run").exists()
+
+
 def test_ppo_minibatch_must_split_evenly():
     """Each rank takes batch_size / world rows per minibatch from its share of the rollout: with an odd batch_size
     on 2 processes, 75-row shares would be cut into 37-row minibatches and a row dropped silently."""

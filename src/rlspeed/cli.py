@@ -561,6 +561,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _train_population(args)
     from rlspeed.distributed import DistributedStrategy
 
+    if _under_torchrun():
+        _refuse_uneven_num_envs(args.num_envs, int(os.environ["WORLD_SIZE"]), "the number of processes")
     algo_cls, run_settings, hyper, _config = _settings(args)
     if args.save_replay_buffer and not hasattr(algo_cls, "replay_summary"):  # (off-policy algorithms keep a replay)
         raise UserError(f"--save-replay-buffer applies to off-policy algorithms (dqn, sac, td3, ddpg), not "
@@ -3047,6 +3049,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if args.accelerate == "auto":
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                         "with --nproc.")
+    _refuse_uneven_num_envs(args.num_envs, args.nproc, "--nproc")
     _algo_cls, _run_settings, _hyper, config = _settings(args)
     from rlspeed.device import device_count, resolve_device, usable_cores
 
@@ -3056,10 +3059,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError(f"--nproc {args.nproc} is more processes than the {cores} CPU core{'s' * (cores != 1)} this "
                         "command may run on (on the CPU each process trains on a core of its own); start at most that "
                         "many.")
-    num_envs = getattr(config, "num_envs", None)
-    if num_envs is not None and num_envs % args.nproc:
-        raise UserError(f"num_envs ({num_envs}) must be a multiple of --nproc ({args.nproc}) so that every process "
-                        f"steps as many envs: use --num-envs {max(num_envs // args.nproc, 1) * args.nproc}.")
+    _refuse_uneven_num_envs(getattr(config, "num_envs", None), args.nproc, "--nproc")  # (a preset's, --set's)
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
@@ -3155,6 +3155,16 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             (run_dir / RUN_LOCK).unlink(missing_ok=True)
             _remove_empty([run_dir, *parents])
     return (130 if received[0] == signal.SIGINT else 143) if received else code
+
+
+def _refuse_uneven_num_envs(num_envs: int | None, processes: int, what: str) -> None:
+    """UserError where `num_envs` (the total over the processes) is not a multiple of the number of `processes` (named
+    as `what`, "--nproc"), naming the nearest --num-envs that is. Asked before the settings are checked, for the
+    --num-envs given: batch_size's advice, which is the rollout's, follows from num_envs (its first advice, followed,
+    met this refusal)."""
+    if num_envs is not None and processes > 1 and num_envs % processes:
+        raise UserError(f"num_envs ({num_envs}) must be a multiple of {what} ({processes}) so that every process steps "
+                        f"as many envs: use --num-envs {max(num_envs // processes, 1) * processes}.")
 
 
 def _torch_threads() -> int:
