@@ -255,7 +255,13 @@ def _cipher_name(cipher: str | None, key: CheckpointKey) -> str:
         raise UserError(f"Unknown checkpoint cipher {source}'{name}': use one of {', '.join(CIPHERS)}.")
     if len(key.secret) not in _KEY_BYTES[name]:
         sizes = " or ".join(str(n) for n in _KEY_BYTES[name])
-        raise UserError(f"{name} needs a {sizes}-byte key but {key.source} holds {len(key.secret)} bytes.")
+        size = _KEY_BYTES[name][0]
+        # (what to do: a key of the cipher's size, or a cipher this key fits, set where the cipher was chosen)
+        other = next((other for other in CIPHERS if len(key.secret) in _KEY_BYTES[other]), None)
+        use = ("" if other is None else f", or use {other}, which takes this key ("
+               + (f"{CIPHER_ENV}={other}" if cipher is None else f"cipher='{other}'") + ")")
+        raise UserError(f"{name} needs a {sizes}-byte key but {key.source} holds {len(key.secret)} bytes: give it a "
+                        f"{size}-byte key (`python -c \"import secrets; print(secrets.token_hex({size}))\"`){use}.")
     return name
 
 
