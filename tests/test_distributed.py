@@ -72,7 +72,7 @@ def test_ranks_hold_bitwise_identical_parameters_and_count_all_steps(tmp_path):
     assert [i["local_envs"] for i in info] == [2, 2]  # num_envs=4 split over 2 ranks
     # total env steps = the sum over ranks: 3 iterations x 32 steps x (2 + 2) envs
     assert info[0]["num_timesteps"] == info[1]["num_timesteps"] == 3 * 32 * 4
-    assert info[0]["words"] == info[1]["words"] == [None, "", "refusé: 'run'"]  # (`broadcast_text`: rank 0's)
+    assert info[0]["words"] == info[1]["words"] == [None, "", "refusé: 'run\udcff'"]  # (`broadcast_text`)
 
 
 def test_two_rank_ppo_solves_cartpole(tmp_path):

@@ -137,10 +137,12 @@ class DistributedStrategy:
 
     def broadcast_text(self, text: str | None) -> str | None:
         """Rank 0's `text` (None for none; e.g. why it refused the run), known to every rank (the others' argument is
-        unused). The text goes as UTF-8 bytes in tensors, never pickled."""
+        unused). The text goes as UTF-8 bytes in tensors, never pickled (a file name's undecodable bytes as they are:
+        surrogate escapes)."""
         if not self.enabled:
             return text
-        data = torch.tensor(list(text.encode("utf-8")) if text is not None and self.is_main else [], dtype=torch.uint8)
+        sent = text.encode("utf-8", "surrogateescape") if text is not None and self.is_main else b""
+        data = torch.tensor(list(sent), dtype=torch.uint8)
         length = torch.tensor([-1 if self.is_main and text is None else data.numel()], device=self.device)
         with self._peers_answer():
             dist.broadcast(length, src=0)
@@ -150,7 +152,7 @@ class DistributedStrategy:
             buffer = data.to(self.device) if self.is_main else torch.empty(size, dtype=torch.uint8, device=self.device)
             if size:
                 dist.broadcast(buffer, src=0)
-        return bytes(buffer.cpu().tolist()).decode("utf-8")
+        return bytes(buffer.cpu().tolist()).decode("utf-8", "surrogateescape")
 
     def max_over_ranks(self, value: int) -> int:
         """The largest of the ranks' `value`s (e.g. 'a signal came: stop'), known to every rank."""

@@ -18,7 +18,8 @@ tensors = {f"policy.{k}": v.contiguous() for k, v in model.policy.state_dict().i
 tensors.update({f"obs_rms.{k}": v.contiguous() for k, v in model.obs_rms.state_dict().items()})
 save_file(tensors, str(out / f"rank{strategy.rank}.safetensors"))
 # rank 0's word (the run directory's refusal, `rlspeed.cli._prepare_workers_run_dir`), none, or empty, on every rank
-words = [strategy.broadcast_text(text if strategy.is_main else "not rank 0's") for text in (None, "", "refusé: 'run'")]
+words = [strategy.broadcast_text(text if strategy.is_main else "not rank 0's")
+         for text in (None, "", "refusé: 'run\udcff'")]
 (out / f"rank{strategy.rank}.json").write_text(json.dumps({
     "num_timesteps": model.num_timesteps, "local_envs": model._env.num_envs, "world_size": strategy.world_size,
     "words": words}))
