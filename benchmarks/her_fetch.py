@@ -12,7 +12,8 @@ on a separate env: 10 deterministic episodes, success rate (the env's `is_succes
 return. Steps per second are env steps over `learn`'s wall time, and CPU seconds `learn`'s process time
 (construction and evaluation excluded): on a shared machine the CPU time is the steadier of the two.
 
-Needs `gymnasium-robotics` (and MuJoCo, and `pettingzoo`, which it imports; 1.4.2 with NumPy 2.4: `PATCH_NOTE`).
+Needs `gymnasium-robotics` (and MuJoCo, and `pettingzoo`, which it imports) and `stable-baselines3`; with NumPy
+2.4, gymnasium-robotics 1.4.2 makes no Fetch env without a one-line patch, which the script names where it stops.
 Run from the repository root: `python benchmarks/her_fetch.py` (about 5 minutes of CPU time at the default 6,000
 steps and 2 seeds, more on a loaded machine); `--quick` for a smoke run.
 """
@@ -47,8 +48,13 @@ PATCH_NOTE = ("gymnasium-robotics 1.4.2's `utils/mujoco_utils.py` asserts `joint
 
 
 def _register() -> None:
-    import gymnasium_robotics
-
+    """Registers Gymnasium-Robotics' envs, or exits with one sentence naming what is missing (before any run)."""
+    try:
+        import gymnasium_robotics
+        import stable_baselines3  # noqa: F401  (the reference side: missing, it stopped after rlspeed's first run)
+    except ImportError as error:
+        sys.exit(f"her_fetch.py needs gymnasium-robotics (with MuJoCo and pettingzoo, which it imports) and "
+                 f"stable-baselines3: pip install gymnasium-robotics pettingzoo stable-baselines3 ({error}).")
     gym.register_envs(gymnasium_robotics)
     try:
         gym.make(ENV_ID).close()

@@ -241,3 +241,11 @@ def test_sb3s_time_to_target_evaluates_on_the_seeds_rlspeeds_learn_evaluates_on(
     callback.model = types.SimpleNamespace(num_timesteps=256)  # (SB3's BaseCallback reads the model's steps)
     callback._on_rollout_start()
     assert eval_env.seeds == [evaluation_seed(7, "learn", 256)]
+
+
+def test_her_fetch_without_gymnasium_robotics_exits_with_one_sentence_before_any_run(monkeypatch):
+    """Without gymnasium-robotics her_fetch.py ended in a ModuleNotFoundError traceback; it says what to install."""
+    script = _benchmark_script("her_fetch", monkeypatch)
+    monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)  # (its import raises ImportError, as where missing)
+    with pytest.raises(SystemExit, match="needs gymnasium-robotics .*: pip install gymnasium-robotics pettingzoo"):
+        script._register()
