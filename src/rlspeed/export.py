@@ -39,6 +39,7 @@ import re
 import tempfile
 import typing
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -851,14 +852,17 @@ def load_program(path: str | Path) -> CheckedProgram:
     the same graph where rlspeed is not installed, with torch's own checks. UserError for a missing file or one that
     is not a `.pt2` rlspeed wrote."""
     path = given_path("load_program's path", path)
-    if path.suffix != FORMATS["exported_program"]:
+    if path.suffix.lower() != FORMATS["exported_program"]:  # (export_format's rule: export wrote policy.PT2 too)
         raise UserError(f"load_program loads an exported program (.pt2), not '{path}': load a TorchScript file (.pt) "
                         "with torch.jit.load(path), an ONNX one with onnxruntime.InferenceSession(path).")
+    # (checked before torch reads it: torch.export.load logs its reader's traceback before raising)
+    if not path.exists():
+        raise UserError(f"'{path}' does not exist: export the policy there first (export(model, path)).")
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"'{path}' is not an exported program torch can read (not a zip archive).")
     extra = {_SIDECAR_IN_ARCHIVE: ""}
     try:
         program = torch.export.load(path, extra_files=extra)
-    except FileNotFoundError:
-        raise UserError(f"'{path}' does not exist: export the policy there first (export(model, path)).") from None
     except Exception as error:  # noqa: BLE001 (whatever torch's archive reader raises for a file that is not one)
         raise UserError(f"'{path}' is not an exported program torch can read ({error}).") from None
     if not extra[_SIDECAR_IN_ARCHIVE]:
