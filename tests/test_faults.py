@@ -1095,6 +1095,13 @@ def test_an_env_module_that_imports_mujoco_under_a_mujoco_gl_it_cannot_load_says
     assert_one_line_error(cli.main(["train", "sac", "robot_envs_module:FetchReach-v4"]), capsys.readouterr(),
                           "MuJoCo cannot be imported with MUJOCO_GL=osmesa (AttributeError: 'NoneType' object has no "
                           "attribute 'glGetError'): MuJoCo loads that OpenGL platform on import; unset MUJOCO_GL")
+    # a module's own error, not MuJoCo's, is its own under that MUJOCO_GL too (it was said as MUJOCO_GL's)
+    (tmp_path / "robot_envs_module.py").write_text("import a_module_not_installed_anywhere\n")
+    monkeypatch.delitem(sys.modules, "robot_envs_module", raising=False)
+    assert_one_line_error(cli.main(["train", "sac", "robot_envs_module:FetchReach-v4"]), capsys.readouterr(),
+                          "Cannot import the module 'robot_envs_module' (named in 'robot_envs_module:FetchReach-v4'), "
+                          "which should")
+    (tmp_path / "robot_envs_module.py").write_text("import mujoco\n")
     monkeypatch.delenv("MUJOCO_GL")  # (unset, the module's own error is said as it was)
     monkeypatch.delitem(sys.modules, "robot_envs_module", raising=False)
     assert_one_line_error(cli.main(["train", "sac", "robot_envs_module:FetchReach-v4"]), capsys.readouterr(),

@@ -92,8 +92,9 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)", role:
         try:
             imported = _import_here_too(module)
         except Exception as error:
-            # (a module that imports MuJoCo, Gymnasium-Robotics: its error would be PyOpenGL's, naming no platform)
-            if (platform_error := mujoco_gl_error()) is not None:
+            # (a module that imports MuJoCo, Gymnasium-Robotics: its error would be PyOpenGL's, naming no platform;
+            # only an error raised in MuJoCo's or PyOpenGL's code: a module's own error is its own under any MUJOCO_GL)
+            if _raised_in(error, ("mujoco", "OpenGL")) and (platform_error := mujoco_gl_error()) is not None:
                 raise platform_error from error
             _import_failed(module, why, role, error)
         register = getattr(imported, "register_envs", None)
@@ -105,6 +106,16 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)", role:
                     register()
             except TypeError:  # a register_envs with parameters is not this convention
                 pass
+
+
+def _raised_in(error: BaseException, packages: tuple[str, ...]) -> bool:
+    """Whether `error`'s traceback passes through the code of one of `packages` (top-level module names)."""
+    trace = error.__traceback__
+    while trace is not None:
+        if str(trace.tb_frame.f_globals.get("__name__", "")).partition(".")[0] in packages:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _import_failed(module: str, why: str, role: str, error: Exception) -> NoReturn:
