@@ -382,6 +382,18 @@ def test_an_id_only_envpool_has_names_every_version_gymnasium_registers(monkeypa
 
 
 @needs_envpool
+def test_envpools_port_of_a_gymnasium_robotics_id_names_the_module_that_registers_it():
+    """`rlspeed train sac FetchReach-v4` said only that Gymnasium registers no version of EnvPool's id:
+    Gymnasium-Robotics registers it, as `gymnasium_robotics:FetchReach-v4` imports it."""
+    if "FetchReach-v4" in gym.registry or "FetchReach-v4" not in envpool_env._all_envpool_ids():
+        pytest.skip("Gymnasium-Robotics' ids are registered here, or this EnvPool has no FetchReach-v4")
+    refusal = envpool_env.envpool_only("FetchReach-v4")
+    assert "Gymnasium-Robotics registers FetchReach-v4 (pip install gymnasium-robotics; name its module before the " \
+           "id: gymnasium_robotics:FetchReach-v4)" in refusal, refusal
+    assert "Gymnasium-Robotics" not in envpool_env.envpool_only("Taxi-v3")
+
+
+@needs_envpool
 def test_an_id_only_envpool_has_is_refused_naming_gymnasiums_versions_and_how_to_train_on_it():
     """`rlspeed train ppo Taxi-v3 --env-backend envpool` (EnvPool's id, which make_env takes) said 'Unknown env id',
     suggesting Taxi-v4 without saying that EnvPool has Taxi-v3 or which backend runs Taxi-v4; a model trained on an

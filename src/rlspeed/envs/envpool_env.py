@@ -155,7 +155,20 @@ def gymnasium_versions(env_id: str) -> str:
     said = ([f"{', '.join(runs)} (EnvPool runs {'it' if len(runs) == 1 else 'them'} too: --env-backend envpool)"]
             if runs else []) + ([f"{', '.join(lacks)} (--env-backend gymnasium: EnvPool has no env for "
                                  f"{'it' if len(lacks) == 1 else 'them'})"] if lacks else [])
-    return "Gymnasium has " + " and ".join(said) if said else "Gymnasium registers no version of it"
+    if said:
+        return "Gymnasium has " + " and ".join(said)
+    if _robotics_port(env_id):  # (Gymnasium-Robotics registers its ids as its module is imported)
+        return (f"Gymnasium registers no version of it, Gymnasium-Robotics registers {env_id} (pip install "
+                f"gymnasium-robotics; name its module before the id: gymnasium_robotics:{env_id})")
+    return "Gymnasium registers no version of it"
+
+
+def _robotics_port(env_id: str) -> bool:
+    """Whether EnvPool's `env_id` is its port of a Gymnasium-Robotics env (Fetch, Adroit, PointMaze, ...: its spec
+    class is one of `GymnasiumRobotics...`)."""
+    spec = getattr(getattr(import_envpool(), "registration", None), "registry", None)
+    entry = getattr(spec, "specs", {}).get(env_id)
+    return isinstance(entry, tuple) and len(entry) > 1 and str(entry[1]).startswith("GymnasiumRobotics")
 
 
 def envpool_task(env_id: str) -> str | None:
