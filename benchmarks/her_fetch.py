@@ -3,14 +3,14 @@ Stable-Baselines3 (`replay_buffer_class=HerReplayBuffer`) at RL-Zoo's settings f
 
 Both train SAC on one `FetchReach-v4` (Dict observations; reward -1 until the gripper is within 5 cm of the goal,
 50-step episodes) for the same number of env steps with RL-Zoo's FetchReach entry (rl_zoo3's hyperparams/sac.yml,
-written for FetchReach-v1; what `rlspeed train sac FetchReach-v4` takes from it): relabelled goals (future strategy,
-4 sampled goals per real one), networks of [64, 64], Adam at 1e-3, batches of 256, gamma 0.95, automatic entropy,
-one gradient step per env step after 1,000 random steps, observations and rewards normalised (SB3: `VecNormalize`,
-gamma 0.95; rlspeed: `normalize_obs`, `normalize_reward`); rlspeed with PyTorch's default initialisation and Adam
-epsilon, as SB3 has them. Runs alternate between the libraries, seed by seed. Each trained model is then evaluated
-on a separate env: 10 deterministic episodes, success rate (the env's `is_success` at the episode's end) and mean
-return. Steps per second are env steps over `learn`'s wall time, and CPU seconds `learn`'s process time
-(construction and evaluation excluded): on a shared machine the CPU time is the steadier of the two.
+written for FetchReach-v1; what `rlspeed train sac gymnasium_robotics:FetchReach-v4` takes): relabelled goals
+(future strategy, 4 sampled goals per real one), networks of [64, 64], Adam at 1e-3, batches of 256, gamma 0.95,
+automatic entropy, one gradient step per env step after 1,000 random steps, observations and rewards normalised
+(SB3: `VecNormalize`, gamma 0.95; rlspeed: `normalize_obs`, `normalize_reward`); rlspeed with PyTorch's default
+initialisation and Adam epsilon, as SB3 has them. Runs alternate between the libraries, seed by seed. Each trained
+model is then evaluated on a separate env: 10 deterministic episodes, success rate (the env's `is_success` at the
+episode's end) and mean return. Steps per second are env steps over `learn`'s wall time, and CPU seconds `learn`'s
+process time (construction and evaluation excluded): on a shared machine the CPU time is the steadier of the two.
 
 Needs `gymnasium-robotics` (and MuJoCo, and `pettingzoo`, which it imports) and `stable-baselines3`; with NumPy
 2.4, gymnasium-robotics 1.4.2 makes no Fetch env without a one-line patch, which the script names where it stops.
