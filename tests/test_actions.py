@@ -227,6 +227,10 @@ def test_box_actions_beyond_float32_or_of_integers_are_refused_in_one_sentence()
         with pytest.raises(UserError, match=r"Box actions of dtype int64; .*Discrete\(high - low \+ 1\).* low \+ a"
                                             r" .*\(a2c, dqn, ppo or recurrent_ppo train on it\)"):
             algo(integers, device="cpu")
+    scalar = gym.vector.SyncVectorEnv([lambda: _CheckedBox(0, 10, np.int64)],  # (a 0-dim Box: one integer too; it
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)  # was told MultiDiscrete)
+    with pytest.raises(UserError, match=r"action_space is Discrete\(high - low \+ 1\).*\(a2c, dqn, ppo or recurrent"):
+        rlspeed.DQN(scalar, device="cpu")
     pairs = gym.vector.SyncVectorEnv([lambda: _CheckedBox([0, 0], [10, 10], np.int64)],
                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.raises(UserError, match=r"MultiDiscrete\(high - low \+ 1\).*\(a2c, ppo or recurrent_ppo train on it"):

@@ -2862,7 +2862,7 @@ class Algorithm:
             # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
             # not be members of the space (said before the discrete/continuous advice: every taker of Boxes refuses)
             # (indices start at 0, so the wrapper adds the Box's low; one integer is a Discrete, which DQN takes too)
-            if space.shape and math.prod(space.shape) == 1:
+            if math.prod(space.shape) == 1:  # (a 0-dim Box too: one integer)
                 choices = "Discrete(high - low + 1)"
                 takers = _algorithms_taking(lambda algo: algo.supports_discrete)
             else:
