@@ -783,16 +783,19 @@ def test_tensorboard_log_runs_are_numbered_as_stable_baselines3_numbers_them(tmp
 def test_tensorboard_log_is_where_learn_writes_its_runs(tmp_path):
     """A model made with tensorboard_log=DIR writes each learn call's run (metrics.csv; TensorBoard events where
     tensorboard is installed) in DIR/NAME_N, as SB3's TensorBoard runs; reset_num_timesteps=False continues the
-    last; an explicit run_dir wins; the directory is saved with the model; tb_log_name that names nothing is one
-    sentence; a population, whose members' would write nothing, refuses it."""
+    last; an explicit run_dir wins; the directory is saved with the model; a callback's self.locals["tb_log_name"] is
+    the run's name (it was None by default); tb_log_name that names nothing is one sentence; a population, whose
+    members' would write nothing, refuses it."""
     from rlspeed import PPO
     from rlspeed.population import Population
 
     model = PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1, verbose=0,
                 tensorboard_log=tmp_path / "tb")
-    model.learn(32, tb_log_name="first_run")
+    names = []  # (a callback's self.locals["tb_log_name"]: the run's name, by default the algorithm's, as SB3's)
+    model.learn(32, tb_log_name="first_run", callback=lambda local: names.append(local["tb_log_name"]))
     model.learn(32, tb_log_name="first_run", reset_num_timesteps=False)
-    model.learn(32)
+    model.learn(32, callback=lambda local: names.append(local["tb_log_name"]))
+    assert names == ["first_run", "PPO"]
     with open(tmp_path / "tb" / "first_run_1" / "metrics.csv", newline="") as file:
         assert [row["timesteps"] for row in csv.DictReader(file)][-1] == "64"
     assert sorted(path.name for path in (tmp_path / "tb").iterdir()) == ["PPO_1", "first_run_1"]

@@ -1024,14 +1024,16 @@ def test_stable_baselines3_counters_in_locals_say_what_to_read():
 
     advice = {"n_steps": r"steps_per_iteration env steps", "num_collected_steps": r"self.num_timesteps",
               "num_collected_episodes": r"\['episode_count'\]", "iteration": "self.n_calls",
-              "log_interval": r"self.locals\['log_interval_s'\]", "tb_log_name": r"self.locals\['run_dir'\]",
+              "log_interval": r"self.locals\['log_interval_s'\]",
               "learning_starts": "self.model.config.learning_starts", "continue_training": "False"}
     for key, words in advice.items():
         with pytest.raises(KeyError, match=rf"self.locals\['{key}'\] is Stable-Baselines3's; .*{words}"):
             LearnLocals()[key]  # noqa: B018
     seen = {}
-    _ppo().learn(STEPS_PER_ITERATION, progress_bar=False, callback=lambda local: seen.update(local=set(local)))
+    _ppo().learn(STEPS_PER_ITERATION, progress_bar=False,
+                 callback=lambda local: seen.update(local=set(local), name=local["tb_log_name"]))
     assert {"metrics", "log_interval_s", "run_dir"} <= seen["local"]
+    assert seen["name"] == "PPO"  # (SB3's learn's: the run's name, by default the algorithm's; it was None here)
 
 
 def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():

@@ -181,7 +181,6 @@ SB3_LOCALS = {
                               "self.locals['metrics']['episode_count'] (every algorithm)",
     "iteration": "self.n_calls counts the iterations this callback has seen",
     "log_interval": "metrics are read and logged every self.locals['log_interval_s'] seconds",
-    "tb_log_name": "metrics.csv and the TensorBoard logs go in learn's run_dir (self.locals['run_dir'])",
     "reset_num_timesteps": "a further learn call continues the step count (self.num_timesteps)",
     "continue_training": "a callback's False from _on_step or _on_rollout_end stops training",
     **dict.fromkeys(("learning_starts", "train_freq", "action_noise"),

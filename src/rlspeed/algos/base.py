@@ -3289,19 +3289,21 @@ class Algorithm:
                            self.device)
 
     def _tensorboard_run(self, run_dir: str | os.PathLike | None, tb_log_name: typing.Any,
-                         new_run: bool) -> str | os.PathLike | None:
-        """`learn`'s run directory: `run_dir` where given, else the model's `tensorboard_log`'s next run as SB3
-        numbers them (`tensorboard_run_dir`, named `tb_log_name` or after the algorithm), else None. UserError for
-        a `tb_log_name` that names nothing (no tensorboard_log, or a run_dir given too), or a tensorboard_log whose
-        events the tensorboard package is not installed to write."""
+                         new_run: bool) -> tuple[str | os.PathLike | None, str]:
+        """`learn`'s run directory and the run's name: `tb_log_name`, by default the algorithm's (as SB3's learn
+        defaults it; a callback's `self.locals["tb_log_name"]`). The directory is `run_dir` where given, else the
+        model's `tensorboard_log`'s next run as SB3 numbers them (`tensorboard_run_dir`, by that name), else None.
+        UserError for a `tb_log_name` that names nothing (no tensorboard_log, or a run_dir given too), or a
+        tensorboard_log whose events the tensorboard package is not installed to write."""
         if tb_log_name is not None and not (isinstance(tb_log_name, str) and tb_log_name.strip()
                                             and os.sep not in tb_log_name and "/" not in tb_log_name):
             raise UserError(f"learn's tb_log_name names a run (a directory's name, no path), not {tb_log_name!r}.")
+        name = tb_log_name or _owner_name(self.config_cls)
         if run_dir is not None:
             if tb_log_name is not None:
                 raise UserError(f"learn(run_dir=..., tb_log_name={tb_log_name!r}): tb_log_name names a run under the "
                                 "model's tensorboard_log, and run_dir is the run's directory itself: give one of them.")
-            return run_dir
+            return run_dir, name
         # (also one set on the model since, as SB3's users do; a model pickled before the attribute has none)
         log = check_tensorboard_log(self.__dict__.get("tensorboard_log"))
         if log is None:
@@ -3309,12 +3311,12 @@ class Algorithm:
                 raise UserError(f"learn's tb_log_name={tb_log_name!r} names a run under the model's tensorboard_log, "
                                 f"and this model has none: make it with {type(self).__name__}(env, "
                                 "tensorboard_log=DIR), or give learn the run's directory, learn(run_dir=DIR).")
-            return None
+            return None, name
         if importlib.util.find_spec("tensorboard") is None:
             raise UserError(f"tensorboard_log={log!r} asks for TensorBoard events, and the tensorboard package is not "
                             "installed: pip install tensorboard (or make the model without tensorboard_log; "
                             "learn(run_dir=DIR) writes metrics.csv alone).")
-        return tensorboard_run_dir(log, tb_log_name or _owner_name(self.config_cls), new_run)
+        return tensorboard_run_dir(log, name, new_run), name
 
     def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool | None = None,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
@@ -3387,7 +3389,7 @@ class Algorithm:
         checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
-        run_dir = self._tensorboard_run(run_dir, tb_log_name, new_run=not whole_count_schedules)
+        run_dir, tb_log_name = self._tensorboard_run(run_dir, tb_log_name, new_run=not whole_count_schedules)
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to "
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
