@@ -569,28 +569,53 @@ def population_run(tmp_path_factory) -> Path:
     return out
 
 
-def test_eval_run_dir_names_the_env_options_and_each_members_command_repeats_its_line(population_run, capsys):
+def test_eval_run_dir_names_the_env_options_and_each_members_command_repeats_its_line(population_run, capsys,
+                                                                                       tmp_path, monkeypatch):
     """`rlspeed eval RUN_DIR`'s lines named no env option (the run's own, or --env-kwargs), and each member's hint was
     "--seed S repeats it with MEMBER", which without --stochastic, --episodes and --env-kwargs played other episodes:
-    the hint is now the whole command, and running it gives the member's numbers."""
+    the hint is now the whole command, and running it gives the member's numbers, also where the modules this one
+    imported (--gym-packages, an --env module:EnvId's) are not imported yet (the hint left them out: its --env was not
+    registered)."""
+    import gymnasium
+
     capsys.readouterr()
     assert cli.main(["eval", str(population_run), "--episodes", "2", "--seed", "7", "--no-progress"]) == 0
     assert "2 PPO members on CartPole-v1 (max_episode_steps=50), deterministic, 2 episodes each, seed 7: median " in \
         capsys.readouterr().out
-    assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7", "--stochastic", "--env-kwargs",
-                     "max_episode_steps=20", "--no-progress", "--json"]) == 0
-    printed = capsys.readouterr()
-    assert "2 PPO members on CartPole-v1 (max_episode_steps=20), stochastic, 3 episodes each, seed 7: " in printed.err
-    evaluated = json.loads(printed.out)["members"]
-    commands = re.findall(r"^rlspeed: seed \d+: .* \((rlspeed eval .*) repeats it\)$", printed.err, re.MULTILINE)
-    assert len(commands) == len(evaluated) == 2
-    for command, member in zip(commands, evaluated):
-        argv = shlex.split(command)
-        assert argv[:3] == ["rlspeed", "eval", member["model"]]
-        assert cli.main([*argv[1:], "--no-progress", "--json"]) == 0
-        repeated = json.loads(capsys.readouterr().out)
-        assert (repeated["mean"], repeated["std"], repeated["episodes"], repeated["seed"]) == (
-            member["mean"], member["std"], 3, member["seed"])
+    (tmp_path / "hint_envs.py").write_text("import gymnasium\n\ngymnasium.register('HintCartPole-v0', entry_point="
+                                           "'gymnasium.envs.classic_control.cartpole:CartPoleEnv', "
+                                           "max_episode_steps=20)\n")
+    (tmp_path / "hint_extra.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def forget_modules():  # (as a fresh process, which has imported neither module)
+        gymnasium.registry.pop("HintCartPole-v0", None)
+        for module in ("hint_envs", "hint_extra"):
+            sys.modules.pop(module, None)
+
+    try:
+        for given in (["--stochastic", "--env-kwargs", "max_episode_steps=20"],
+                      ["--env", "hint_envs:HintCartPole-v0", "--gym-packages", "hint_extra"]):
+            assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7", *given, "--no-progress",
+                             "--json"]) == 0
+            printed = capsys.readouterr()
+            if "--stochastic" in given:
+                assert ("2 PPO members on CartPole-v1 (max_episode_steps=20), stochastic, 3 episodes each, seed 7: "
+                        in printed.err)
+            evaluated = json.loads(printed.out)["members"]
+            commands = re.findall(r"^rlspeed: seed \d+: .* \((rlspeed eval .*) repeats it\)$", printed.err,
+                                  re.MULTILINE)
+            assert len(commands) == len(evaluated) == 2
+            for command, member in zip(commands, evaluated):
+                argv = shlex.split(command)
+                assert argv[:3] == ["rlspeed", "eval", member["model"]]
+                forget_modules()
+                assert cli.main([*argv[1:], "--no-progress", "--json"]) == 0
+                repeated = json.loads(capsys.readouterr().out)
+                assert (repeated["mean"], repeated["std"], repeated["episodes"], repeated["seed"]) == (
+                    member["mean"], member["std"], 3, member["seed"])
+    finally:
+        forget_modules()
 
 
 def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(population_run, capsys, monkeypatch):

@@ -3349,8 +3349,12 @@ def _population_members(given: Path) -> list[Path]:
 def _member_eval_command(args: argparse.Namespace, path: Path, seed: int) -> str:
     """The `rlspeed eval` command that repeats the line `rlspeed eval RUN_DIR` prints for the member model `path`,
     evaluated from `seed`: its file and seed with the options given that change the episodes or the actions
-    (`--episodes`, `--stochastic`, `--env`, `--env-kwargs`, `--env-backend`, `--device`), quoted for a shell."""
+    (`--episodes`, `--stochastic`, `--env`, `--env-kwargs`, `--env-backend`, `--device`) and those that say what is
+    imported (`--gym-packages` with every module this command imported: those given, an `--env module:EnvId`'s and
+    the run's recorded ones; `--no-imports`), quoted for a shell."""
     options = [*(["--stochastic"] if args.stochastic else []), *(["--env", args.env] if args.env else []),
+               *(["--gym-packages", *args.gym_packages] if args.gym_packages else []),
+               *(["--no-imports"] if args.no_imports else []),
                *(part for option in args.env_kwargs or [] for part in ("--env-kwargs", option)),
                *(["--env-backend", args.env_backend] if args.env_backend is not None else []),
                *(["--device", args.device] if args.device != "auto" else [])]
