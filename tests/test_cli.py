@@ -1803,6 +1803,10 @@ def test_resume_of_a_finished_run_names_the_settings_it_leaves_unused(tmp_path, 
     assert cli.main([*argv, "--resume", "--target-return", "100"]) == 0
     assert "these settings go unused: target_return None -> 100.0 (config.yaml keeps the run's)" in \
         capsys.readouterr().err
+    # a smaller budget, with nothing left to train too, went unnamed, as a target where the run had none did
+    assert cli.main([*argv, "--resume", "--total-timesteps", "128", "--target-return", "500"]) == 0
+    assert "these settings go unused: total_timesteps 256 -> 128, target_return None -> 500.0 (config.yaml keeps the " \
+           "run's)" in capsys.readouterr().err
     # a run of 2 processes (--nproc 2: its config.yaml's processes) requeued in one: named too (it went unsaid)
     (tmp_path / "run" / "config.yaml").write_text(config.replace("processes: 1\n", "processes: 2\n"))
     assert cli.main([*argv, "--resume"]) == 0

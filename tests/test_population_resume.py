@@ -746,11 +746,11 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
     assert (out / "config.yaml").read_bytes() == config
     assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume", "--total-timesteps", "1024"])
     # a budget it has trained (it was refused, where a single run's exits 0), whatever the target: nothing to train,
-    # and the budget and target given go unused, which is said
-    assert cli.main([*argv, "--resume", "--total-timesteps", "512", "--target-return", "900"]) == 0
+    # and the budget and target given go unused, which is said (a change to no target too: it went unsaid)
+    assert cli.main([*argv, "--resume", "--total-timesteps", "512", "--target-return", "none"]) == 0
     said = capsys.readouterr()
     assert "nothing left to train: the population run finished" in said.out
-    assert "these settings go unused: total_timesteps 768 -> 512, target_return 1000.0 -> 900.0 (config" in said.err
+    assert "these settings go unused: total_timesteps 768 -> 512, target_return 1000.0 -> None (config" in said.err
     assert (out / "summary.json").read_bytes() == summary and (out / "config.yaml").read_bytes() == config
 
     def killed(*args):

@@ -2336,7 +2336,8 @@ def _say_unapplied_settings(path: Path, model, args: argparse.Namespace, hyperpa
              "processes": getattr(getattr(model, "strategy", None), "world_size", None)}
     changed.update({key: (before[key], value) for key, value in given.items()
                     if before.get(key) is not None and value is not None and before[key] != value})
-    # (a budget's None is a setting: no target, which --resume keeps unless one is given)
+    # (a None among `given` is a setting not given; a budget's None is a setting: no target, which --resume keeps
+    # unless one is given)
     changed.update({key: (before[key], value) for key, value in (budget or {}).items()
                     if key in before and before[key] != value})
     if changed:
