@@ -1464,3 +1464,14 @@ def test_the_study_line_says_the_whole_iterations_a_budget_between_two_trains(tm
     argv = _command(tmp_path, "--budget", "200", "--trials", "1", "--population", "1", "--confirm-seeds", "0")
     assert cli.main([*argv, "--no-progress"]) == 0
     assert "200 steps per trial (256: whole iterations of 128)" in capsys.readouterr().out
+
+
+def test_the_confirmation_seeds_are_said_as_tune_draws_them():
+    """`rlspeed tune --help` and docs/tune.md say the confirmation's seeds as `_confirm` draws them: the offset
+    `_CONFIRM_SEED_OFFSET` and the wrap below 2**32 (the help left the wrap out, wrong for a --seed near 2**32)."""
+    offset = rlspeed.tune._CONFIRM_SEED_OFFSET
+    seed_help = next(action.help for action in cli._commands(cli.build_parser())["tune"]._actions
+                     if "--seed" in action.option_strings)
+    docs = (Path(__file__).parents[1] / "docs" / "tune.md").read_text(encoding="utf-8")
+    assert f"seed N + {offset:,} + i, modulo 2**32" in seed_help
+    assert f"`S + {offset} + i`, modulo `2**32`" in docs

@@ -3758,7 +3758,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, metavar="N",
                      help="the sampler's seed and every trial's; the confirmation's run i of each candidate "
-                          "trains with seed N + 1,000,000 + i (default 0)")
+                          "trains with seed N + 1,000,000 + i, modulo 2**32 (default 0)")
     tun.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
                      help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")

@@ -9,7 +9,7 @@ reports every evaluation to its trial (`trial.report`) and removes the members w
 tells Optuna each trial's result. After
 every batch the best trial so far is written as a preset YAML that `rlspeed train --preset FILE` reads; when the
 study is done, the best trials and the starting configuration are trained again on the same new seeds (candidate
-j's i-th run takes seed `seed + 1_000_000 + i`, as every other candidate's) and the best median is written instead
+j's i-th run takes the i-th, as every other candidate's: `_CONFIRM_SEED_OFFSET`) and the best median is written instead
 (one trial is one seed, so the best single trial is partly the configuration that suits that seed best).
 
 Only hyperparameters that may differ across members are searched (those of the population class, `per_member_keys`):
@@ -752,9 +752,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     `study_name`: the Optuna storage URL (or SQLite file) and the study in it; `target_return`: the mean evaluation
     return the objective counts steps to (None: the objective is minus the final evaluation) and `eval_freq` the env
     steps between evaluations (None: the algorithm's default); `seed`: the sampler's seed and every trial's (the
-    confirmation's runs take `seed + 1_000_000 + i`); `device`: where the members train; `command`: the command
-    line the preset file records in its header (None: no such line); `say`: where the progress lines go
-    (`print`)."""
+    confirmation's runs take new seeds from it: `_CONFIRM_SEED_OFFSET`); `device`: where the members train;
+    `command`: the command line the preset file records in its header (None: no such line); `say`: where the progress
+    lines go (`print`)."""
     require_optuna()
     eval_episodes = positive_whole("eval_episodes", eval_episodes, needed_by="tune")  # (before the study records)
     from optuna.trial import TrialState
@@ -1089,8 +1089,8 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     as the study's `confirmation` attribute) each candidate's objectives and median.
 
     One trial is one seed, so the best of many trials is partly the configuration luckiest on it; the confirmation
-    measures the candidates again on seeds no trial used, every candidate on the same ones (its i-th run on
-    `seed + 1_000_000 + i`: paired comparisons, as the trials' on their one seed), and picks by median."""
+    measures the candidates again on seeds no trial used, every candidate on the same ones (its i-th run on the i-th,
+    `_CONFIRM_SEED_OFFSET`: paired comparisons, as the trials' on their one seed), and picks by median."""
     import statistics
 
     candidates = [{"trial": t.number, "hyperparameters": dict(t.user_attrs.get("hyperparameters", {}))}
