@@ -618,6 +618,35 @@ def test_eval_run_dir_names_the_env_options_and_each_members_command_repeats_its
         forget_modules()
 
 
+def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numbers(population_run, capsys,
+                                                                                    monkeypatch):
+    """`rlspeed eval RUN_DIR` evaluated its members one model at a time (a 16-member run: 16 evaluations, most of its
+    time): deterministic on the members' own env it plays them as one population, and prints what the one-at-a-time
+    path prints, every line and --json entry (returns, lengths, seeds) alike."""
+    from rlspeed.population import base
+
+    batches = []
+    played = base.PopulationBase._mean_returns
+
+    def counted(self, seeds, *args, **kwargs):
+        batches.append(len(seeds))
+        return played(self, seeds, *args, **kwargs)
+
+    monkeypatch.setattr(base.PopulationBase, "_mean_returns", counted)
+    printed = {}
+    for batched in (True, False):
+        monkeypatch.setattr(cli, "_batches_members", lambda args, batched=batched: batched and args.env is None,
+                            raising=False)
+        capsys.readouterr()
+        assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7", "--no-progress", "--json"]) == 0
+        printed[batched] = capsys.readouterr()
+    assert batches == [2]  # (the two members in one evaluation)
+    assert printed[True].out == printed[False].out and printed[True].err == printed[False].err
+    members = json.loads(printed[True].out)["members"]
+    assert [len(member["lengths"]) for member in members] == [3, 3] and all(
+        0 < length <= 50 for member in members for length in member["lengths"])
+
+
 def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(population_run, capsys, monkeypatch):
     """A member whose mean return is not finite was dropped from the aggregate without a word, and where no mean was
     finite `rlspeed eval RUN_DIR` ended in stats' "Scores must be a non-empty array" after the members' lines, without
@@ -629,6 +658,7 @@ def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(populat
         return {"mean": means[model.seed], "std": 0.0, "episodes": args.episodes, "unfinished": 0}
 
     monkeypatch.setattr(cli, "_evaluated", evaluated)
+    monkeypatch.setattr(cli, "_batches_members", lambda args: False)  # (each member through `_evaluated`)
     for finite in ([], [0]):
         means.update({0: 12.5 if finite else math.nan, 3: math.inf})
         capsys.readouterr()

@@ -77,8 +77,8 @@ def test_population_evaluation_takes_no_float64_on_the_device(monkeypatch):
     played = base.first_episode_returns
 
     def on_mps(*args, **kwargs):
-        returns, finished, succeeded = played(*args, **kwargs)
-        return returns.as_subclass(_MPSLike), finished, succeeded
+        returns, *rest = played(*args, **kwargs)
+        return returns.as_subclass(_MPSLike), *rest
 
     monkeypatch.setattr(base, "first_episode_returns", on_mps)
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=8, batch_size=16)

@@ -3370,7 +3370,7 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
     `--json` prints the members' results and the aggregate on stdout. Returns 0."""
     import math
 
-    from rlspeed.evaluation import env_options, evaluation_seed
+    from rlspeed.evaluation import env_options
     from rlspeed.stats import aggregate
 
     if args.video is not None:
@@ -3380,15 +3380,7 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
     seed_note = _eval_seed(args)
     out = sys.stderr if args.json else sys.stdout
     results, names = [], set()
-    for path in members:
-        model = _load_evaluated_model(args, path, run_config)
-        env_id = _evaluated_env_id(args, model, path, say=path == members[0])
-        member_seed = model.seed if isinstance(model.seed, int) else int(path.stem.removeprefix("seed_"))
-        seed = evaluation_seed(member_seed, "members", args.seed)
-        try:
-            result = _evaluated(args, model, env_id, env_kwargs, seed)
-        finally:
-            model.close()
+    for path, model, env_id, member_seed, seed, result in _member_evaluations(args, members, run_config, env_kwargs):
         options = env_options(model, env_id, env_kwargs)
         names.add((type(model).__name__, env_id, ", ".join(f"{k}={v!r}" for k, v in options.items())))
         success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
@@ -3418,6 +3410,79 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
         print(strict_json({"members": results, "aggregate": final, "seed": args.seed,
                            "deterministic": not args.stochastic, "episodes": args.episodes}))
     return 0
+
+
+def _member_evaluations(args: argparse.Namespace, members: list[Path], run_config: dict, env_kwargs: dict | None):
+    """(path, model, env id, member seed, evaluation seed, result) of each member model `members` of `rlspeed eval
+    RUN_DIR`, in their order, each result as `_evaluated` gives it for the model alone (member seed S evaluated from
+    `evaluation_seed(S, "members", --seed)`): as one batch (`_batched_evaluations`) where `_batches_members` says so,
+    else one model after another."""
+    from rlspeed.evaluation import evaluation_seed
+
+    if _batches_members(args):
+        models, env_ids = [], []
+        try:
+            for path in members:
+                models.append(_load_evaluated_model(args, path, run_config))
+                env_ids.append(_evaluated_env_id(args, models[-1], path, say=path == members[0]))
+            seeds = [_member_seed(model, path) for model, path in zip(models, members)]
+            evaluated = [evaluation_seed(seed, "members", args.seed) for seed in seeds]
+            results = _batched_evaluations(args, models, members, evaluated)
+            for k, (path, model, env_id) in enumerate(zip(members, models, env_ids)):
+                result = results[k] if results is not None else _evaluated(args, model, env_id, env_kwargs,
+                                                                           evaluated[k])
+                yield path, model, env_id, seeds[k], evaluated[k], result
+        finally:
+            for model in models:
+                model.close()
+        return
+    for path in members:
+        model = _load_evaluated_model(args, path, run_config)
+        env_id = _evaluated_env_id(args, model, path, say=path == members[0])
+        member_seed = _member_seed(model, path)
+        seed = evaluation_seed(member_seed, "members", args.seed)
+        try:
+            result = _evaluated(args, model, env_id, env_kwargs, seed)
+        finally:
+            model.close()
+        yield path, model, env_id, member_seed, seed, result
+
+
+def _member_seed(model, path: Path) -> int:
+    """The seed of the member whose model `model` was loaded from `path` (`members/seed_<S>.safetensors`)."""
+    return model.seed if isinstance(model.seed, int) else int(path.stem.removeprefix("seed_"))
+
+
+def _batches_members(args: argparse.Namespace) -> bool:
+    """Whether `rlspeed eval RUN_DIR` evaluates the members as one population (`_batched_evaluations`), which plays
+    the episodes each member's own evaluation plays: deterministic, on the members' own env, options and backend (no
+    `--env`, `--env-kwargs`, `--env-backend`), without `--video`; `_batched_evaluations` then batches models loaded on
+    the CPU (where the batched sums are the solo model's)."""
+    return (not args.stochastic and args.env is None and not args.env_kwargs and args.env_backend is None
+            and args.video is None)
+
+
+def _batched_evaluations(args: argparse.Namespace, models: list, paths: list[Path], seeds: list[int]
+                         ) -> list[dict] | None:
+    """Each member model of `models` (loaded from `paths`) evaluated from its seed of `seeds` as `_evaluated` evaluates
+    it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`); None where
+    they are not one population's members or not on the CPU (then each is evaluated alone)."""
+    from rlspeed.checkpoint import load_checkpoint
+    from rlspeed.evaluation import _result
+    from rlspeed.population import _population_of_models
+
+    if any(model.device.type != "cpu" for model in models):
+        return None
+    try:
+        population = _population_of_models(models, [load_checkpoint(path)[0] for path in paths])
+    except UserError:
+        return None
+    with population:
+        population.evaluate(seeds=seeds, episodes=args.episodes)
+    played = population.last_episodes
+    return [_result(played["returns"][k], played["lengths"][k], population.last_unfinished[k],
+                    None if played["successes"] is None else played["successes"][k], seed, True)
+            for k, seed in enumerate(seeds)]
 
 
 def _check_parent_directory(flag: str, given: str) -> None:

@@ -4,13 +4,17 @@ what it covers. See docs/population.md."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import warnings
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import torch
 
 from rlspeed.algos.base import Algorithm
 from rlspeed.errors import UserError
 from rlspeed.population.a2c import PER_MEMBER_A2C, A2CPopulation
-from rlspeed.population.base import PopulationBase
+from rlspeed.population.base import _GIVEN_MEMBERS, PopulationBase
 from rlspeed.population.offpolicy import (
     PER_MEMBER_DQN,
     PER_MEMBER_SAC,
@@ -60,6 +64,57 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
         raise UserError(f"A population takes an env id (it makes each member's envs with the member's seed, as its "
                         f"solo run would), not a {type(env_id).__name__}.")
     return implementation(algo_cls, env_id, seeds, **kwargs)
+
+
+def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str, torch.Tensor]]) -> PopulationBase:
+    """The population whose members are `models` (solo models of one rlspeed algorithm, as loaded from member files
+    whose tensors are `files`), to evaluate them as one batch (its `evaluate`): their parameters and normalisation
+    statistics as the files hold them. UserError, saying why, where they are not one population's members (another
+    class, env, backend, device or seed kind, settings other than the per-member ones that differ) or where the
+    population built does not hold exactly the files' tensors."""
+    first = models[0]
+    implementation = IMPLEMENTATIONS.get(type(first).__name__)
+    # (a class of the user's own of the same name: the population's build refuses it, `_solo_members`)
+    if implementation is None or any(type(model) is not type(first) for model in models):
+        raise UserError("the members are not all one algorithm a population trains")
+
+    def shared(model) -> dict:
+        return {key: value for key, value in dataclasses.asdict(model.config).items()
+                if key not in implementation.per_member}
+
+    seeds = [model.seed for model in models]
+    if any(not isinstance(seed, int) or isinstance(seed, bool) for seed in seeds) or len(set(seeds)) != len(seeds):
+        raise UserError("the members' seeds are not distinct whole numbers")
+    if any((model.env_id, model.env_backend, model.spec.env_kwargs, model.device, shared(model))
+           != (first.env_id, first.env_backend, first.spec.env_kwargs, first.device, shared(first))
+           for model in models[1:]):
+        raise UserError("the members differ in their env, backend, device or shared settings")
+    hyperparameters = {**dataclasses.asdict(first.config),
+                       **{key: [getattr(model.config, key) for model in models] for key in implementation.per_member}}
+    token = _GIVEN_MEMBERS.set(list(models))
+    try:
+        with warnings.catch_warnings():  # (training's notes: the members were trained already)
+            warnings.simplefilter("ignore")
+            population = implementation(type(first), first.env_id, seeds, device=first.device,
+                                        env_backend=first.env_backend, env_kwargs=first.spec.env_kwargs or None,
+                                        verbose=0, **hyperparameters)
+    finally:
+        _GIVEN_MEMBERS.reset(token)
+    statistics = population._normalization
+    if statistics is not None:  # (each member's statistics as its file holds them; fresh ones otherwise)
+        for k, tensors in enumerate(files):
+            for prefix, short in (("obs_rms", "obs"), ("return_rms", "ret")):
+                for field in ("mean", "var", "count"):
+                    held, saved = getattr(statistics, f"{short}_{field}"), tensors.get(f"{prefix}.{field}")
+                    if held is not None and saved is not None and saved.shape == held[k].shape:
+                        held[k] = saved.to(held.device, held.dtype)
+        population._final_normalization = statistics.rows(torch.arange(population.size, device=population.device))
+    for k, tensors in enumerate(files):  # (what the batched evaluation plays with is what the files hold)
+        held = {**population._member_checkpoint(k), **population.member_statistics(k)}
+        if any(name not in tensors or not torch.equal(tensors[name].to(value.device, value.dtype), value)
+               for name, value in held.items()):
+            raise UserError(f"member {seeds[k]}'s population does not hold its file's tensors")
+    return population
 
 
 __all__ = ["A2CPopulation", "DDPGPopulation", "DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_A2C",

@@ -414,6 +414,10 @@ SEEDS_OPTION = ("--seeds", "--seeds 0-{last}", "--set buffer_size={buffer}")
 _BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str, str]]] = contextvars.ContextVar(
     "build_plan", default=(None, True, None, SEEDS_KEYWORD))
 
+#: solo models a population being built takes as its members, in place of new ones (`solo_models`): models loaded
+#: from their files (`rlspeed.population._population_of_models`), None for a population's own new members
+_GIVEN_MEMBERS: contextvars.ContextVar[list | None] = contextvars.ContextVar("given_members", default=None)
+
 #: a loop that would take longer than this (seconds: a population's members built, a study's trials asked for) shows
 #: a bar, or where stderr is no terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it runs
 BUILD_PROGRESS_S = 10.0
@@ -480,7 +484,11 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
     each member's replay buffer (transitions, bytes per transition, bytes whatever its size), counted in
     `check_members_fit`. Where the second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar
-    counts them (unless `planned_timesteps` says no bar: `LongLoopBar`)."""
+    counts them (unless `planned_timesteps` says no bar: `LongLoopBar`). Models given for the build
+    (`_GIVEN_MEMBERS`) are the solos as they are."""
+    given = _GIVEN_MEMBERS.get()
+    if given is not None:
+        return list(given), [generator_like_global(device) for _ in given]
     solos, generators = [], []
     _, progress_bar, planned, option = _BUILD_PLAN.get()
     with (_forked_generators(device), warnings.catch_warnings(),
@@ -779,16 +787,17 @@ class EvaluationStopped(Exception):
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
                           stop: Callable[[], bool] | None = None, max_steps: int | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(return, finished, succeeded) of each env row's first episode, `[rows]` each (a row still running at the step
-    limit: its return so far, not finished; succeeded: its last info's `is_success`, None where the env reports no
-    success), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the
-    first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(return, finished, succeeded, length) of each env row's first episode, `[rows]` each (a row still running at the
+    step limit: its return and length so far, not finished; succeeded: its last info's `is_success`, None where the env
+    reports no success), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`;
+    with the first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
     training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
     asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation). The step limit:
     `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s)."""
     limit = episode_step_limit(env, max_steps)
     returns = torch.zeros(obs.shape[0], device=obs.device)
+    lengths = torch.zeros(obs.shape[0], device=obs.device, dtype=torch.int64)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
     succeeded = None
     for step in range(1, limit + 1):
@@ -796,6 +805,7 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
         masks = info["action_mask"] if masks is not None else None
         newly_done = info["done"] & ~finished
         returns = torch.where(newly_done, info["episode_return"], returns)
+        lengths = torch.where(newly_done, info["episode_length"], lengths)
         if "is_success" in info:
             succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
                 newly_done & info["is_success"])
@@ -805,7 +815,8 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
                 break
             if stop is not None and stop():
                 raise EvaluationStopped
-    return torch.where(finished, returns, info["episode_return"]), finished, succeeded
+    return (torch.where(finished, returns, info["episode_return"]), finished, succeeded,
+            torch.where(finished, lengths, info["episode_length"]))
 
 
 def final_steps(member: dict, stop: str, num_timesteps: int) -> int:
@@ -1248,7 +1259,7 @@ class PopulationBase:
         backend = self._evaluation_env_backend(episodes, seeds)
         # (where the members apply the env's action masks, the policy takes (obs, masks))
         applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
-        waves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        waves: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         for first, count in evaluation_waves(episodes, evaluation_env_cap(backend), len(seeds)):
             env = None
             try:
@@ -1261,7 +1272,7 @@ class PopulationBase:
                     env.close()
             waves.append(tuple(None if part is None else part.view(len(seeds), count) for part in wave))
         # (each member's episodes in order, wave after wave: the rows of one env of them all)
-        returns, finished = (torch.cat([wave[part] for wave in waves], 1).flatten() for part in (0, 1))
+        returns, finished, lengths = (torch.cat([wave[part] for wave in waves], 1).flatten() for part in (0, 1, 3))
         succeeded = None if all(wave[2] is None for wave in waves) else torch.cat(
             [torch.zeros_like(wave[1]) if wave[2] is None else wave[2] for wave in waves], 1).flatten()
         #: each evaluated member's episodes still running at the step limit (counted with their returns so far, as
@@ -1277,10 +1288,16 @@ class PopulationBase:
             done = finished.view(len(seeds), episodes).sum(1).cpu()  # ok-sync: evaluation
             wins = succeeded.view(len(seeds), episodes).sum(1).cpu()
             self.last_success_rates = [float(w) / float(d) if d > 0 else None for w, d in zip(wins, done)]
+        #: each evaluated member's episodes, as `rlspeed.evaluate`'s result lists them: their returns (float64),
+        #: lengths (env steps) and, where the env reports `is_success` (else None), successes; the last `evaluate`'s,
+        #: by position
+        self.last_episodes = {
+            "returns": returns.view(len(seeds), episodes).cpu().double().tolist(),  # ok-sync: evaluation
+            "lengths": lengths.view(len(seeds), episodes).cpu().tolist(),
+            "successes": None if succeeded is None else succeeded.view(len(seeds), episodes).cpu().tolist()}
         # (each member's mean and std as `rlspeed.evaluate` forms them, from the same float64 episode returns: a
         # member's numbers equal `rlspeed eval`'s of its saved model)
-        statistics = [return_statistics(row)
-                      for row in returns.view(len(seeds), episodes).cpu().double().tolist()]  # ok-sync: evaluation
+        statistics = [return_statistics(row) for row in self.last_episodes["returns"]]
         #: each evaluated member's standard deviation of its episodes' returns (population, as `rlspeed.evaluate`'s
         #: `std`), the last `evaluate`'s, by position
         self.last_return_stds = [std for _, std in statistics]
@@ -1649,6 +1666,7 @@ class PopulationBase:
     _evaluation_stop: Callable[[], bool] | None = None
     last_return_stds: list[float] | None = None  # (`_mean_returns`)
     last_unfinished: list[int] | None = None  # (`_mean_returns`)
+    last_episodes: dict[str, list[list] | None] | None = None  # (`_mean_returns`)
 
     #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
     #: innermost `EpisodeStatistics`, as a single run's guard sits (`_attach_env_guard`)
