@@ -122,3 +122,19 @@ def test_a_recurrent_state_tuple_of_tensors_in_place_is_not_converted_at_each_ca
         assert torch.equal(outputs[0], expected[0]) and all(map(torch.equal, outputs[1], expected[1]))
         converted = model(x, tuple(t.numpy() for t in state))  # (a state that needs converting still is)
     assert counting.calls == 1 and torch.equal(converted[0], expected[0])
+
+
+def test_a_module_called_only_inside_a_step_says_so_in_its_report():
+    """CleanRL's SAC calls its Q-networks only in losses; accelerated as the docs show, their report said "no decision
+    yet: the first call ... triggers it" after thousands of calls. It says those calls ran inside a step, as the step
+    chose (once, however many calls), and a call outside the step still decides for itself."""
+    critic = auto_accelerate(_mlp())
+    step = accelerate_step(lambda x: critic(x).square().mean(), torch.optim.SGD(critic.parameters(), lr=0.1))
+    for _ in range(3):
+        step(torch.randn(8, 4))
+    text = str(critic.accel_report)
+    assert text.count("called inside an accelerated step's loss function") == 1
+    assert "step's report" in text and "its first call outside a step" in text
+    with torch.no_grad():
+        critic(torch.randn(8, 4))
+    assert critic.accel_report.decisions

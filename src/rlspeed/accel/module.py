@@ -67,6 +67,10 @@ SEARCH_COST_SHARE = 0.03
 #: (a module's own check sees its outputs only, and a reduced precision it chose would run inside a step that chose
 #: fp32, and inside the step search's fp32 reference).
 _STEP_SCOPE = threading.local()
+#: The report's note once the module is called inside a step's loss function: a module called only there has no
+#: decision of its own, and its report says where its calls' choice is.
+IN_STEP_NOTE = ("called inside an accelerated step's loss function: those calls run its plain forward, in what the "
+                "step chose (the step's report); its own decisions are for its calls outside steps")
 
 _CLASS_ATTRIBUTE = "_rlspeed_accelerated_class"  # where `_accelerated_class` keeps a class's accelerated subclass
 _FAST_SCALARS = (bool, int, float)  # argument types the fast path of a call passes as they are (as the converter does)
@@ -286,6 +290,7 @@ class ModuleAccelerator:
         self._decisions: dict[tuple, Decision] = {}  # every decided signature's decision (its calls counted)
         self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
         self.searches = 0  # searches run (each times every candidate)
+        self.called_in_step = False  # whether it was called inside an accelerated step's loss function (`IN_STEP_NOTE`)
         self._local = threading.local()  # (per thread: a nested call in one thread is no nested call in another)
         self._make_locks()
         self._candidates, notes = candidates(request, device, allow_fp16=False, float_dtype=float_dtype)
@@ -326,6 +331,7 @@ class ModuleAccelerator:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("called_in_step", False)  # (pickled before it existed)
         self._local = threading.local()
         self._make_locks()
 
@@ -339,8 +345,12 @@ class ModuleAccelerator:
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         # (the fast path's checks are what every call of a small model pays: each is the cheapest form of itself)
-        if self._local.__dict__.get("depth") or _STEP_SCOPE.__dict__.get("depth"):  # a nested call (a method calling
-            # self() inside an accelerated call), or a call inside an accelerated step's loss function
+        if self._local.__dict__.get("depth"):  # a nested call (a method calling self() inside an accelerated call)
+            return self.base_forward(module, *args, **kwargs)
+        if _STEP_SCOPE.__dict__.get("depth"):  # a call inside an accelerated step's loss function
+            if not self.called_in_step:
+                self.called_in_step = True
+                self.report.note(IN_STEP_NOTE)
             return self.base_forward(module, *args, **kwargs)
         if args:  # fast path: tensors already in place (policy(obs), critic(obs, action), lstm(x, (h, c)),
             # model(x, scale=2.0)), a plain or a waiting kind of call; the batch size is the first one of at least two

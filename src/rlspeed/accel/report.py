@@ -136,7 +136,7 @@ class AccelReport:
         requested = " ".join(f"{key}={value}" for key, value in self.requested.items() if value is not None)
         lines = [f"rlspeed acceleration for {self.target} on {self.device}", f"  requested: {requested}"]
         if not self.decisions:
-            lines.append("  no decision yet: the first call (or example_inputs=) triggers it")
+            lines.append("  no decision yet: its first call outside a step (or example_inputs=) triggers it")
         for decision in self.decisions:
             took = f", {decision.search_s:.2f} s" if decision.search_s is not None else ""
             lines.append(f"  [{decision.signature}] -> {decision.chosen.label} ({decision.source}{took}): "
