@@ -818,6 +818,30 @@ def test_tensorboard_log_is_where_learn_writes_its_runs(tmp_path):
         Population(PPO, "CartPole-v1", seeds=range(2), tensorboard_log=tmp_path / "tb")  # (its members' was unused)
 
 
+def test_a_loaded_model_continues_the_tensorboard_log_run_it_wrote(tmp_path):
+    """SB3's way to go on training, load then learn(reset_num_timesteps=False), was refused: the loaded model's run
+    was its file's folder, so the last DIR/PPO_N, which the saved model wrote, was "the metrics.csv of another run".
+    The file records the run the model last trained in: a loaded copy continues it; a model that did not write it
+    is still refused (nothing replaces another run's rows)."""
+    from rlspeed import PPO
+
+    settings = dict(device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1, verbose=0,
+                    tensorboard_log=tmp_path / "tb")
+    model = PPO("CartPole-v1", **settings)
+    model.learn(32)
+    loaded = PPO.load(model.save(tmp_path / "model"), device="cpu")
+    loaded.learn(32, reset_num_timesteps=False)
+    with open(tmp_path / "tb" / "PPO_1" / "metrics.csv", newline="") as file:
+        assert [row["timesteps"] for row in csv.DictReader(file)][-1] == "64"
+    assert [path.name for path in (tmp_path / "tb").iterdir()] == ["PPO_1"]
+    rows = (tmp_path / "tb" / "PPO_1" / "metrics.csv").read_text()
+    other = PPO("CartPole-v1", **settings)
+    other.learn(32, run_dir=tmp_path / "other")
+    with pytest.raises(UserError, match=r"PPO_1' holds the metrics.csv of another run, which this model \(trained in "):
+        PPO.load(other.save(tmp_path / "other_model"), device="cpu").learn(32, reset_num_timesteps=False)
+    assert (tmp_path / "tb" / "PPO_1" / "metrics.csv").read_text() == rows
+
+
 def test_stable_baselines3_noise_objects_without_their_arguments_are_one_sentence():
     # (the arguments of SB3's noise objects are private attributes: one of another SB3 version without them was
     # taken as mean 1 and refused as such, or, OU's theta or dt, an AttributeError)

@@ -2285,6 +2285,9 @@ class Algorithm:
         self._callback_runs: CallbackRuns | None = None  # (in learn: the step count each callback last ran at)
         self._run_dir: Path | None = None  # the run directory it trained in or was loaded from (`_continues`)
         self._left_runs: dict[Path, int] = {}  # run directories it trained in before `_run_dir`: the step it left at
+        #: the run directory it last trained in, saved with it: a loaded copy continues that run too (`_continues`),
+        #: as SB3's load then learn(reset_num_timesteps=False) continues the last tensorboard_log run
+        self._trained_run: Path | None = None
         self._tensorboard = KeptWriter()  # (its TensorBoard writer from one learn call in a run directory to the next)
         from_spec = isinstance(env, EnvSpec)
         if env_kwargs is not None and not isinstance(env, str):
@@ -3351,7 +3354,8 @@ class Algorithm:
         second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each
         reading is a row of `run_dir/metrics.csv` (the last iterations before a stop a callback or signal asked for
         included); a `run_dir` holding another run's metrics.csv is refused (a model continues only the run it
-        trained in or was loaded from), not one without rows (a call stopped before its first row left it).
+        trained in or was loaded from, or the one the saved model last trained in), not one without rows (a call
+        stopped before its first row left it).
         Without `run_dir`, a model made with Stable-Baselines3's `tensorboard_log=DIR` writes its run in
         `DIR/<tb_log_name>_N` (Stable-Baselines3's learn keyword, by default the algorithm's class name), N numbered
         as SB3 numbers its runs: one past the largest there, or with `reset_num_timesteps=False` the largest, which
@@ -3436,7 +3440,7 @@ class Algorithm:
             if self._run_dir is not None and self._run_dir != Path(run_dir).resolve() and self.num_timesteps:
                 # (the step its rows there end at; a model pickled before the attribute has none)
                 self.__dict__.setdefault("_left_runs", {})[self._run_dir] = self.num_timesteps
-            self._run_dir = Path(run_dir).resolve()
+            self._run_dir = self._trained_run = Path(run_dir).resolve()
         if not self.strategy.enabled:  # (a user's script under torchrun that left strategy= out)
             warn_training_alone(f"{type(self).__name__} without a strategy",
                                 "pass strategy=rlspeed.distributed.DistributedStrategy() to train one run across them")
@@ -3853,8 +3857,10 @@ class Algorithm:
 
     def _continues(self, run_dir: str | Path) -> bool:
         """Whether `run_dir` is this model's own run: the one it last trained in, or the one it was loaded or resumed
-        from (a model that has trained continues its run's metrics.csv there)."""
-        return bool(self.num_timesteps) and self._run_dir == Path(run_dir).resolve()
+        from, or the one the model it was loaded from last trained in (a model that has trained continues its run's
+        metrics.csv there)."""
+        return bool(self.num_timesteps) and Path(run_dir).resolve() in (self._run_dir,
+                                                                        self.__dict__.get("_trained_run"))
 
     def _eval_seed(self, kind: str = "learn") -> int:
         """The env seed of `learn`'s evaluation of `kind` now (`evaluation_seed`: a population's member uses the
@@ -4168,6 +4174,8 @@ class Algorithm:
                     **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
                     "verbose": self.verbose,
                     **({"tensorboard_log": self.tensorboard_log} if self.tensorboard_log is not None else {}),
+                    # (the run it last trained in, which a loaded copy continues: `_continues`)
+                    **({"trained_run": str(trained)} if (trained := self.__dict__.get("_trained_run")) else {}),
                     "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
@@ -4444,6 +4452,8 @@ class Algorithm:
                 close_quietly(env)  # (the load's error is the one to show)
             raise
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
+        if isinstance(meta.get("trained_run"), str):  # (and the run it last trained in: `_continues`)
+            model._trained_run = Path(meta["trained_run"])
         # (its training clock so far: metrics.csv's train_wall_s goes on where the saved model's ended, as its steps)
         loop = meta["resume"].get("loop") if isinstance(meta.get("resume"), dict) else None
         if isinstance(loop, dict):
