@@ -819,6 +819,20 @@ def test_eval_of_a_run_reproduces_its_final_evaluation(runs, capsys):
     assert (result["mean"], result["std"]) == (final["mean"], final["std"])
 
 
+def test_eval_hints_paste_into_a_shell_for_a_run_directory_with_a_space(tmp_path):
+    """The `rlspeed eval RUN --seed S` a stopped or unsaved run's message names was not quoted: a run directory with a
+    space gave a command whose path split in two (a population member's line was quoted, and stays quoted once)."""
+    import shlex
+
+    run_dir = tmp_path / "my runs" / "it's"
+    assert shlex.split(cli._eval_command(run_dir, 7, cli.EVAL_EPISODES)) == [
+        "rlspeed", "eval", str(run_dir), "--seed", "7"]
+    args = cli.build_parser().parse_args(["eval", str(run_dir), "--episodes", "3", "--env-kwargs", "a=b c"])
+    assert shlex.split(cli._member_eval_command(args, run_dir / "members" / "seed_1.safetensors", 5)) == [
+        "rlspeed", "eval", str(run_dir / "members" / "seed_1.safetensors"), "--seed", "5", "--episodes", "3",
+        "--env-kwargs", "a=b c"]
+
+
 def test_total_timesteps_takes_float_notation(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "5.12e2", "--target-return", "none",

@@ -184,8 +184,10 @@ def _episodes(number: int) -> str:
 
 def _eval_command(path, seed: int, episodes: int) -> str:
     """The `rlspeed eval` command that repeats a final evaluation of `episodes` episodes from `seed` (`--episodes`
-    only where it is not rlspeed eval's default)."""
-    return f"rlspeed eval {path} --seed {seed}" + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else "")
+    only where it is not rlspeed eval's default) of the model or run directory at `path`, quoted for a shell (a
+    path with a space pastes as one argument)."""
+    return (f"rlspeed eval {shlex.quote(os.fspath(path))} --seed {seed}"
+            + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else ""))
 
 
 def _whole(minimum: int, maximum: int | None = MAX_COUNT):
@@ -3359,7 +3361,7 @@ def _member_eval_command(args: argparse.Namespace, path: Path, seed: int) -> str
                *(part for option in args.env_kwargs or [] for part in ("--env-kwargs", option)),
                *(["--env-backend", args.env_backend] if args.env_backend is not None else []),
                *(["--device", args.device] if args.device != "auto" else [])]
-    return " ".join([_eval_command(shlex.quote(str(path)), seed, args.episodes), *map(shlex.quote, options)])
+    return " ".join([_eval_command(path, seed, args.episodes), *map(shlex.quote, options)])
 
 
 def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path], run_config: dict) -> int:
