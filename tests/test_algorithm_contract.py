@@ -837,7 +837,10 @@ def test_a_loaded_model_continues_the_tensorboard_log_run_it_wrote(tmp_path):
     rows = (tmp_path / "tb" / "PPO_1" / "metrics.csv").read_text()
     other = PPO("CartPole-v1", **settings)
     other.learn(32, run_dir=tmp_path / "other")
-    with pytest.raises(UserError, match=r"PPO_1' holds the metrics.csv of another run, which this model \(trained in "):
+    with pytest.raises(UserError, match=r"PPO_1', the last run under tensorboard_log, which learn\(\.\.\., "
+                                        r"reset_num_timesteps=False\) continues, holds the metrics.csv of another run, "
+                                        r"which this model did not train in .*: learn without "
+                                        r"reset_num_timesteps=False writes the next run '.*PPO_2'\.$"):
         PPO.load(other.save(tmp_path / "other_model"), device="cpu").learn(32, reset_num_timesteps=False)
     assert (tmp_path / "tb" / "PPO_1" / "metrics.csv").read_text() == rows
 

@@ -3393,6 +3393,7 @@ class Algorithm:
         checkpoint_interval_s = seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
+        tensorboard_run = run_dir is None  # (a run under tensorboard_log, where that gives one: refused in its words)
         run_dir, tb_log_name = self._tensorboard_run(run_dir, tb_log_name, new_run=not whole_count_schedules)
         if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to "
@@ -3425,8 +3426,14 @@ class Algorithm:
         callbacks = as_callback(callback)
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
         if run_dir is not None and main and holds_metrics(run_dir) and not self._continues(run_dir):
-            refuse_other_metrics(run_dir, "model", self.num_timesteps, self._run_dir,
-                                 self.__dict__.get("_left_runs", {}).get(Path(run_dir).resolve()))
+            left_at = self.__dict__.get("_left_runs", {}).get(Path(run_dir).resolve())
+            if tensorboard_run and left_at is None:  # (the last run, which reset_num_timesteps=False continues)
+                raise UserError(f"'{run_dir}', the last run under tensorboard_log, which learn(..., "
+                                "reset_num_timesteps=False) continues, holds the metrics.csv of another run, which "
+                                "this model did not train in (a model continues the run it, or the model it was loaded "
+                                "from, last trained in): learn without reset_num_timesteps=False writes the next run "
+                                f"'{tensorboard_run_dir(self.tensorboard_log, run_dir.name.rpartition('_')[0])}'.")
+            refuse_other_metrics(run_dir, "model", self.num_timesteps, self._run_dir, left_at)
         self._check_parameters_held()
         # values set on model.config since the model was built, taken and checked as the constructor takes and checks
         # them (an SB3 noise object or a misspelt choice for TD3's action_noise trained with no noise)
