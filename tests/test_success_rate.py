@@ -86,6 +86,60 @@ def test_finished_rows_carry_their_envs_is_success(backend):
     assert any(any(row) for row in expected) and not all(all(row) for row in expected)  # both kinds happen
 
 
+class MazeGoal(LineGoal):
+    """LineGoal reporting its success as Gymnasium-Robotics' PointMaze and AntMaze do: `info["success"]`, on every
+    step; with `both`, a contrary `info["is_success"]` beside it, which wins."""
+
+    def __init__(self, both: bool = False):
+        self.both = both
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        info = {"success": reward == 1.0}
+        if self.both:
+            info["is_success"] = reward != 1.0
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("RlspeedTestMazeGoal-v0", entry_point=MazeGoal, max_episode_steps=8)
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async", "sb3"])
+def test_an_envs_success_key_is_its_success_where_it_gives_no_is_success(backend):
+    """`info["success"]` (PointMaze's, AntMaze's) is the success of an env that gives no `is_success`, in every
+    adapter: each finished row's flag is its return here; where an env gives both, `is_success` is read."""
+    for both in (False, True):
+        if backend == "sb3":
+            env_util = pytest.importorskip("stable_baselines3.common.env_util")
+            env = rlspeed.make_env(env_util.make_vec_env("RlspeedTestMazeGoal-v0", n_envs=2, seed=0,
+                                                         env_kwargs={"both": both}))
+        else:
+            env = rlspeed.make_env("RlspeedTestMazeGoal-v0", num_envs=2, seed=0, backend=backend,
+                                   env_kwargs={"both": both})
+        generator = torch.Generator().manual_seed(0)
+        finished, succeeded, paid = 0, 0, 0
+        try:
+            env.reset(seed=0)
+            for _ in range(24):
+                *_, info = env.step(torch.randint(0, 2, (2,), generator=generator))
+                done = info["done"]
+                finished += int(done.sum())
+                if done.any():
+                    succeeded += int(info["is_success"][done].sum())
+                    paid += int((info["episode_return"][done] == 1.0).sum())
+        finally:
+            env.close()
+        assert 0 < paid < finished  # (both kinds)
+        assert succeeded == (finished - paid if both else paid)
+
+
+def test_a_success_flag_that_is_not_a_bool_is_refused_naming_its_key():
+    from rlspeed.envs.gymnasium_env import success_flag
+
+    with pytest.raises(rlspeed.UserError, match=r"info\['success'\] is 'yes'.*reads 'success' where"):
+        success_flag("yes", "success")
+
+
 def test_a_stable_baselines3_vec_env_passes_is_success_on():
     env_util = pytest.importorskip("stable_baselines3.common.env_util")
     env = rlspeed.make_env(env_util.make_vec_env(GOAL_ID, n_envs=2, seed=0))
@@ -238,12 +292,12 @@ def test_population_evaluation_keeps_each_members_successes_apart():
 def test_an_is_success_that_is_not_a_bool_is_refused():
     """`info["is_success"]` is read as a bool (or a 0/1 number): a text or another number would count as a success
     under `bool()`, so it is one sentence instead."""
-    from rlspeed.envs.gymnasium_env import success_flags
+    from rlspeed.envs.gymnasium_env import success_flag
 
-    assert success_flags({0: np.True_, 1: 0, 2: 1.0}, 3, torch.device("cpu")).tolist() == [True, False, True]
+    assert [success_flag(value) for value in (np.True_, 0, 1.0)] == [True, False, True]
     for value in ("no", 0.7, [True, False]):
         with pytest.raises(rlspeed.UserError, match=r"info\['is_success'\] is .*must be a bool"):
-            success_flags({0: value}, 2, torch.device("cpu"))
+            success_flag(value)
 
 
 def test_an_sb3_vec_env_without_terminal_observations_or_with_extra_rewards_is_one_sentence():

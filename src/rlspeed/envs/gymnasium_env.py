@@ -324,11 +324,34 @@ def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.S
 
 _NO_SUCCESS: dict[tuple[int, torch.device], torch.Tensor] = {}  # (N, device) -> all-False flags, made once
 
+#: the keys of an env's step info that say whether its episode reached its goal, the first present taken: SB3's (and
+#: Gymnasium-Robotics' Fetch and Shadow Hand envs'), then Gymnasium-Robotics' PointMaze and AntMaze envs' (Meta-World's)
+SUCCESS_KEYS = ("is_success", "success")
 
-def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch.Tensor:
-    """`info["is_success"]`: bool `[N]`, True for the finished rows whose env's last info said `is_success` (a
-    goal env's convention, SB3's `success_rate`), False elsewhere (read only where `info["done"]`). A step where
-    no row finished gets one shared all-False tensor (no copy to the device; callers never write into it)."""
+
+def success_key(info) -> str | None:
+    """Which of `SUCCESS_KEYS` an env's step info (or a vector env's `final_info`) gives its success under, the first
+    present; None where it gives neither. Every adapter reads an env's success through it, one rule for all."""
+    return next((key for key in SUCCESS_KEYS if key in info), None)
+
+
+def success_flag(value, key: str = "is_success") -> bool:
+    """An env's success flag (`info[key]`) as a bool: a bool or a 0/1 number; anything else (a text, 0.7: `bool()` would
+    count it a success) is one sentence naming the key."""
+    array = np.asarray(value)
+    if array.size != 1 or array.item() not in (True, False):
+        raise UserError(f"An env's info[{key!r}] is {value!r}: it must be a bool (True where the episode reached its "
+                        "goal), as Gymnasium's goal envs and Stable-Baselines3 read it"
+                        + (" (rlspeed reads 'success' where an env gives no 'is_success')." if key != "is_success"
+                           else "."))
+    return bool(array.item())
+
+
+def success_flags(successes: dict[int, bool], num_envs: int, device: torch.device) -> torch.Tensor:
+    """`info["is_success"]`: bool `[N]`, True for the finished rows whose env's last info said it succeeded
+    (`success_flag`; a goal env's convention, SB3's `success_rate`), False elsewhere (read only where `info["done"]`).
+    A step where no row finished gets one shared all-False tensor (no copy to the device; callers never write into
+    it)."""
     if not successes:
         key = (num_envs, torch.device(device))
         if key not in _NO_SUCCESS:
@@ -336,11 +359,7 @@ def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch
         return _NO_SUCCESS[key]
     flags = np.zeros(num_envs, dtype=bool)
     for row, success in successes.items():
-        value = np.asarray(success)
-        if value.size != 1 or value.item() not in (True, False):  # (bool, or a 0/1 number: "no" is not False)
-            raise UserError(f"An env's info['is_success'] is {success!r}: it must be a bool (True where the episode "
-                            "reached its goal), as Gymnasium's goal envs and Stable-Baselines3 read it.")
-        flags[row] = bool(value.item())
+        flags[row] = success
     return host_to(flags, device)
 
 
@@ -413,7 +432,8 @@ def _observation_wrappers(vector_env) -> list[str]:
 
 def add_success(adapter, out_info: dict, successes: dict) -> None:
     """`info["is_success"]` (`success_flags`) on an adapter's step info, on every step once one of its finished
-    episodes has reported it (`adapter.reports_success`): rows whose env said nothing read False."""
+    episodes has reported its success (`adapter.reports_success`; under either of `SUCCESS_KEYS`): rows whose env said
+    nothing read False."""
     if successes:
         adapter.reports_success = True
     if adapter.reports_success:
@@ -1901,7 +1921,7 @@ class GymnasiumEnv(BatchedEnv):
             merge = inner._add_info  # (one made on this vector env before: kept)
             self._none_masks = inner._add_info = merge if isinstance(merge, _NoneMasks) else _NoneMasks(merge)
         self._step_masks_checked = False  # (`_check_step_masks` on the first step outside the SyncVectorEnv loop)
-        self.reports_success = False  # (True once a finished episode's info has "is_success")
+        self.reports_success = False  # (True once a finished episode's info has a success flag: success_key)
         # set where a call to the vector env raised (a KeyboardInterrupt say) part-way: `disrupted`
         self._interrupted_call: str | None = None
         self._failed: str | None = None  # (why subprocess envs were closed after a failed step or reset)
@@ -2048,7 +2068,7 @@ class GymnasiumEnv(BatchedEnv):
             masks = [None] * n if self.has_action_masks and not self._mask_method else None
             final_masks: dict[int, object] = {}  # finished row -> the mask its env gave with the last observation
             self._final_masks = final_masks
-            successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
+            successes: dict[int, bool] = {}  # finished row -> its last step's success flag (success_key)
             self._successes = successes
             recorded: dict[int, float] = {}  # finished row -> the return its RecordEpisodeStatistics recorded
             self._recorded = recorded
@@ -2069,8 +2089,8 @@ class GymnasiumEnv(BatchedEnv):
                     host.write(final, i, observation)
                     if masks is not None or self._mask_method:
                         final_masks[i] = self._env_mask(env, info)
-                    if "is_success" in info:
-                        successes[i] = info["is_success"]
+                    if (key := success_key(info)) is not None:
+                        successes[i] = success_flag(info[key], key)
                     if self._records_returns and isinstance(info.get("episode"), dict):
                         recorded[i] = float(info["episode"]["r"])
                     reset_returned, writing = env.reset(), "reset"
@@ -2205,9 +2225,9 @@ class GymnasiumEnv(BatchedEnv):
                     self.spec.action_space, source)
         # (what finished envs report: looked up only on a step where one finished)
         successes = {}
-        if len(finished) and "is_success" in final_info:
-            reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
-            successes = {int(row): final_info["is_success"][row] for row in finished
+        if len(finished) and (key := success_key(final_info)) is not None:
+            reported = np.asarray(final_info.get(f"_{key}", ()), dtype=bool)
+            successes = {int(row): success_flag(final_info[key][row], key) for row in finished
                          if not reported.size or reported[row]}
         add_success(self, out_info, successes)
         if self._records_returns:

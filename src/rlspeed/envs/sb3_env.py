@@ -40,6 +40,8 @@ from rlspeed.envs.gymnasium_env import (
     registered_vector_env_id,
     reward_problem,
     reward_wrappers,
+    success_flag,
+    success_key,
     to_device,
     warn_step_only_masks,
     warn_unapplied_masks,
@@ -191,7 +193,7 @@ class SB3VecEnv(BatchedEnv):
         if self._mask_method and not self.has_action_masks:
             warn_unapplied_masks(self.spec, self)
         self._step_masks_checked = False  # (whether the first step's infos were looked at for masks, see `_masks`)
-        self.reports_success = False  # (True once a finished episode's info has "is_success")
+        self.reports_success = False  # (True once a finished episode's info has a success flag: success_key)
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
         self._normalizer = vec_normalize_of(vec_env, "norm_reward")
         #: whether each env is in SB3's Monitor, whose episodes and returns are the ones counted (`EpisodeStatistics`)
@@ -275,7 +277,7 @@ class SB3VecEnv(BatchedEnv):
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
         for the returned observations, where the envs give masks; `is_success` once an episode's info
-        has it, as for Gymnasium envs)."""
+        has a success flag (`success_key`), as for Gymnasium envs)."""
         numpy_actions = _to_numpy_actions(actions, self.spec.action_space)
         self.vec_env.step_async(numpy_actions)
         try:
@@ -319,7 +321,8 @@ class SB3VecEnv(BatchedEnv):
             returns = np.array([float(row["episode"]["r"]) if end else 0.0 for row, end in zip(infos, ended)],
                                dtype=np.float32)
             info["episode_ends"] = (host_to(ended, self.device), host_to(returns, self.device))
-        add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
+        add_success(self, info, {int(row): success_flag(infos[row][key], key) for row in finished
+                                 if (key := success_key(infos[row])) is not None})
         return (obs_t, host_to(float32_rewards(rewards, self), self.device).reshape(-1),
                 host_to(dones & ~truncated, self.device), host_to(truncated, self.device),
                 info)
