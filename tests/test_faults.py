@@ -1066,6 +1066,28 @@ def test_an_unimportable_env_module_is_one_sentence(capsys):
                           capsys.readouterr(), "Cannot import the module 'no_such_module'")
 
 
+def test_an_env_modules_missing_dependency_is_named_with_what_to_install(tmp_path, monkeypatch, capsys):
+    """A module that imports a package which is not installed (Gymnasium-Robotics without PettingZoo) said "Cannot
+    import the module 'gymnasium_robotics' ...: No module named 'pettingzoo'", which reads as the module itself
+    missing: the sentence names the missing package and its pip command, through the env id and --gym-packages alike;
+    a package that is there but fails to load is said so, with its import's error."""
+    (tmp_path / "needs_absent_envs.py").write_text("import rlspeed_test_absent_package\n")
+    (tmp_path / "needs_broken_envs.py").write_text("import rlspeed_test_broken_package\n")
+    broken = tmp_path / "rlspeed_test_broken_package"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("from rlspeed_test_broken_package import _c\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for args, why in ((["needs_absent_envs:CartPole-v1"], "(named in 'needs_absent_envs:CartPole-v1')"),
+                      (["CartPole-v1", "--gym-packages", "needs_absent_envs"], "(--gym-packages)")):
+        assert_one_line_error(cli.main(["train", "ppo", *args]), capsys.readouterr(),
+                              f"Cannot import the module 'needs_absent_envs' {why}, which should register the env: the "
+                              "Python module 'rlspeed_test_absent_package' is not installed: pip install "
+                              "rlspeed_test_absent_package.")
+    assert_one_line_error(cli.main(["train", "ppo", "needs_broken_envs:CartPole-v1"]), capsys.readouterr(),
+                          "the Python module 'rlspeed_test_broken_package' is installed but cannot be imported: cannot "
+                          "import name '_c'")
+
+
 def test_an_env_module_that_raises_on_import_is_one_sentence(tmp_path, monkeypatch, capsys):
     """A module of the user's that raises as it is imported (a bug, a missing file it reads) printed its traceback and
     exit code 1, through the env id (`module:EnvId`) and --gym-packages alike."""

@@ -119,7 +119,12 @@ def _raised_in(error: BaseException, packages: tuple[str, ...]) -> bool:
 
 
 def _import_failed(module: str, why: str, role: str, error: Exception) -> NoReturn:
-    """UserError for `module`'s failed import (`import_gym_packages`'s `why` and `role` in its sentence)."""
+    """UserError for `module`'s failed import (`import_gym_packages`'s `why` and `role` in its sentence): a package it
+    imports that is missing (or fails to load) is named with what to install (`missing_dependency`)."""
+    if isinstance(error, ImportError) and (error.name or module).split(".")[0] != module.split(".")[0] \
+            and (missing := missing_dependency(error)) is not None:
+        # (a package the module imports, not the module: Gymnasium-Robotics without PettingZoo)
+        raise UserError(f"Cannot import the module '{module}' {why}, which should {role}: {missing}.") from None
     if isinstance(error, ImportError):
         # a module not found: where Python looked (a run evaluated from another directory misses its env's file)
         where = (" (modules are found on PYTHONPATH and in the current directory)"
