@@ -1674,3 +1674,18 @@ def test_an_error_before_training_begins_closes_the_runs_logs(tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="set-up failed"):
         model.learn(64, progress_bar=False, run_dir=tmp_path / "run")
     assert len(closed) == 1
+
+
+@pytest.mark.parametrize(("module", "command"), [("sklearn.linear_model", "pip install scikit-learn"),
+                                                 ("yaml", "pip install PyYAML"), ("PIL.Image", "pip install Pillow"),
+                                                 ("skimage", "pip install scikit-image"),
+                                                 ("OpenGL.GL", "pip install PyOpenGL"),
+                                                 ("cv2", 'pip install "rlspeed[atari]"'),
+                                                 ("pettingzoo", "pip install pettingzoo")])
+def test_a_missing_module_is_advised_the_distribution_pip_installs_it_from(module, command):
+    """An env module's missing dependency is named with the pip command that installs it: the distribution's name
+    where pip names it otherwise than the import (`pip install sklearn` installs a deprecated stub, `pip install yaml`
+    and `pip install PIL` nothing), rlspeed's extra for the modules an extra installs."""
+    from rlspeed.envs.packages import install_command
+
+    assert install_command(module) == command

@@ -27,9 +27,10 @@ EXTRAS = {"mujoco": "mujoco", "Box2D": "box2d", "ale_py": "atari", "cv2": "atari
 _GYMNASIUM_EXTRAS = {"mujoco": "mujoco", "box2d": "box2d", "classic-control": "video"}
 
 
-#: The pip distributions of optional modules named otherwise (`import OpenGL` is PyOpenGL, which MuJoCo's off-screen
-#: rendering needs)
-_DISTRIBUTIONS = {"OpenGL": "PyOpenGL"}
+#: The pip distributions of modules named otherwise (`import OpenGL` is PyOpenGL, which MuJoCo's off-screen rendering
+#: needs; the others are common dependencies of users' env modules, which `missing_dependency` names)
+_DISTRIBUTIONS = {"OpenGL": "PyOpenGL", "sklearn": "scikit-learn", "skimage": "scikit-image", "yaml": "PyYAML",
+                  "PIL": "Pillow", "dateutil": "python-dateutil", "bs4": "beautifulsoup4", "attr": "attrs"}
 
 
 def install_command(module: str) -> str:
