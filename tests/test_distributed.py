@@ -948,3 +948,27 @@ def test_an_overwrite_under_torchrun_by_hand_is_settled_before_the_worker_leaves
     assert cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--overwrite", "--out", str(out)]) == 0
     assert left == [[]]
     assert not (out / "checkpoint.safetensors").exists()
+
+
+def test_a_restart_of_a_refused_torchrun_job_reusing_a_finished_jobs_id_is_refused_too(tmp_path, monkeypatch):
+    """A second `torchrun --rdzv-id ID --max-restarts N ... --out DIR` (the id of the job that trained DIR; torchrun's
+    default id, 'none', is every such job's) was refused at its first attempt, then went on at its restart, which
+    found its id in DIR's job file: it trained the run in DIR on, without --resume, exit 0."""
+    import argparse
+
+    from rlspeed import cli
+    from rlspeed.errors import UserError
+
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    out = tmp_path / "run"
+    a_run_in(out)
+    (out / cli.TORCHRUN_JOB_FILE).write_text("none\n", encoding="utf-8")  # (the finished job's)
+    args = argparse.Namespace(out=str(out), resume=False, overwrite=False, track=False)
+    for restart in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        try:
+            with pytest.raises(UserError, match="' already holds a run .*--overwrite to replace it"):
+                cli._prepare_workers_run_dir(args, "ppo", RankOf2())
+        finally:
+            cli._release_run_locks()

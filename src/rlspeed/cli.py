@@ -1538,7 +1538,11 @@ def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished
         named = (run_dir / TORCHRUN_JOB_FILE).read_text(encoding="utf-8").strip()
     except (OSError, ValueError):
         named = None
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and bool(job) and named == job
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if named == job and not restarts:  # (another job's of this --rdzv-id, 'none' by default: this one took nothing)
+        (run_dir / TORCHRUN_JOB_FILE).unlink()  # (under the lock; its restart, were this attempt refused, is checked)
+        named = None
+    restart = restarts > 0 and bool(job) and named == job
     run_dir = _prepare_run_dir(args, algo, checked_before=restart, finished_enough=finished_enough)
     if restart:
         _lock_run_dir(run_dir)  # (where the directory was gone: made just now)
