@@ -140,6 +140,8 @@ def test_num_envs_that_does_not_split_is_refused_before_the_batch_size_it_makes(
     base = ["train", "ppo", "CartPole-v1", "--out", str(tmp_path / "run")]
     said = cli_error(capsys, [*base, "--num-envs", "63", "--nproc", "2"])
     assert "num_envs (63) must be a multiple of --nproc (2)" in said and "use --num-envs 62" in said
+    said = cli_error(capsys, [*base, "--set", "num_envs=63", "--nproc", "2"])  # (it met batch_size's advice first)
+    assert "num_envs (63) must be a multiple of --nproc (2)" in said and "use --set num_envs=62" in said
     monkeypatch.setattr(cli, "_launch_torchrun", lambda args: cli._settings(args) and 0)  # (settings that hold)
     advice = re.search(r"--set batch_size=(\d+)", cli_error(capsys, [*base, "--num-envs", "62", "--nproc", "2"]))
     assert int(advice[1]) % 2 == 0  # (the rollout's size for 62 envs, which 2 processes share)
@@ -147,6 +149,9 @@ def test_num_envs_that_does_not_split_is_refused_before_the_batch_size_it_makes(
     monkeypatch.setenv("WORLD_SIZE", "2")  # (a worker of torchrun started by hand)
     said = cli_error(capsys, [*base, "--num-envs", "63"])
     assert "num_envs (63) must be a multiple of the number of processes (2)" in said and "--num-envs 62" in said
+    # --set num_envs=63 too (it met the batch_size advice first)
+    said = cli_error(capsys, [*base, "--set", "num_envs=63"])
+    assert "num_envs (63) must be a multiple of the number of processes (2)" in said
     assert not (tmp_path / "run").exists()
 
 

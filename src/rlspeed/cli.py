@@ -564,7 +564,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlspeed.distributed import DistributedStrategy
 
     if _under_torchrun():
-        _refuse_uneven_num_envs(args.num_envs, int(os.environ["WORLD_SIZE"]), "the number of processes")
+        _refuse_uneven_num_envs(*_given_num_envs(args), int(os.environ["WORLD_SIZE"]), "the number of processes")
     algo_cls, run_settings, hyper, _config = _settings(args)
     if args.save_replay_buffer and not hasattr(algo_cls, "replay_summary"):  # (off-policy algorithms keep a replay)
         raise UserError(f"--save-replay-buffer applies to off-policy algorithms (dqn, sac, td3, ddpg), not "
@@ -3056,7 +3056,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if args.accelerate == "auto":
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                         "with --nproc.")
-    _refuse_uneven_num_envs(args.num_envs, args.nproc, "--nproc")
+    _refuse_uneven_num_envs(*_given_num_envs(args), args.nproc, "--nproc")
     _algo_cls, _run_settings, _hyper, config = _settings(args)
     from rlspeed.device import device_count, resolve_device, usable_cores
 
@@ -3066,7 +3066,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError(f"--nproc {args.nproc} is more processes than the {cores} CPU core{'s' * (cores != 1)} this "
                         "command may run on (on the CPU each process trains on a core of its own); start at most that "
                         "many.")
-    _refuse_uneven_num_envs(getattr(config, "num_envs", None), args.nproc, "--nproc")  # (a preset's, --set's)
+    _refuse_uneven_num_envs(getattr(config, "num_envs", None), "--num-envs ", args.nproc, "--nproc")  # (a preset's)
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
@@ -3164,14 +3164,23 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     return (130 if received[0] == signal.SIGINT else 143) if received else code
 
 
-def _refuse_uneven_num_envs(num_envs: int | None, processes: int, what: str) -> None:
+def _given_num_envs(args: argparse.Namespace) -> tuple[int | None, str]:
+    """The num_envs the command gives (--num-envs, else --set num_envs=N; None where neither gives a whole number) and
+    the flag that gives it, as `_refuse_uneven_num_envs`'s advice writes it."""
+    if args.num_envs is not None:
+        return args.num_envs, "--num-envs "
+    value = _parse_set(args.set or []).get("num_envs")
+    return (value if isinstance(value, int) and not isinstance(value, bool) else None), "--set num_envs="
+
+
+def _refuse_uneven_num_envs(num_envs: int | None, flag: str, processes: int, what: str) -> None:
     """UserError where `num_envs` (the total over the processes) is not a multiple of the number of `processes` (named
-    as `what`, "--nproc"), naming the nearest --num-envs that is. Asked before the settings are checked, for the
-    --num-envs given: batch_size's advice, which is the rollout's, follows from num_envs (its first advice, followed,
-    met this refusal)."""
+    as `what`, "--nproc"), naming the nearest num_envs that is, as `flag` gives it ("--num-envs ", "--set num_envs=").
+    Asked before the settings are checked, for the num_envs given (`_given_num_envs`): batch_size's advice, which is
+    the rollout's, follows from num_envs (its first advice, followed, met this refusal)."""
     if num_envs is not None and processes > 1 and num_envs % processes:
         raise UserError(f"num_envs ({num_envs}) must be a multiple of {what} ({processes}) so that every process steps "
-                        f"as many envs: use --num-envs {max(num_envs // processes, 1) * processes}.")
+                        f"as many envs: use {flag}{max(num_envs // processes, 1) * processes}.")
 
 
 def _torch_threads() -> int:
