@@ -2105,6 +2105,46 @@ def test_a_stop_cuts_the_wandb_finish_short_and_says_the_run_is_saved(tmp_path, 
         assert summary["final_eval"] is not None and "rlspeed: final evaluation (deterministic" in out + err
 
 
+@pytest.mark.parametrize("first", [None, "SIGINT"])
+def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(tmp_path, capsys, monkeypatch, first):
+    """A SIGTERM that came after a population's training's handling of stops ended, before the save held the stops
+    (here as the summary is put together), raised out of the command ("rlspeed: interrupted (SIGTERM)", exit 143):
+    a finished population's summary.json and member models were not written, and a second stop lost an interrupted
+    one's save likewise. Stops wait from there on: the finished population is saved whole (a stop after its final
+    evaluation changes nothing, as a single run's), and an interrupted one is saved as interrupted."""
+    import signal
+
+    stopping, provenance = cli._stopping, cli._provenance
+
+    @contextlib.contextmanager
+    def first_stop(backend):
+        with stopping(backend) as signals:
+            if first is not None:  # (a first Ctrl-C, recorded: the population stops after its iteration)
+                signals.append(getattr(signal, first))
+            yield signals
+
+    def stopped_meanwhile(*args, **kwargs):  # (after the training's stop handling ended, before the save)
+        signal.raise_signal(signal.SIGTERM)
+        return provenance(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_stopping", first_stop)
+    monkeypatch.setattr(cli, "_provenance", stopped_meanwhile)
+    run = tmp_path / "population"
+    code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "64", "--num-envs", "2",
+                     "--set", "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress",
+                     "--device", "cpu", "--env-backend", "torch", "--out", str(run)])
+    stderr = capsys.readouterr().err
+    summary = json.loads((run / "summary.json").read_text())
+    assert sorted(summary["member_models"]) == ["0", "1"], stderr
+    assert all((run / "members" / f"seed_{seed}.safetensors").is_file() for seed in (0, 1))
+    if first is not None:
+        assert code == 130 and summary["interrupted"] and summary["total_timesteps"] == 32, stderr
+        assert "rlspeed: interrupted (Ctrl-C) after 32 steps per member: summary.json holds" in stderr
+        return
+    assert code == 0 and not summary["interrupted"] and summary["total_timesteps"] == 64, stderr
+    assert summary["aggregate"]["final_eval"] is not None and "interrupted" not in stderr
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
 def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     """Another process is refused the directory while a run trains there (tested from outside elsewhere): here, that

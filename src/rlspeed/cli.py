@@ -884,76 +884,86 @@ def _train_population(args: argparse.Namespace) -> int:
 
     if resumed_from is None:
         _forget_unsaved_attempt(run_dir)
-    _stage(None)  # (the training's own handling of a stop says what it saved)
-    signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
-    try:
-        with (_stopping(population.env_backend) as signals,
-              _left_clean_if_not_started(run_dir, created, not args.resume, parents)):
-            summary = (population.finish_resumed(target, _eval_episodes(args)) if finishing else
-                       population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
-                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
-    except Exception as error:  # (as a single run's: summary.json says the run ended by an error, and which)
-        if not _no_rows(run_dir / "metrics.csv") or checkpoint.exists():
-            ended = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds,
-                     "total_timesteps": population.num_timesteps, "preset": args.preset_info, "interrupted": False,
-                     "stopped_by": "error", "error": _error_text(error), "provenance": _provenance(args, device)}
-            with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
-                _write_summary(run_dir, ended)
-        raise
-    except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
-        name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"
-        code = 143 if terminated else 130
-        progress = getattr(population, "progress", None) or {}  # (the loop's, as its last checkpoint saved it)
-        left = dict((int(k), v) for k, v in progress.get("left", []))
+    # From here to the end a stop waits (`held`) wherever no narrower block sets its handlers: once the training's
+    # own handling of stops ends, the summary and the member models are written whole (as a single run's,
+    # `_learn_and_save`); the plot of an interrupted run's evaluations is what a stop cuts short.
+    owner = os.getpid()
+    with stops_held(lambda signum: _signal_arrived(owner, signum)) as held:
+        _stage(None)  # (the training's own handling of a stop says what it saved)
+        signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
+        try:
+            with (_stopping(population.env_backend) as signals,
+                  _left_clean_if_not_started(run_dir, created, not args.resume, parents)):
+                if held:  # (one that came as the training's handlers were set: it stops the run as one before them)
+                    raise _stop_of(held.pop(0))
+                summary = (population.finish_resumed(target, _eval_episodes(args)) if finishing else
+                           population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
+                                            stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
+        except Exception as error:  # (as a single run's: summary.json says the run ended by an error, and which)
+            if not _no_rows(run_dir / "metrics.csv") or checkpoint.exists():
+                ended = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds,
+                         "total_timesteps": population.num_timesteps, "preset": args.preset_info, "interrupted": False,
+                         "stopped_by": "error", "error": _error_text(error), "provenance": _provenance(args, device)}
+                with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
+                    _write_summary(run_dir, ended)
+            raise
+        except KeyboardInterrupt as stop:
+            terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
+            name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"
+            code = 143 if terminated else 130
+            progress = getattr(population, "progress", None) or {}  # (the loop's, as its last checkpoint saved it)
+            left = dict((int(k), v) for k, v in progress.get("left", []))
 
-        def so_far(key: str, k: int):
-            values = progress.get(key)
-            return values[k] if isinstance(values, list) and len(values) == len(seeds) else None
+            def so_far(key: str, k: int):
+                values = progress.get(key)
+                return values[k] if isinstance(values, list) and len(values) == len(seeds) else None
 
-        so_far_summary = getattr(population, "summary", None)
-        if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
-            # (the loop's own: a finished run's keys, null where nothing was measured yet)
-            partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
-                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "stopped_by": "signal",
-                       "error": None, "close_error": None, "provenance": _provenance(args, device)}
-        else:  # (stopped before the training loop began)
-            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
-                       "stopped_by": "signal", "error": None, "close_error": None,
-                       "total_timesteps": population.num_timesteps, "preset": args.preset_info,
-                       "provenance": _provenance(args, device),
-                       "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
-                                    "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
-                                    "confirmations": so_far("confirmations", k) or [],
-                                    "confirmations_unfinished": so_far("confirmations_unfinished", k) or [],
-                                    "confirmations_episodes": so_far("confirmations_episodes", k) or [],
-                                    **left.get(k, {})}
-                                   for k, seed in enumerate(seeds)]}
-        with _signals_ignored():
+            so_far_summary = getattr(population, "summary", None)
+            if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
+                # (the loop's own: a finished run's keys, null where nothing was measured yet)
+                partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
+                           "resumed_from": resumed_from, "checkpoint_encryption": args.encryption,
+                           "stopped_by": "signal", "error": None, "close_error": None,
+                           "provenance": _provenance(args, device)}
+            else:  # (stopped before the training loop began)
+                partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
+                           "stopped_by": "signal", "error": None, "close_error": None,
+                           "total_timesteps": population.num_timesteps, "preset": args.preset_info,
+                           "provenance": _provenance(args, device),
+                           "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
+                                        "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
+                                        "confirmations": so_far("confirmations", k) or [],
+                                        "confirmations_unfinished": so_far("confirmations_unfinished", k) or [],
+                                        "confirmations_episodes": so_far("confirmations_episodes", k) or [],
+                                        **left.get(k, {})}
+                                       for k, seed in enumerate(seeds)]}
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
             partial["member_models"] = (_save_member_models(population, partial, run_dir)
                                         if population.num_timesteps > 0 else {})
             _write_summary(run_dir, partial)
-            if any(member.get("curve") for member in partial["members"]):
-                with contextlib.suppress(OSError):  # (the plot of the evaluations so far: the summary holds them)
-                    plot_learning_curves(partial, run_dir / "learning_curves.png")
-        if checkpoint.exists():
-            from rlspeed.checkpoint import load_checkpoint
+            if checkpoint.exists():
+                from rlspeed.checkpoint import load_checkpoint
 
-            steps = load_checkpoint(checkpoint, verify=False, allow_nonfinite=True)[1]["population"]["num_timesteps"]
-            kept = f"--resume continues from {CHECKPOINT_NAME}, written at {steps:,} steps per member"
-        else:
-            kept = "no checkpoint was written yet: --resume (or --overwrite) trains the run again from the beginning"
-        print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
-              f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
-        return code
-    summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
-    summary["stopped_by"] = _population_stopped_by(summary, total)
-    summary["error"] = summary["close_error"] = None
-    summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
-    summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
-    summary["provenance"] = _provenance(args, device)
-    with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
+                steps = load_checkpoint(checkpoint, verify=False,
+                                        allow_nonfinite=True)[1]["population"]["num_timesteps"]
+                kept = f"--resume continues from {CHECKPOINT_NAME}, written at {steps:,} steps per member"
+            else:
+                kept = ("no checkpoint was written yet: --resume (or --overwrite) trains the run again from the "
+                        "beginning")
+            print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json "
+                  f"holds each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
+            if any(member.get("curve") for member in partial["members"]):
+                # (the plot of the evaluations so far, last: the summary holds them, and a stop, one that waited too,
+                # cuts it short)
+                with contextlib.suppress(OSError, KeyboardInterrupt), _sigterm_raises(STOPS, held):
+                    plot_learning_curves(partial, run_dir / "learning_curves.png")
+            return code
+        summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
+        summary["stopped_by"] = _population_stopped_by(summary, total)
+        summary["error"] = summary["close_error"] = None
+        summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
+        summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
+        summary["provenance"] = _provenance(args, device)
         # written before anything else can fail, its member_models null until they are: a run killed in between is
         # no finished one (`_ended_summary`: --resume finishes it)
         summary["member_models"] = None
@@ -966,65 +976,65 @@ def _train_population(args: argparse.Namespace) -> int:
             print(f"rlspeed: cannot write '{run_dir / 'learning_curves.png'}' ({error.strerror or error}); the run "
                   "is saved (summary.json and the member models hold its results).", file=sys.stderr, flush=True)
         _write_summary(run_dir, summary)
-    if signals:  # (a stop that came as the last iteration ended: the training is saved, its final evaluation skipped)
-        name = _signal_name(signals[0])
-        skipped = summary["aggregate"]["final_eval"] is None
-        # (the command that runs a member's skipped final evaluation: its seed is the member's final-evaluation seed
-        # at the steps it trained, as the finished run seeds it, with the run's episodes)
-        from rlspeed.evaluation import evaluation_seed
-        from rlspeed.population.base import final_steps
+        if signals:  # (one that came as the last iteration ended: the training is saved, its final evaluation skipped)
+            name = _signal_name(signals[0])
+            skipped = summary["aggregate"]["final_eval"] is None
+            # (the command that runs a member's skipped final evaluation: its seed is the member's final-evaluation seed
+            # at the steps it trained, as the finished run seeds it, with the run's episodes)
+            from rlspeed.evaluation import evaluation_seed
+            from rlspeed.population.base import final_steps
 
-        steps = population.num_timesteps
-        first = next((int(seed) for seed in summary.get("member_models") or {}), None)
-        member = f"{run_dir}/members/seed_{first}.safetensors"
-        index = seeds.index(first) if first is not None else 0
-        own = final_steps(summary["members"][index], summary.get("stop", "each"), steps)
-        command = (f"{_eval_command(member, evaluation_seed(first, 'final', own), _eval_episodes(args))} runs seed "
-                   f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps}), "
-                   "or, for a member that left earlier, with the steps its member file records"
-                   if first is not None else
-                   f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
-        print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
-              f"in {run_dir}" + (f", without the final evaluation (--resume runs it; {command})" if skipped else ""),
-              file=sys.stderr,
-              flush=True)
-        return 130 if signals[0] == signal.SIGINT else 143
-    steps = summary["aggregate"]["steps_to_target"]
-    final = summary["aggregate"]["final_eval"]
-    if target is not None:
-        cut = _confirmations_cut_short(summary["members"], _eval_episodes(args))
-        line = f"{summary['reached']} of {len(seeds)} members reached {target:g}" + (
-            f" (confirmations on fresh episodes{cut})" if cut else "")
-        if steps is not None:
-            line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
-                     f"{_interval(steps, lambda value: f'{value:,.0f}')}")
-        say(f"rlspeed: {line}")
-    evaluated = [member for member in summary["members"] if member["final_eval"] is not None]
-    # (the aggregate leaves out a mean that is not finite: those members are named; with none finite there is none)
-    not_finite = [str(member["seed"]) for member in evaluated
-                  if not (isinstance(member["final_eval"]["mean"], (int, float))
-                          and math.isfinite(member["final_eval"]["mean"]))]
-    if evaluated:  # (the result: --quiet too)
-        cut = _cut_short(sum(member["final_eval"].get("unfinished", 0) for member in evaluated),
-                         sum(member["final_eval"]["episodes"] for member in evaluated))
-        scores = (f"median {_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}"
-                  + (f"; seed {', '.join(not_finite)} left out (mean not finite)" if not_finite else "")
-                  if final is not None else "no median or IQM: no member's mean return is finite")
-        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each{cut}): {scores}; "
-              f"training {summary['train_wall_s']:.2f} s")
-    saved = summary["member_models"]
-    if saved:
-        from rlspeed.checkpoint import MEMBERS_DIR
+            steps = population.num_timesteps
+            first = next((int(seed) for seed in summary.get("member_models") or {}), None)
+            member = f"{run_dir}/members/seed_{first}.safetensors"
+            index = seeds.index(first) if first is not None else 0
+            own = final_steps(summary["members"][index], summary.get("stop", "each"), steps)
+            command = (f"{_eval_command(member, evaluation_seed(first, 'final', own), _eval_episodes(args))} runs seed "
+                       f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps}), "
+                       "or, for a member that left earlier, with the steps its member file records"
+                       if first is not None else
+                       f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
+            print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are "
+                  f"saved in {run_dir}"
+                  + (f", without the final evaluation (--resume runs it; {command})" if skipped else ""),
+                  file=sys.stderr, flush=True)
+            return 130 if signals[0] == signal.SIGINT else 143
+        steps = summary["aggregate"]["steps_to_target"]
+        final = summary["aggregate"]["final_eval"]
+        if target is not None:
+            cut = _confirmations_cut_short(summary["members"], _eval_episodes(args))
+            line = f"{summary['reached']} of {len(seeds)} members reached {target:g}" + (
+                f" (confirmations on fresh episodes{cut})" if cut else "")
+            if steps is not None:
+                line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
+                         f"{_interval(steps, lambda value: f'{value:,.0f}')}")
+            say(f"rlspeed: {line}")
+        evaluated = [member for member in summary["members"] if member["final_eval"] is not None]
+        # (the aggregate leaves out a mean that is not finite: those members are named; with none finite there is none)
+        not_finite = [str(member["seed"]) for member in evaluated
+                      if not (isinstance(member["final_eval"]["mean"], (int, float))
+                              and math.isfinite(member["final_eval"]["mean"]))]
+        if evaluated:  # (the result: --quiet too)
+            cut = _cut_short(sum(member["final_eval"].get("unfinished", 0) for member in evaluated),
+                             sum(member["final_eval"]["episodes"] for member in evaluated))
+            scores = (f"median {_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}"
+                      + (f"; seed {', '.join(not_finite)} left out (mean not finite)" if not_finite else "")
+                      if final is not None else "no median or IQM: no member's mean return is finite")
+            print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each{cut}): {scores}; "
+                  f"training {summary['train_wall_s']:.2f} s")
+        saved = summary["member_models"]
+        if saved:
+            from rlspeed.checkpoint import MEMBERS_DIR
 
-        say(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
-            f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
-    say(f"rlspeed: run directory {run_dir}")
-    if summary["diverged"] == len(seeds):  # (nothing usable was trained: not a success)
-        print("rlspeed: error: every member diverged (non-finite parameters or env values; summary.json's members "
-              "say at which step): lower learning_rate, clip gradients (max_grad_norm) or check the env's rewards.",
-              file=sys.stderr, flush=True)
-        return 2
-    return 0
+            say(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
+                f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
+        say(f"rlspeed: run directory {run_dir}")
+        if summary["diverged"] == len(seeds):  # (nothing usable was trained: not a success)
+            print("rlspeed: error: every member diverged (non-finite parameters or env values; summary.json's members "
+                  "say at which step): lower learning_rate, clip gradients (max_grad_norm) or check the env's rewards.",
+                  file=sys.stderr, flush=True)
+            return 2
+        return 0
 
 
 def _refuse_budget_below_trained(run_dir: Path, total: int, trained: int, trained_by: str, ends: str) -> None:
