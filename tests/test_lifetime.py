@@ -225,6 +225,54 @@ def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypat
     assert code == 143 and "rlspeed: stopping the process (it saves where it is)" in stderr
 
 
+@pytest.mark.parametrize("name, when", [("SIGINT", "as it ends"), ("SIGTERM", "as it ends"),
+                                        ("SIGTERM", "as it begins")])
+def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkeypatch, tmp_path, capsys, name, when):
+    """A Ctrl-C or SIGTERM that came as the launcher left the block that passes stops on to torchrun (torchrun ended),
+    before the block in which it waits for the workers a killed torchrun left, raised out of the launcher: it
+    unlocked the run directory without waiting for them, ended with 130 or 143 and said that the run was interrupted
+    "while starting torchrun, before training began". It waits now, as a stop during that wait does, and ends as
+    torchrun did. (A stop that comes as that block begins, where the stops wait already, still reaches torchrun.)"""
+    from rlspeed import cli
+
+    adopting, waited, sent = cli.adopting_orphans, [], []
+
+    class Torchrun:  # (its run finished, or stopped by the stop passed on)
+        def __init__(self, command, env, start_new_session, pass_fds):
+            pass
+
+        def send_signal(self, signum):
+            sent.append(signum)
+
+        def wait(self):
+            return -sent[0] if sent else 0
+
+    @contextlib.contextmanager
+    def stop_comes(words):  # (the outer of the block's two: it begins first and ends last)
+        if when == "as it begins":
+            signal.raise_signal(getattr(signal, name))
+        with adopting(words) as orphans:
+            yield orphans
+        if when == "as it ends":
+            signal.raise_signal(getattr(signal, name))
+
+    def wait_for_adopted(adopted, timeout_s):
+        waited.append(adopted)
+        return []
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(cli, "adopting_orphans", stop_comes)
+    monkeypatch.setattr(cli, "wait_for_adopted", wait_for_adopted)
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
+                 str(tmp_path / "run")])
+    stderr = capsys.readouterr().err
+    assert waited == [[]] and "interrupted" not in stderr, stderr
+    if when == "as it begins":
+        assert code == 143 and sent == [signal.SIGTERM] and "rlspeed: stopping the process" in stderr, stderr
+    else:
+        assert code == 0 and sent == [], stderr
+
+
 def test_a_workers_word_for_the_launcher_appears_whole_and_its_first_stands(tmp_path, monkeypatch):
     """`tell_launcher`'s file (a worker's exit code, which its peers read once as a stop comes: `peers_said`) is
     never there empty: it created the file, then wrote it, and a peer reading in between found no word. Checked at
@@ -443,23 +491,6 @@ def test_stops_held_puts_every_handler_back_when_a_stop_comes_while_it_puts_them
     assert came == []
 
 
-def test_the_commands_signal_blocks_put_the_handlers_back_when_a_stop_comes_while_they_are_set(monkeypatch, sigmask):
-    """`cli._signals_ignored` (as the final save's W&B run finishes): a SIGTERM that came after Ctrl-C was set to be
-    ignored, before SIGTERM was, raised `Terminated` and left Ctrl-C ignored for the rest of the command. With
-    `pthread_sigmask` the stop waits until all are set, and is ignored as any other in the block; without it, the
-    handlers set so far are put back as the stop is raised (`lifetime.handlers_set`, the rule of each such block)."""
-    import rlspeed.lifetime
-    from rlspeed.cli import Terminated, _signals_ignored, _sigterm_raises
-
-    with _sigterm_raises():
-        before = _handlers()
-        stop_comes = _StopComesBefore(signal.SIGTERM, signal.SIGTERM, when=lambda handler: handler == signal.SIG_IGN)
-        monkeypatch.setattr(rlspeed.lifetime, "_signal", stop_comes)
-        with contextlib.nullcontext() if sigmask else pytest.raises(Terminated), _signals_ignored():
-            assert sigmask, "the stop came before the block"
-        assert _handlers() == before
-
-
 class _SetOutsidePython(_StopComesBefore):
     """`_signal` as `rlspeed.lifetime` calls it, where the handler of `signum` was set outside Python (a C library's:
     `getsignal` gives None), and each handler set is recorded in `set`."""
@@ -476,18 +507,19 @@ class _SetOutsidePython(_StopComesBefore):
         return super().signal(signum, handler)
 
 
-def test_the_final_saves_ignored_stops_leave_a_handler_set_outside_python_as_it_is(monkeypatch):
-    """`cli._signals_ignored` (the W&B run's finish after a stop, the interrupted run's save): a stop whose handler was
-    set outside Python is left to it, as Python cannot set that handler again: ignored, it stayed ignored for good (or
-    its handler's return failed the block). The other stops are ignored in the block and back after it."""
+def test_the_final_saves_held_stops_leave_a_handler_set_outside_python_as_it_is(monkeypatch):
+    """`lifetime.stops_held` (the final save's block, the --nproc launcher's wait for its workers): a stop whose
+    handler was set outside Python is left to it, as Python cannot set that handler again: held, it stayed held for
+    good (or its handler's return failed the block). The other stops are held in the block and back after it."""
     import rlspeed.lifetime
-    from rlspeed.cli import _signals_ignored
+    from rlspeed.lifetime import stops_held
 
     outside = _SetOutsidePython(signal.SIGUSR1)
     monkeypatch.setattr(rlspeed.lifetime, "_signal", outside)
     before = _handlers()
-    with _signals_ignored():
-        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    with stops_held():
+        hold = signal.getsignal(signal.SIGTERM)
+        assert hold is signal.getsignal(signal.SIGINT) and hold not in before
     assert _handlers() == before
     assert signal.SIGUSR1 not in outside.set and signal.SIGTERM in outside.set
 

@@ -2129,14 +2129,6 @@ def _finished_population(run_dir, seeds: str = "") -> UserError:
                      "--out.")
 
 
-@contextlib.contextmanager
-def _signals_ignored():
-    """SIGINT, SIGTERM and the other `STOP_SIGNALS` ignored within the block (a second Ctrl-C must not cut the final
-    save short)."""
-    with handlers_set(signal.SIG_IGN, STOPS, keep_ignored=False):
-        yield
-
-
 def _fits(load, path: Path, what: str):
     """`load()` (a model load or resume); an error from tensors that do not fit the model is one sentence."""
     try:
@@ -3143,30 +3135,34 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
     # Both from before torchrun starts: a stop that comes while it starts is passed to it once it has, and a torchrun
     # killed at once leaves no worker unwaited for (torchrun itself, in a session of its own with "-m rlspeed" in its
-    # command line, is reaped by the end of the block).
-    with adopting_orphans(("-m", "rlspeed")) as orphans, handlers_set(forward, STOPS):
-        process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
-                                                 RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
-                                   start_new_session=True,
-                                   # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
-                                   pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
-        pass_on()  # (those that came while it started)
-        code = process.wait()
-    if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        print(f"rlspeed: torchrun ended by {name}"
-              + (f": waiting up to {TORCHRUN_GRACE_S:g} s for the {len(orphans)} process(es) it left to save where "
-                 "they are" if orphans else "") + ".", file=sys.stderr, flush=True)
-        code = 128 - code  # (as a shell reports a process a signal ended)
-    with _signals_ignored():  # (a second Ctrl-C must not unlock the run directory while they save in it)
+    # command line, is reaped by the end of the block). Around them, to the end of the wait for the workers a killed
+    # torchrun left, a stop waits (`held`): once torchrun has ended none is passed on, and none may unlock the run
+    # directory while they save in it; the run ends as torchrun did.
+    with stops_held(_quiet_closed_terminal) as held:
+        with adopting_orphans(("-m", "rlspeed")) as orphans, handlers_set(forward, STOPS):
+            while held:  # (those that came before `forward` was set: passed on as the ones after it)
+                forward(held.pop(0), None)
+            process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
+                                                     RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
+                                       start_new_session=True,
+                                       # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
+                                       pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
+            pass_on()  # (those that came while it started)
+            code = process.wait()
+        if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            print(f"rlspeed: torchrun ended by {name}"
+                  + (f": waiting up to {TORCHRUN_GRACE_S:g} s for the {len(orphans)} process(es) it left to save "
+                     "where they are" if orphans else "") + ".", file=sys.stderr, flush=True)
+            code = 128 - code  # (as a shell reports a process a signal ended)
         left = wait_for_adopted(orphans, timeout_s=TORCHRUN_GRACE_S)
-    for pid in left:  # (as torchrun ends a worker that outlives its grace period)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    if left:
-        wait_for_adopted(left, timeout_s=5.0)
-        print(f"rlspeed: killed the {len(left)} process(es) still running {TORCHRUN_GRACE_S:g} s after torchrun "
-              "ended: the run keeps its last checkpoint.", file=sys.stderr, flush=True)
+        for pid in left:  # (as torchrun ends a worker that outlives its grace period)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if left:
+            wait_for_adopted(left, timeout_s=5.0)
+            print(f"rlspeed: killed the {len(left)} process(es) still running {TORCHRUN_GRACE_S:g} s after torchrun "
+                  "ended: the run keeps its last checkpoint.", file=sys.stderr, flush=True)
     if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
         with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
             (run_dir / RUN_LOCK).unlink(missing_ok=True)
