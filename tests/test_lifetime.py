@@ -178,7 +178,7 @@ def test_a_torchrun_worker_stopped_while_torch_loads_ends_in_one_line_and_tells_
                           env=_env(TORCHELASTIC_RUN_ID="test", RLSPEED_WORKERS_SAID=str(said), RANK="1"))
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted (Ctrl-C) while loading torch")
-    assert [path.read_text() for path in said.iterdir()] == ["0 1 130"]
+    assert [path.read_text() for path in said.iterdir() if path.is_file()] == ["0 1 130"]  # (`lines`: its claim)
 
 
 @pytest.mark.parametrize("stops, when", [(1, "while it starts"), (2, "while it starts"), (1, "once it started")])
@@ -271,6 +271,41 @@ def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkey
         assert code == 143 and sent == [signal.SIGTERM] and "rlspeed: stopping the process" in stderr, stderr
     else:
         assert code == 0 and sent == [], stderr
+
+
+@pytest.mark.parametrize("stops", ["a stop, then torchrun's as it shuts down", "a stop to each as torch loads"])
+def test_a_stop_under_nproc_is_said_once(monkeypatch, tmp_path, capsys, stops):
+    """`rlspeed train --nproc 2` stopped by a double Ctrl-C: after rank 0's line of the saved run, rank 1 printed
+    "rlspeed: interrupted (SIGTERM)" (torchrun's signal as it shuts the workers down, which came once rank 1's run had
+    stopped for the first), and each worker stopped alike before training (torch loading) printed the same line. A
+    worker whose run stopped for a stop says nothing of torchrun's later signal, ending with the first stop's code;
+    a line every worker has alike is said once (`first_to_say`). The workers here run one after the other in this
+    process, as torchrun's ranks 0 and 1 with the launcher's folder."""
+    from rlspeed import cli
+
+    def train(args):  # (as a worker's `rlspeed train` stops, under the command's own SIGTERM handler)
+        with cli._sigterm_raises():
+            if stops == "a stop to each as torch loads":
+                cli._stage("loading torch")
+                raise KeyboardInterrupt
+            with cli._stop_after_iteration():
+                signal.raise_signal(signal.SIGINT)  # (taken in: the run stops at its iteration's end, saved)
+            signal.raise_signal(signal.SIGTERM)  # (torchrun's, as it shuts the workers down)
+        return 130
+
+    monkeypatch.setattr(cli, "cmd_train", train)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("RLSPEED_WORKERS_SAID", str(tmp_path))
+    codes = []
+    for rank in ("0", "1") if stops == "a stop to each as torch loads" else ("1",):
+        monkeypatch.setenv("RANK", rank)
+        codes.append(main(["train", "ppo", "CartPole-v1"]))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "interrupted" in line]
+    if stops == "a stop to each as torch loads":
+        assert codes == [130, 130] and lines == ["rlspeed: interrupted (Ctrl-C) while loading torch, before training "
+                                                 "began: nothing was trained or written."]
+    else:
+        assert codes == [130] and lines == []
 
 
 def test_a_workers_word_for_the_launcher_appears_whole_and_its_first_stands(tmp_path, monkeypatch):

@@ -453,6 +453,9 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
 #: Ctrl-C or SIGTERM prints where it ends the command there (`_main`); empty once the work's own handling of a stop
 #: takes over, or for a command that sets none (`_stage`)
 _STAGE: dict[str, str] = {}
+#: the stops this command's run took in to stop at the end of its iteration (`_stop_after_iteration`): a later one that
+#: ends a torchrun worker is torchrun's own signal as it shuts the workers down, of a run whose stop is said already
+_TAKEN_IN: list[int] = []
 
 
 def _stage(doing: str | None, left: str | None = None, run_dir: Path | None = None) -> None:
@@ -2034,6 +2037,7 @@ def _stop_after_iteration():
         if received:
             raise _stop_of(signum)
         received.append(signum)
+        _TAKEN_IN.append(signum)
         if under_torchrun and (os.environ.get("RANK", "0") != "0" or _peer_said_why()):
             return  # (each rank gets the signal: one says it; none where torchrun stops the run for a peer's end)
         print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
@@ -4504,6 +4508,7 @@ def _refuse_other_commands_option(parser: argparse.ArgumentParser, argv: list[st
 
 def _main(argv: list[str]) -> int:
     _stage(None)  # (a caller's earlier command's is not this one's)
+    _TAKEN_IN.clear()
     stdout = sys.stdout if isinstance(sys.stdout, _ReaderMayLeave) else None  # (the `rlspeed` command's, `main`)
     if stdout is not None:  # --help and --version write while parsing: their output is all they do
         stdout.stop_when_gone = True
@@ -4598,12 +4603,17 @@ def _main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
+        if _TAKEN_IN and "TORCHELASTIC_RUN_ID" in os.environ:
+            # (torchrun's signal as it shuts down a worker whose run stopped for one already: that stop's line is
+            # said, by rank 0, and this worker ends with its code)
+            return 130 if _TAKEN_IN[0] == signal.SIGINT else 143
         terminated = isinstance(stop, Terminated)
         if _STAGE:  # (what it was doing, and what that leaves: before the work began, nothing of it)
-            print(f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}.",
-                  file=sys.stderr)
+            line = f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}."
         else:
-            print(f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}", file=sys.stderr)
+            line = f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}"
+        if first_to_say(line):  # (torchrun signals each worker: those it stopped alike say it once)
+            print(line, file=sys.stderr)
         return 143 if terminated else 130
 
 
