@@ -2105,6 +2105,12 @@ def test_a_stop_cuts_the_wandb_finish_short_and_says_the_run_is_saved(tmp_path, 
         assert summary["final_eval"] is not None and "rlspeed: final evaluation (deterministic" in out + err
 
 
+#: a tiny `rlspeed train --seeds` command line of two members, trained in two iterations (its --out to add)
+TINY_POPULATION = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "64", "--num-envs", "2",
+                   "--set", "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress",
+                   "--device", "cpu", "--env-backend", "torch"]
+
+
 @pytest.mark.parametrize("first", [None, "SIGINT"])
 def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(tmp_path, capsys, monkeypatch, first):
     """A SIGTERM that came after a population's training's handling of stops ended, before the save held the stops
@@ -2130,9 +2136,7 @@ def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(t
     monkeypatch.setattr(cli, "_stopping", first_stop)
     monkeypatch.setattr(cli, "_provenance", stopped_meanwhile)
     run = tmp_path / "population"
-    code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "64", "--num-envs", "2",
-                     "--set", "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress",
-                     "--device", "cpu", "--env-backend", "torch", "--out", str(run)])
+    code = cli.main([*TINY_POPULATION, "--out", str(run)])
     stderr = capsys.readouterr().err
     summary = json.loads((run / "summary.json").read_text())
     assert sorted(summary["member_models"]) == ["0", "1"], stderr
@@ -2143,6 +2147,30 @@ def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(t
         return
     assert code == 0 and not summary["interrupted"] and summary["total_timesteps"] == 64, stderr
     assert summary["aggregate"]["final_eval"] is not None and "interrupted" not in stderr
+
+
+def test_a_population_stopped_as_its_training_starts_is_left_as_it_was(tmp_path, capsys, monkeypatch):
+    """A SIGTERM that came as a population's training set its stop handlers (or a Ctrl-C before its first step, as
+    subprocess envs start) ended in 'rlspeed: error: Cannot write .../summary.json: No such file or directory.', exit
+    2: the run, which had not begun, was left clean (its directory removed), and the interrupted run's save then
+    wrote into it. It ends as a stop before training does: one line, exit 143, nothing left behind."""
+    import signal
+
+    stopping = cli._stopping
+
+    @contextlib.contextmanager
+    def stopped_first(backend):
+        signal.raise_signal(signal.SIGTERM)  # (it waits: the stops are held from before the training's handlers)
+        with stopping(backend) as signals:
+            yield signals
+
+    monkeypatch.setattr(cli, "_stopping", stopped_first)
+    run = tmp_path / "population"
+    code = cli.main([*TINY_POPULATION, "--out", str(run)])
+    stderr = capsys.readouterr().err
+    assert code == 143 and not run.exists(), stderr
+    assert stderr.splitlines()[-1] == (f"rlspeed: interrupted (SIGTERM) while starting the run, before training began: "
+                                       f"nothing was trained, and '{run}' holds what it held before."), stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")

@@ -914,6 +914,10 @@ def _train_population(args: argparse.Namespace) -> int:
             terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
             name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"
             code = 143 if terminated else 130
+            if not (run_dir / "config.yaml").is_file():  # (stopped before its first step: the run was left clean)
+                _stage("starting the run", run_dir=run_dir)
+                print(f"rlspeed: interrupted ({name}) {_STAGE['said']}.", file=sys.stderr, flush=True)
+                return code
             progress = getattr(population, "progress", None) or {}  # (the loop's, as its last checkpoint saved it)
             left = dict((int(k), v) for k, v in progress.get("left", []))
 
