@@ -1522,9 +1522,10 @@ def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, fini
     that took it (TORCHELASTIC_RESTART_COUNT above 0 and its TORCHELASTIC_RUN_ID in `TORCHRUN_JOB_FILE`, written by
     the attempt that made the checks), which goes on there under the lock; the other ranks wait for its word (they
     would see each other's new files) and end with its refusal, the same sentence and exit code."""
-    launched = args.out is not None and os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(Path(args.out).resolve())
-    if not strategy.enabled or launched:
-        return _prepare_run_dir(args, algo, checked_before=strategy.enabled, finished_enough=finished_enough)
+    if not strategy.enabled:  # (one process: resolving --out first would fail in a working directory since removed)
+        return _prepare_run_dir(args, algo, checked_before=False, finished_enough=finished_enough)
+    if args.out is not None and os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(Path(args.out).resolve()):
+        return _prepare_run_dir(args, algo, checked_before=True, finished_enough=finished_enough)
     refusal = None
     if strategy.is_main:
         try:
