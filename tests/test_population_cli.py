@@ -634,13 +634,13 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
 
     monkeypatch.setattr(base.PopulationBase, "_mean_returns", counted)
     printed = {}
-    for batched in (True, False):
-        monkeypatch.setattr(cli, "_batches_members", lambda args, batched=batched: batched and args.env is None,
-                            raising=False)
+    for batched in (True, False):  # (the command's own choice first, then each member alone)
+        if not batched:
+            monkeypatch.setattr(cli, "_batches_members", lambda args: False)
         capsys.readouterr()
         assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7", "--no-progress", "--json"]) == 0
         printed[batched] = capsys.readouterr()
-    assert batches == [2]  # (the two members in one evaluation)
+        assert batches == [2]  # (the two members in one evaluation, by the command's choice; none alone)
     assert printed[True].out == printed[False].out and printed[True].err == printed[False].err
     members = json.loads(printed[True].out)["members"]
     assert [len(member["lengths"]) for member in members] == [3, 3] and all(
