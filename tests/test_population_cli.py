@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shlex
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -645,6 +646,20 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
     members = json.loads(printed[True].out)["members"]
     assert [len(member["lengths"]) for member in members] == [3, 3] and all(
         0 < length <= 50 for member in members for length in member["lengths"])
+
+
+def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):
+    """A run whose other member has no model (one that diverged is not saved) is evaluated on the one it has, which
+    the last line called "1 PPO members"; the member without a model is named."""
+    run = tmp_path / "run"
+    shutil.copytree(population_run, run)
+    (run / "members" / "seed_3.safetensors").unlink()
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--episodes", "2", "--seed", "7", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "rlspeed: 1 PPO member on CartPole-v1 (max_episode_steps=50), deterministic, 2 episodes each" in out
+    assert "(one member: no interval); 1 of 2 members have no model (a member that diverged is not saved): seed 3" \
+        in out
 
 
 def test_eval_run_dir_leaves_out_and_names_members_without_a_finite_mean(population_run, capsys, monkeypatch):

@@ -3429,7 +3429,8 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
     without = (f"; {len(missing)} of {len(recorded)} members have no model (a member that diverged is not saved): "
                f"seed {', '.join(map(str, missing))}" if missing else "")
     # (the env and the options it was made with, as a single model's line names them)
-    what = " and ".join(sorted(f"{name} members on {env_id}{f' ({options})' if options else ''}"
+    noun = "member" if len(results) == 1 else "members"
+    what = " and ".join(sorted(f"{name} {noun} on {env_id}{f' ({options})' if options else ''}"
                                for name, env_id, options in names))
     how = "deterministic" if not args.stochastic else "stochastic"
     scores = (f"median {_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}{left_out}"
