@@ -151,7 +151,7 @@ def test_env_backend_is_checked():
     assert Population(SAC, "Pendulum-v1", seeds=[0], **SMALL).env_backend == "torch"  # (native where there is one)
 
 
-def test_cli_seeds_with_env_backend_gymnasium(tmp_path):
+def test_cli_seeds_with_env_backend_gymnasium(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--env-backend", "gymnasium", "--total-timesteps", "80",
             "--eval-freq", "40", "--target-return", "1000", "--set", "learning_starts=40", "--set", "batch_size=32",
@@ -160,6 +160,25 @@ def test_cli_seeds_with_env_backend_gymnasium(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_backend"] == "gymnasium" and summary["population"] == 2
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[40, 80], [40, 80]]
+    # rlspeed eval RUN_DIR plays the SAC members as one population (off-policy members' files as the population's
+    # tensors: where they were not, it fell back to one model at a time without a word), each with its own numbers
+    from rlspeed.population import base
+
+    batches, played = [], base.PopulationBase._mean_returns
+
+    def counted(self, seeds, *args, **kwargs):
+        batches.append(len(seeds))
+        return played(self, seeds, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(base.PopulationBase, "_mean_returns", counted)
+        capsys.readouterr()
+        assert cli.main(["eval", str(out), "--episodes", "1", "--seed", "7", "--no-progress", "--json"]) == 0
+        member = json.loads(capsys.readouterr().out)["members"][1]
+    assert batches == [2]
+    assert cli.main(["eval", member["model"], "--seed", str(member["seed"]), "--episodes", "1", "--no-progress",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["returns"] == member["returns"]
 
 
 @pytest.mark.parametrize("env", ["masked-vector", "Taxi-v4"])
