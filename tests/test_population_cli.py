@@ -646,6 +646,10 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
     members = json.loads(printed[True].out)["members"]
     assert [len(member["lengths"]) for member in members] == [3, 3] and all(
         0 < length <= 50 for member in members for length in member["lengths"])
+    # (with progress shown, the batch, which has no bar and whose members' lines come when all are done, says so)
+    monkeypatch.undo()
+    assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7"]) == 0
+    assert "rlspeed: evaluating the 2 members as one batch, 3 episodes each ..." in capsys.readouterr().err
 
 
 def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):

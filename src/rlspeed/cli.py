@@ -3508,6 +3508,9 @@ def _batched_evaluations(args: argparse.Namespace, models: list, paths: list[Pat
         population = _population_of_models(models, [load_checkpoint(path)[0] for path in paths])
     except UserError:
         return None
+    if not args.no_progress:  # (a batch has no bar of its own, and its members' lines come when all are done)
+        print(f"rlspeed: evaluating the {len(models)} members as one batch, {_episodes(args.episodes)} each ...",
+              file=sys.stderr, flush=True)
     with population:
         population.evaluate(seeds=seeds, episodes=args.episodes)
     played = population.last_episodes
