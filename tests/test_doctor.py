@@ -424,12 +424,16 @@ def test_a_module_an_env_family_imports_that_fails_to_load_is_said_in_one_clause
     not PyOpenGL's name."""
     from rlspeed.envs import packages
 
-    monkeypatch.setattr(packages, "_installed", lambda module: True)
+    monkeypatch.setattr(packages, "module_installed", lambda module: True)
     broken = ImportError("libGL.so.1: cannot open shared object file: No such file or directory", name="OpenGL.GL")
     assert doctor._env_family_problem(broken, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
         "MuJoCo is installed, but the Python module 'OpenGL', installed too, cannot be imported",
         "libGL.so.1: cannot open shared object file: No such file or directory")
-    monkeypatch.setattr(packages, "_installed", lambda module: False)
+    # (the clause is missing_dependency's own, asked for after another package's "is installed, but")
+    assert packages.missing_dependency(broken) == ("the Python module 'OpenGL' is installed but cannot be imported: "
+                                                   "libGL.so.1: cannot open shared object file: No such file or "
+                                                   "directory")
+    monkeypatch.setattr(packages, "module_installed", lambda module: False)
     missing = ModuleNotFoundError("No module named 'OpenGL'", name="OpenGL")
     assert doctor._env_family_problem(missing, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
         "MuJoCo is installed, but the Python module 'OpenGL' is not installed", "pip install PyOpenGL")

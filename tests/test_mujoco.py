@@ -211,7 +211,7 @@ def test_a_module_mujoco_imports_missing_is_named_with_its_install_command(monke
     assert _env_family_problem(raised.value, "MuJoCo", 'pip install "rlspeed[mujoco]"') == (
         "MuJoCo is installed, but the Python module 'glfw' is not installed", "pip install glfw")
     # installed, and failing to load (its own library missing): its import's error, not `pip install` again
-    monkeypatch.setattr(packages, "_installed", lambda module: True)
+    monkeypatch.setattr(packages, "module_installed", lambda module: True)
     broken = ImportError("libGL.so.1: cannot open shared object file", name="OpenGL.GL")
     assert str(packages.MujocoImportError("Hopper-v5", broken)) == (
         "MuJoCo is installed but cannot be imported, so 'Hopper-v5' cannot be made: libGL.so.1: cannot open shared "

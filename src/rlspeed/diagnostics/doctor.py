@@ -457,9 +457,10 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
         if module.lower() != needs.lower():  # the family is installed; something it imports is not
             from rlspeed.envs import missing_dependency
 
-            detail = missing_dependency(error) or f"the Python module '{module}' is not installed"
+            detail = (missing_dependency(error, beside_installed=True)
+                      or f"the Python module '{module}' is not installed")
             said, _, fix = detail.partition(": ")  # (what is wrong, then the install command or the import's error)
-            return f"{needs} is installed, but {said.replace(' is installed but', ', installed too,')}", fix
+            return f"{needs} is installed, but {said}", fix
         return f"{needs} is not installed", advice
     if type(error).__name__ == "DependencyNotInstalled":
         # gymnasium's own message names a pip command of its own; ours replaces it
@@ -522,7 +523,9 @@ def _loadable(names: tuple[str, ...]) -> bool:
 def headless_gl_platforms() -> list[str]:
     """The MUJOCO_GL platforms of `MUJOCO_HEADLESS_GL` that can load here (PyOpenGL importable, the library found by
     the dynamic loader), without importing MuJoCo or rendering: milliseconds."""
-    if importlib.util.find_spec("OpenGL") is None:
+    from rlspeed.envs.packages import module_installed
+
+    if not module_installed("OpenGL"):
         return []
     return [platform for platform, libraries in MUJOCO_HEADLESS_GL if _loadable(libraries)]
 
@@ -531,7 +534,9 @@ def check_mujoco_rendering() -> list[Check]:
     """Whether MuJoCo envs can render frames (videos: `eval --video`, `train --video-every`) with the MUJOCO_GL set:
     its default, glfw, needs a display, which a headless Linux machine lacks; egl and osmesa need their libraries. A
     WARN saying what to set; no line without MuJoCo (the env line says to install it)."""
-    if importlib.util.find_spec("mujoco") is None:
+    from rlspeed.envs.packages import install_command, module_installed
+
+    if not module_installed("mujoco"):
         return []
     name = "render mujoco"
     written = os.environ.get("MUJOCO_GL", "")
@@ -541,9 +546,7 @@ def check_mujoco_rendering() -> list[Check]:
         return [Check(WARN, name, f"MUJOCO_GL={written!r}: Gymnasium's MuJoCo renderer takes the name as written, "
                       f"so videos of MuJoCo envs will fail", f"export MUJOCO_GL={gl}")]
     available = headless_gl_platforms()
-    from rlspeed.envs.packages import install_command
-
-    opengl = importlib.util.find_spec("OpenGL") is not None  # (PyOpenGL: installed with MuJoCo, unless removed)
+    opengl = module_installed("OpenGL")  # (PyOpenGL: installed with MuJoCo, unless removed)
     fix = (f"export MUJOCO_GL={available[0]}" if available else
            f"install EGL{'' if opengl else ' and PyOpenGL'} (apt-get install libegl1"
            f"{'' if opengl else '; ' + install_command('OpenGL')}), then export MUJOCO_GL=egl")

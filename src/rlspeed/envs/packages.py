@@ -41,12 +41,13 @@ def install_command(module: str) -> str:
     return f'pip install "rlspeed[{EXTRAS[top]}]"' if top in EXTRAS else f"pip install {_DISTRIBUTIONS.get(top, top)}"
 
 
-def missing_dependency(error: BaseException) -> str | None:
+def missing_dependency(error: BaseException, beside_installed: bool = False) -> str | None:
     """For an error from making an env whose Python dependency is missing: 'the Python module X is not installed:
     pip install ...' naming what is missing (an ImportError's module, with `install_command`'s advice: rlspeed's extra
     that installs it), or Gymnasium's DependencyNotInstalled message with its `gymnasium[X]` advice given as rlspeed's
     extra of that name; 'the Python module X is installed but cannot be imported: ...' with its import's error where
-    X is there but fails to load; else None."""
+    X is there but fails to load (`module_installed`'s rule), or, with `beside_installed` (the sentence follows another
+    package's 'is installed, but'), 'the Python module X, installed too, cannot be imported: ...'; else None."""
     if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
             and error.__cause__.name:
         error = error.__cause__  # the import that failed names the module
@@ -54,7 +55,8 @@ def missing_dependency(error: BaseException) -> str | None:
         top = error.name.split(".")[0]
         if _fails_to_load(error):
             said = " ".join(line.strip() for line in str(error).strip().splitlines())[:200] or type(error).__name__
-            return f"the Python module '{top}' is installed but cannot be imported: {said}"
+            installed_too = ", installed too," if beside_installed else " is installed but"
+            return f"the Python module '{top}'{installed_too} cannot be imported: {said}"
         return f"the Python module '{top}' is not installed: {install_command(top)}"
     if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -68,11 +70,13 @@ def _fails_to_load(error: ImportError) -> bool:
     """Whether the module `error` names (by its top-level package) is there but fails to load, a shared library of its
     own missing, say: installing it again changes nothing, and its import's own error says what is wrong."""
     top = (error.name or "").split(".")[0]
-    return bool(top) and not (isinstance(error, ModuleNotFoundError) and error.name == top) and _installed(top)
+    return bool(top) and not (isinstance(error, ModuleNotFoundError) and error.name == top) and module_installed(top)
 
 
-def _installed(module: str) -> bool:
-    """Whether the top-level module `module` can be found on the path (without importing it)."""
+def module_installed(module: str) -> bool:
+    """Whether the top-level module `module` can be found on the path, without importing it (one that is there may
+    still fail to load: `missing_dependency` says so). The one rule of "installed" for the optional modules rlspeed
+    advises on (env families, MuJoCo's OpenGL)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # (a module in sys.modules without a spec)
@@ -239,7 +243,7 @@ def mujoco_gl_error() -> MujocoGLError | None:
     module that imports MuJoCo, such as Gymnasium-Robotics, then fails on PyOpenGL's error, which names no platform);
     else None."""
     platform = os.environ.get("MUJOCO_GL")
-    if not platform or "mujoco" in sys.modules or not _installed("mujoco"):
+    if not platform or "mujoco" in sys.modules or not module_installed("mujoco"):
         return None
     try:
         import mujoco  # noqa: F401
