@@ -98,9 +98,10 @@ def test_each_file_gets_its_own_nonce(tmp_path, cipher):
 
 
 def test_without_a_key_loading_says_to_set_one(tmp_path, cipher, monkeypatch):
+    """One sentence, a `KeyNeeded` (public: a program catches it to ask for the key, and train --resume's advice)."""
     path = _save(tmp_path / "model")
     monkeypatch.delenv(ckpt.KEY_ENV)
-    with pytest.raises(UserError, match=rf"model\.safetensors' is encrypted \({cipher[0]}\); set "
+    with pytest.raises(ckpt.KeyNeeded, match=rf"model\.safetensors' is encrypted \({cipher[0]}\); set "
                                         "RLSPEED_CHECKPOINT_KEY or RLSPEED_CHECKPOINT_KEY_FILE"):
         load_checkpoint(path)
 
@@ -108,8 +109,9 @@ def test_without_a_key_loading_says_to_set_one(tmp_path, cipher, monkeypatch):
 def test_a_wrong_key_is_named_as_such(tmp_path, cipher, monkeypatch):
     path = _save(tmp_path / "model")
     monkeypatch.setenv(ckpt.KEY_ENV, bytes(len(cipher[1])).hex())
-    with pytest.raises(UserError, match=r"model\.safetensors' was encrypted with another key \(key id [0-9a-f]{16}\) "
-                                        "than RLSPEED_CHECKPOINT_KEY"):
+    with pytest.raises(ckpt.KeyNeeded, match=r"model\.safetensors' was encrypted with another key "
+                                             r"\(key id [0-9a-f]{16}\) "
+                                             "than RLSPEED_CHECKPOINT_KEY"):
         load_checkpoint(path)
 
 

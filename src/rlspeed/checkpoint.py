@@ -494,9 +494,10 @@ def header_metadata(path: str | os.PathLike) -> dict | None:
     return metadata if isinstance(metadata, dict) else None
 
 
-class _KeyNeeded(UserError):
+class KeyNeeded(UserError):
     """An encrypted checkpoint read without a key or with another key than its own: the file is whole, and only its
-    key opens it (not a damaged file: `rlspeed train --resume` then advises no `--overwrite`)."""
+    key opens it (not a damaged file: `rlspeed train --resume` then advises no `--overwrite`, and a program may ask
+    for the key and load again)."""
 
 
 def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
@@ -517,9 +518,9 @@ def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
     if cipher not in CIPHERS or len(nonce) != _NONCE_BYTES:
         raise UserError(f"'{path}' has a damaged encryption header (cipher {cipher!r}): the file was changed.")
     if key is None:
-        raise _KeyNeeded(f"'{path}' is encrypted ({cipher}); set {KEY_ENV} or {KEY_FILE_ENV} to its key.")
+        raise KeyNeeded(f"'{path}' is encrypted ({cipher}); set {KEY_ENV} or {KEY_FILE_ENV} to its key.")
     if key.key_id != key_id:
-        raise _KeyNeeded(f"'{path}' was encrypted with another key (key id {key_id}) than {key.source} "
+        raise KeyNeeded(f"'{path}' was encrypted with another key (key id {key_id}) than {key.source} "
                         f"(key id {key.key_id}).")
     if len(key.secret) not in _KEY_BYTES[cipher]:
         raise UserError(f"'{path}' has a damaged encryption header: {cipher} does not take {key.source}'s "

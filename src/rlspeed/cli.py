@@ -2221,10 +2221,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                 _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set "
                       "change its networks since the checkpoint was written?)")
         except UserError as error:
-            from rlspeed.checkpoint import _KeyNeeded
+            from rlspeed.checkpoint import KeyNeeded
 
             # (a checkpoint only its key opens is whole: the key is the fix, and the model needs it as well)
-            if not (run_dir / "model.safetensors").exists() or isinstance(error, _KeyNeeded):
+            if not (run_dir / "model.safetensors").exists() or isinstance(error, KeyNeeded):
                 raise
             raise UserError(f"{error} The run's model.safetensors is kept (rlspeed eval {run_dir} evaluates it); "
                             "--overwrite starts the run afresh.") from None
