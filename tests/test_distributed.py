@@ -166,6 +166,34 @@ def test_ppo_minibatch_must_split_evenly():
     PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=75, batch_size=75)  # one process: any divisor is fine
 
 
+def test_ppo_batch_size_advice_with_several_processes_passes_every_rule(capsys, monkeypatch, tmp_path):
+    """With 2 processes, batch_size=4 of a 6-step rollout was advised "batch_size=3 or 6" (the rollout's rule alone),
+    and 3 then met the processes' rule, refused without advice: both refusals name sizes valid under both rules, from
+    the model (its strategy's processes) and from `rlspeed train --nproc`, before any worker starts."""
+    from conftest import cli_error
+
+    from rlspeed import PPO, RecurrentPPO, cli
+    from rlspeed.errors import UserError
+
+    settings = dict(device="cpu", strategy=TwinRanks(), num_envs=2, num_steps=3)
+    with pytest.raises(UserError, match=r"^batch_size \(4\) must divide num_envs \* num_steps \(6\) and be a multiple "
+                                        r"of the number of processes \(2\).*: batch_size=2 or 6 would do\.$"):
+        PPO("CartPole-v1", **settings, batch_size=4)
+    with pytest.raises(UserError, match=r"^batch_size \(3\) must be a multiple of the number of processes \(2\).*: "
+                                        r"batch_size=2 or 6 would do\.$"):
+        PPO("CartPole-v1", **settings, batch_size=3)
+    PPO("CartPole-v1", **settings, batch_size=2)
+    # RecurrentPPO's sequences split over the processes too (32 of 64 is one sequence: advised for one process)
+    with pytest.raises(UserError, match=r"^batch_size \(48\) must divide num_envs \* num_steps \(64\) into sequences "
+                                        r".*: batch_size=64 would do\.$"):
+        RecurrentPPO("CartPole-v1", **{**settings, "num_steps": 32}, batch_size=48)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(cli, "_launch_torchrun", lambda args: cli._settings(args) and 0)  # (settings that hold)
+    said = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--out", str(tmp_path / "run"), "--num-envs", "2",
+                              "--set", "num_steps=3", "--set", "batch_size=4", "--nproc", "2"])
+    assert "--set batch_size=2 or 6 would do" in said
+
+
 def test_synced_statistics_stay_accurate_for_features_with_a_large_mean():
     """The distributed path of RunningMeanStd (moments summed over ranks, folded once per iteration) agrees with the
     single-process path where E[x^2] - E[x]^2 would cancel in float32 (mean 1000, std 0.1: it went negative)."""

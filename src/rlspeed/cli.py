@@ -1240,7 +1240,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
             raise UserError(f"--num-envs {args.num_envs} and --set num_envs={hyper_overrides['num_envs']} disagree: "
                             "give one of them.")
         hyper["num_envs"] = args.num_envs
-    config = build_config(algo_cls.config_cls, hyper)
+    # (the processes that will train it: --nproc's, or torchrun's in a worker)
+    processes = max(getattr(args, "nproc", None) or 1, int(os.environ.get("WORLD_SIZE", "1")))
+    config = build_config(algo_cls.config_cls, hyper, processes)
     # (said when training starts, after the preset's line: a refusal before it stays one line)
     args.setting_notes = _annealed_override_notes(hyper_overrides, config, set(hyper) - set(hyper_overrides),
                                                   algo_cls.__name__)

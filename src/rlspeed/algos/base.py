@@ -780,8 +780,10 @@ def sb3_action_noise(config_cls: type, values: dict) -> dict:
     return {**values, **made}
 
 
-def build_config(config_cls: type, overrides: dict) -> typing.Any:
-    """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
+def build_config(config_cls: type, overrides: dict, processes: int = 1) -> typing.Any:
+    """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values. With several
+    `processes` to train it (torchrun's), a config's `check_processes` (PPO's batch_size) goes first, so that the
+    sizes a refusal advises pass the rules of one process and of several."""
     fields = _field_names(config_cls)
     hints = config_type_hints(config_cls)
     overrides = sb3_settings(config_cls, overrides)
@@ -865,6 +867,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             value = activation_name(value)
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
+    if processes > 1 and hasattr(config, "check_processes"):
+        config.check_processes(processes)
     config.validate()
     return config
 
@@ -2305,7 +2309,7 @@ class Algorithm:
         #: config.yaml's `hyperparameters` hold it: the default written out): an env without masks is then worth a word
         whole = {field.name for field in dataclasses.fields(self.config_cls)} <= hyperparameters.keys()
         self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec and not whole
-        self.config = build_config(self.config_cls, hyperparameters)
+        self.config = build_config(self.config_cls, hyperparameters, strategy.world_size if strategy else 1)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
         # (refused for a model without a replay buffer or under several processes, before any env)

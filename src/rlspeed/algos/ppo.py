@@ -60,14 +60,30 @@ class PPOConfig(OnPolicyConfig):
                 f"target_kl must be > 0, or null for no early stop, got {self.target_kl}.")
         self._check_batch_size(self.num_envs * self.num_steps)
 
-    def _check_batch_size(self, rollout: int) -> None:
-        """Refuse a `batch_size` that does not divide the rollout of `rollout` steps, naming the nearest that do (a
-        subclass with a stricter rule overrides it, so that one sentence names the sizes valid under every rule)."""
-        if rollout % self.batch_size and self.batch_size < rollout:
-            # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
-            would = _nearest_sizes(self.batch_size, rollout, lambda size: rollout % size == 0)
-            raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}): {would} "
-                            "would do.")
+    def check_processes(self, processes: int) -> None:
+        """The `batch_size` rules for `processes` processes that share every minibatch (torchrun, `--nproc`), checked
+        before `validate` by `build_config` and again by the model: a size that does not split over them is refused
+        naming the nearest sizes valid under every rule (a size advised for one process alone met this refusal)."""
+        if self.batch_size >= 1 and self.num_envs >= 1 and self.num_steps >= 1:
+            self._check_batch_size(self.num_envs * self.num_steps, processes)
+
+    def _check_batch_size(self, rollout: int, processes: int = 1) -> None:
+        """Refuse a `batch_size` that does not divide the rollout of `rollout` steps, or (below the rollout) is no
+        multiple of the number of `processes`, naming the nearest sizes that pass both (a subclass with a stricter
+        rule overrides it, so that one sentence names the sizes valid under every rule)."""
+        def works(size: int) -> bool:  # (the whole rollout, one minibatch, each process taking its own share)
+            return size >= rollout or (rollout % size == 0 and size % processes == 0)
+
+        if works(self.batch_size):
+            return
+        # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
+        would = _nearest_sizes(self.batch_size, rollout, works)
+        split = (f"be a multiple of the number of processes ({processes}), each process taking an equal share of "
+                 "every minibatch")
+        if rollout % self.batch_size == 0:
+            raise UserError(f"batch_size ({self.batch_size}) must {split}: {would} would do.")
+        raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout})"
+                        f"{' and ' + split if processes > 1 else ''}: {would} would do.")
 
 
 def _nearest_sizes(batch_size: int, rollout: int, works: Callable[[int], bool]) -> str:
@@ -97,11 +113,9 @@ class PPO(OnPolicyAlgorithm):
     config: PPOConfig
 
     def _setup(self) -> None:
-        cfg, world = self.config, self.strategy.world_size
-        # each rank takes minibatches of batch_size / world rows from its share of the rollout
-        require(world == 1 or cfg.batch_size >= cfg.num_envs * cfg.num_steps or cfg.batch_size % world == 0,
-                f"batch_size ({cfg.batch_size}) must be a multiple of the number of processes ({world}): each process "
-                "takes an equal share of every minibatch.")
+        # each rank takes minibatches of batch_size / world rows from its share of the rollout (a config changed since
+        # it was built is checked here too)
+        self.config.check_processes(self.strategy.world_size)
         super()._setup()
 
     def _make_update_step(self):

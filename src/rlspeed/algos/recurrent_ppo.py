@@ -107,22 +107,33 @@ class RecurrentPPOConfig(PPOConfig):
                 "usual).")
         super().validate()
 
-    def _check_batch_size(self, rollout: int) -> None:
-        """PPO's rule (batch_size divides the rollout) and the sequences' (at least `MIN_SEQUENCE_LENGTH` steps, or
-        num_steps) in one check, so that the sizes its sentence suggests pass both."""
-        if _long_enough(self.num_steps, self.batch_size, rollout):
+    def _check_batch_size(self, rollout: int, processes: int = 1) -> None:
+        """PPO's rule (batch_size divides the rollout), the sequences' (at least `MIN_SEQUENCE_LENGTH` steps, or
+        num_steps) and, for several `processes`, theirs (a minibatch's sequences a multiple of the number of processes)
+        in one check, so that the sizes its sentence suggests pass all three."""
+        def works(size: int) -> bool:  # (L depends on the size)
+            return size >= rollout or (_long_enough(self.num_steps, size, rollout)
+                                       and size // sequence_length(self.num_steps, size, rollout) % processes == 0)
+
+        if works(self.batch_size):
             return
         least = min(self.num_steps, MIN_SEQUENCE_LENGTH)
-        would = _nearest_sizes(self.batch_size, rollout, lambda size: _long_enough(self.num_steps, size, rollout))
+        would = _nearest_sizes(self.batch_size, rollout, works)
         length = sequence_length(self.num_steps, self.batch_size, rollout)
         if rollout % self.batch_size:
             raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}) into "
                             f"sequences of at least {least} steps for RecurrentPPO's update to train its LSTM on (a "
                             f"sequence is as long as the greatest common divisor of batch_size and num_steps "
                             f"({self.num_steps}), here {length}): {would} would do.")
-        raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of {length} "
-                        f"steps (their greatest common divisor), and RecurrentPPO's update needs sequences of at least "
-                        f"{least} steps to train its LSTM on: {would} would do.")
+        if length < least:
+            raise UserError(f"batch_size ({self.batch_size}) cuts num_steps ({self.num_steps}) into sequences of "
+                            f"{length} steps (their greatest common divisor), and RecurrentPPO's update needs "
+                            f"sequences of at least {least} steps to train its LSTM on: {would} would do.")
+        sequences = self.batch_size // length
+        raise UserError(f"batch_size ({self.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} "
+                        f"of {length} steps (the greatest common divisor of batch_size and num_steps "
+                        f"({self.num_steps})), which must be a multiple of the number of processes ({processes}): each "
+                        f"process takes an equal share of every minibatch's sequences ({would} would do).")
 
 
 class RecurrentPPO(PPO):
@@ -144,26 +155,6 @@ class RecurrentPPO(PPO):
     config: RecurrentPPOConfig
 
     # --- the network and its state -------------------------------------------------------------------------
-    def _setup(self) -> None:
-        cfg, world = self.config, self.strategy.world_size
-        # Each rank takes batch_size / L / world sequences per minibatch from its share of the envs: a number of
-        # sequences that does not split evenly would round each rank's share up to one sequence (or down), changing
-        # the minibatch size and the number of updates without a word.
-        rollout = cfg.num_envs * cfg.num_steps
-        length = sequence_length(cfg.num_steps, cfg.batch_size, rollout)
-        sequences = cfg.batch_size // length
-
-        def splits(size: int) -> bool:  # (a size whose sequences the processes share evenly; L depends on the size)
-            return size >= rollout or (_long_enough(cfg.num_steps, size, rollout)
-                                       and size // sequence_length(cfg.num_steps, size, rollout) % world == 0)
-
-        if world > 1 and not splits(cfg.batch_size):
-            raise UserError(f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} "
-                            f"of {length} steps (the greatest common divisor of batch_size and num_steps "
-                            f"({cfg.num_steps})), which must be a multiple of the number of processes ({world}): each "
-                            f"process takes an equal share of every minibatch's sequences "
-                            f"({_nearest_sizes(cfg.batch_size, rollout, splits)} would do).")
-        super()._setup()
 
     def _build_policy(self) -> RecurrentActorCritic:
         cfg, spec = self.config, self.spec
