@@ -2527,6 +2527,40 @@ def test_a_stable_baselines3_subprocess_worker_that_an_envs_error_ended_is_named
     assert closing.errors == [] and envs.closed and not any(process.is_alive() for process in envs.processes)
 
 
+class _ClosesIntoFile(_ContractBreakingEnv):
+    """A well-behaved env whose close() writes `path` (a file or a simulator it would release)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def close(self):
+        Path(self.path).write_text("closed")
+
+
+def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_envs(tmp_path):
+    """After one SubprocVecEnv worker ended (its env raised), the close terminated the others, so their envs' close()
+    never ran (a file or a simulator process they held leaked): they are sent SB3's "close" and close their envs."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    # (worker 0 ends: a forked worker holds the pipe ends of the workers made before it, none of worker 0's)
+    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"),
+                              functools.partial(_ClosesIntoFile, tmp_path / "closed")],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    actions = torch.zeros(2, dtype=torch.int64)
+    env.reset(seed=0)
+    env.step(actions)
+    with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
+        env.step(actions)
+    with CloseErrors() as closing:
+        env.close()
+    assert closing.errors == [] and envs.closed and not any(process.is_alive() for process in envs.processes)
+    assert [process.exitcode for process in envs.processes] == [1, 0]  # (worker 1 ended by its close, not a signal)
+    assert (tmp_path / "closed").read_text() == "closed"
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

@@ -9,7 +9,9 @@ with SB3's VecEnv methods is accepted.
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import sys
+import time
 import typing
 import warnings
 
@@ -141,6 +143,38 @@ def _raised_by(error: BaseException, owner) -> bool:
 #: how long a step or reset that read the end of a SubprocVecEnv worker's pipe waits for a worker to exit (it does as
 #: its pipe ends; a generous bound for a loaded machine, waited only where a worker ended)
 WORKER_EXIT_WAIT_S = 30.0
+
+
+#: how long the close of a SubprocVecEnv one of whose workers ended waits for the workers left to close their envs
+#: (SB3's "close" command) before it terminates them
+WORKERS_CLOSE_WAIT_S = 30.0
+
+
+def _close_workers_left(inner) -> None:
+    """Close SB3's SubprocVecEnv `inner` one of whose workers ended: each live worker is sent SB3's "close" command,
+    so that its env's close() runs (a file, a simulator process it holds), an answer it still had to give read first
+    (a large one would block its send); those not ended within `WORKERS_CLOSE_WAIT_S` are terminated. SB3's own close
+    would read the ended worker's pipe first and stop on EOFError."""
+    live = [(process, remote) for process, remote in zip(inner.processes, inner.remotes) if process.is_alive()]
+    for _process, remote in live:
+        try:
+            while remote.poll():  # (the answer of the step or reset that broke, where it gave one)
+                remote.recv()
+            remote.send(("close", None))
+        except (EOFError, OSError):  # (it ended meanwhile)
+            pass
+    deadline = time.monotonic() + WORKERS_CLOSE_WAIT_S
+    waiting = [process for process, _remote in live]
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        ended = multiprocessing.connection.wait([process.sentinel for process in waiting], timeout=left)
+        waiting = [process for process in waiting if process.sentinel not in ended]
+    for process in waiting:
+        process.terminate()
+    for process in inner.processes:
+        process.join()
+    for remote in inner.remotes:  # (SB3's close does too: each is a file descriptor)
+        remote.close()
+    inner.closed = True
 
 
 class _CheckedAnswers:
@@ -425,13 +459,8 @@ class SB3VecEnv(BatchedEnv):
         inner = self.vec_env.unwrapped
         if self._workers_ended and not getattr(inner, "closed", True):
             # (the step or reset that a worker's end broke said so: SB3's close would read the dead worker's pipe and
-            # raise EOFError again; the workers left are ended without a word, and the wrappers close over none)
-            for process in inner.processes:
-                if process.is_alive():
-                    process.terminate()
-            for process in inner.processes:
-                process.join()
-            inner.closed = True
+            # raise EOFError again; the workers left close their envs, and the wrappers close over none)
+            _close_workers_left(inner)
         dummy = getattr(sys.modules.get("stable_baselines3.common.vec_env.dummy_vec_env"), "DummyVecEnv", None)
         if dummy is None or type(inner).close is not dummy.close:
             close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
