@@ -308,6 +308,35 @@ def test_a_stop_under_nproc_is_said_once(monkeypatch, tmp_path, capsys, stops):
         assert codes == [130] and lines == []
 
 
+def test_a_torchrun_worker_stopped_as_it_waits_for_rank_0s_save_says_nothing(monkeypatch, capsys):
+    """`rlspeed train --nproc 2` stopped as rank 0 evaluated its finished run: rank 1, whose run had returned and
+    which waited for rank 0 as it left (`DistributedStrategy.leave`), printed "rlspeed: interrupted" below rank 0's
+    line of the saved run (torchrun passes the stop to every worker). Such a worker says nothing and ends with the
+    stop's code: rank 0 says what its run saved."""
+    from rlspeed import cli, distributed
+
+    class Strategy:  # (rank 1 of two: its run returned, it waits for rank 0 as it leaves)
+        enabled, is_main = True, False
+
+        def __init__(self, device=None):
+            pass
+
+        def leave(self, code):
+            signal.raise_signal(signal.SIGINT)  # (torchrun's, passing on the user's Ctrl-C)
+            return code
+
+        def shutdown(self, wait=True):
+            pass
+
+    monkeypatch.setattr(distributed, "DistributedStrategy", Strategy)
+    monkeypatch.setattr(cli, "_train", lambda *args: cli._stage(None) or 0)  # (its run said and saved)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["train", "ppo", "CartPole-v1", "--out", "unused"]) == 130
+    assert "interrupted" not in capsys.readouterr().err
+
+
 def test_a_workers_word_for_the_launcher_appears_whole_and_its_first_stands(tmp_path, monkeypatch):
     """`tell_launcher`'s file (a worker's exit code, which its peers read once as a stop comes: `peers_said`) is
     never there empty: it created the file, then wrote it, and a peer reading in between found no word. Checked at

@@ -456,6 +456,10 @@ _STAGE: dict[str, str] = {}
 #: the stops this command's run took in to stop at the end of its iteration (`_stop_after_iteration`): a later one that
 #: ends a torchrun worker is torchrun's own signal as it shuts the workers down, of a run whose stop is said already
 _TAKEN_IN: list[int] = []
+#: whether this command's run has returned, its lines said and its files written, and the torchrun worker leaves
+#: (`DistributedStrategy.leave`, where the ranks wait for rank 0's save and evaluation): a stop then is torchrun's
+#: passing on of one whose line rank 0 says, as for `_TAKEN_IN`
+_RUN_RETURNED: list[bool] = []
 
 
 def _stage(doing: str | None, left: str | None = None, run_dir: Path | None = None) -> None:
@@ -579,6 +583,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         with _forked_children_apart("TORCHELASTIC_RUN_ID" in os.environ):
             code = _train(args, algo_cls, strategy, run_settings, hyper, total)
+            _RUN_RETURNED.append(True)
             if strategy.enabled:  # (`leave` ends the process: `main` would not settle a run --overwrite moved aside)
                 _settle_overwrites(succeeded=code == 0)
             # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
@@ -4520,6 +4525,7 @@ def _refuse_other_commands_option(parser: argparse.ArgumentParser, argv: list[st
 def _main(argv: list[str]) -> int:
     _stage(None)  # (a caller's earlier command's is not this one's)
     _TAKEN_IN.clear()
+    _RUN_RETURNED.clear()
     stdout = sys.stdout if isinstance(sys.stdout, _ReaderMayLeave) else None  # (the `rlspeed` command's, `main`)
     if stdout is not None:  # --help and --version write while parsing: their output is all they do
         stdout.stop_when_gone = True
@@ -4614,11 +4620,12 @@ def _main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
-        if _TAKEN_IN and "TORCHELASTIC_RUN_ID" in os.environ:
-            # (torchrun's signal as it shuts down a worker whose run stopped for one already: that stop's line is
-            # said, by rank 0, and this worker ends with its code)
-            return 130 if _TAKEN_IN[0] == signal.SIGINT else 143
         terminated = isinstance(stop, Terminated)
+        if (_TAKEN_IN or _RUN_RETURNED) and "TORCHELASTIC_RUN_ID" in os.environ:
+            # (torchrun's signal as it shuts down a worker whose run stopped for one already, or one whose run has
+            # returned and waits for rank 0's save: that stop's line is said, by rank 0, and this worker ends with the
+            # first stop's code)
+            return 130 if (_TAKEN_IN[0] == signal.SIGINT if _TAKEN_IN else not terminated) else 143
         if _STAGE:  # (what it was doing, and what that leaves: before the work began, nothing of it)
             line = f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}."
         else:
