@@ -1903,6 +1903,22 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert (tmp_path / "mine" / "model.pt").read_text() == "the user's"
 
 
+def test_the_commands_a_message_names_quote_a_path_with_a_space(tmp_path, capsys):
+    """A command a note or refusal names pastes as it is: a run directory with a space gave
+    'rlspeed export /my runs/a --format ...' and 'rlspeed eval /my runs/a/members/seed_0.safetensors --video v.mp4',
+    which split the path in a shell."""
+    run = tmp_path / "my runs"
+    run.mkdir()
+    (run / "model.pt").write_text("")
+    (run / "model.pt.json").write_text(json.dumps({"format": "torchscript", "algo": "PPO", "num_timesteps": 256}))
+    cli._say_stale_exports(print, run / "model.safetensors", 512)
+    assert f"redo it with rlspeed export '{run}' --format torchscript --overwrite." in capsys.readouterr().err
+    member = run / "members" / "seed_0.safetensors"
+    with pytest.raises(UserError) as raised:
+        cli._eval_population(argparse.Namespace(video="my video.mp4"), run, [member], {})
+    assert str(raised.value).endswith(f"e.g. rlspeed eval '{member}' --video 'my video.mp4'.")
+
+
 def test_a_resumed_runs_note_names_each_export_of_a_model_of_other_steps(tmp_path, capsys):
     """--resume replaces the model, not the exports beside it (deployed, one is the older policy, unsaid): the note
     names each export `rlspeed export` made of a model of other steps, with the command that redoes it, and no other
@@ -2882,15 +2898,16 @@ def test_resuming_from_a_damaged_checkpoint_names_the_model_that_is_kept(tmp_pat
     """A checkpoint damaged from outside (writes are atomic) cannot be resumed: the one sentence also says the run's
     model.safetensors is kept and how to evaluate it or start afresh."""
     monkeypatch.chdir(tmp_path)
-    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none", "--out", "run",
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none", "--out", "my run",
             "--no-progress", "--checkpoint-freq", "256"]
     assert cli.main(argv) == 0
-    checkpoint = tmp_path / "run" / "checkpoint.safetensors"
+    checkpoint = tmp_path / "my run" / "checkpoint.safetensors"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     capsys.readouterr()
     assert cli.main([*argv[:4], "1024", *argv[5:], "--resume"]) == 2
     error = capsys.readouterr().err
-    assert "checkpoint.safetensors" in error and "model.safetensors is kept (rlspeed eval run evaluates it)" in error
+    assert "checkpoint.safetensors" in error
+    assert "model.safetensors is kept (rlspeed eval 'my run' evaluates it)" in error  # (quoted: pasted as one path)
     assert len(error.strip().splitlines()) == 1
 
 

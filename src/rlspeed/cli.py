@@ -182,11 +182,17 @@ def _episodes(number: int) -> str:
     return f"{number} episode{'' if number == 1 else 's'}"
 
 
+def _shell_path(path) -> str:
+    """`path` as a command this CLI prints names it, quoted for a shell: one with a space (or a quote) pastes as one
+    argument."""
+    return shlex.quote(os.fspath(path))
+
+
 def _eval_command(path, seed: int, episodes: int) -> str:
     """The `rlspeed eval` command that repeats a final evaluation of `episodes` episodes from `seed` (`--episodes`
     only where it is not rlspeed eval's default) of the model or run directory at `path`, quoted for a shell (a
     path with a space pastes as one argument)."""
-    return (f"rlspeed eval {shlex.quote(os.fspath(path))} --seed {seed}"
+    return (f"rlspeed eval {_shell_path(path)} --seed {seed}"
             + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else ""))
 
 
@@ -1854,7 +1860,7 @@ def _say_stale_exports(say, model_file: Path, num_timesteps: int) -> None:
         if exported != num_timesteps:
             steps = f"{exported:,} steps" if isinstance(exported, int) else "other steps"
             say(f"rlspeed: note: {export} is an export of the model at {steps}, not of this {model_file.name} at "
-                f"{num_timesteps:,}: redo it with rlspeed export {source} --format {format} --overwrite.",
+                f"{num_timesteps:,}: redo it with rlspeed export {_shell_path(source)} --format {format} --overwrite.",
                 file=sys.stderr)
 
 
@@ -2233,8 +2239,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             # (a checkpoint only its key opens is whole: the key is the fix, and the model needs it as well)
             if not (run_dir / "model.safetensors").exists() or isinstance(error, KeyNeeded):
                 raise
-            raise UserError(f"{error} The run's model.safetensors is kept (rlspeed eval {run_dir} evaluates it); "
-                            "--overwrite starts the run afresh.") from None
+            raise UserError(f"{error} The run's model.safetensors is kept (rlspeed eval {_shell_path(run_dir)} "
+                            "evaluates it); --overwrite starts the run afresh.") from None
         resumed_from = model.num_timesteps
         restarts = max(restarts, model.restarts)
         _stage("starting the run", run_dir=run_dir)
@@ -3411,8 +3417,8 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
     from rlspeed.stats import aggregate
 
     if args.video is not None:
-        raise UserError(f"--video films one model: give one member's, e.g. rlspeed eval {members[0]} --video "
-                        f"{args.video}.")
+        raise UserError(f"--video films one model: give one member's, e.g. rlspeed eval "
+                        f"{_shell_path(members[0])} --video {_shell_path(args.video)}.")
     env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
     seed_note = _eval_seed(args)
     out = sys.stderr if args.json else sys.stdout
