@@ -3194,10 +3194,11 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
 def _given_num_envs(args: argparse.Namespace) -> tuple[int | None, str]:
     """The num_envs the command gives (--num-envs, else --set num_envs=N; None where neither gives a whole number) and
-    the flag that gives it, as `_refuse_uneven_num_envs`'s advice writes it."""
-    if args.num_envs is not None:
-        return args.num_envs, "--num-envs "
+    the flag that gives it, as `_refuse_uneven_num_envs`'s advice writes it. Both given and disagreeing: None (the
+    settings' refusal names the two, which advice to change one would not)."""
     value = _parse_set(args.set or []).get("num_envs")
+    if args.num_envs is not None:
+        return (args.num_envs if value is None or value == args.num_envs else None), "--num-envs "
     return (value if isinstance(value, int) and not isinstance(value, bool) else None), "--set num_envs="
 
 
