@@ -145,6 +145,8 @@ def test_num_envs_that_does_not_split_is_refused_before_the_batch_size_it_makes(
     # (two that disagree: that refusal, not advice to change the one that then still disagrees with the other)
     said = cli_error(capsys, [*base, "--num-envs", "63", "--set", "num_envs=64", "--nproc", "2"])
     assert said == "rlspeed: error: --num-envs 63 and --set num_envs=64 disagree: give one of them."
+    said = cli_error(capsys, [*base, "--set", "num_envs=63.0", "--nproc", "2"])  # (a whole number too: as 63)
+    assert "num_envs (63) must be a multiple of --nproc (2)" in said and "use --set num_envs=62" in said
     monkeypatch.setattr(cli, "_launch_torchrun", lambda args: cli._settings(args) and 0)  # (settings that hold)
     advice = re.search(r"--set batch_size=(\d+)", cli_error(capsys, [*base, "--num-envs", "62", "--nproc", "2"]))
     assert int(advice[1]) % 2 == 0  # (the rollout's size for 62 envs, which 2 processes share)

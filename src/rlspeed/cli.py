@@ -3199,6 +3199,8 @@ def _given_num_envs(args: argparse.Namespace) -> tuple[int | None, str]:
     value = _parse_set(args.set or []).get("num_envs")
     if args.num_envs is not None:
         return (args.num_envs if value is None or value == args.num_envs else None), "--num-envs "
+    if isinstance(value, float) and value.is_integer():  # (63.0, 1e2: the settings take it as that whole number)
+        value = int(value)
     return (value if isinstance(value, int) and not isinstance(value, bool) else None), "--set num_envs="
 
 
