@@ -325,7 +325,7 @@ def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.S
 _NO_SUCCESS: dict[tuple[int, torch.device], torch.Tensor] = {}  # (N, device) -> all-False flags, made once
 
 #: the keys of an env's step info that say whether its episode reached its goal, the first present taken: SB3's (and
-#: Gymnasium-Robotics' Fetch and Shadow Hand envs'), then Gymnasium-Robotics' PointMaze and AntMaze envs' (Meta-World's)
+#: Gymnasium-Robotics' Fetch and Shadow Hand envs'), then Gymnasium-Robotics' PointMaze and AntMaze envs'
 SUCCESS_KEYS = ("is_success", "success")
 
 
