@@ -817,7 +817,7 @@ class CheckedProgram(nn.Module):
 
     The program's own check runs before its graph and names no input: a missing batch axis is torch's "tuple index
     out of range", and it reads only the dimensions the graph names, so a trailing axis of size 1 (`[B, 3, 1]` for
-    `[B, 3]`) ran as if it were not there. Here an input of another dtype, number of dimensions or fixed size than
+    `[B, 3]`) runs as if it were not there. Here an input of another dtype, number of dimensions or fixed size than
     its sidecar's `inputs` give it is refused in one sentence naming the input and the shape it takes (`x[None]`
     for one observation), the TorchScript file's words.
 

@@ -1852,7 +1852,8 @@ def _algorithms_taking(takes: Callable[[type], bool]) -> str:
     return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-#: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
+#: Stable-Baselines3's `learn` keywords (or their values) that a `learn` here refuses, and what to write instead (a
+#: model's and a population's `learn` take reset_num_timesteps=False, and a model's tb_log_name)
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
                            "from 0), so learn takes only reset_num_timesteps=False (SB3's way to continue: "
@@ -2258,10 +2259,10 @@ class Algorithm:
         each metrics row (the values metrics.csv gets, SB3's table at its `verbose=1`) as a line.
 
         `tensorboard_log` (Stable-Baselines3's, saved with the model): a directory whose runs `learn` writes where it
-        is given no `run_dir`: each call's run directory (metrics.csv, the checkpoint and, where the tensorboard
-        package is installed, TensorBoard events in its `tensorboard/` folder) is `tensorboard_log/<name>_N`, named
-        and numbered as SB3 names its TensorBoard runs (`learn`'s `tb_log_name`, by default the algorithm's class
-        name: PPO_1, PPO_2, ...), so `tensorboard --logdir tensorboard_log` shows them.
+        is given no `run_dir`: each call's run directory (metrics.csv, the checkpoint and TensorBoard events in its
+        `tensorboard/` folder) is `tensorboard_log/<name>_N`, named and numbered as SB3 names its TensorBoard runs
+        (`learn`'s `tb_log_name`, by default the algorithm's class name: PPO_1, PPO_2, ...), so `tensorboard --logdir
+        tensorboard_log` shows them; such a `learn` refuses to start where the tensorboard package is not installed.
         """
         name = type(self).__name__
         _refuse_policy(type(self), env, policy_and_env)

@@ -63,7 +63,7 @@ class PPOConfig(OnPolicyConfig):
     def check_processes(self, processes: int) -> None:
         """The `batch_size` rules for `processes` processes that share every minibatch (torchrun, `--nproc`), checked
         before `validate` by `build_config` and again by the model: a size that does not split over them is refused
-        naming the nearest sizes valid under every rule (a size advised for one process alone met this refusal)."""
+        naming the nearest sizes valid under every rule (one process's and the processes')."""
         if self.batch_size >= 1 and self.num_envs >= 1 and self.num_steps >= 1:
             self._check_batch_size(self.num_envs * self.num_steps, processes)
 
