@@ -2527,6 +2527,27 @@ def test_a_stable_baselines3_subprocess_worker_that_an_envs_error_ended_is_named
     assert closing.errors == [] and envs.closed and not any(process.is_alive() for process in envs.processes)
 
 
+def test_a_stable_baselines3_subprocess_worker_killed_between_steps_is_named_and_closes_quietly():
+    """A SubprocVecEnv worker killed between steps (the OOM killer, a signal): the next step's send to it raised an
+    unnamed BrokenPipeError, and the close then a second error, EOFError from SB3's close. It names the worker and its
+    exit code, and the close ends the rest quietly, as where the env's error ended it."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    envs = sb3.SubprocVecEnv([_ContractBreakingEnv],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    actions = torch.zeros(1, dtype=torch.int64)
+    env.reset(seed=0)
+    envs.processes[0].kill()
+    envs.processes[0].join()
+    with pytest.raises(EnvStepError, match=r"worker 0 exited with code -9"):
+        env.step(actions)
+    with CloseErrors() as closing:
+        env.close()
+    assert closing.errors == [] and envs.closed
+
+
 class _ClosesIntoFile(_ContractBreakingEnv):
     """A well-behaved env whose close() writes `path` (a file or a simulator it would release)."""
 

@@ -313,8 +313,8 @@ class SB3VecEnv(BatchedEnv):
         for the returned observations, where the envs give masks; `is_success` once an episode's info
         has a success flag (`success_key`), as for Gymnasium envs)."""
         numpy_actions = _to_numpy_actions(actions, self.spec.action_space)
-        self.vec_env.step_async(numpy_actions)
         try:
+            self.vec_env.step_async(numpy_actions)  # (a SubprocVecEnv's send: a worker that ended breaks it)
             if self._first_step:
                 self._first_step = False
                 obs, rewards, dones, infos = self._first_step_wait()
@@ -435,7 +435,8 @@ class SB3VecEnv(BatchedEnv):
     def _name_exited_workers(self, error: Exception) -> None:
         """Where a SubprocVecEnv's step or reset met the end of a worker's pipe (`error`: EOFError, a broken pipe):
         ChildProcessError naming the workers that exited and their exit codes (an error in the env ends an SB3
-        worker, which prints its traceback; the parent heard only "EOFError"). The VecEnv cannot go on either way:
+        worker, which prints its traceback; the parent heard only "EOFError"; a worker killed between steps breaks the
+        next step's send to it). The VecEnv cannot go on either way:
         its `close` ends the workers left."""
         inner = getattr(self.vec_env, "unwrapped", self.vec_env)
         if not isinstance(error, (EOFError, OSError)) or not isinstance(getattr(inner, "processes", None), list):
