@@ -263,7 +263,8 @@ def evaluate(model: rlspeed.algos.Algorithm,
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished", "seed", "deterministic"}`` (`lengths`:
     each episode's env steps; `deterministic`: the policy's mode, as `rlspeed eval --json` names it),
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
-    the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`; for the
+    the finished episodes) where the env reports ``info["is_success"]`` (or, where it gives none, ``info["success"]``:
+    docs/envs.md's success flags). The env is new (seeded with `seed`; for the
     model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
     are the env's own (no normalisation). `env_id` may also be a vector env you built (or a single `gymnasium.Env`,
     run as a vector env of one, as Stable-Baselines3's `evaluate_policy` takes it), or an env `rlspeed.make_env` made
