@@ -303,13 +303,13 @@ def _put_back(previous: dict[int, typing.Any]) -> None:
 
 
 @contextlib.contextmanager
-def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool = True,
+def handlers_set(handler, signums: tuple[int, ...] = STOPS,
                  replaced: dict[int, typing.Any] | None = None) -> Iterator[None]:
     """`handler` for `signums` within the block, the handlers from before it back as it ends, whether or not it
     raised: how rlspeed sets signal handlers, in blocks that nest. A signal the process was started ignoring (SIGHUP
-    under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`; one whose handler Python did
-    not set (None: set outside Python) is left as it is, since it could not be put back. Outside the main thread,
-    where signals cannot be set, nothing changes. The signals wait while the handlers are set and while they are put
+    under nohup, SIGINT in a shell's background job) stays ignored; one whose handler Python did not set (None: set
+    outside Python) is left as it is, since it could not be put back. Outside the main thread, where signals cannot
+    be set, nothing changes. The signals wait while the handlers are set and while they are put
     back (`_signals_waiting`, where the system has `signal.pthread_sigmask`): one that comes meanwhile meets either
     the block's handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the
     process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them.
@@ -321,7 +321,7 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS, keep_ignored: bool =
         with _signals_waiting(signums):
             for signum in signums:
                 current = _signal.getsignal(signum)
-                if current is None or (keep_ignored and current == signal.SIG_IGN):
+                if current is None or current == signal.SIG_IGN:
                     continue
                 # (kept before it is replaced: a stop whose handler raises as the call returns, before its result
                 # could be kept, would leave `handler` set for good)
