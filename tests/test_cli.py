@@ -2165,11 +2165,13 @@ def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(t
     assert summary["aggregate"]["final_eval"] is not None and "interrupted" not in stderr
 
 
-def test_a_population_stopped_as_its_training_starts_is_left_as_it_was(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("seeds", [["--seeds", "0-1"], []])
+def test_a_run_stopped_as_its_training_starts_is_left_as_it_was(tmp_path, capsys, monkeypatch, seeds):
     """A SIGTERM that came as a population's training set its stop handlers (or a Ctrl-C before its first step, as
     subprocess envs start) ended in 'rlspeed: error: Cannot write .../summary.json: No such file or directory.', exit
     2: the run, which had not begun, was left clean (its directory removed), and the interrupted run's save then
-    wrote into it. It ends as a stop before training does: one line, exit 143, nothing left behind."""
+    wrote into it. It ends as a stop before training does: one line, exit 143, nothing left behind. (A single run's
+    said only 'rlspeed: interrupted (SIGTERM)': its stage was cleared before the stops were held.)"""
     import signal
 
     stopping = cli._stopping
@@ -2182,7 +2184,8 @@ def test_a_population_stopped_as_its_training_starts_is_left_as_it_was(tmp_path,
 
     monkeypatch.setattr(cli, "_stopping", stopped_first)
     run = tmp_path / "population"
-    code = cli.main([*TINY_POPULATION, "--out", str(run)])
+    argv = [arg for arg in TINY_POPULATION if arg not in ("--seeds", "0-1")] + seeds
+    code = cli.main([*argv, "--out", str(run)])
     stderr = capsys.readouterr().err
     assert code == 143 and not run.exists(), stderr
     assert stderr.splitlines()[-1] == (f"rlspeed: interrupted (SIGTERM) while starting the run, before training began: "

@@ -2703,7 +2703,6 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker, "run_dir": run_dir}
-    _stage(None)  # (the training's own handling of a stop says what it saved)
     signals: list[int] = []
     # (a run a signal stopped gets its learning_curve.png last, after the files `_save_interrupted` writes: learn drew
     # it first, and on a loaded machine the plot outlasted a scheduler's grace period, whose kill left none of them)
@@ -2717,6 +2716,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
             if held:  # (one that came as the training's handlers were set: it stops the run as one before them)
                 raise _stop_of(held[0])
+            _stage(None)  # (the training's own handling of a stop says what it saved)
             model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
             try:
                 if not trained:
