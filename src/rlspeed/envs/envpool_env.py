@@ -39,10 +39,11 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.gymnasium_env import close_other_backend, float32_rewards
-from rlspeed.envs.packages import gymnasium_family
+from rlspeed.envs.packages import gymnasium_family, install_command
 from rlspeed.errors import UserError, warn_at_caller
 
-INSTALL = 'pip install "rlspeed[envpool]"'  # (`packages.install_command("envpool")`)
+#: What to install for the envpool backend (`install_command`: rlspeed's extra)
+INSTALL = install_command("envpool")
 
 
 def envpool_installed() -> bool:
