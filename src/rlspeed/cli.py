@@ -3414,8 +3414,6 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
     neighbouring seeds play unrelated episodes, and the command its line names repeats it: `_member_eval_command`), then
     the median and IQM of their means with 95% bootstrap intervals, as summary.json's `aggregate["final_eval"]`.
     `--json` prints the members' results and the aggregate on stdout. Returns 0."""
-    import math
-
     from rlspeed.evaluation import env_options
     from rlspeed.stats import aggregate
 
