@@ -121,6 +121,12 @@ def _stop_of(signum: int) -> KeyboardInterrupt:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(_signal_name(signum))
 
 
+def _stop_said(stop: KeyboardInterrupt) -> tuple[int, str]:
+    """The exit code and the name a command gives the stop `stop` raised (`_stop_of`'s): 143 and the signal's name
+    for `Terminated`, 130 and "Ctrl-C" for Ctrl-C."""
+    return (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
+
+
 def _quiet_closed_terminal(signum: int) -> None:
     """After SIGHUP the terminal may be gone, and every write to it fails (EIO): the run must still save. Standard
     output and error that cannot be written go to /dev/null from here on (a terminal still open, files and pipes
@@ -2766,12 +2772,12 @@ def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, u
         with _sigterm_raises(STOPS, held):  # (a scheduler's signal too: the summary is written, without the evaluation)
             final = model.evaluate(episodes=episodes, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
-        code = 143 if isinstance(stop, Terminated) else 130
+        code, name = _stop_said(stop)
         summary = _summary(run, None)
         _write_summary(run_dir, summary)
         say(_steps_line(summary, model.result, target, resumed_from))
         stopped = _finish_tracker(tracker, summary, held, run_dir, exit_code=code)  # (with the signal's exit code)
-        print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
+        print(f"rlspeed: interrupted ({name}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(--resume runs it; {_eval_command(run_dir, eval_seed, episodes)} evaluates the model)", file=sys.stderr,
               flush=True)
@@ -2824,7 +2830,7 @@ def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, u
     _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}{cut}, seed {eval_seed}): "
                        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")  # (the result: --quiet too)
     say(f"rlspeed: run directory {run_dir}")
-    return 0 if stopped is None else 143 if isinstance(stopped, Terminated) else 130
+    return 0 if stopped is None else _stop_said(stopped)[0]
 
 
 def _steps_line(summary: dict, result, target, resumed_from) -> str:
@@ -2961,7 +2967,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
     """After Ctrl-C or SIGTERM, in `_learn_and_save`'s block where stops wait (`held`: its list): save the model, a
     checkpoint (`--resume` continues from it) and summary.json (`"interrupted": true`, no final evaluation), then draw
     learning_curve.png; return 130 or 143."""
-    code, name = (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
+    code, name = _stop_said(stop)
     if not run["strategy"].is_main:
         return code
     trained = run["model"]._resume is None  # (else it stopped before training: the checkpoint it resumed from stays)
@@ -2999,7 +3005,7 @@ def _finish_tracker(tracker, summary: dict, held: list[int], run_dir: Path,
         with _sigterm_raises(STOPS, held):
             tracker.finish(summary, exit_code=exit_code)
     except KeyboardInterrupt as stop:
-        print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) as Weights & Biases "
+        print(f"rlspeed: interrupted ({_stop_said(stop)[1]}) as Weights & Biases "
               f"finished its run, which W&B may hold without its end; the run's files in {run_dir} are saved.",
               file=sys.stderr, flush=True)
         return stop
