@@ -1965,13 +1965,13 @@ def test_an_interrupted_run_and_a_populations_members_name_their_exports_of_othe
     monkeypatch.setattr(cli, "_write_summary", lambda run_dir, summary: None)
     monkeypatch.setattr(cli, "_draw_learning_curve", lambda run_dir, steps: None)
     run = {"strategy": single_process(), "model": Model(768), "tracker": None}
-    assert cli._save_interrupted(run, tmp_path, KeyboardInterrupt()) == 130
+    assert cli._save_interrupted(run, tmp_path, KeyboardInterrupt(), []) == 130
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"rlspeed: note: {tmp_path / 'model.onnx'} is an export of the model at 256 steps, not of this "
         f"model.safetensors at 768: redo it with rlspeed export {tmp_path} --format onnx --overwrite.")
     run["model"]._resume = {"path": "checkpoint.safetensors"}  # (stopped before training resumed: nothing saved)
     (tmp_path / "model.safetensors").unlink()
-    assert cli._save_interrupted(run, tmp_path, KeyboardInterrupt()) == 130
+    assert cli._save_interrupted(run, tmp_path, KeyboardInterrupt(), []) == 130
     assert "before training resumed; kept checkpoint.safetensors" in capsys.readouterr().err.splitlines()[-1]
     assert not (tmp_path / "model.safetensors").exists()
 

@@ -2963,7 +2963,7 @@ def _stopped_by(result, interrupted: bool) -> str | None:
     return result.stopped_by
 
 
-def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: list[int] | None = None) -> int:
+def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: list[int]) -> int:
     """After Ctrl-C or SIGTERM, in `_learn_and_save`'s block where stops wait (`held`: its list): save the model, a
     checkpoint (`--resume` continues from it) and summary.json (`"interrupted": true`, no final evaluation), then draw
     learning_curve.png; return 130 or 143."""
@@ -2980,7 +2980,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
     summary = _summary(run, None, interrupted=True)
     steps = summary["total_timesteps"]
     _write_summary(run_dir, summary)
-    stopped = _finish_tracker(run["tracker"], summary, [] if held is None else held, run_dir, exit_code=code)
+    stopped = _finish_tracker(run["tracker"], summary, held, run_dir, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
              if trained else
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
@@ -2989,7 +2989,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
     if trained:  # (the model it saved: exports beside it of other steps are named)
         _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
     if stopped is None:  # (one that cut W&B short stops the rest: the curve too)
-        _draw_curve_last(run_dir, run["model"].num_timesteps, [] if held is None else held)
+        _draw_curve_last(run_dir, run["model"].num_timesteps, held)
     return code
 
 
