@@ -827,19 +827,22 @@ class CheckedProgram(nn.Module):
     def __init__(self, program: nn.Module, inputs: list[dict]) -> None:
         super().__init__()
         self.program = program
-        self.layouts = [(item["name"], getattr(torch, item["dtype"]), item["shape"]) for item in inputs]
+        #: each input's name, dtype and shape, with its refusals' sentences (made once, not per call)
+        self.layouts = [(item["name"], dtype, item["shape"], _dtype_refusal(item["name"], dtype),
+                         _shape_refusal(item["name"], item["shape"]))
+                        for item in inputs for dtype in (getattr(torch, item["dtype"]),)]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The program's outputs for `inputs` (tensors, in the sidecar's order), each checked first."""
         if len(inputs) != len(self.layouts):
-            names = ", ".join(name for name, _, _ in self.layouts)
+            names = ", ".join(layout[0] for layout in self.layouts)
             raise TypeError(f"this exported policy takes {len(self.layouts)} inputs ({names}), as its sidecar's "
                             f"inputs say; got {len(inputs)}.")
-        for x, (name, dtype, shape) in zip(inputs, self.layouts):
+        for x, (name, dtype, shape, dtype_refusal, shape_refusal) in zip(inputs, self.layouts):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"input '{name}' of this exported policy takes a torch tensor (torch.from_numpy(x) "
                                 f"for a numpy array); got {type(x).__name__}.")
-            _checked_input(x, dtype, len(shape), _dtype_refusal(name, dtype), _shape_refusal(name, shape))
+            _checked_input(x, dtype, len(shape), dtype_refusal, shape_refusal)
             if any(isinstance(size, int) and size != got for size, got in zip(shape, x.shape)):
                 raise ValueError(_shape_refusal(name, shape, rank=False) + str(x.shape) + ".")
         return self.program(*inputs)
