@@ -239,8 +239,13 @@ SB3_NOTHING_OF = {"SACConfig": {"target_update_interval": (1,)}}
 def _sb3_nothing(config_cls: type) -> dict[str, tuple]:
     """`SB3_NOTHING` with `SB3_NOTHING_OF`'s entries for `config_cls`'s algorithm (its own, or the first of its
     bases that has one)."""
-    return {**SB3_NOTHING, **next((SB3_NOTHING_OF[base.__name__] for base in config_cls.__mro__
-                                   if base.__name__ in SB3_NOTHING_OF), {})}
+    return {**SB3_NOTHING, **_of_algorithm(SB3_NOTHING_OF, config_cls, {})}
+
+
+def _of_algorithm(table: dict[str, typing.Any], config_cls: type, default: typing.Any) -> typing.Any:
+    """`table`'s entry (keyed by config class name) for `config_cls`: its own, or the first of its bases that has one;
+    `default` where none has."""
+    return next((table[base.__name__] for base in config_cls.__mro__ if base.__name__ in table), default)
 
 
 def is_sb3_default(value: object, default: object) -> bool:
@@ -680,8 +685,7 @@ def sb3_schedules(config_cls: type, values: dict) -> dict:
     with the settings for rlspeed's decay) or where the switch is also given otherwise; other schedules are left to
     the config's refusal."""
     fields = _field_names(config_cls)
-    at_sb3s_progress = next((SB3_PROGRESS_OF[base.__name__] for base in config_cls.__mro__
-                             if base.__name__ in SB3_PROGRESS_OF), ())
+    at_sb3s_progress = _of_algorithm(SB3_PROGRESS_OF, config_cls, ())
     made = {}
     for key, value in values.items():
         read = sb3_schedule(value) if key in fields and callable(value) else None
@@ -2308,7 +2312,7 @@ class Algorithm:
                                 f"which has {given} envs.")
         #: use_masking=True given by the caller (not a checkpoint's config, nor a whole config passed back, as
         #: config.yaml's `hyperparameters` hold it: the default written out): an env without masks is then worth a word
-        whole = {field.name for field in dataclasses.fields(self.config_cls)} <= hyperparameters.keys()
+        whole = _field_names(self.config_cls).keys() <= hyperparameters.keys()
         self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec and not whole
         self.config = build_config(self.config_cls, hyperparameters, strategy.world_size if strategy else 1)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)

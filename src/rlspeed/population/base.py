@@ -26,6 +26,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import (
     Algorithm,
+    _field_names,
     build_config,
     check_verbose,
     checked_learn_values,
@@ -164,7 +165,7 @@ def read_as_config(config_cls: type, hyperparameters: dict, member_overrides=Non
     HER or target_kl the member would not use), per-member lists element by element (one value where all read the
     same); a member's override that reads as the feature off is dropped (it is what every member has). UserError, the
     model's sentence, for a value the config refuses."""
-    fields = {field.name for field in dataclasses.fields(config_cls)} & set(_REFUSED_BY_VALUE)
+    fields = _field_names(config_cls).keys() & set(_REFUSED_BY_VALUE)
     read = sb3_settings(config_cls, hyperparameters)
     for key in fields & set(read):
         read[key] = _read_value(config_cls, key, read[key])
