@@ -3478,7 +3478,7 @@ def _member_evaluations(args: argparse.Namespace, members: list[Path], run_confi
                 env_ids.append(_evaluated_env_id(args, models[-1], path, say=path == members[0]))
             seeds = [_member_seed(model, path) for model, path in zip(models, members)]
             evaluated = [evaluation_seed(seed, "members", args.seed) for seed in seeds]
-            results = _batched_evaluations(args, models, members, evaluated)
+            results = _batched_evaluations(args, models, evaluated)
             for k, (path, model, env_id) in enumerate(zip(members, models, env_ids)):
                 result = results[k] if results is not None else _evaluated(args, model, env_id, env_kwargs,
                                                                            evaluated[k])
@@ -3513,19 +3513,18 @@ def _batches_members(args: argparse.Namespace) -> bool:
             and args.video is None)
 
 
-def _batched_evaluations(args: argparse.Namespace, models: list, paths: list[Path], seeds: list[int]
-                         ) -> list[dict] | None:
-    """Each member model of `models` (loaded from `paths`) evaluated from its seed of `seeds` as `_evaluated` evaluates
-    it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`); None where
-    they are not one population's members or not on the CPU (then each is evaluated alone)."""
-    from rlspeed.checkpoint import load_checkpoint
+def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int]) -> list[dict] | None:
+    """Each member model of `models` (loaded from the member files) evaluated from its seed of `seeds` as `_evaluated`
+    evaluates it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`,
+    checked to hold each model's tensors as loaded: the files are not read again); None where they are not one
+    population's members or not on the CPU (then each is evaluated alone)."""
     from rlspeed.evaluation import _result
     from rlspeed.population import _population_of_models
 
     if any(model.device.type != "cpu" for model in models):
         return None
     try:
-        population = _population_of_models(models, [load_checkpoint(path)[0] for path in paths])
+        population = _population_of_models(models, [model._state_tensors() for model in models])
     except UserError:
         return None
     if not args.no_progress:  # (a batch has no bar of its own, and its members' lines come when all are done)

@@ -67,11 +67,11 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
 
 
 def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str, torch.Tensor]]) -> PopulationBase:
-    """The population whose members are `models` (solo models of one rlspeed algorithm, as loaded from member files
-    whose tensors are `files`), to evaluate them as one batch (its `evaluate`): their parameters and normalisation
-    statistics as the files hold them. UserError, saying why, where they are not one population's members (another
-    class, env, backend, device or seed kind, settings other than the per-member ones that differ) or where the
-    population built does not hold exactly the files' tensors."""
+    """The population whose members are `models` (solo models of one rlspeed algorithm, as loaded from member files;
+    `files`: each one's tensors as a checkpoint names them, `Algorithm._state_tensors`), to evaluate them as one
+    batch (its `evaluate`): their parameters and normalisation statistics as `files` hold them. UserError, saying
+    why, where they are not one population's members (another class, env, backend, device or seed kind, settings
+    other than the per-member ones that differ) or where the population built does not hold exactly those tensors."""
     first = models[0]
     implementation = IMPLEMENTATIONS.get(type(first).__name__)
     # (a class of the user's own of the same name: the population's build refuses it, `_solo_members`)
