@@ -652,6 +652,31 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
     assert "rlspeed: evaluating the 2 members as one batch, 3 episodes each ..." in capsys.readouterr().err
 
 
+def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_plays_their_own_episodes(capsys):
+    """A Dict-observation population with normalize_obs: its member files name each key's statistics
+    (`obs_rms.<key>.mean`, ...), which the batch restored as flat `obs_rms.mean` only, so `rlspeed eval RUN_DIR` fell
+    back to one member at a time without a word. The batch holds each member's statistics and plays the episodes
+    each member's own evaluation plays."""
+    import argparse
+
+    import gymnasium as gym
+
+    from rlspeed import PPO
+    from rlspeed.population import Population
+
+    if "DictCartPole-v0" not in gym.registry:
+        gym.register("DictCartPole-v0", entry_point=_dict_cartpole, max_episode_steps=500)
+    population = Population(PPO, "DictCartPole-v0", seeds=[0, 3], num_envs=4, num_steps=16, batch_size=32,
+                            n_epochs=1, normalize_obs=True, normalize_reward=True, verbose=0)
+    population.learn(64)  # (statistics of their own, not fresh ones)
+    models = [population.member_model(k) for k in range(2)]
+    capsys.readouterr()
+    results = cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6])
+    assert capsys.readouterr().err == ""
+    assert [result["returns"] for result in results] == [model.evaluate(episodes=2, seed=seed)["returns"]
+                                                         for model, seed in zip(models, (5, 6))]
+
+
 def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):
     """A run whose other member has no model (one that diverged is not saved) is evaluated on the one it has, which
     the last line called "1 PPO members"; the member without a model is named."""

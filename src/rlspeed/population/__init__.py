@@ -103,11 +103,12 @@ def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str,
     statistics = population._normalization
     if statistics is not None:  # (each member's statistics as its file holds them; fresh ones otherwise)
         for k, tensors in enumerate(files):
-            for prefix, short in (("obs_rms", "obs"), ("return_rms", "ret")):
-                for field in ("mean", "var", "count"):
-                    held, saved = getattr(statistics, f"{short}_{field}"), tensors.get(f"{prefix}.{field}")
-                    if held is not None and saved is not None and saved.shape == held[k].shape:
-                        held[k] = saved.to(held.device, held.dtype)
+            try:
+                statistics.set_solo_state(k, tensors)
+            except KeyError as missing:
+                raise UserError(f"member {seeds[k]}'s file holds no {missing.args[0]}") from None
+            except ValueError as error:
+                raise UserError(f"member {seeds[k]}'s {error}") from None
         population._final_normalization = statistics.rows(torch.arange(population.size, device=population.device))
     for k, tensors in enumerate(files):  # (what the batched evaluation plays with is what the files hold)
         held = {**population._member_checkpoint(k), **population.member_statistics(k)}

@@ -124,6 +124,30 @@ class MemberStatistics:
                 del state[f"obs_rms.{field}"]
         return state
 
+    def set_solo_state(self, row: int, state: dict[str, torch.Tensor]) -> None:
+        """Write into member `row` the statistics `state` names as `solo_state` names them (a solo model's checkpoint
+        tensors: `obs_rms.mean`, ...; with `float_keys`, `obs_rms.<key>.mean`, ... per key), each in these statistics'
+        dtype: `solo_state`'s inverse. KeyError naming a statistic `state` lacks, ValueError for one of another
+        shape."""
+        wanted = self.solo_state(row)
+        for name, like in wanted.items():
+            if name not in state:
+                raise KeyError(name)
+            if tuple(state[name].shape) != tuple(like.shape):
+                raise ValueError(f"'{name}' is {tuple(state[name].shape)}, these statistics' {tuple(like.shape)}")
+        for prefix, short in (("obs_rms", "obs"), ("return_rms", "ret")):
+            if getattr(self, f"{short}_mean") is None:
+                continue
+            for field in ("mean", "var", "count"):
+                held = getattr(self, f"{short}_{field}")
+                if short == "obs" and self.float_keys is not None:
+                    # (one count per member, every key's alike: the first key's)
+                    parts = [state[f"obs_rms.{key}.{field}"].flatten() for key, *_ in self.float_keys]
+                    saved = parts[0].reshape(()) if field == "count" else torch.cat(parts)
+                else:
+                    saved = state[f"{prefix}.{field}"]
+                held[row] = saved.to(held.device, held.dtype)
+
 
 #: the statistics' tensor fields, `MemberStatistics.tensors`'s names
 _TENSORS = ("obs_mean", "obs_var", "obs_count", "ret_mean", "ret_var", "ret_count")
