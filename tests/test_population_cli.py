@@ -677,6 +677,20 @@ def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_pl
                                                          for model, seed in zip(models, (5, 6))]
 
 
+def test_eval_run_dir_says_why_its_members_are_not_evaluated_as_one_batch(capsys):
+    """Members that are not one population's (here two models of one seed) were evaluated one at a time without a
+    word (the reason was swallowed, also under --debug): one line says so and why."""
+    import argparse
+
+    from rlspeed import PPO
+
+    models = [PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, verbose=0) for _ in range(2)]
+    capsys.readouterr()
+    assert cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6]) is None
+    assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: the members' "
+                                       "seeds are not distinct whole numbers.\n")
+
+
 def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):
     """A run whose other member has no model (one that diverged is not saved) is evaluated on the one it has, which
     the last line called "1 PPO members"; the member without a model is named."""

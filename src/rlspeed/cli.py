@@ -3466,37 +3466,33 @@ def _eval_population(args: argparse.Namespace, run_dir: Path, members: list[Path
 def _member_evaluations(args: argparse.Namespace, members: list[Path], run_config: dict, env_kwargs: dict | None):
     """(path, model, env id, member seed, evaluation seed, result) of each member model `members` of `rlspeed eval
     RUN_DIR`, in their order, each result as `_evaluated` gives it for the model alone (member seed S evaluated from
-    `evaluation_seed(S, "members", --seed)`): as one batch (`_batched_evaluations`) where `_batches_members` says so,
-    else one model after another."""
+    `evaluation_seed(S, "members", --seed)`): as one batch (`_batched_evaluations`) where `_batches_members` says so
+    (every model loaded first), else one model after another (each loaded as its turn comes)."""
     from rlspeed.evaluation import evaluation_seed
 
-    if _batches_members(args):
-        models, env_ids = [], []
-        try:
-            for path in members:
-                models.append(_load_evaluated_model(args, path, run_config))
-                env_ids.append(_evaluated_env_id(args, models[-1], path, say=path == members[0]))
-            seeds = [_member_seed(model, path) for model, path in zip(models, members)]
-            evaluated = [evaluation_seed(seed, "members", args.seed) for seed in seeds]
-            results = _batched_evaluations(args, models, evaluated)
-            for k, (path, model, env_id) in enumerate(zip(members, models, env_ids)):
-                result = results[k] if results is not None else _evaluated(args, model, env_id, env_kwargs,
-                                                                           evaluated[k])
-                yield path, model, env_id, seeds[k], evaluated[k], result
-        finally:
-            for model in models:
-                model.close()
-        return
-    for path in members:
+    def loaded(path: Path) -> tuple:
         model = _load_evaluated_model(args, path, run_config)
         env_id = _evaluated_env_id(args, model, path, say=path == members[0])
         member_seed = _member_seed(model, path)
-        seed = evaluation_seed(member_seed, "members", args.seed)
-        try:
-            result = _evaluated(args, model, env_id, env_kwargs, seed)
-        finally:
+        return model, env_id, member_seed, evaluation_seed(member_seed, "members", args.seed)
+
+    batch: list[tuple] = []
+    try:
+        if _batches_members(args):
+            for path in members:
+                batch.append(loaded(path))
+        results = _batched_evaluations(args, [entry[0] for entry in batch], [entry[3] for entry in batch]) \
+            if batch else None
+        for k, path in enumerate(members):
+            model, env_id, member_seed, seed = batch[k] if batch else loaded(path)
+            try:
+                result = results[k] if results is not None else _evaluated(args, model, env_id, env_kwargs, seed)
+            finally:
+                model.close()
+            yield path, model, env_id, member_seed, seed, result
+    finally:
+        for model, *_ in batch:
             model.close()
-        yield path, model, env_id, member_seed, seed, result
 
 
 def _member_seed(model, path: Path) -> int:
@@ -3517,15 +3513,17 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
     """Each member model of `models` (loaded from the member files) evaluated from its seed of `seeds` as `_evaluated`
     evaluates it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`,
     checked to hold each model's tensors as loaded: the files are not read again); None where they are not one
-    population's members or not on the CPU (then each is evaluated alone)."""
+    population's members or not on the CPU (then each is evaluated alone, and a line on stderr says why)."""
     from rlspeed.evaluation import _result
     from rlspeed.population import _population_of_models
 
-    if any(model.device.type != "cpu" for model in models):
-        return None
     try:
+        elsewhere = next((model.device for model in models if model.device.type != "cpu"), None)
+        if elsewhere is not None:
+            raise UserError(f"they are loaded on {elsewhere}, and a batch is evaluated on the CPU")
         population = _population_of_models(models, [model._state_tensors() for model in models])
-    except UserError:
+    except UserError as why:
+        print(f"rlspeed: evaluating the members one at a time, not as one batch: {why}.", file=sys.stderr, flush=True)
         return None
     if not args.no_progress:  # (a batch has no bar of its own, and its members' lines come when all are done)
         print(f"rlspeed: evaluating the {len(models)} members as one batch, {_episodes(args.episodes)} each ...",
