@@ -759,3 +759,35 @@ def test_a_populations_final_line_names_members_without_a_finite_mean(tmp_path, 
         else:
             assert "each): no median or IQM: no member's mean return is finite; training " in line
             assert summary["aggregate"]["final_eval"] is None
+
+
+def test_a_population_stopped_as_training_ended_with_every_member_diverged_names_no_member_file(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    """A stop as the last iteration ended, where every member diverged (none is saved): the line said the member
+    models were saved and that `--resume` runs the final evaluation and `rlspeed eval RUN/members/seed_<S>.safetensors`
+    evaluates a member, a file that does not exist and an evaluation there is none of. It says what there is."""
+    import contextlib
+    import signal
+
+    from rlspeed.population import plot
+    from rlspeed.population.base import PopulationBase
+
+    monkeypatch.setattr(plot, "plot_learning_curves", lambda summary, path: None)  # (no plot: not what is tested)
+    signals: list[int] = []
+    monkeypatch.setattr(cli, "_stopping", contextlib.contextmanager(lambda backend: (yield signals)))
+    loop = PopulationBase._learn_loop
+
+    def diverged_then_stopped(self, progress, *args, **kwargs):
+        loop(self, progress, *args, **kwargs)
+        progress.left.update({k: {"diverged_at": self.num_timesteps} for k in range(self.size)})
+        signals.append(signal.SIGTERM)  # (as the last iteration ended)
+
+    monkeypatch.setattr(PopulationBase, "_learn_loop", diverged_then_stopped)
+    run = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,1", "--set", "num_envs=2", "--set", "num_steps=8",
+                     "--set", "batch_size=16", "--set", "n_epochs=1", "--total-timesteps", "16", "--target-return",
+                     "none", "--no-progress", "--out", str(run)]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rlspeed: interrupted (SIGTERM) after training finished: summary.json is saved in {run}; every member "
+        "diverged: none has a model or a final evaluation")
+    assert not (run / "members").exists()

@@ -1010,17 +1010,17 @@ def _train_population(args: argparse.Namespace) -> int:
 
             steps = population.num_timesteps
             first = next((int(seed) for seed in summary.get("member_models") or {}), None)
-            member = f"{run_dir}/members/seed_{first}.safetensors"
-            index = seeds.index(first) if first is not None else 0
-            own = final_steps(summary["members"][index], summary.get("stop", "each"), steps)
-            command = (f"{_eval_command(member, evaluation_seed(first, 'final', own), _eval_episodes(args))} runs seed "
-                       f"{first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', {steps}), "
-                       "or, for a member that left earlier, with the steps its member file records"
-                       if first is not None else
-                       f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
-            print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are "
-                  f"saved in {run_dir}"
-                  + (f", without the final evaluation (--resume runs it; {command})" if skipped else ""),
+            saved, said = "summary.json and the member models are", ""
+            if first is None:  # (every member diverged: no member file to name, and no final evaluation to run)
+                saved, said = "summary.json is", "; every member diverged: none has a model or a final evaluation"
+            elif skipped:
+                member = f"{run_dir}/members/seed_{first}.safetensors"
+                own = final_steps(summary["members"][seeds.index(first)], summary.get("stop", "each"), steps)
+                said = (f", without the final evaluation (--resume runs it; "
+                        f"{_eval_command(member, evaluation_seed(first, 'final', own), _eval_episodes(args))} runs "
+                        f"seed {first}'s, and seed S's takes --seed rlspeed.evaluation.evaluation_seed(S, 'final', "
+                        f"{steps}), or, for a member that left earlier, with the steps its member file records)")
+            print(f"rlspeed: interrupted ({name}) after training finished: {saved} saved in {run_dir}{said}",
                   file=sys.stderr, flush=True)
             return 130 if signals[0] == signal.SIGINT else 143
         steps = summary["aggregate"]["steps_to_target"]
