@@ -1010,3 +1010,39 @@ def test_a_restart_of_a_refused_torchrun_job_reusing_a_finished_jobs_id_is_refus
                 cli._prepare_workers_run_dir(args, "ppo", RankOf2())
         finally:
             cli._release_run_locks()
+
+
+def test_a_restart_of_a_job_reusing_a_finished_jobs_id_whose_first_attempt_died_before_the_check_is_checked(
+        tmp_path, monkeypatch):
+    """A second torchrun with the id of the job that trained DIR (`--rdzv-id`, or torchrun's default 'none') whose first
+    attempt died before rank 0 checked DIR (a process killed while torch loads) went on at its restart, which found its
+    id in DIR's job file: it trained the finished run on, without --resume. Where torchrun keeps a store for the job
+    (its agent's), the job file also names a token rank 0 drew into it: only a restart of the job that took DIR finds
+    it."""
+    import argparse
+
+    import torch.distributed as dist
+
+    from rlspeed import cli, distributed
+    from rlspeed.errors import UserError
+
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    store = [dist.HashStore()]  # (the first job's)
+    monkeypatch.setattr(distributed, "_torchrun_job_store", lambda: store[0])
+    out = tmp_path / "run"
+    args = argparse.Namespace(out=str(out), resume=False, overwrite=False, track=False)
+
+    def attempt(restart: int) -> Path:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        try:
+            return cli._prepare_workers_run_dir(args, "ppo", RankOf2())
+        finally:
+            cli._release_run_locks()
+
+    assert attempt(0) == out
+    a_run_in(out)  # (what it trained before a process failed)
+    assert attempt(1) == out  # (its restart goes on)
+    store[0] = dist.HashStore()  # (the second job: its first attempt ended before rank 0's check)
+    with pytest.raises(UserError, match="' already holds a run .*--overwrite to replace it"):
+        attempt(1)

@@ -1529,9 +1529,14 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     return run_dir
 
 
-#: The file in a run directory naming the torchrun job (its TORCHELASTIC_RUN_ID) whose rank 0 checked and took the
-#: directory, under torchrun started by hand: a restart of that job goes on there (`_prepare_workers_run_dir`)
+#: The file in a run directory naming the torchrun job (its TORCHELASTIC_RUN_ID, then its token) whose rank 0 checked
+#: and took the directory, under torchrun started by hand: a restart of that job goes on there
+#: (`_prepare_workers_run_dir`)
 TORCHRUN_JOB_FILE = ".rlspeed-torchrun-job"
+#: The key in torchrun's store for the job (`_torchrun_job_store`) holding the token rank 0 drew as it took the run
+#: directory: a job whose earlier attempts took nothing (refused, or ended before rank 0's check) finds none, and
+#: another job reusing the --rdzv-id has a store of its own
+_TORCHRUN_TOKEN_KEY = "rlspeed/run-dir-token"
 
 
 def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, finished_enough=None) -> Path:
@@ -1568,6 +1573,8 @@ def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished
     """Rank 0's part of `_prepare_workers_run_dir` under torchrun started by hand: the run directory, locked, checked
     as a plain run's unless this attempt restarts the job named in its `TORCHRUN_JOB_FILE`, which then names this job.
     (The lock comes first: what a killed `--overwrite` left there is settled before the restart is judged.)"""
+    from rlspeed.distributed import _torchrun_job_store
+
     run_dir, job = Path(args.out), os.environ.get("TORCHELASTIC_RUN_ID", "")
     if run_dir.is_dir():
         _lock_run_dir(run_dir)
@@ -1579,12 +1586,18 @@ def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished
     if named == job and not restarts:  # (another job's of this --rdzv-id, 'none' by default: this one took nothing)
         (run_dir / TORCHRUN_JOB_FILE).unlink()  # (under the lock; its restart, were this attempt refused, is checked)
         named = None
-    restart = restarts > 0 and bool(job) and named == job
+    # (this job's mark: its id, and where torchrun keeps a store for the job, the token an earlier attempt drew)
+    store = _torchrun_job_store()
+    token = store.get(_TORCHRUN_TOKEN_KEY).decode() if store is not None and store.check([_TORCHRUN_TOKEN_KEY]) else ""
+    restart = restarts > 0 and bool(job) and (store is None or bool(token)) and named == f"{job} {token}".strip()
     run_dir = _prepare_run_dir(args, algo, checked_before=restart, finished_enough=finished_enough)
     if restart:
         _lock_run_dir(run_dir)  # (where the directory was gone: made just now)
     else:
-        _write_text(run_dir / TORCHRUN_JOB_FILE, job + "\n")
+        token = "" if store is None else secrets.token_hex(8)
+        _write_text(run_dir / TORCHRUN_JOB_FILE, f"{job} {token}".strip() + "\n")
+        if store is not None:  # (after the file: a restart finding the token finds the file naming it)
+            store.set(_TORCHRUN_TOKEN_KEY, token)
     return run_dir
 
 

@@ -242,11 +242,19 @@ def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
     address a dead rank published in the previous attempt and fail to connect (seen here with gloo).
     """
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    store = _torchrun_job_store(timeout) if restart else None
+    return None if store is None else dist.PrefixStore(f"rlspeed/attempt{restart}", store)
+
+
+def _torchrun_job_store(timeout: datetime.timedelta = datetime.timedelta(seconds=60)) -> dist.Store | None:
+    """A client of the store torchrun's agent keeps for this job (MASTER_ADDR:MASTER_PORT), one per torchrun job
+    (a new torchrun starts a new one, whatever its --rdzv-id) and the same across the job's restarts; None where the
+    workers do not share the agent's store (TORCHELASTIC_USE_AGENT_STORE not True: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+    a rendezvous without it)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"rlspeed/attempt{restart}", store)
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
 
 
 _SINGLE = None
