@@ -1046,3 +1046,14 @@ def test_a_restart_of_a_job_reusing_a_finished_jobs_id_whose_first_attempt_died_
     store[0] = dist.HashStore()  # (the second job: its first attempt ended before rank 0's check)
     with pytest.raises(UserError, match="' already holds a run .*--overwrite to replace it"):
         attempt(1)
+
+
+def test_every_rank_takes_rank_0s_number_for_its_tensorboard_log_run(tmp_path):
+    """Under several processes each rank numbered its `tensorboard_log` run by listing the folder: a rank listing it
+    after rank 0 had made `PPO_1` took `PPO_2` (its callbacks' `run_dir` another run's). Every rank takes rank 0's."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=8, batch_size=16, tensorboard_log=tmp_path)
+    (tmp_path / "PPO_1").mkdir()  # (rank 0's, made before rank 1 looks)
+    model.strategy = RankOf2(rank=1, word=str(tmp_path / "PPO_1"))
+    assert model._tensorboard_run(None, None, new_run=True) == (tmp_path / "PPO_1", "PPO")

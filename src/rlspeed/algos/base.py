@@ -3304,9 +3304,10 @@ class Algorithm:
                          new_run: bool) -> tuple[str | os.PathLike | None, str]:
         """`learn`'s run directory and the run's name: `tb_log_name`, by default the algorithm's (as SB3's learn
         defaults it; a callback's `self.locals["tb_log_name"]`). The directory is `run_dir` where given, else the
-        model's `tensorboard_log`'s next run as SB3 numbers them (`tensorboard_run_dir`, by that name), else None.
-        UserError for a `tb_log_name` that names nothing (no tensorboard_log, or a run_dir given too), or a
-        tensorboard_log whose events the tensorboard package is not installed to write."""
+        model's `tensorboard_log`'s next run as SB3 numbers them (`tensorboard_run_dir`, by that name; under several
+        processes rank 0's choice, known to every rank), else None. UserError for a `tb_log_name` that names nothing
+        (no tensorboard_log, or a run_dir given too), or a tensorboard_log whose events the tensorboard package is not
+        installed to write."""
         if tb_log_name is not None and not (isinstance(tb_log_name, str) and tb_log_name.strip()
                                             and os.sep not in tb_log_name and "/" not in tb_log_name):
             raise UserError(f"learn's tb_log_name names a run (a directory's name, no path), not {tb_log_name!r}.")
@@ -3328,7 +3329,9 @@ class Algorithm:
             raise UserError(f"tensorboard_log={log!r} asks for TensorBoard events, and the tensorboard package is not "
                             "installed: pip install tensorboard (or make the model without tensorboard_log; "
                             "learn(run_dir=DIR) writes metrics.csv alone).")
-        return tensorboard_run_dir(log, name, new_run), name
+        # (every rank takes rank 0's number: a rank listing the folder after rank 0 made the run would pick the next)
+        chosen = os.fspath(tensorboard_run_dir(log, name, new_run)) if self.strategy.is_main else None
+        return Path(self.strategy.broadcast_text(chosen)), name
 
     def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool | None = None,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
