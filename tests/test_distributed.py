@@ -124,7 +124,8 @@ def test_num_envs_must_split_evenly(monkeypatch, bad):
     strategy.world_size, strategy.rank, strategy.local_rank = 2, 0, 0
     from rlspeed.errors import UserError
 
-    with pytest.raises(UserError, match="multiple of the number of processes"):
+    with pytest.raises(UserError, match=r"multiple of the number of processes \(2\) so that every process steps as "
+                                        r"many envs: use num_envs=2\.$"):  # (the command line's sentence)
         strategy.split_envs(int(bad))
 
 
@@ -157,6 +158,13 @@ def test_num_envs_that_does_not_split_is_refused_before_the_batch_size_it_makes(
     # --set num_envs=63 too (it met the batch_size advice first)
     said = cli_error(capsys, [*base, "--set", "num_envs=63"])
     assert "num_envs (63) must be a multiple of the number of processes (2)" in said
+    # the preset's num_envs (32) too, with the flag that changes it: it was caught only as the model split its envs
+    # (another sentence, without advice), or, where it made a batch_size that does not split, by that one's advice
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for more in ([], ["--set", "num_steps=16"]):
+        said = cli_error(capsys, [*base, *more])
+        assert said == ("rlspeed: error: num_envs (32) must be a multiple of the number of processes (3) so that every "
+                        "process steps as many envs: use --num-envs 30.")
     assert not (tmp_path / "run").exists()
 
 

@@ -582,8 +582,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _train_population(args)
     from rlspeed.distributed import DistributedStrategy
 
-    if _under_torchrun():
-        _refuse_uneven_num_envs(*_given_num_envs(args), int(os.environ["WORLD_SIZE"]), "the number of processes")
     algo_cls, run_settings, hyper, _config = _settings(args)
     if args.save_replay_buffer and not hasattr(algo_cls, "replay_summary"):  # (off-policy algorithms keep a replay)
         raise UserError(f"--save-replay-buffer applies to off-policy algorithms (dqn, sac, td3, ddpg), not "
@@ -1259,6 +1257,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         hyper["num_envs"] = args.num_envs
     # (the processes that will train it: --nproc's, or torchrun's in a worker)
     processes = max(getattr(args, "nproc", None) or 1, int(os.environ.get("WORLD_SIZE", "1")))
+    _refuse_uneven_num_envs(args, algo_cls, hyper, hyper_overrides, processes)
     config = build_config(algo_cls.config_cls, hyper, processes)
     # (said when training starts, after the preset's line: a refusal before it stays one line)
     args.setting_notes = _annealed_override_notes(hyper_overrides, config, set(hyper) - set(hyper_overrides),
@@ -1278,6 +1277,23 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
             and getattr(args, "command", None) != "tune"):
         args.setting_notes += _preset_values_kept(preset, algo_cls, given, hyper)
     return algo_cls, coerce_run_settings(run_settings), hyper, config
+
+
+def _refuse_uneven_num_envs(args: argparse.Namespace, algo_cls: type, hyper: dict, given: dict,
+                            processes: int) -> None:
+    """`distributed.refuse_uneven_num_envs` for the run's num_envs (the preset's, `--set`'s or `--num-envs`'s, in
+    `hyper`; `given`: `--set`'s values) over `processes`, advising the flag that gave it, before the settings' other
+    rules: batch_size's advice, which is the rollout's, follows from num_envs (followed, it met this refusal). A value
+    that is no whole number is left to the settings' own refusal."""
+    from rlspeed.distributed import refuse_uneven_num_envs
+
+    num_envs = hyper.get("num_envs", getattr(algo_cls.config_cls, "num_envs", None))
+    if isinstance(num_envs, float) and num_envs.is_integer():  # (63.0, 1e2: the settings take it as that number)
+        num_envs = int(num_envs)
+    if isinstance(num_envs, int) and not isinstance(num_envs, bool):
+        refuse_uneven_num_envs(num_envs, processes, "--nproc" if getattr(args, "nproc", None) else
+                               "the number of processes",
+                               "--set num_envs=" if "num_envs" in given and args.num_envs is None else "--num-envs ")
 
 
 def _resumes_checkpoint(args: argparse.Namespace) -> bool:
@@ -3099,17 +3115,15 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if args.accelerate == "auto":
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                         "with --nproc.")
-    _refuse_uneven_num_envs(*_given_num_envs(args), args.nproc, "--nproc")
-    _algo_cls, _run_settings, _hyper, config = _settings(args)
     from rlspeed.device import device_count, resolve_device, usable_cores
 
     device = resolve_device(args.device)
     cores = usable_cores()  # (a SLURM job's or a container's CPUs, not the whole machine's)
-    if device.type == "cpu" and args.nproc > cores:
+    if device.type == "cpu" and args.nproc > cores:  # (before num_envs's advice, which names a multiple of them)
         raise UserError(f"--nproc {args.nproc} is more processes than the {cores} CPU core{'s' * (cores != 1)} this "
                         "command may run on (on the CPU each process trains on a core of its own); start at most that "
                         "many.")
-    _refuse_uneven_num_envs(getattr(config, "num_envs", None), "--num-envs ", args.nproc, "--nproc")  # (a preset's)
+    _algo_cls, _run_settings, _hyper, _config = _settings(args)
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
@@ -3209,28 +3223,6 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             (run_dir / RUN_LOCK).unlink(missing_ok=True)
             _remove_empty([run_dir, *parents])
     return (130 if received[0] == signal.SIGINT else 143) if received else code
-
-
-def _given_num_envs(args: argparse.Namespace) -> tuple[int | None, str]:
-    """The num_envs the command gives (--num-envs, else --set num_envs=N; None where neither gives a whole number) and
-    the flag that gives it, as `_refuse_uneven_num_envs`'s advice writes it. Both given and disagreeing: None (the
-    settings' refusal names the two, which advice to change one would not)."""
-    value = _parse_set(args.set or []).get("num_envs")
-    if args.num_envs is not None:
-        return (args.num_envs if value is None or value == args.num_envs else None), "--num-envs "
-    if isinstance(value, float) and value.is_integer():  # (63.0, 1e2: the settings take it as that whole number)
-        value = int(value)
-    return (value if isinstance(value, int) and not isinstance(value, bool) else None), "--set num_envs="
-
-
-def _refuse_uneven_num_envs(num_envs: int | None, flag: str, processes: int, what: str) -> None:
-    """UserError where `num_envs` (the total over the processes) is not a multiple of the number of `processes` (named
-    as `what`, "--nproc"), naming the nearest num_envs that is, as `flag` gives it ("--num-envs ", "--set num_envs=").
-    Asked before the settings are checked, for the num_envs given (`_given_num_envs`): batch_size's advice, which is
-    the rollout's, follows from num_envs (its first advice, followed, met this refusal)."""
-    if num_envs is not None and processes > 1 and num_envs % processes:
-        raise UserError(f"num_envs ({num_envs}) must be a multiple of {what} ({processes}) so that every process steps "
-                        f"as many envs: use {flag}{max(num_envs // processes, 1) * processes}.")
 
 
 def _torch_threads() -> int:

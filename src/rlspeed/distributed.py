@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlspeed.device import device_count, resolve_device
-from rlspeed.errors import PeerEnded, UserError, warn_at_caller
+from rlspeed.errors import PeerEnded, UserError, in_words, warn_at_caller
 from rlspeed.lifetime import SAID_FOLDER_VARIABLE, peers_said, tell_launcher
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
@@ -91,10 +91,9 @@ class DistributedStrategy:
         return None if seed is None else seed + 10_007 * self.rank
 
     def split_envs(self, num_envs: int) -> int:
-        """This rank's share of `num_envs` (an equal share: ranks must run identical update schedules)."""
-        if num_envs % self.world_size:
-            raise UserError(f"num_envs ({num_envs}) must be a multiple of the number of processes "
-                            f"({self.world_size}) so that every rank runs the same updates.")
+        """This rank's share of `num_envs` (an equal share: ranks must run identical update schedules); UserError where
+        it does not split (`refuse_uneven_num_envs`)."""
+        refuse_uneven_num_envs(num_envs, self.world_size)
         return num_envs // self.world_size
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
@@ -217,6 +216,18 @@ class DistributedStrategy:
                                 "above).") from error
             raise PeerEnded(f"{here} stopped: another process of the run ended or stopped answering (its message, "
                             "if it left one, is above; --debug shows where this one stopped).") from error
+
+
+def refuse_uneven_num_envs(num_envs: int, processes: int, what: str = "the number of processes",
+                           flag: str | None = None) -> None:
+    """The rule that `num_envs` (the total over the processes) splits over `processes` (named as `what`: "--nproc"),
+    each stepping as many envs: UserError where it does not, naming the nearest num_envs that does as `flag` gives it
+    ("--set num_envs="; by default `num_envs=` in Python, `--num-envs ` on the command line). The command line asks it
+    before the settings' other rules (batch_size's advice follows from num_envs), a model as it splits its envs."""
+    if processes > 1 and num_envs % processes:
+        flag = flag or in_words("--num-envs ", "num_envs=")
+        raise UserError(f"num_envs ({num_envs}) must be a multiple of {what} ({processes}) so that every process steps "
+                        f"as many envs: use {flag}{max(num_envs // processes, 1) * processes}.")
 
 
 #: how long a process whose peer ended waits for that peer's word (`tell_launcher`) before saying it does not know
