@@ -1065,3 +1065,31 @@ def test_every_rank_takes_rank_0s_number_for_its_tensorboard_log_run(tmp_path):
     (tmp_path / "PPO_1").mkdir()  # (rank 0's, made before rank 1 looks)
     model.strategy = RankOf2(rank=1, word=str(tmp_path / "PPO_1"))
     assert model._tensorboard_run(None, None, new_run=True) == (tmp_path / "PPO_1", "PPO")
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_stop_as_the_processes_leave_under_torchrun_by_hand_is_one_line_on_rank_0(tmp_path, monkeypatch, capsys,
+                                                                                     rank):
+    """A Ctrl-C that came once the run had ended, saved, while the ranks left together (`DistributedStrategy.leave`),
+    ended rank 0 of torchrun started by hand with exit code 130 and no word (the `--nproc` launcher says the stop
+    itself): rank 0 says it in one line; the other ranks stay quiet."""
+    from rlspeed import cli, distributed
+    from rlspeed.lifetime import LAUNCHER_PID_VARIABLE
+
+    class Leaving(RankOf2):
+        def leave(self, code: int = 0) -> int:
+            raise KeyboardInterrupt
+
+    def train(args, algo_cls, strategy, *rest) -> int:
+        return 0
+
+    monkeypatch.setattr(distributed, "DistributedStrategy", lambda **kwargs: Leaving(rank=int(rank)))
+    monkeypatch.setattr(cli, "_train", train)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.delenv(LAUNCHER_PID_VARIABLE, raising=False)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--out", str(tmp_path / "run")]) == 130
+    said = capsys.readouterr().err.splitlines()
+    assert said == ([f"rlspeed: interrupted (Ctrl-C) as the processes left, after the run had ended (its lines above; "
+                     f"what it wrote in '{tmp_path / 'run'}' stays)."] if rank == "0" else [])

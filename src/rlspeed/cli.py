@@ -64,6 +64,7 @@ from rlspeed.files import (
 )
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.lifetime import (
+    LAUNCHER_PID_VARIABLE,
     STOPS,
     adopting_orphans,
     end_with_parent,
@@ -4640,7 +4641,12 @@ def _main(argv: list[str]) -> int:
             # (torchrun's signal as it shuts down a worker whose run stopped for one already, or one whose run has
             # returned and waits for rank 0's save: that stop's line is said, by rank 0, and this worker ends with the
             # first stop's code)
-            return 130 if (_TAKEN_IN[0] == signal.SIGINT if _TAKEN_IN else not terminated) else 143
+            code = 130 if (_TAKEN_IN[0] == signal.SIGINT if _TAKEN_IN else not terminated) else 143
+            if not _TAKEN_IN and os.environ.get("RANK", "0") == "0" and not os.environ.get(LAUNCHER_PID_VARIABLE):
+                # (a stop as the processes leave, the run ended, under torchrun started by hand: no launcher says it)
+                print(f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) as the processes left, after "
+                      f"the run had ended (its lines above; what it wrote in '{args.out}' stays).", file=sys.stderr)
+            return code
         if _STAGE:  # (what it was doing, and what that leaves: before the work began, nothing of it)
             line = f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}."
         else:
