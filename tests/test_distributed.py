@@ -1093,3 +1093,46 @@ def test_a_stop_as_the_processes_leave_under_torchrun_by_hand_is_one_line_on_ran
     said = capsys.readouterr().err.splitlines()
     assert said == ([f"rlspeed: interrupted (Ctrl-C) as the processes left, after the run had ended (its lines above; "
                      f"what it wrote in '{tmp_path / 'run'}' stays)."] if rank == "0" else [])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchruns_restarts_of_a_refused_group_say_the_refusal_once(tmp_path, monkeypatch, capsys, rank):
+    """`torchrun --max-restarts 2 ... -m rlspeed train ... --out DIR` over a run in DIR printed the same refusal at
+    each of its three attempts (about 10 s apart). An attempt refused as an earlier attempt of its job was (its store
+    remembers) ends with the same exit code without saying it again; another refusal is said."""
+    import torch.distributed as dist
+
+    from rlspeed import cli, distributed
+    from rlspeed.locks import hold_lock, let_go
+
+    store = dist.HashStore()  # (the job's, kept across its restarts)
+    monkeypatch.setattr(distributed, "_torchrun_job_store", lambda: store)
+    monkeypatch.setattr(distributed, "DistributedStrategy", lambda **kwargs: RankOf2(rank, word))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    out = tmp_path / "run"
+    a_run_in(out)
+    command = ["train", "ppo", "CartPole-v1", "--device", "cpu", "--no-progress", "--out", str(out)]
+    refused = f"'{out}' already holds a run"
+
+    def attempt(restart: int) -> tuple[int, str]:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        monkeypatch.setenv("RANK", str(rank))
+        code = cli.main(command)
+        return code, capsys.readouterr().err
+
+    word = None if rank == 0 else f"refused {refused}"  # (what rank 0 tells the others)
+    code, said = attempt(0)
+    assert code == 2 and refused in said
+    word = None if rank == 0 else f"again refused {refused}"
+    for restart in (1, 2):
+        assert attempt(restart) == (2, "")
+    if rank == 0:  # (another refusal: said; Busy's exit code stays)
+        held: dict = {}
+        hold_lock(out / cli.RUN_LOCK, held, "held")  # (another process's lock: flock's are per open file)
+        try:
+            code, said = attempt(3)
+        finally:
+            let_go(next(iter(held)), held)
+        assert code == 75 and "Another rlspeed process is training in" in said

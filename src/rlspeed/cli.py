@@ -1554,6 +1554,8 @@ TORCHRUN_JOB_FILE = ".rlspeed-torchrun-job"
 #: directory: a job whose earlier attempts took nothing (refused, or ended before rank 0's check) finds none, and
 #: another job reusing the --rdzv-id has a store of its own
 _TORCHRUN_TOKEN_KEY = "rlspeed/run-dir-token"
+#: The key in the same store holding a digest of the last refusal rank 0 made: a restart refused alike says it once
+_TORCHRUN_REFUSAL_KEY = "rlspeed/run-dir-refusal"
 
 
 def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, finished_enough=None) -> Path:
@@ -1569,10 +1571,18 @@ def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, fini
         return _prepare_run_dir(args, algo, checked_before=True, finished_enough=finished_enough)
     refusal = None
     if strategy.is_main:
+        from rlspeed.distributed import _torchrun_job_store
+
+        store = _torchrun_job_store()
         try:
-            run_dir = _take_run_dir_for_torchrun_job(args, algo, finished_enough)
+            run_dir = _take_run_dir_for_torchrun_job(args, algo, finished_enough, store)
         except UserError as error:
             refusal = f"{'busy' if isinstance(error, Busy) else 'refused'} {error}"
+            if store is not None:  # (torchrun restarts a refused group --max-restarts times: each refused alike)
+                seen = hashlib.sha256(refusal.encode("utf-8", "surrogateescape")).hexdigest()
+                if store.check([_TORCHRUN_REFUSAL_KEY]) and store.get(_TORCHRUN_REFUSAL_KEY).decode() == seen:
+                    refusal = f"again {refusal}"
+                store.set(_TORCHRUN_REFUSAL_KEY, seen)
         except Exception:
             strategy.broadcast_text("failed")  # (the others end too, not waiting in a collective: it says why)
             raise
@@ -1581,17 +1591,18 @@ def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, fini
         raise PeerEnded(f"Process {strategy.rank} of {strategy.world_size} stopped: process 0 failed to prepare the "
                         f"run directory '{args.out}' (its message is above).")
     if said is not None:
-        how, sentence = said.split(" ", 1)
-        raise (Busy if how == "busy" else UserError)(sentence)
+        how, sentence = said.removeprefix("again ").split(" ", 1)
+        refused = (Busy if how == "busy" else UserError)(sentence)
+        refused.said_before = said.startswith("again ")  # (by an earlier attempt of the job: `_main` says it once)
+        raise refused
     return run_dir if strategy.is_main else _prepare_run_dir(args, algo, checked_before=True)
 
 
-def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished_enough) -> Path:
+def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished_enough, store) -> Path:
     """Rank 0's part of `_prepare_workers_run_dir` under torchrun started by hand: the run directory, locked, checked
     as a plain run's unless this attempt restarts the job named in its `TORCHRUN_JOB_FILE`, which then names this job.
+    `store`: torchrun's store for the job (`distributed._torchrun_job_store`), None where it keeps none.
     (The lock comes first: what a killed `--overwrite` left there is settled before the restart is judged.)"""
-    from rlspeed.distributed import _torchrun_job_store
-
     run_dir, job = Path(args.out), os.environ.get("TORCHELASTIC_RUN_ID", "")
     if run_dir.is_dir():
         _lock_run_dir(run_dir)
@@ -1604,7 +1615,6 @@ def _take_run_dir_for_torchrun_job(args: argparse.Namespace, algo: str, finished
         (run_dir / TORCHRUN_JOB_FILE).unlink()  # (under the lock; its restart, were this attempt refused, is checked)
         named = None
     # (this job's mark: its id, and where torchrun keeps a store for the job, the token an earlier attempt drew)
-    store = _torchrun_job_store()
     token = store.get(_TORCHRUN_TOKEN_KEY).decode() if store is not None and store.check([_TORCHRUN_TOKEN_KEY]) else ""
     restart = restarts > 0 and bool(job) and (store is None or bool(token)) and named == f"{job} {token}".strip()
     run_dir = _prepare_run_dir(args, algo, checked_before=restart, finished_enough=finished_enough)
@@ -4589,7 +4599,8 @@ def _main(argv: list[str]) -> int:
     except UserError as error:
         if getattr(args, "debug", False):
             raise
-        _print_error(f"rlspeed: error: {_one_line(str(error))}")
+        if not getattr(error, "said_before", False):  # (a torchrun restart refused as before: said)
+            _print_error(f"rlspeed: error: {_one_line(str(error))}")
         return 75 if isinstance(error, Busy) else 2  # (75: another process holds the run or study; again later)
     except EnvStepError as error:
         if getattr(args, "debug", False):
