@@ -3220,6 +3220,11 @@ def test_a_retired_mujoco_version_names_the_version_to_use():
     message = str(_dependency_error("HalfCheetah-v3", reason))
     assert message.endswith("moved (url); use HalfCheetah-v5, which Gymnasium registers.")
     assert "use" not in str(_dependency_error("HalfCheetah-v5", reason)).split("(url)")[1]
+    # (where rlspeed's extra installs what is missing, the newer version needs it too: no advice to use it)
+    missing = ModuleNotFoundError("No module named 'mujoco'", name="mujoco")
+    assert str(_dependency_error("HalfCheetah-v4", missing)) == ("Cannot make 'HalfCheetah-v4': the Python module "
+                                                                 "'mujoco' is not installed: pip install "
+                                                                 '"rlspeed[mujoco]".')
 
 
 @pytest.mark.parametrize("backend", ["torch", "gymnasium"])

@@ -434,7 +434,13 @@ _MADE_BY_RLSPEED = {"atari": "gymnasium", "envpool": "envpool"}
 def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[str, str]:
     """(what is wrong, what to do) for an env family whose env could not be made. A missing module other than the
     family's own (imageio for MuJoCo's rendering, say) is named, with its own install command."""
-    from rlspeed.envs.packages import MUJOCO_GL_ADVICE, MujocoGLError, MujocoImportError
+    from rlspeed.envs.packages import (
+        MUJOCO_GL_ADVICE,
+        MujocoGLError,
+        MujocoImportError,
+        import_cause,
+        missing_dependency,
+    )
 
     if isinstance(error, MujocoGLError):  # installed: the OpenGL platform MUJOCO_GL names does not load
         return f"MuJoCo cannot be imported with MUJOCO_GL={error.platform}", MUJOCO_GL_ADVICE
@@ -449,14 +455,10 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
         unwritable = unwritable_at_import(error.__cause__ if isinstance(error, UserError) else error)
         if unwritable is not None:
             return unwritable
-    if type(error).__name__ == "DependencyNotInstalled" and isinstance(error.__cause__, ImportError) \
-            and error.__cause__.name:
-        error = error.__cause__  # the import that failed names the module
+    error = import_cause(error)  # (Gymnasium's DependencyNotInstalled: the import that failed names the module)
     if isinstance(error, ImportError) and error.name:
         module = error.name.split(".")[0]
         if module.lower() != needs.lower():  # the family is installed; something it imports is not
-            from rlspeed.envs import missing_dependency
-
             detail = (missing_dependency(error, beside_installed=True)
                       or f"the Python module '{module}' is not installed")
             said, _, fix = detail.partition(": ")  # (what is wrong, then the install command or the import's error)

@@ -50,6 +50,7 @@ from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
 from rlspeed.envs.packages import (
     PACKAGE_FAMILIES,
+    dependency_advice,
     import_box2d,
     import_gym_packages,
     install_command,
@@ -132,12 +133,13 @@ ATARI_INSTALL = install_command("ale_py")
 
 
 def _dependency_error(env_id: str, error: BaseException) -> UserError | None:
-    reason = missing_dependency(error)
-    if reason is None:
+    advice = dependency_advice(error)
+    if advice is None:
         return None
+    reason, by_extra = advice
     # (a newer version of the id helps where the old one needs a retired package, mujoco-py; not where the newer
-    # one needs the same missing package)
-    newer = "" if "rlspeed[" in reason else _newer_version(env_id)
+    # one needs the same missing package, one of rlspeed's extras)
+    newer = "" if by_extra else _newer_version(env_id)
     return UserError(f"Cannot make '{env_id}': {reason.rstrip('.')}{newer}.")
 
 

@@ -48,22 +48,43 @@ def missing_dependency(error: BaseException, beside_installed: bool = False) -> 
     extra of that name; 'the Python module X is installed but cannot be imported: ...' with its import's error where
     X is there but fails to load (`module_installed`'s rule), or, with `beside_installed` (the sentence follows another
     package's 'is installed, but'), 'the Python module X, installed too, cannot be imported: ...'; else None."""
-    if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
-            and error.__cause__.name:
-        error = error.__cause__  # the import that failed names the module
+    advice = dependency_advice(error, beside_installed)
+    return None if advice is None else advice[0]
+
+
+def dependency_advice(error: BaseException, beside_installed: bool = False) -> tuple[str, bool] | None:
+    """`missing_dependency`'s sentence for `error` (its `beside_installed` too), and whether it advises one of
+    rlspeed's extras (`EXTRAS`, or the extra that stands for Gymnasium's in a DependencyNotInstalled message): where
+    it does, a newer version of the env's id needs the same package. None for an error that is not a missing
+    dependency."""
+    error = import_cause(error)
     if isinstance(error, ImportError) and error.name:
         top = error.name.split(".")[0]
         if _fails_to_load(error):
             said = " ".join(line.strip() for line in str(error).strip().splitlines())[:200] or type(error).__name__
             installed_too = ", installed too," if beside_installed else " is installed but"
-            return f"the Python module '{top}'{installed_too} cannot be imported: {said}"
-        return f"the Python module '{top}' is not installed: {install_command(top)}"
+            return f"the Python module '{top}'{installed_too} cannot be imported: {said}", False
+        return f"the Python module '{top}' is not installed: {install_command(top)}", top in EXTRAS
     if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
         said = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return re.sub(r'pip install "?gymnasium\[([\w-]+)\]"?',
-                      lambda found: f'pip install "rlspeed[{_GYMNASIUM_EXTRAS[found.group(1)]}]"'
-                      if found.group(1) in _GYMNASIUM_EXTRAS else found.group(0), said)
+        by_extra = any(found.group(1) in _GYMNASIUM_EXTRAS for found in _GYMNASIUM_ADVICE.finditer(said))
+        return _GYMNASIUM_ADVICE.sub(lambda found: f'pip install "rlspeed[{_GYMNASIUM_EXTRAS[found.group(1)]}]"'
+                                     if found.group(1) in _GYMNASIUM_EXTRAS else found.group(0), said), by_extra
     return None
+
+
+#: Gymnasium's advice in its DependencyNotInstalled messages: its extra (group 1)
+_GYMNASIUM_ADVICE = re.compile(r'pip install "?gymnasium\[([\w-]+)\]"?')
+
+
+def import_cause(error: BaseException) -> BaseException:
+    """The error that names a missing module: for Gymnasium's DependencyNotInstalled raised from an ImportError that
+    names its module, that ImportError (the import that failed); else `error` itself. The one unwrapping, for
+    `missing_dependency` and doctor's env families."""
+    if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
+            and error.__cause__.name:
+        return error.__cause__
+    return error
 
 
 def _fails_to_load(error: ImportError) -> bool:
