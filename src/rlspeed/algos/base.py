@@ -256,7 +256,7 @@ def is_sb3_default(value: object, default: object) -> bool:
         return value is default or (isinstance(value, np.bool_) and bool(value) is default)
     if isinstance(default, dict):
         return isinstance(value, dict) and value == default
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == default
+    return _real(value) and value == default
 
 
 @functools.cache
@@ -484,7 +484,7 @@ def saved_config(config_cls: type, config: dict, space: gym.Space | None):
     """A checkpoint's saved config (`config`, its metadata's) as `config_cls` builds it: with the `cnn` its CNNs were
     built with where the file predates the setting (`with_saved_cnn`, for observations of `space`), less settings
     the class does not have. UserError where a value is not one the class takes."""
-    fields = {field.name for field in dataclasses.fields(config_cls)}
+    fields = _field_names(config_cls)
     config = with_saved_cnn(config, fields, space)
     return build_config(config_cls, {key: value for key, value in config.items() if key in fields})
 
@@ -942,7 +942,7 @@ def _takes(config_cls: type, key: str) -> bool:
     refused = getattr(config_cls, "refused", {})
     if key in SB3_CONTRIB_LSTM_LAYOUT:
         return key in refused
-    return key in {field.name for field in dataclasses.fields(config_cls)} and key not in refused
+    return key in _field_names(config_cls) and key not in refused
 
 
 def _other_owners(key: str, config_cls: type) -> str:
@@ -985,7 +985,7 @@ def _shared_widths(net_arch: dict, config_cls: type):
     for both networks: UserError unless it names exactly this algorithm's two networks with the same widths (SB3 gives
     a network left out no hidden layers, and ignores a key its algorithm lacks: taking either silently would build
     other networks than SB3 does)."""
-    fields = {field.name for field in dataclasses.fields(config_cls)}
+    fields = _field_names(config_cls)
     if "exploration_fraction" in fields:  # (DQN: one Q-network)
         raise UserError(f"net_arch={net_arch}: DQN's Q-network takes one list of layer widths (net_arch=[64, 64]), "
                         "as SB3's DQN does.")
@@ -1220,7 +1220,7 @@ def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn:
         advice = SB3_LEARN_KEYWORDS.get(key)
         if advice is not None and set(re.findall(r"learn\((\w+)=", advice)) <= taken:  # (its way is this learn's)
             raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
-        if key in {field.name for field in dataclasses.fields(config_cls)}:
+        if key in _field_names(config_cls):
             raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
                             f"({made_as}, {key}=...)).")
         raise no_such_keyword("learn", key, taken)
@@ -2304,8 +2304,7 @@ class Algorithm:
                             "where it is made (rlspeed.make_env(env_id, **options) records them).")
         if not from_spec and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
             _check_env_id(env, name)  # a str passes; other objects get the UserError that says which envs are accepted
-        if (not isinstance(env, str) and not from_spec
-                and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}):
+        if not isinstance(env, str) and not from_spec and "num_envs" in _field_names(self.config_cls):
             given = env.num_envs
             if hyperparameters.setdefault("num_envs", given) != given:
                 raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
@@ -4324,7 +4323,7 @@ class Algorithm:
         algo = saved_algorithm(meta, cls, path)
         # (SB3's n_steps=..., policy_kwargs=... over the file's num_steps, net_arch: the network check below sees them)
         overrides = sb3_settings(algo.config_cls, overrides)
-        unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
+        unknown = sorted(set(meta["config"]) - _field_names(algo.config_cls).keys())
         if unknown and (other := _other_class(meta, algo)) is not None:  # (a subclass's config of its own: built
             # as its class, in a command's words inside `command_advice`)
             who, advice = _load_remedy(other, algo)
@@ -4334,7 +4333,7 @@ class Algorithm:
             raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
                             f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
                             "config class of someone else's, or its metadata was edited.")
-        fields = {field.name for field in dataclasses.fields(algo.config_cls)}
+        fields = _field_names(algo.config_cls)
         for name, flag in _STATISTICS:  # (a file written before its algorithm had the flag, DQN's, SAC's, TD3's and
             # DDPG's normalize_obs: the statistics of the normalising env it trained on say the flag was on)
             if flag in fields and flag not in meta["config"] and any(key.startswith(f"{name}.") for key in tensors):
