@@ -2582,6 +2582,93 @@ def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_
     assert (tmp_path / "closed").read_text() == "closed"
 
 
+class _AnswersLateAndLarge(_ContractBreakingEnv):
+    """A well-behaved env whose second step takes a while and answers a large info (8 MB: more than a pipe holds)."""
+
+    def step(self, action):
+        stepped = super().step(action)
+        if self.t == 2:
+            import time
+
+            time.sleep(0.3)  # (the answer comes after the close has begun; the test passes whatever the timing)
+            stepped = (*stepped[:4], {"large": np.zeros(2_000_000, np.float32)})
+        return stepped
+
+
+def test_a_stable_baselines3_worker_answering_late_and_large_is_closed_by_its_command():
+    """After one SubprocVecEnv worker ended, a worker whose answer to the broken step came after the close began (a
+    large one: its send waits for a reader) waited out the close's 30 s and was terminated, its env's close() never
+    run: its answer is read as it comes, and it closes its env at once."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"), _AnswersLateAndLarge],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    actions = torch.zeros(2, dtype=torch.int64)
+    env.reset(seed=0)
+    env.step(actions)
+    with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
+        env.step(actions)
+    with CloseErrors() as closing:
+        env.close()
+    assert closing.errors == [] and envs.closed
+    assert [process.exitcode for process in envs.processes] == [1, 0]  # (worker 1 ended by its close, not a signal)
+
+
+class _IgnoresTermination(_ContractBreakingEnv):
+    """An env whose worker ignores SIGTERM and whose close() never returns."""
+
+    def __init__(self):
+        super().__init__()
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (made in its worker: the worker ignores it)
+
+    def close(self):
+        import threading
+
+        threading.Event().wait()
+
+
+def test_a_stable_baselines3_worker_that_ignores_sigterm_is_killed_by_the_close(monkeypatch):
+    """After one SubprocVecEnv worker ended, the close terminated the workers that had not closed their envs in time
+    and then waited for them without a bound: a worker whose env ignores SIGTERM hung the close for ever. It is killed
+    a bounded while after."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    import threading
+
+    from rlspeed.envs import sb3_env
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    monkeypatch.setattr(sb3_env, "WORKERS_CLOSE_WAIT_S", 0.1)
+    monkeypatch.setattr(sb3_env, "WORKER_TERMINATE_WAIT_S", 0.1)
+    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"), _IgnoresTermination],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    actions = torch.zeros(2, dtype=torch.int64)
+    env.reset(seed=0)
+    env.step(actions)
+    with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
+        env.step(actions)
+    closing = CloseErrors()
+
+    def close():
+        with closing:
+            env.close()
+
+    closer = threading.Thread(target=close, daemon=True)  # (a hung close fails the test, not the suite)
+    closer.start()
+    closer.join(timeout=120)
+    try:
+        assert not closer.is_alive(), "the close hung"
+        assert closing.errors == [] and envs.closed
+        assert [process.exitcode for process in envs.processes] == [1, -9]
+    finally:
+        for process in envs.processes:
+            process.kill()
+
+
 class _ResetWithoutSeed(gym.Env):
     """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
 

@@ -149,27 +149,40 @@ WORKER_EXIT_WAIT_S = 30.0
 #: (SB3's "close" command) before it terminates them
 WORKERS_CLOSE_WAIT_S = 30.0
 
+#: how long that close waits for a worker it terminated to end before it kills it (an env that ignores SIGTERM)
+WORKER_TERMINATE_WAIT_S = 5.0
+
 
 def _close_workers_left(inner) -> None:
     """Close SB3's SubprocVecEnv `inner` one of whose workers ended: each live worker is sent SB3's "close" command,
-    so that its env's close() runs (a file, a simulator process it holds), an answer it still had to give read first
-    (a large one would block its send); those not ended within `WORKERS_CLOSE_WAIT_S` are terminated. SB3's own close
-    would read the ended worker's pipe first and stop on EOFError."""
+    so that its env's close() runs (a file, a simulator process it holds), while the answers they still give are read
+    (the step or reset that broke, which a worker may send after the command: a large one would block its send); those
+    not ended within `WORKERS_CLOSE_WAIT_S` are terminated, and killed where they outlive that by
+    `WORKER_TERMINATE_WAIT_S`. SB3's own close would read the ended worker's pipe first and stop on EOFError."""
     live = [(process, remote) for process, remote in zip(inner.processes, inner.remotes) if process.is_alive()]
     for _process, remote in live:
         try:
-            while remote.poll():  # (the answer of the step or reset that broke, where it gave one)
-                remote.recv()
             remote.send(("close", None))
         except (EOFError, OSError):  # (it ended meanwhile)
             pass
     deadline = time.monotonic() + WORKERS_CLOSE_WAIT_S
-    waiting = [process for process, _remote in live]
+    waiting = {process.sentinel: process for process, _remote in live}
+    answering = [remote for _process, remote in live]
     while waiting and (left := deadline - time.monotonic()) > 0:
-        ended = multiprocessing.connection.wait([process.sentinel for process in waiting], timeout=left)
-        waiting = [process for process in waiting if process.sentinel not in ended]
-    for process in waiting:
+        for ready in multiprocessing.connection.wait([*waiting, *answering], timeout=left):
+            if isinstance(ready, int):
+                waiting.pop(ready, None)
+                continue
+            try:
+                ready.recv()  # (an answer given after all: read, so that the worker goes on to the command)
+            except (EOFError, OSError):  # (its pipe ended: the worker did, or is about to)
+                answering.remove(ready)
+    for process in waiting.values():
         process.terminate()
+    for process in waiting.values():
+        process.join(WORKER_TERMINATE_WAIT_S)
+        if process.is_alive():
+            process.kill()
     for process in inner.processes:
         process.join()
     for remote in inner.remotes:  # (SB3's close does too: each is a file descriptor)
