@@ -2616,6 +2616,56 @@ def test_a_stable_baselines3_worker_answering_late_and_large_is_closed_by_its_co
     assert [process.exitcode for process in envs.processes] == [1, 0]  # (worker 1 ended by its close, not a signal)
 
 
+class _MasksRaising(_ContractBreakingEnv):
+    """An env with action masks whose `action_masks()` raises at its second call (the first step's)."""
+
+    calls = 0
+
+    def action_masks(self):
+        self.calls += 1
+        if self.calls == 2:
+            raise ValueError("the env's own")
+        return np.ones(2, bool)
+
+
+def test_a_stable_baselines3_worker_that_ended_asked_for_masks_is_named_and_closes_quietly():
+    """A SubprocVecEnv worker that ended as it was asked for its env's action masks (`env_method("action_masks")`,
+    after each step and reset): the step raised a bare "EOFError", and the close a second error. It names the worker
+    and its exit code, as a step that ended one does, and the close that follows is quiet."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.errors import CloseErrors, EnvStepError
+
+    envs = sb3.SubprocVecEnv([_MasksRaising],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    assert env.has_action_masks
+    env.reset(seed=0)
+    with pytest.raises(EnvStepError, match=r"raised ChildProcessError in step\(\): worker 0 exited with code 1"):
+        env.step(torch.zeros(1, dtype=torch.int64))
+    with CloseErrors() as closing:
+        env.close()
+    assert closing.errors == [] and envs.closed
+
+
+def test_asking_a_stable_baselines3_subprocess_vec_env_whose_worker_was_killed_names_the_worker():
+    """`vec_env_has_attr` (HER asks whether the envs have `compute_reward` as learn starts) of a SubprocVecEnv whose
+    worker was killed raised a bare BrokenPipeError: it names the worker and its exit code, as a step does."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.envs.sb3_env import vec_env_has_attr
+
+    envs = sb3.SubprocVecEnv([_ContractBreakingEnv],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    try:
+        assert not vec_env_has_attr(envs, "compute_reward")
+        envs.processes[0].kill()
+        envs.processes[0].join()
+        with pytest.raises(ChildProcessError, match="^worker 0 exited with code -9; "):
+            vec_env_has_attr(envs, "compute_reward")
+    finally:
+        for remote in envs.remotes:
+            remote.close()
+
+
 class _IgnoresTermination(_ContractBreakingEnv):
     """An env whose worker ignores SIGTERM and whose close() never returns."""
 

@@ -112,6 +112,21 @@ def vec_env_has_attr(vec_env, name: str) -> bool:
         return callable(has_attr) and bool(has_attr(name))
     except AttributeError:
         return False
+    except Exception as error:  # (a SubprocVecEnv's worker that ended: named)
+        raise_exited_workers(vec_env, error)
+        raise
+
+
+def raise_exited_workers(vec_env, error: BaseException) -> None:
+    """Where asking SB3's SubprocVecEnv `vec_env` (or the one it wraps) met the end of a worker's pipe (`error`:
+    EOFError, a broken pipe), ChildProcessError naming the workers that exited and their exit codes
+    (`worker_exit_error`: an error in the env ends an SB3 worker, which prints its traceback); else nothing."""
+    inner = getattr(vec_env, "unwrapped", vec_env)
+    if not isinstance(error, (EOFError, OSError)) or not isinstance(getattr(inner, "processes", None), list):
+        return
+    exited = worker_exit_error(inner, wait_s=WORKER_EXIT_WAIT_S)
+    if exited is not None:
+        raise exited from error
 
 
 def monitored(vec_env) -> bool:
@@ -260,7 +275,11 @@ class SB3VecEnv(BatchedEnv):
                     warn_step_only_masks(self.spec, self)
             return {}
         if self._mask_method:
-            masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
+            try:
+                masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
+            except Exception as error:  # (a worker that ended: named, as a step names it)
+                self._name_exited_workers(error)
+                raise
         else:
             rows = list(self._reset_infos() or [{}] * self.num_envs)
             if infos is not None:  # (a step's: finished rows' new observations have their reset's masks)
@@ -452,12 +471,9 @@ class SB3VecEnv(BatchedEnv):
         next step's send to it). The VecEnv cannot go on either way:
         its `close` ends the workers left."""
         inner = getattr(self.vec_env, "unwrapped", self.vec_env)
-        if not isinstance(error, (EOFError, OSError)) or not isinstance(getattr(inner, "processes", None), list):
-            return
-        self._workers_ended = True
-        exited = worker_exit_error(inner, wait_s=WORKER_EXIT_WAIT_S)
-        if exited is not None:
-            raise exited from error
+        if isinstance(error, (EOFError, OSError)) and isinstance(getattr(inner, "processes", None), list):
+            self._workers_ended = True
+            raise_exited_workers(inner, error)
 
     def _probe(self, call: str, actions=None) -> str | None:
         """`probe_contract` of the first env inside a DummyVecEnv (None for a VecEnv whose envs are elsewhere)."""
