@@ -2121,6 +2121,62 @@ def test_a_stop_cuts_the_wandb_finish_short_and_says_the_run_is_saved(tmp_path, 
         assert summary["final_eval"] is not None and "rlspeed: final evaluation (deterministic" in out + err
 
 
+@pytest.mark.parametrize("track, where", [(False, "summary"), (True, "closing lines"), (False, "command's end")])
+def test_a_stop_as_a_finished_run_ends_ends_the_command_with_its_code_and_one_line(tmp_path, capsys, monkeypatch,
+                                                                                     track, where):
+    """A Ctrl-C once the final evaluation had run (while summary.json was written, or as the closing lines were
+    printed) was dropped without a word, exit 0, but with --track ended the command with 130 (it cut W&B's finish
+    short): the exit code of one stop depended on --track. A stop after training began ends the command with its code
+    (130 for Ctrl-C) and one line, the run saved whole; one as the command ends after the run's block said only
+    'rlspeed: interrupted'."""
+    import signal
+
+    from rlspeed.distributed import DistributedStrategy
+
+    class Tracker:  # (W&B's finish: done before the stop)
+        finished: list[int] = []
+
+        def finish(self, summary=None, exit_code=0):
+            if summary is not None:
+                self.finished.append(exit_code)
+
+    write_summary, print_beside_bars, leave = cli._write_summary, cli._print_beside_bars, DistributedStrategy.leave
+
+    def stopped_while_written(run_dir, summary):
+        write_summary(run_dir, summary)
+        signal.raise_signal(signal.SIGINT)
+
+    def stopped_as_printed(line, *args, **kwargs):
+        if line.startswith("rlspeed: final evaluation"):  # (its result's line)
+            signal.raise_signal(signal.SIGINT)
+        print_beside_bars(line, *args, **kwargs)
+
+    def stopped_as_it_leaves(strategy, code=0):
+        signal.raise_signal(signal.SIGINT)
+        return leave(strategy, code)
+
+    if track:
+        monkeypatch.setattr(cli, "_run_callbacks", lambda args, config, run_dir: ([], Tracker()))
+    monkeypatch.setattr(*{"summary": (cli, "_write_summary", stopped_while_written),
+                          "closing lines": (cli, "_print_beside_bars", stopped_as_printed),
+                          "command's end": (DistributedStrategy, "leave", stopped_as_it_leaves)}[where])
+    run = tmp_path / "run"
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
+                     "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress", "--device",
+                     "cpu", "--eval-episodes", "2", "--out", str(run)])
+    out, err = capsys.readouterr()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval"] is not None and not summary["interrupted"], err  # (saved whole)
+    assert Tracker.finished == ([0] if track else []), err  # (finished before the stop: with the run's own code)
+    assert code == 130, err
+    said = [line for line in err.splitlines() if "interrupted" in line]
+    if where == "command's end":
+        assert said == [f"rlspeed: interrupted (Ctrl-C) while ending the command: the run is saved in '{run}'."]
+    else:
+        assert said == ["rlspeed: interrupted (Ctrl-C) as the run ended: nothing was cut short; model.safetensors "
+                        f"and summary.json, with the final evaluation, are saved in {run}"]
+
+
 #: a tiny `rlspeed train --seeds` command line of two members, trained in two iterations (its --out to add)
 TINY_POPULATION = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "64", "--num-envs", "2",
                    "--set", "num_steps=16", "--set", "batch_size=32", "--target-return", "none", "--no-progress",
@@ -2133,7 +2189,8 @@ def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(t
     (here as the summary is put together), raised out of the command ("rlspeed: interrupted (SIGTERM)", exit 143):
     a finished population's summary.json and member models were not written, and a second stop lost an interrupted
     one's save likewise. Stops wait from there on: the finished population is saved whole (a stop after its final
-    evaluation changes nothing, as a single run's), and an interrupted one is saved as interrupted."""
+    evaluation ends the command with its code and one line, as a single run's), and an interrupted one is saved as
+    interrupted."""
     import signal
 
     stopping, provenance = cli._stopping, cli._provenance
@@ -2161,8 +2218,12 @@ def test_a_stop_between_a_populations_training_and_its_save_waits_for_the_save(t
         assert code == 130 and summary["interrupted"] and summary["total_timesteps"] == 32, stderr
         assert "rlspeed: interrupted (Ctrl-C) after 32 steps per member: summary.json holds" in stderr
         return
-    assert code == 0 and not summary["interrupted"] and summary["total_timesteps"] == 64, stderr
-    assert summary["aggregate"]["final_eval"] is not None and "interrupted" not in stderr
+    # (its code and one line, as a single run's: the run is saved whole)
+    assert code == 143 and not summary["interrupted"] and summary["total_timesteps"] == 64, stderr
+    assert summary["aggregate"]["final_eval"] is not None
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == [
+        "rlspeed: interrupted (SIGTERM) as the run ended: nothing was cut short; summary.json and the member models, "
+        f"with the final evaluation, are saved in {run}"]
 
 
 @pytest.mark.parametrize("seeds", [["--seeds", "0-1"], []])

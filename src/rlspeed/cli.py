@@ -964,6 +964,7 @@ def _train_population(args: argparse.Namespace) -> int:
             partial["member_models"] = (_save_member_models(population, partial, run_dir)
                                         if population.num_timesteps > 0 else {})
             _write_summary(run_dir, partial)
+            _stage_run_saved(run_dir)
             if checkpoint.exists():
                 from rlspeed.checkpoint import load_checkpoint
 
@@ -999,6 +1000,7 @@ def _train_population(args: argparse.Namespace) -> int:
             print(f"rlspeed: cannot write '{run_dir / 'learning_curves.png'}' ({error.strerror or error}); the run "
                   "is saved (summary.json and the member models hold its results).", file=sys.stderr, flush=True)
         _write_summary(run_dir, summary)
+        _stage_run_saved(run_dir)
         if signals:  # (one that came as the last iteration ended: the training is saved, its final evaluation skipped)
             name = _signal_name(signals[0])
             skipped = summary["aggregate"]["final_eval"] is None
@@ -1057,7 +1059,8 @@ def _train_population(args: argparse.Namespace) -> int:
                   "say at which step): lower learning_rate, clip gradients (max_grad_norm) or check the env's rewards.",
                   file=sys.stderr, flush=True)
             return 2
-        return 0
+    # (read once the block has ended: a stop that comes later raises, `_main` saying it with the stage)
+    return _said_as_it_ended(0, held, "summary.json and the member models, with the final evaluation,", run_dir)
 
 
 def _refuse_budget_below_trained(run_dir: Path, total: int, trained: int, trained_by: str, ends: str) -> None:
@@ -2784,12 +2787,37 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
             interrupted = _stop_of(signals[0]) if signals else Terminated("SIGTERM")
         if interrupted is not None:
-            return _save_interrupted(run, run_dir, interrupted, held)
+            code = _save_interrupted(run, run_dir, interrupted, held)
+            _stage_run_saved(run_dir)
+            return code
         if not main:
             return 0
         held[:0] = signals  # (one that came as the last iteration ended: the first the final evaluation meets)
         # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended)
-        return _save_finished(run, run_dir, held, callbacks, undrawn=trained or model.result.stop_requested)
+        code = _save_finished(run, run_dir, held, callbacks, undrawn=trained or model.result.stop_requested)
+        _stage_run_saved(run_dir)
+    # (read once the block has ended: a stop that comes later raises, `_main` saying it with the stage)
+    return _said_as_it_ended(code, held, "model.safetensors and summary.json, with the final evaluation,", run_dir)
+
+
+def _stage_run_saved(run_dir: Path) -> None:
+    """The stage of a run whose files are written, as its block where stops wait ends: a stop that comes later (as
+    the command closes its envs and ends) says that the run is saved."""
+    _stage("ending the command", left=f"the run is saved in '{run_dir}'")
+
+
+def _said_as_it_ended(code: int, held: list[int], saved: str, run_dir: Path) -> int:
+    """The exit code of a run that ended with `code`, `held` holding the stops that came after all a stop cuts short
+    (the final evaluation, W&B's finish) and were not acted on: `code` where it is not 0 or none came; else the first
+    stop's (130 or 143), said in one line that names `saved` (what the run wrote). Whenever a stop comes after training
+    began, the command ends with the stop's exit code and one line saying what is saved: a script or a scheduler
+    reads the same code whether the stop came early or late, and with `--track` or without it."""
+    if code or not held:
+        return code
+    code, name = _stop_said(_stop_of(held[0]))
+    print(f"rlspeed: interrupted ({name}) as the run ended: nothing was cut short; {saved} are saved in {run_dir}",
+          file=sys.stderr, flush=True)
+    return code
 
 
 def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, undrawn: bool) -> int:
