@@ -256,21 +256,74 @@ def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkey
         if when == "as it ends":
             signal.raise_signal(getattr(signal, name))
 
-    def wait_for_adopted(adopted, timeout_s):
+    def wait_for_adopted(adopted, timeout_s, meanwhile=None):
         waited.append(adopted)
         return []
 
     monkeypatch.setattr(subprocess, "Popen", Torchrun)
     monkeypatch.setattr(cli, "adopting_orphans", stop_comes)
     monkeypatch.setattr(cli, "wait_for_adopted", wait_for_adopted)
-    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
-                 str(tmp_path / "run")])
+    run = tmp_path / "run"
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out", str(run)])
     stderr = capsys.readouterr().err
-    assert waited == [[]] and "interrupted" not in stderr, stderr
+    assert waited == [[]], stderr
     if when == "as it begins":
         assert code == 143 and sent == [signal.SIGTERM] and "rlspeed: stopping the process" in stderr, stderr
-    else:
-        assert code == 0 and sent == [], stderr
+        assert "interrupted" not in stderr
+    else:  # (torchrun finished the run: the stop cut nothing short, and the command ends with its code, said once)
+        stop = "Ctrl-C" if name == "SIGINT" else name
+        assert code == (130 if name == "SIGINT" else 143) and sent == [], stderr
+        assert [line for line in stderr.splitlines() if "interrupted" in line] == [
+            f"rlspeed: interrupted ({stop}) as torchrun ended: nothing was cut short; the run is saved in {run}"]
+
+
+def test_a_stop_while_nproc_waits_for_the_processes_torchrun_left_is_said_at_once(monkeypatch, tmp_path, capsys):
+    """torchrun that ended by itself (exit code 0) leaving a process running: the launcher waited up to 30 s for it
+    without a word, and a Ctrl-C then did nothing, the command ending with 0. The wait is said as it begins, a stop
+    during it as it comes (the process still running), and the command ends with the stop's code."""
+    from rlspeed import cli
+
+    popen, adopting, wait = subprocess.Popen, cli.adopting_orphans, cli.wait_for_adopted
+    left: list[subprocess.Popen] = []
+    said_while_running = []
+
+    class Torchrun:  # (its run finished)
+        def __init__(self, command, env, start_new_session, pass_fds):
+            pass
+
+        def wait(self):
+            return 0
+
+    @contextlib.contextmanager
+    def one_left(words):  # (a process torchrun left: it runs until its input closes)
+        with adopting(words) as orphans:
+            yield orphans
+        left.append(popen(_python("import sys; sys.stdin.read()"), stdin=subprocess.PIPE))
+        orphans.append(left[0].pid)
+
+    def wait_for_adopted(adopted, timeout_s, meanwhile=None):
+        signal.raise_signal(signal.SIGINT)  # (held: the launcher passes on no stop once torchrun has ended)
+
+        def then_it_ends(running):
+            if meanwhile is not None:
+                meanwhile(running)
+            said = capsys.readouterr().err
+            said_while_running.append(left[0].poll() is None and "Ctrl-C: still waiting for the 1 process(es)" in said
+                                      and "torchrun ended (exit code 0): waiting up to 30 s for the 1" in said)
+            left[0].stdin.close()
+
+        if meanwhile is None:  # (an rlspeed that says nothing meanwhile: the process ends at once)
+            left[0].stdin.close()
+        return wait(adopted, timeout_s, then_it_ends) if meanwhile is not None else wait(adopted, timeout_s)
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(cli, "adopting_orphans", one_left)
+    monkeypatch.setattr(cli, "wait_for_adopted", wait_for_adopted)
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out",
+                 str(tmp_path / "run")])
+    left[0].wait(timeout=60)
+    assert said_while_running[:1] == [True]
+    assert code == 130
 
 
 @pytest.mark.parametrize("stops", ["a stop, then torchrun's as it shuts down", "a stop to each as torch loads"])

@@ -3243,13 +3243,25 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                                        pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
             pass_on()  # (those that came while it started)
             code = process.wait()
+        waiting = (f"waiting up to {TORCHRUN_GRACE_S:g} s for the {len(orphans)} process(es) it left to save where "
+                   "they are")
         if code < 0 and not received:  # (torchrun ended by a signal of another's, SIGKILL: it did not stop its workers)
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            print(f"rlspeed: torchrun ended by {name}"
-                  + (f": waiting up to {TORCHRUN_GRACE_S:g} s for the {len(orphans)} process(es) it left to save "
-                     "where they are" if orphans else "") + ".", file=sys.stderr, flush=True)
+            print(f"rlspeed: torchrun ended by {name}" + (f": {waiting}" if orphans else "") + ".", file=sys.stderr,
+                  flush=True)
             code = 128 - code  # (as a shell reports a process a signal ended)
-        left = wait_for_adopted(orphans, timeout_s=TORCHRUN_GRACE_S)
+        elif orphans:  # (torchrun ended by itself, or for a stop passed on, and left processes running)
+            print(f"rlspeed: torchrun ended (exit code {code}): {waiting}.", file=sys.stderr, flush=True)
+        said: list[int] = []  # (the stop held since torchrun ended that was said: one, the first)
+
+        def say_stop(running: list[int]) -> None:  # (as the wait goes on: the stop is passed on to nothing)
+            if held and not said:
+                said.append(held[0])
+                print(f"rlspeed: {_signal_name(held[0])}: still waiting for the {len(running)} process(es) torchrun "
+                      f"left (up to {TORCHRUN_GRACE_S:g} s after it ended: they save where they are; then they are "
+                      "killed, the run keeping its last checkpoint).", file=sys.stderr, flush=True)
+
+        left = wait_for_adopted(orphans, timeout_s=TORCHRUN_GRACE_S, meanwhile=say_stop)
         for pid in left:  # (as torchrun ends a worker that outlives its grace period)
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -3257,6 +3269,15 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             wait_for_adopted(left, timeout_s=5.0)
             print(f"rlspeed: killed the {len(left)} process(es) still running {TORCHRUN_GRACE_S:g} s after torchrun "
                   "ended: the run keeps its last checkpoint.", file=sys.stderr, flush=True)
+        # (a stop from here on raises: `_main` says it with the stage)
+        _stage("ending the command", left=f"torchrun has ended, and '{run_dir}' holds what its processes wrote")
+    if held and not received:  # (a stop that came once torchrun had ended: the command ends with it, said once)
+        stopped, name = _stop_said(_stop_of(held[0]))
+        if not said:
+            ended = f"the run is saved in {run_dir}" if code == 0 else f"the command ends with torchrun's code, {code}"
+            print(f"rlspeed: interrupted ({name}) as torchrun ended: nothing was cut short; {ended}", file=sys.stderr,
+                  flush=True)
+        code = code or stopped
     if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
         with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
             (run_dir / RUN_LOCK).unlink(missing_ok=True)

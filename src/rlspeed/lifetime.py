@@ -114,8 +114,11 @@ def adopting_orphans(words: tuple[str, ...]) -> Iterator[list[int]]:
             _prctl(_PR_SET_CHILD_SUBREAPER, 0)
 
 
-def wait_for_adopted(adopted: list[int], timeout_s: float) -> list[int]:
-    """Reap the processes `adopted` as they end, for up to `timeout_s` seconds; returns those still running."""
+def wait_for_adopted(adopted: list[int], timeout_s: float,
+                     meanwhile: Callable[[list[int]], object] | None = None) -> list[int]:
+    """Reap the processes `adopted` as they end, for up to `timeout_s` seconds; returns those still running.
+    `meanwhile(running)`, where given, is called with those still running each time the wait goes on (every 0.1 s:
+    a stop that came meanwhile is said then, not once the wait has ended)."""
     deadline = time.monotonic() + timeout_s
     running = list(adopted)
     while running:
@@ -128,6 +131,8 @@ def wait_for_adopted(adopted: list[int], timeout_s: float) -> list[int]:
                 running.remove(pid)
         if not running or time.monotonic() >= deadline:
             break
+        if meanwhile is not None:
+            meanwhile(running)
         time.sleep(0.1)
     return running
 
