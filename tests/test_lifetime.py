@@ -226,16 +226,26 @@ def test_nproc_passes_a_stop_that_comes_while_torchrun_starts_on_to_it(monkeypat
 
 
 @pytest.mark.parametrize("name, when", [("SIGINT", "as it ends"), ("SIGTERM", "as it ends"),
-                                        ("SIGTERM", "as it begins")])
+                                        ("SIGTERM", "as it begins"), ("SIGINT", "as the command ends")])
 def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkeypatch, tmp_path, capsys, name, when):
     """A Ctrl-C or SIGTERM that came as the launcher left the block that passes stops on to torchrun (torchrun ended),
     before the block in which it waits for the workers a killed torchrun left, raised out of the launcher: it
     unlocked the run directory without waiting for them, ended with 130 or 143 and said that the run was interrupted
-    "while starting torchrun, before training began". It waits now, as a stop during that wait does, and ends as
-    torchrun did. (A stop that comes as that block begins, where the stops wait already, still reaches torchrun.)"""
+    "while starting torchrun, before training began". It waits now, as a stop during that wait does, and ends with the
+    stop's code, saying that nothing was cut short (held, it was dropped: exit 0, no word). (A stop that comes as that
+    block begins, where the stops wait already, still reaches torchrun; one after the block, as the command ends, said
+    "while starting torchrun" too.)"""
     from rlspeed import cli
 
     adopting, waited, sent = cli.adopting_orphans, [], []
+    record_close_error = cli._record_close_error
+
+    def stop_as_the_command_ends(*args):  # (after the launcher's block: as `main` settles an env's close() error)
+        signal.raise_signal(getattr(signal, name))
+        record_close_error(*args)
+
+    if when == "as the command ends":
+        monkeypatch.setattr(cli, "_record_close_error", stop_as_the_command_ends)
 
     class Torchrun:  # (its run finished, or stopped by the stop passed on)
         def __init__(self, command, env, start_new_session, pass_fds):
@@ -270,6 +280,10 @@ def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkey
     if when == "as it begins":
         assert code == 143 and sent == [signal.SIGTERM] and "rlspeed: stopping the process" in stderr, stderr
         assert "interrupted" not in stderr
+    elif when == "as the command ends":
+        assert code == 130 and [line for line in stderr.splitlines() if "interrupted" in line] == [
+            f"rlspeed: interrupted (Ctrl-C) while ending the command: torchrun has ended, and '{run}' holds what its "
+            "processes wrote."], stderr
     else:  # (torchrun finished the run: the stop cut nothing short, and the command ends with its code, said once)
         stop = "Ctrl-C" if name == "SIGINT" else name
         assert code == (130 if name == "SIGINT" else 143) and sent == [], stderr
