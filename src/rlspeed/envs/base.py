@@ -895,7 +895,7 @@ class EpisodeStatistics(EnvWrapper):
         # (lengths counted in int64: a float32 count stops at 2**24 steps, an episode of a few hours at 1,000 steps/s)
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.int64)
         # (the totals' restart values, as 0-dim tensors: `torch.where` with them makes one fresh tensor in one kernel,
-        # where an out-of-place `masked_fill` copies, then fills)
+        # where an out-of-place `masked_fill` copies, then fills; benchmarks/env_special_cases.py measures the two)
         self._restart = (torch.zeros((), device=self.device, dtype=dtype),
                          torch.zeros((), device=self.device, dtype=torch.int64))
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env

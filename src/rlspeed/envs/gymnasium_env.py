@@ -980,8 +980,8 @@ def float32_rewards(rewards, env: BatchedEnv) -> np.ndarray:
     finite one is past float32's range (about 3.4e38), and so infinite there, sets `env.rewards_overflowed`, and where
     one is NaN `env.rewards_nan` (the NaN guard's refusal names them)."""
     # (an overflow: numpy's RuntimeWarning, as numpy gives it. An array, the adapters' case, is copied by `astype`,
-    # the call for a known type; anything else goes through np.array's conversion. It runs on every env step: its cost
-    # is in the whole steps benchmarks/env_backends.py's Gymnasium rows time, which no benchmark splits)
+    # the call for a known type; anything else goes through np.array's conversion. It runs on every env step:
+    # benchmarks/env_special_cases.py measures this case and the 1-D one below against the general calls)
     stored = (rewards.astype(np.float32) if type(rewards) is np.ndarray
               else np.array(rewards, dtype=np.float32))
     # (checked on every step: in Python for a few rewards, where numpy's fixed cost per call is most of it, a batch
@@ -1634,8 +1634,8 @@ class HostObservations:
         """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
         than its space's (numpy would broadcast it into the row)."""
         if type(observation) is np.ndarray and observation.shape == self._plain_shape:
-            # (every env's every step of a Box space: `check_shape`'s own first case, without its call; its cost is in
-            # the whole steps benchmarks/env_backends.py's Gymnasium rows time, which no benchmark splits)
+            # (every env's every step of a Box space: `check_shape`'s own first case, without its call;
+            # benchmarks/env_special_cases.py measures it against the path below)
             target[row] = observation
             return
         if not self.keyed:
@@ -1865,7 +1865,8 @@ class GymnasiumEnv(BatchedEnv):
             refuse_filming_envs(env_id, vector_env)
         warn_env_statistics(vector_env, env_id, made or from_id)
         # the envs' own RecordEpisodeStatistics under wrappers that change rewards (CleanRL's NormalizeReward over
-        # it): the returns it recorded are the episodes' (`recorded_returns`, read where it reports an end)
+        # it): the returns it recorded are the episodes' (`recorded_returns`, read where it reports an end); other
+        # envs' steps make no recorded-returns tensors (benchmarks/env_special_cases.py measures what that saves)
         self._records_returns = records_episodes(vector_env) and bool(reward_wrappers(vector_env))
         self._recorded: dict[int, float] = {}  # (this step's: finished row -> its recorded return)
         # (the error a subprocess env's step or reset raised, and Gymnasium's log of it: `_subprocess_failure`)
