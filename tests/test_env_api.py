@@ -2559,15 +2559,14 @@ class _ClosesIntoFile(_ContractBreakingEnv):
         Path(self.path).write_text("closed")
 
 
-def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_envs(tmp_path):
-    """After one SubprocVecEnv worker ended (its env raised), the close terminated the others, so their envs' close()
-    never ran (a file or a simulator process they held leaked): they are sent SB3's "close" and close their envs."""
+def _worker_0_ended(second) -> tuple:
+    """(SB3's SubprocVecEnv, the env `make_env` made of it) of two workers, the second's env made by `second`, whose
+    worker 0 has ended: its env raised in the second step, which names it."""
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
-    from rlspeed.errors import CloseErrors, EnvStepError
+    from rlspeed.errors import EnvStepError
 
     # (worker 0 ends: a forked worker holds the pipe ends of the workers made before it, none of worker 0's)
-    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"),
-                              functools.partial(_ClosesIntoFile, tmp_path / "closed")],
+    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"), second],
                              start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     env = rlspeed.make_env(envs, device="cpu")
     actions = torch.zeros(2, dtype=torch.int64)
@@ -2575,6 +2574,15 @@ def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_
     env.step(actions)
     with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
         env.step(actions)
+    return envs, env
+
+
+def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_envs(tmp_path):
+    """After one SubprocVecEnv worker ended (its env raised), the close terminated the others, so their envs' close()
+    never ran (a file or a simulator process they held leaked): they are sent SB3's "close" and close their envs."""
+    from rlspeed.errors import CloseErrors
+
+    envs, env = _worker_0_ended(functools.partial(_ClosesIntoFile, tmp_path / "closed"))
     with CloseErrors() as closing:
         env.close()
     assert closing.errors == [] and envs.closed and not any(process.is_alive() for process in envs.processes)
@@ -2599,17 +2607,9 @@ def test_a_stable_baselines3_worker_answering_late_and_large_is_closed_by_its_co
     """After one SubprocVecEnv worker ended, a worker whose answer to the broken step came after the close began (a
     large one: its send waits for a reader) waited out the close's 30 s and was terminated, its env's close() never
     run: its answer is read as it comes, and it closes its env at once."""
-    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
-    from rlspeed.errors import CloseErrors, EnvStepError
+    from rlspeed.errors import CloseErrors
 
-    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"), _AnswersLateAndLarge],
-                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    env = rlspeed.make_env(envs, device="cpu")
-    actions = torch.zeros(2, dtype=torch.int64)
-    env.reset(seed=0)
-    env.step(actions)
-    with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
-        env.step(actions)
+    envs, env = _worker_0_ended(_AnswersLateAndLarge)
     with CloseErrors() as closing:
         env.close()
     assert closing.errors == [] and envs.closed
@@ -2685,22 +2685,14 @@ def test_a_stable_baselines3_worker_that_ignores_sigterm_is_killed_by_the_close(
     """After one SubprocVecEnv worker ended, the close terminated the workers that had not closed their envs in time
     and then waited for them without a bound: a worker whose env ignores SIGTERM hung the close for ever. It is killed
     a bounded while after."""
-    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
     import threading
 
     from rlspeed.envs import sb3_env
-    from rlspeed.errors import CloseErrors, EnvStepError
+    from rlspeed.errors import CloseErrors
 
     monkeypatch.setattr(sb3_env, "WORKERS_CLOSE_WAIT_S", 0.1)
     monkeypatch.setattr(sb3_env, "WORKER_TERMINATE_WAIT_S", 0.1)
-    envs = sb3.SubprocVecEnv([functools.partial(_ContractBreakingEnv, "raises"), _IgnoresTermination],
-                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    env = rlspeed.make_env(envs, device="cpu")
-    actions = torch.zeros(2, dtype=torch.int64)
-    env.reset(seed=0)
-    env.step(actions)
-    with pytest.raises(EnvStepError, match="worker 0 exited with code 1"):
-        env.step(actions)
+    envs, env = _worker_0_ended(_IgnoresTermination)
     closing = CloseErrors()
 
     def close():
