@@ -28,7 +28,7 @@ import torch
 
 from rlspeed.envs.base import NO_TIME_LIMIT, BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
-from rlspeed.envs.packages import install_command, missing_dependency
+from rlspeed.envs.packages import import_cause, install_command, missing_dependency
 from rlspeed.errors import UserError, is_true_or_false
 
 #: The standard preprocessing (Mnih et al. 2015; Machado et al. 2018 for the v5 ids' sticky actions).
@@ -192,8 +192,8 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         env.close()
         # (Gymnasium's message names a pip command of its own, whatever the import's error: cv2 missing, or installed
         # and failing to load, its libGL missing; `missing_dependency` tells them apart and names rlspeed's extra)
-        cause = error.__cause__
-        reason = (missing_dependency(cause) if isinstance(cause, ImportError) and cause.name else None) or \
+        cause = import_cause(error)
+        reason = (missing_dependency(cause) if cause is not error else None) or \
             f"the Python module 'cv2' is not installed: {install_command('cv2')}"
         raise UserError(f"Atari preprocessing needs OpenCV: {reason.rstrip('.')}.") from None
     if fire:
