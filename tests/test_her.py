@@ -184,6 +184,33 @@ def test_sac_with_her_trains_on_box_actions_and_a_stable_baselines3_vec_env(tmp_
     assert torch.equal(resumed.buffer.next_obs["achieved_goal"][:64], model.buffer.next_obs["achieved_goal"][:64])
 
 
+def test_her_asking_a_stable_baselines3_worker_that_was_killed_names_the_worker():
+    """HER calls a SubprocVecEnv's compute_reward in worker 0 (`env_method`) as it samples; a worker killed between
+    steps (the OOM killer) made that a bare BrokenPipeError: it names the worker and its exit code, as a step does."""
+    pytest.importorskip("stable_baselines3")
+    import multiprocessing
+    import types
+
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    from rlspeed.buffers.her import _compute_reward_method
+
+    envs = SubprocVecEnv([lambda: BitFlippingEnv(n_bits=4, continuous=True)],
+                         start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    try:
+        method, _ = _compute_reward_method(types.SimpleNamespace(vec_env=envs))
+        goals = np.zeros((1, 4), np.float32)
+        assert method(goals, goals, [{}]).tolist() == [0.0]
+        envs.processes[0].kill()
+        envs.processes[0].join()
+        with pytest.raises(ChildProcessError, match="^worker 0 exited with code -9; "):
+            method(goals, goals, [{}])
+    finally:
+        for remote in envs.remotes:
+            remote.close()
+
+
 def test_her_is_refused_where_it_cannot_run(tmp_path):
     with pytest.raises(UserError, match="her=True .* needs goal-conditioned observations.*not a Dict"):
         rlspeed.DQN("CartPole-v1", her=True)

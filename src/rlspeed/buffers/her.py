@@ -160,13 +160,17 @@ def _compute_reward_method(env) -> tuple[Callable | None, object]:
     vec_env = getattr(env, "vec_env", None)  # (a Stable-Baselines3 VecEnv: its own way of calling a method)
     if vec_env is None:
         return None, None
-    from rlspeed.envs.sb3_env import vec_env_has_attr
+    from rlspeed.envs.sb3_env import raise_exited_workers, vec_env_has_attr
 
     if not vec_env_has_attr(vec_env, "compute_reward"):
         return None, None
 
     def method(achieved, desired, infos):
-        return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
+        try:
+            return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
+        except Exception as error:  # (a SubprocVecEnv's worker that ended: named, as a step names it)
+            raise_exited_workers(vec_env, error)
+            raise
 
     return method, None
 
