@@ -754,3 +754,50 @@ def test_an_error_of_the_final_save_is_what_the_command_ends_with_after_a_stop_i
     stderr = capsys.readouterr().err
     assert code == 2 and "no space left on device" in stderr and "interrupted" not in stderr, stderr
     assert _handlers() == before
+
+
+@pytest.mark.parametrize("where", ["__enter__", "__exit__"])
+def test_a_stop_in_contextlibs_frames_leaves_no_handler_of_a_block_that_ended(where):
+    """A stop whose handler raised in contextlib's frames of a `handlers_set` block (as the block was entered or left,
+    where no mask holds a stop back, or where another thread, torch's or W&B's, took the signal) left the block's
+    generator suspended, its handlers not put back; collected later, once the block around it had ended, it set that
+    block's handler again: a handler of a block that had ended (here a lambda; in the CLI `stops_held`'s, which drops
+    every later Ctrl-C). A block closed so puts back only the handlers that are still its own."""
+    from rlspeed.lifetime import handlers_set
+
+    def raising(signum, frame):
+        raise KeyboardInterrupt
+
+    outer = _signal.getsignal(signal.SIGTERM)
+    code = getattr(contextlib._GeneratorContextManager, where).__code__
+    inner = [handlers_set(raising)]  # (the block, dropped below: then only the stop's traceback holds it)
+    trace = sys.gettrace()
+
+    def stop_in_contextlib(frame, event, arg):
+        # (the stop in contextlib's __enter__ of the inner block once its generator has set the handlers, or as its
+        # __exit__ begins: the handler raises there, in contextlib's frame)
+        if frame.f_code is not code or not inner or frame.f_locals["self"] is not inner[0]:
+            return None
+        frame.f_trace_opcodes = True
+        if event == "call" and where == "__exit__" or event == "opcode" and inner[0].gen.gi_suspended:
+            sys.settrace(trace)
+            frame.f_trace = None
+            signal.raise_signal(signal.SIGTERM)
+        return stop_in_contextlib
+
+    caught = []  # (the stop, kept: its traceback holds contextlib's frame, and so the inner block's generator)
+    with handlers_set(lambda signum, frame: None):
+        try:
+            if where == "__enter__":
+                sys.settrace(stop_in_contextlib)
+            with inner[0]:
+                if where == "__exit__":
+                    sys.settrace(stop_in_contextlib)
+        except KeyboardInterrupt as stop:
+            caught.append(stop)
+        finally:
+            sys.settrace(trace)
+        inner.clear()
+    assert len(caught) == 1 and _signal.getsignal(signal.SIGTERM) == outer
+    caught.clear()  # (the inner block's generator is collected now)
+    assert _signal.getsignal(signal.SIGTERM) == outer

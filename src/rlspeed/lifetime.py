@@ -319,7 +319,11 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS,
     the block's handlers or those from before it, all set. Where it is handled meanwhile all the same (Windows, or the
     process's other threads taking it) and its handler raises, the handlers set so far are put back, all of them.
     `replaced`, where given, is filled as they are set with the handlers from before the block (signal -> handler, as
-    `_signal` gives it) that `handler` replaced."""
+    `_signal` gives it) that `handler` replaced. A block left without its `with` statement's end (a stop whose
+    handler raised in contextlib's frames as the block was entered or left, a few bytecodes that no mask covers, or
+    where another thread took the signal: the block's generator is closed when that stop is dropped, maybe after the
+    blocks around it have ended) puts back only the handlers that are still its own: the others are a later block's,
+    or those that the blocks around it put back. Until then its handlers stay set (what a second stop meets)."""
     handler = int(handler) if isinstance(handler, signal.Handlers) else handler  # (`_signal` takes no enum)
     previous: dict[int, typing.Any] = {} if replaced is None else replaced
     try:  # (set inside the try: a stop whose handler raises between two of them puts back those set so far)
@@ -337,6 +341,9 @@ def handlers_set(handler, signums: tuple[int, ...] = STOPS,
                     del previous[signum]
                     break
         yield
+    except GeneratorExit:  # (closed, not ended by its `with` statement)
+        previous = {signum: before for signum, before in previous.items() if _signal.getsignal(signum) == handler}
+        raise
     finally:
         _put_back(previous)
 
