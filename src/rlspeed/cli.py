@@ -3251,7 +3251,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                   flush=True)
             code = 128 - code  # (as a shell reports a process a signal ended)
         elif orphans:  # (torchrun ended by itself, or for a stop passed on, and left processes running)
-            print(f"rlspeed: torchrun ended (exit code {code}): {waiting}.", file=sys.stderr, flush=True)
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            print(f"rlspeed: torchrun ended ({how}): {waiting}.", file=sys.stderr, flush=True)
         said: list[int] = []  # (the stop held since torchrun ended that was said: one, the first)
 
         def say_stop(running: list[int]) -> None:  # (as the wait goes on: the stop is passed on to nothing)
