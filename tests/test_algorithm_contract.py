@@ -325,7 +325,8 @@ def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_
 
 def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
     """SB3's "auto" (SAC's entropy coefficient), None for a choice and an activation class are taken as rlspeed's
-    spellings; a learning-rate schedule is refused with the way rlspeed anneals; True or NaN for a float refused."""
+    spellings; RL-Zoo's lin_X string is refused with the way rlspeed anneals (a schedule function is taken:
+    tests/test_schedule_functions.py); True or NaN for a float refused."""
     import rlspeed
 
     assert rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto").config.ent_coef is None
@@ -339,9 +340,8 @@ def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
             algo(env_id, device="cpu", **{key: "auto"})
     td3 = rlspeed.TD3("Pendulum-v1", device="cpu", action_noise=None, activation=torch.nn.ReLU)
     assert (td3.config.action_noise, td3.config.activation) == ("none", "relu")
-    for schedule in (lambda progress: 3e-4 * progress, "lin_3e-4"):
-        with pytest.raises(UserError, match="give the starting value, and anneal_lr=True"):
-            rlspeed.PPO("CartPole-v1", device="cpu", learning_rate=schedule)
+    with pytest.raises(UserError, match="give the starting value, and anneal_lr=True"):
+        rlspeed.PPO("CartPole-v1", device="cpu", learning_rate="lin_3e-4")
     with pytest.raises(UserError, match="not a valid float"):
         rlspeed.PPO("CartPole-v1", device="cpu", gamma=True)
 
@@ -429,7 +429,7 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
                 (rlspeed.A2C, "CartPole-v1", {"target_kl": 0.01}, "target_kl is a setting of PPO and RecurrentPPO"),
                 (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 2}, "after every gradient step"),  # (1: taken)
                 (rlspeed.SAC, "Pendulum-v1", {"ent_coef": "autox"}, "got 'autox': expected auto, auto_X"),
-                (rlspeed.PPO, "CartPole-v1", {"clip_range": lambda progress: 0.2 * progress}, "anneal_clip=True"),
+                (rlspeed.PPO, "CartPole-v1", {"clip_range": "lin_0.2"}, "anneal_clip=True"),
                 # (a partial dict: SB3 gives the network left out no hidden layers, or refuses; never both these widths)
                 (rlspeed.PPO, "CartPole-v1", {"net_arch": dict(pi=[32])}, r"dict\(pi=\[...\], vf=\[...\]\)"),
                 (rlspeed.PPO, "CartPole-v1", {"net_arch": dict(qf=[32])}, r"dict\(pi=\[...\], vf=\[...\]\)"),
@@ -866,7 +866,8 @@ def test_stable_baselines3_schedule_objects_with_a_setting_here_are_taken():
     value, held (anneal_lr=False: PPO's default anneals); off-policy, a learning rate's linear schedule to 0 over the
     whole run (LinearSchedule(start, 0, 1.0), get_linear_fn) is its start with anneal_lr, which decays it at SB3's
     progress; on-policy anneal_lr/anneal_clip decay at CleanRL's progress, so that schedule is one sentence saying
-    so; others, and functions of one's own, are refused as before (all were)."""
+    so in a config (a model calls it as a schedule function, as any other: tests/test_schedule_functions.py);
+    others, and functions of one's own, are no value of a config."""
     utils = pytest.importorskip("stable_baselines3.common.utils")
     from rlspeed import DQN, PPO, SAC
 
@@ -891,9 +892,9 @@ def test_stable_baselines3_schedule_objects_with_a_setting_here_are_taken():
         build_config(PPO.config_cls, {"learning_rate": utils.ConstantSchedule(1e-3), "anneal_lr": "on"})
     for key, schedule in (("learning_rate", utils.LinearSchedule(1e-3, 1e-4, 1.0)),
                           ("learning_rate", utils.LinearSchedule(1e-3, 0, 0.5)), ("learning_rate", lambda _: 1e-3)):
-        with pytest.raises(UserError, match=f"Hyperparameter '{key}' got .*A schedule is not a hyperparameter value"):
+        with pytest.raises(UserError, match=f"Hyperparameter '{key}' got .*A schedule function is given to a model"):
             build_config(DQN.config_cls, {key: schedule})
-    with pytest.raises(UserError, match="Hyperparameter 'clip_range_vf' got .*A schedule is not"):
+    with pytest.raises(UserError, match="Hyperparameter 'clip_range_vf' got .*A schedule function is given to"):
         build_config(PPO.config_cls, {"clip_range_vf": utils.LinearSchedule(0.2, 0, 1.0)})
 
 

@@ -343,8 +343,9 @@ SB3_ATTRIBUTES = {
                     "model.config.exploration_initial_eps to exploration_final_eps over exploration_fraction of each "
                     "learn call (predict(deterministic=False) explores with exploration_final_eps)"),
     "lr_schedule": "the learning rate is model.config.learning_rate, decayed linearly to 0 over each learn call "
-                   "where model.config.anneal_lr is True (of SB3's schedules, the constructor takes a ConstantSchedule "
-                   "as its value, and off-policy a LinearSchedule(start, 0, 1.0) as anneal_lr)",
+                   "where model.config.anneal_lr is True, or a schedule function of progress_remaining given as "
+                   "learning_rate when the model is made or loaded (PPO(env, learning_rate=f), PPO.load(path, "
+                   "learning_rate=f))",
     **dict.fromkeys(("logger", "set_logger"), "learn(run_dir=DIR) writes the metrics (metrics.csv, and TensorBoard "
                                               "logs where the tensorboard package is installed) in DIR, and a "
                                               "callback's self.logger.record(key, value) adds a column of its own "
@@ -716,6 +717,82 @@ def sb3_schedules(config_cls: type, values: dict) -> dict:
     return {**values, **made}
 
 
+#: the settings a model takes a schedule function for, as Stable-Baselines3 does: learning_rate everywhere, PPO's
+#: clip_range and clip_range_vf (`own_schedules`)
+SCHEDULE_FUNCTION_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
+
+
+def own_schedules(config_cls: type, values: dict) -> tuple[dict, dict]:
+    """(`values` with each schedule function given for one of `SCHEDULE_FUNCTION_KEYS` that `config_cls` has as its
+    value at progress_remaining=1, which the optimisers start with as SB3's do, and its switch in `SB3_SCHEDULED`
+    (anneal_lr, anneal_clip) off; the functions by setting). A schedule function is any callable of
+    progress_remaining (1 at the start of learn, 0 at its end) that returns a number: one of one's own
+    (`def linear_schedule(initial_value)` of SB3's docs), or a schedule object of SB3's that `sb3_schedules` has no
+    setting for; the model calls it at every update (`Algorithm._call_schedules`). UserError for a function that
+    returns no number >= 0, or a switch also given on."""
+    fields = _field_names(config_cls)
+    made, functions = {}, {}
+    for key in SCHEDULE_FUNCTION_KEYS:
+        function = values.get(key)
+        if key not in fields or not callable(function) or isinstance(function, type):
+            continue
+        try:  # (ConstantSchedule's value, off-policy LinearSchedule(start, 0, 1.0)'s anneal_lr: that setting says it)
+            if not callable(sb3_schedules(config_cls, {key: function})[key]):
+                continue
+        except UserError:
+            pass  # (a schedule that anneal_lr or anneal_clip would decay at another progress: called, as SB3 does)
+        switch = SB3_SCHEDULED.get(key) if SB3_SCHEDULED.get(key) in fields else None
+        if switch in values:
+            try:
+                on = _read_bool(values[switch])
+            except ValueError:
+                on = False  # (the config's own refusal of the value)
+            if on:
+                raise UserError(f"{key}={schedule_name(function)} is a schedule, called at every update, and "
+                                f"{switch}={values[switch]!r} would decay {key} too: give one of them.")
+        made.update({key: schedule_value(key, function, 1.0), **({switch: False} if switch else {})})
+        functions[key] = function
+    return {**values, **made}, functions
+
+
+def refuse_schedule_functions(member: typing.Any) -> None:
+    """UserError in one sentence for a population's member model made with schedule functions (`own_schedules`):
+    the population's stacked update calls none of them."""
+    for key, function in member._schedule_functions.items():
+        switch = SB3_SCHEDULED.get(key) if SB3_SCHEDULED.get(key) in _field_names(member.config_cls) else None
+        decay = f"; {switch}=True decays it linearly to 0 over each learn call" if switch else ""
+        raise UserError(f"{key}={schedule_name(function)}: a population trains its members in one stacked update, "
+                        f"which calls no schedule function: give a number{decay} (or train the models one by one, "
+                        f"{type(member).__name__}(env, {key}=...)).")
+
+
+def schedule_name(function: Callable) -> str:
+    """A schedule function as a sentence names it: a function by its qualified name, an object by its repr."""
+    return function.__qualname__ if isinstance(function, types.FunctionType) else repr(function)
+
+
+def schedule_value(key: str, function: Callable, progress: float) -> float:
+    """What the schedule function `function` given for `key` returns at `progress` (progress_remaining), as a float;
+    UserError where it raises or returns no finite number >= 0 (a learning rate or clip range below 0 turns the
+    update around)."""
+    try:
+        value = function(progress)
+    except Exception as error:
+        raise UserError(f"{key}={schedule_name(function)} raised {type(error).__name__} ({first_line(error)[:200]}) "
+                        f"at progress_remaining={progress:g}: a schedule takes the progress remaining (1 at the start "
+                        "of learn, 0 at its end) and returns a number.") from error
+    if not _real(value) or not math.isfinite(value) or value < 0:
+        raise UserError(f"{key}={schedule_name(function)} returned {value!r} at progress_remaining={progress:g}: "
+                        "a schedule returns a finite number >= 0.")
+    return float(value)
+
+
+def _saved_schedule_functions(meta: dict) -> dict:
+    """The schedule functions a model file was saved with (`Algorithm.save`), {setting: name}; {} for none."""
+    saved = meta.get("schedule_functions")
+    return saved if isinstance(saved, dict) else {}
+
+
 def sb3_settings(config_cls: type, values: dict) -> dict:
     """`values` with Stable-Baselines3's names and options as rlspeed's settings for `config_cls`'s algorithm:
     n_steps (`rlspeed_names`), policy_kwargs (`sb3_policy_kwargs`), replay_buffer_class=HerReplayBuffer
@@ -1067,6 +1144,10 @@ def coerce(key: str, value, hint):
     advice = (f" A schedule is not a hyperparameter value here: give the starting value, and {annealed} linearly to 0 "
               "(Stable-Baselines3's linear schedule; its ConstantSchedule is taken as its value, and off-policy its "
               "LinearSchedule(start, 0, 1.0) as anneal_lr)." if schedule else "")
+    if callable(value) and key in SCHEDULE_FUNCTION_KEYS:  # (one set on model.config)
+        advice = (f" A schedule function is given to a model when it is made or loaded (PPO(env, {key}=f), "
+                  f"PPO.load(path, {key}=f)), not set on model.config: give a number, or make or load the model with "
+                  "the function.")
     if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         advice = " Give auto for the automatically tuned value, or a number."
     elif key in AUTO_VALUES and isinstance(value, str) and value.strip().lower().startswith("auto"):
@@ -2313,6 +2394,12 @@ class Algorithm:
         #: config.yaml's `hyperparameters` hold it: the default written out): an env without masks is then worth a word
         whole = _field_names(self.config_cls).keys() <= hyperparameters.keys()
         self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec and not whole
+        # schedule functions (SB3's learning_rate=linear_schedule(3e-4)): the model calls them at every update, the
+        # config holds their start value
+        hyperparameters, self._schedule_functions = own_schedules(self.config_cls, hyperparameters)
+        self._schedule_values: dict[str, float] = {}  # (what they gave the last update: `_call_schedules`)
+        # those of the file a `load` or `resume` read that were not given again: {setting: the function's name}
+        self._schedules_missing: dict[str, str] = {}
         self.config = build_config(self.config_cls, hyperparameters, strategy.world_size if strategy else 1)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy: DistributedStrategy = strategy or single_process()
@@ -2774,6 +2861,38 @@ class Algorithm:
                     group["lr"].fill_(learning_rate)
                 else:
                     group["lr"] = learning_rate
+
+    def _call_schedules(self, timesteps: int) -> None:
+        """The schedule functions (`own_schedules`) called with progress_remaining at `timesteps`, the step count after
+        the collection the coming updates learn from (SB3's progress, but never below 0): the learning rate set on
+        every optimizer (in place where it is a device tensor), every value kept in `_schedule_values` for the
+        update (PPO's clip ranges)."""
+        progress = self._progress_remaining(timesteps)
+        self._schedule_values = {key: schedule_value(key, function, progress)
+                                 for key, function in self._schedule_functions.items()}
+        if "learning_rate" in self._schedule_values:
+            self._set_learning_rate(self._schedule_values["learning_rate"])
+
+    def _holds_learning_rates_as_tensors(self) -> bool:
+        """Whether the learning rate changes during learn (`anneal_lr`, a schedule function): held as device tensors
+        on graph devices (`_hold_learning_rates_as_tensors`)."""
+        return bool(self.config.anneal_lr) or "learning_rate" in self._schedule_functions
+
+    def _check_schedule_functions(self) -> None:
+        """UserError in one sentence, at learn, for a model loaded or resumed from a file saved with schedule
+        functions that were not given again: the file keeps their names, not their code, and the learn would train
+        at a value the run never had as a constant."""
+        missing = self._schedules_missing
+        if not missing:
+            return
+        algo = type(self).__name__
+        given = ", ".join(f"{key}={name}" for key, name in missing.items())
+        again = ", ".join(f"{key}=..." for key in missing)
+        several = len(missing) > 1
+        raise UserError(f"This model's file was saved with the schedule function{'s' * several} {given}, which a "
+                        f"model file does not keep (it holds no code): give {'them' if several else 'it'} again in "
+                        f"Python ({algo}.load(path, {again}), or {algo}(env, {again}).resume(path)), or a number for "
+                        f"a constant value ({algo}.load(path, {again})).")
 
     def _anneal_learning_rate(self, timesteps: int | None = None) -> None:
         """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
@@ -3451,6 +3570,7 @@ class Algorithm:
         coerce_in_place(self.config)
         self.config.validate()
         self._check_built_settings()
+        self._check_schedule_functions()
         if total_timesteps == 0:  # (SB3's learn(0), a loop's last call whose budget is spent: the model as it was)
             self.result, self._total_timesteps = LearnResult(target_return=target_return), self.num_timesteps
             return self
@@ -4204,6 +4324,10 @@ class Algorithm:
                                  else None),
                     # (whether `resume` continues that schedule: saved during learn or after one cut short)
                     "schedule_continues": self._schedule_open,
+                    # (the names of its schedule functions, whose code a file does not hold: load asks for them)
+                    **({"schedule_functions": functions} if (functions := {
+                        **self._schedules_missing, **{key: schedule_name(function) for key, function
+                                                      in self._schedule_functions.items()}}) else {}),
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
                     "action_masks": self.trained_with_action_masks,
@@ -4321,6 +4445,8 @@ class Algorithm:
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
         algo = saved_algorithm(meta, cls, path)
+        # (schedule functions as their start values for the checks below: the model is made with them)
+        overrides, schedules = own_schedules(algo.config_cls, overrides)
         # (SB3's n_steps=..., policy_kwargs=... over the file's num_steps, net_arch: the network check below sees them)
         overrides = sb3_settings(algo.config_cls, overrides)
         unknown = sorted(set(meta["config"]) - _field_names(algo.config_cls).keys())
@@ -4421,7 +4547,8 @@ class Algorithm:
                 with _forked_random(device), warnings.catch_warnings():
                     warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
                     warnings.simplefilter("ignore", EncoderWarning)
-                    model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
+                    model = algo(env if env is not None else spec, device=device, env_backend=env_backend,
+                                 **{**config, **schedules})
             except Exception as error:
                 if not missing or isinstance(error, UserError):
                     raise
@@ -4449,6 +4576,8 @@ class Algorithm:
                     torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
                     model._own_random_streams(True)
             model._restore_counts(meta)
+            model._schedules_missing = {key: str(name) for key, name in _saved_schedule_functions(meta).items()
+                                        if key not in overrides}  # (a number given now is a constant value)
             if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it;
                 # a learn sets its own)
                 model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])
@@ -4542,6 +4671,8 @@ class Algorithm:
                                 f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
                                 "its networks).")
         self._restore(tensors, meta, path, build_optimizer=True)
+        self._schedules_missing = {key: str(name) for key, name in _saved_schedule_functions(meta).items()
+                                   if key not in self._schedule_functions}
         self._run_dir = Path(path).resolve().parent
         self._restore_counts(meta)
         schedule = meta.get("schedule")

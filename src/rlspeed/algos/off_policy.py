@@ -471,7 +471,7 @@ class OffPolicyAlgorithm(Algorithm):
         self._reward_normaliser = find_wrapper(env, NormalizeReward) if cfg.normalize_reward else None
         if self._reward_normaliser is not None:
             self._reward_normaliser.hand_out_raw = True
-        if cfg.anneal_lr:
+        if self._holds_learning_rates_as_tensors():
             self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
         if buffer is not None and buffer is not getattr(self, "_made_buffer", None):
@@ -918,6 +918,8 @@ class OffPolicyAlgorithm(Algorithm):
         if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):
             if cfg.anneal_lr:  # (at the step count after this collection, as SB3 computes its progress)
                 self._anneal_learning_rate(self.num_timesteps + cfg.train_freq * global_envs)
+            if self._schedule_functions:  # (schedule functions: called at the same progress, as SB3 calls them)
+                self._call_schedules(self.num_timesteps + cfg.train_freq * global_envs)
             with phase("update"):
                 metrics.update(self._gradient_steps(steps))
         return steps, metrics

@@ -210,7 +210,7 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _setup_optimizer(self) -> None:
         self.optimizer = self._make_optimizer(self._params)
-        if self.config.anneal_lr:
+        if self._holds_learning_rates_as_tensors():
             self._hold_learning_rates_as_tensors()
         self._update_step = self._make_update_step()
 
@@ -377,7 +377,10 @@ class OnPolicyAlgorithm(Algorithm):
                 advantages, returns = gae(buf.rewards, buf.values, self._next_values(buf), buf.terminated, buf.dones,
                                           cfg.gamma, cfg.gae_lambda)
 
-        # 3. The algorithm's updates.
+        # 3. The algorithm's updates, with the schedule functions' values at the step count after this rollout (SB3's
+        # progress; anneal_lr's was taken before it, CleanRL's).
+        if self._schedule_functions:
+            self._call_schedules(self.num_timesteps + cfg.num_steps * env.num_envs * self.strategy.world_size)
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
             metrics["explained_variance"] = explained_variance(buf.values, returns)

@@ -130,12 +130,20 @@ class PPO(OnPolicyAlgorithm):
 
     def _update_rollout(self, buf: RolloutBuffer, advantages: torch.Tensor,
                         returns: torch.Tensor) -> dict[str, torch.Tensor]:
-        cfg = self.config
+        cfg, scheduled = self.config, self._schedule_values  # (schedule functions' values: `_call_schedules`)
         clip_range = cfg.clip_range * self._progress_remaining() if cfg.anneal_clip else cfg.clip_range
-        hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped the step)
-        if hand_derived is not None:
-            hand_derived.follow(cfg)  # (coefficients a callback may have changed)
-        stats = self._update_epochs(buf, advantages, returns, clip_range)
+        clip_range = scheduled.get("clip_range", clip_range)
+        # a scheduled clip_range_vf is the config's during these updates (which read it there, as a callback's
+        # change), its start value again after them
+        held_clip_range_vf = cfg.clip_range_vf
+        cfg.clip_range_vf = scheduled.get("clip_range_vf", held_clip_range_vf)
+        try:
+            hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped it)
+            if hand_derived is not None:
+                hand_derived.follow(cfg)  # (coefficients a callback may have changed)
+            stats = self._update_epochs(buf, advantages, returns, clip_range)
+        finally:
+            cfg.clip_range_vf = held_clip_range_vf
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
                 "clipfrac": stats[4]}
 

@@ -33,6 +33,7 @@ from rlspeed.algos.base import (
     default_eval_freq,
     read_switch,
     refuse_learn_keywords,
+    refuse_schedule_functions,
     sb3_settings,
     with_saved_cnn,
 )
@@ -499,6 +500,7 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
                 warnings.simplefilter("ignore", UnusedSettingWarning)
                 warnings.simplefilter("ignore", EncoderWarning)
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
+            refuse_schedule_functions(solos[-1])
             generators.append(generator_like_global(device))
             if k == 0:  # (from the first member's size, before the others are made)
                 check_members_fit(solos[0], max(len(seeds), planned or 0), device,
