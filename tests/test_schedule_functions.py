@@ -138,3 +138,19 @@ def test_schedule_functions_where_none_is_called_are_refused():
         with pytest.raises(UserError, match=r"clip_range_vf=.*: a population trains its members in one stacked "
                                             r"update, which calls no schedule function: give a number \(or"):
             Population(rlspeed.PPO, "CartPole-v1", seeds=range(2), device="cpu", clip_range_vf=squared)
+
+
+def test_a_scheduled_setting_changed_on_model_config_is_refused_at_learn():
+    """model.config.learning_rate or anneal_lr changed while the model calls a schedule function for it: the function
+    would override the change at every update, silently; learn refuses it in one sentence."""
+    model = rlspeed.PPO("CartPole-v1", device="cpu", env_backend="torch", num_envs=2, num_steps=8, batch_size=16,
+                        learning_rate=linear_schedule(1e-3), clip_range_vf=squared)
+    model.config.learning_rate = 5e-4
+    with pytest.raises(UserError, match=r"model.config.learning_rate is 0.0005, but this model calls the schedule "
+                                        r"function learning_rate=linear_schedule.<locals>.func at every update"):
+        model.learn(16, progress_bar=False)
+    model.config.learning_rate, model.config.anneal_lr = 1e-3, True
+    with pytest.raises(UserError, match=r"model.config.anneal_lr is True, but this model calls the schedule"):
+        model.learn(16, progress_bar=False)
+    model.config.anneal_lr = False
+    model.learn(16, progress_bar=False)

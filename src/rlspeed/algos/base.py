@@ -2879,13 +2879,27 @@ class Algorithm:
         return bool(self.config.anneal_lr) or "learning_rate" in self._schedule_functions
 
     def _check_schedule_functions(self) -> None:
-        """UserError in one sentence, at learn, for a model loaded or resumed from a file saved with schedule
-        functions that were not given again: the file keeps their names, not their code, and the learn would train
-        at a value the run never had as a constant."""
+        """UserError in one sentence, at learn, for a scheduled setting or its anneal switch changed on model.config
+        since the model was made (the function would override the change at every update), and for a model loaded or
+        resumed from a file saved with schedule functions that were not given again: the file keeps their names, not
+        their code, and the learn would train at a value the run never had as a constant."""
+        algo = type(self).__name__
+        for key, function in self._schedule_functions.items():  # (model.config changed since: the function would
+            # override it at every update)
+            switch = SB3_SCHEDULED.get(key)
+            if switch is not None and getattr(self.config, switch, False) is True:
+                raise UserError(f"model.config.{switch} is True, but this model calls the schedule function {key}="
+                                f"{schedule_name(function)} at every update: set it back to False, or load the model "
+                                f"with a number for {key} ({algo}.load(path, {key}=X, {switch}=True)).")
+            start = schedule_value(key, function, 1.0)
+            if getattr(self.config, key) != start:
+                raise UserError(f"model.config.{key} is {getattr(self.config, key)!r}, but this model calls the "
+                                f"schedule function {key}={schedule_name(function)} at every update (which starts at "
+                                f"{start!r}): set it back, or load the model with the value "
+                                f"({algo}.load(path, {key}=...)).")
         missing = self._schedules_missing
         if not missing:
             return
-        algo = type(self).__name__
         given = ", ".join(f"{key}={name}" for key, name in missing.items())
         again = ", ".join(f"{key}=..." for key in missing)
         several = len(missing) > 1
