@@ -1241,3 +1241,20 @@ def test_normalisation_clips_apply_to_every_member_as_to_its_solo_run():
     trained = {**population.member_state(0), **population.member_statistics(0)}
     for name, value in solo_trained.items():
         torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_population_given_its_members_takes_their_settings_and_refuses_others():
+    """`members=` (solo models to start from, as `rlspeed eval RUN_DIR` gives its loaded member files) takes the
+    models' settings and parameters: hyperparameters given beside them, or models of other seeds, are refused in one
+    sentence rather than built into members the models are not."""
+    models = [PPO("CartPole-v1", seed=seed, device="cpu", num_envs=2, num_steps=8, batch_size=16, verbose=0)
+              for seed in (0, 1)]
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], members=models)
+    assert population.config.num_envs == 2
+    for k, model in enumerate(models):
+        held, saved = population._member_checkpoint(k), model._state_tensors()
+        assert held and all(torch.equal(value, saved[name]) for name, value in held.items())
+    with pytest.raises(UserError, match=r"give no hyperparameters or member_overrides \(got learning_rate\)"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=models, learning_rate=1e-3)
+    with pytest.raises(UserError, match=r"members takes one PPO model per seed of seeds, each made with that seed"):
+        Population(PPO, "CartPole-v1", seeds=[1, 0], members=models)

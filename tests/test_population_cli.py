@@ -687,8 +687,8 @@ def test_eval_run_dir_says_why_its_members_are_not_evaluated_as_one_batch(capsys
     models = [PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, verbose=0) for _ in range(2)]
     capsys.readouterr()
     assert cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6]) is None
-    assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: the members' "
-                                       "seeds are not distinct whole numbers.\n")
+    assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: Seed(s) 0 "
+                                       "given more than once: members of a population need distinct seeds.\n")
 
 
 def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):

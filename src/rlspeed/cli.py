@@ -3586,10 +3586,10 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
     try:
         elsewhere = next((model.device for model in models if model.device.type != "cpu"), None)
         if elsewhere is not None:
-            raise UserError(f"they are loaded on {elsewhere}, and a batch is evaluated on the CPU")
+            raise UserError(f"The members are loaded on {elsewhere}, and a batch is evaluated on the CPU.")
         population = _population_of_models(models, [model._state_tensors() for model in models])
     except UserError as why:
-        print(f"rlspeed: evaluating the members one at a time, not as one batch: {why}.", file=sys.stderr, flush=True)
+        print(f"rlspeed: evaluating the members one at a time, not as one batch: {why}", file=sys.stderr, flush=True)
         return None
     if not args.no_progress:  # (a batch has no bar of its own, and its members' lines come when all are done)
         print(f"rlspeed: evaluating the {len(models)} members as one batch, {_episodes(args.episodes)} each ...",

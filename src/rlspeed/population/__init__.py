@@ -4,7 +4,6 @@ what it covers. See docs/population.md."""
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -14,7 +13,7 @@ import torch
 from rlspeed.algos.base import Algorithm
 from rlspeed.errors import UserError
 from rlspeed.population.a2c import PER_MEMBER_A2C, A2CPopulation
-from rlspeed.population.base import _GIVEN_MEMBERS, PopulationBase
+from rlspeed.population.base import PopulationBase
 from rlspeed.population.offpolicy import (
     PER_MEMBER_DQN,
     PER_MEMBER_SAC,
@@ -37,9 +36,9 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
     """K members of `algo_cls` on `env_id`, one per seed of `seeds` (distinct), as one batched model: `.learn(...)`
     trains them all and returns the summary (per-member results and aggregates). Keywords are those of the population
     class for the algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters (one value, or a list of K for
-    the per-member ones), `member_overrides`, `env_backend`, `save_replay_buffer` (off-policy), `verbose` (what `learn`
-    prints, as a solo model's: 0, 1 or 2) and `device`, which is
-    "cpu" unless given (a solo model's "auto" picks the accelerator; a population is placed where you say:
+    the per-member ones), `member_overrides`, `members` (solo models, one per seed, to start from), `env_backend`,
+    `save_replay_buffer` (off-policy), `verbose` (what `learn` prints, as a solo model's: 0, 1 or 2) and `device`,
+    which is "cpu" unless given (a solo model's "auto" picks the accelerator; a population is placed where you say:
     `device="cuda"`)."""
     if not isinstance(algo_cls, type):  # (a name: the class is what members are made of)
         named = {name.lower(): name for name in IMPLEMENTATIONS}.get(str(algo_cls).lower())
@@ -69,52 +68,25 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
 def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str, torch.Tensor]]) -> PopulationBase:
     """The population whose members are `models` (solo models of one rlspeed algorithm, as loaded from member files;
     `files`: each one's tensors as a checkpoint names them, `Algorithm._state_tensors`), to evaluate them as one
-    batch (its `evaluate`): their parameters and normalisation statistics as `files` hold them. UserError, saying
-    why, where they are not one population's members (another class, env, backend, device or seed kind, settings
-    other than the per-member ones that differ) or where the population built does not hold exactly those tensors."""
+    batch (its `evaluate`): the population class's `members`. UserError, saying why, where they are not one
+    population's members (another class, env, backend, device or seed, settings other than the per-member ones that
+    differ) or where the population built does not hold exactly those tensors."""
     first = models[0]
     implementation = IMPLEMENTATIONS.get(type(first).__name__)
-    # (a class of the user's own of the same name: the population's build refuses it, `_solo_members`)
+    # (a class of the user's own of the same name: the population's build refuses it, `_given_solos`)
     if implementation is None or any(type(model) is not type(first) for model in models):
-        raise UserError("the members are not all one algorithm a population trains")
-
-    def shared(model) -> dict:
-        return {key: value for key, value in dataclasses.asdict(model.config).items()
-                if key not in implementation.per_member}
-
+        raise UserError("The members are not all models of one algorithm a population trains.")
     seeds = [model.seed for model in models]
-    if any(not isinstance(seed, int) or isinstance(seed, bool) for seed in seeds) or len(set(seeds)) != len(seeds):
-        raise UserError("the members' seeds are not distinct whole numbers")
-    if any((model.env_id, model.env_backend, model.spec.env_kwargs, model.device, shared(model))
-           != (first.env_id, first.env_backend, first.spec.env_kwargs, first.device, shared(first))
-           for model in models[1:]):
-        raise UserError("the members differ in their env, backend, device or shared settings")
-    hyperparameters = {**dataclasses.asdict(first.config),
-                       **{key: [getattr(model.config, key) for model in models] for key in implementation.per_member}}
-    token = _GIVEN_MEMBERS.set(list(models))
-    try:
-        with warnings.catch_warnings():  # (training's notes: the members were trained already)
-            warnings.simplefilter("ignore")
-            population = implementation(type(first), first.env_id, seeds, device=first.device,
-                                        env_backend=first.env_backend, env_kwargs=first.spec.env_kwargs or None,
-                                        verbose=0, **hyperparameters)
-    finally:
-        _GIVEN_MEMBERS.reset(token)
-    statistics = population._normalization
-    if statistics is not None:  # (each member's statistics as its file holds them; fresh ones otherwise)
-        for k, tensors in enumerate(files):
-            try:
-                statistics.set_solo_state(k, tensors)
-            except KeyError as missing:
-                raise UserError(f"member {seeds[k]}'s file holds no {missing.args[0]}") from None
-            except ValueError as error:
-                raise UserError(f"member {seeds[k]}'s {error}") from None
-        population._final_normalization = statistics.rows(torch.arange(population.size, device=population.device))
+    with warnings.catch_warnings():  # (training's notes: the members were trained already)
+        warnings.simplefilter("ignore")
+        population = implementation(type(first), first.env_id, seeds, device=first.device,
+                                    env_backend=first.env_backend, env_kwargs=first.spec.env_kwargs or None,
+                                    verbose=0, members=models)
     for k, tensors in enumerate(files):  # (what the batched evaluation plays with is what the files hold)
         held = {**population._member_checkpoint(k), **population.member_statistics(k)}
         if any(name not in tensors or not torch.equal(tensors[name].to(value.device, value.dtype), value)
                for name, value in held.items()):
-            raise UserError(f"member {seeds[k]}'s population does not hold its file's tensors")
+            raise UserError(f"Member {seeds[k]}'s population does not hold its file's tensors.")
     return population
 
 

@@ -40,7 +40,7 @@ class A2CPopulation(PPOPopulation):
 
     `seeds`: one per member (distinct). Hyperparameters: one value for all members, or, for those in
     `PER_MEMBER_A2C`, a list of K values. `member_overrides`: a list of K dicts of hyperparameters for single members
-    (same rules).
+    (same rules). `members`: solo A2C models to start from, as `PPOPopulation` takes solo PPO models.
     """
 
     algo_name = "a2c"

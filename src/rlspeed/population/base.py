@@ -416,10 +416,6 @@ SEEDS_OPTION = ("--seeds", "--seeds 0-{last}", "--set buffer_size={buffer}")
 _BUILD_PLAN: contextvars.ContextVar[tuple[int | None, bool, int | None, tuple[str, str, str]]] = contextvars.ContextVar(
     "build_plan", default=(None, True, None, SEEDS_KEYWORD))
 
-#: solo models a population being built takes as its members, in place of new ones (`solo_models`): models loaded
-#: from their files (`rlspeed.population._population_of_models`), None for a population's own new members
-_GIVEN_MEMBERS: contextvars.ContextVar[list | None] = contextvars.ContextVar("given_members", default=None)
-
 #: a loop that would take longer than this (seconds: a population's members built, a study's trials asked for) shows
 #: a bar, or where stderr is no terminal a status line every `ProgressBar.LINE_INTERVAL_S`, while it runs
 BUILD_PROGRESS_S = 10.0
@@ -486,11 +482,7 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were. `replay(first solo)`:
     each member's replay buffer (transitions, bytes per transition, bytes whatever its size), counted in
     `check_members_fit`. Where the second member's time says the rest would take longer than `BUILD_PROGRESS_S`, a bar
-    counts them (unless `planned_timesteps` says no bar: `LongLoopBar`). Models given for the build
-    (`_GIVEN_MEMBERS`) are the solos as they are."""
-    given = _GIVEN_MEMBERS.get()
-    if given is not None:
-        return list(given), [generator_like_global(device) for _ in given]
+    counts them (unless `planned_timesteps` says no bar: `LongLoopBar`)."""
     solos, generators = [], []
     _, progress_bar, planned, option = _BUILD_PLAN.get()
     with (_forked_generators(device), warnings.catch_warnings(),
@@ -1043,7 +1035,9 @@ class PopulationBase:
     _hands_out_raw = False
 
     def _start_normalization(self) -> None:
-        """Fresh statistics for every member where the config asks for `normalize_obs` or `normalize_reward`."""
+        """Statistics for every member where the config asks for `normalize_obs` or `normalize_reward`: fresh ones,
+        or given members' own (`_given_statistics`, each named as its checkpoint names them: UserError for one
+        missing or of another shape)."""
         cfg = self.config
         observations, rewards = bool(cfg.normalize_obs), bool(cfg.normalize_reward)
         if observations or rewards:
@@ -1051,7 +1045,15 @@ class PopulationBase:
             float_keys = None if self._packed is None else packed_float_keys(self._packed)
             self._normalization = MemberStatistics.fresh(self.size, tuple(self.spec.observation_shape), observations,
                                                          rewards, self.device, float_keys)
+            for k, tensors in enumerate(self._given_statistics or ()):  # (given members: their own)
+                try:
+                    self._normalization.set_solo_state(k, tensors)
+                except KeyError as missing:
+                    raise UserError(f"Member {self.seeds[k]}'s model holds no {missing.args[0]} statistics.") from None
+                except ValueError as error:
+                    raise UserError(f"Member {self.seeds[k]}'s {error}.") from None
             self._final_normalization = self._normalization.rows(torch.arange(self.size, device=self.device))
+        self._given_statistics = None  # (read once)
 
     def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
         """`env` in the population's observation/reward normalisation where it has one (`normalize_obs`,
@@ -1183,11 +1185,13 @@ class PopulationBase:
         return 0, 0, 0
 
     def _solo_members(self, algo_cls: type, env_id: str, seeds: Sequence[int], member_overrides,
-                      device: str | torch.device, env_backend: str, hyperparameters: dict) -> list:
-        """The K solo models the members start from (`solo_models`), after setting what every population takes from
-        its arguments: `seeds` (checked), `env_backend` (resolved), `env_id`, `size`, `device`, `generators`, `config`
-        (the solos') and `member_hyperparameters` (each member's values of `per_member`). UserError for an algorithm
-        other than the class's."""
+                      device: str | torch.device, env_backend: str, hyperparameters: dict,
+                      models: Sequence | None = None) -> list:
+        """The K solo models the members start from (`solo_models`; `models`: the constructor's `members`, checked by
+        `_given_solos`), after setting what every population takes from its arguments: `seeds` (checked),
+        `env_backend` (resolved), `env_id`, `size`, `device`, `generators`, `config` (the solos') and
+        `member_hyperparameters` (each member's values of `per_member`). UserError for an algorithm other than the
+        class's."""
         if algo_cls is not self.algo_cls:
             given = getattr(algo_cls, "__name__", algo_cls)
             if given == self.algo_cls.__name__:  # (a subclass of the same name: say which is which)
@@ -1215,15 +1219,25 @@ class PopulationBase:
         from rlspeed.device import resolve_device
 
         self.env_id, self.size, self.device = env_id, len(seeds), resolve_device(device)
-        # (what the solo model takes: its hyperparameters and its constructor's own arguments)
-        known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
-        known |= set(inspect.signature(algo_cls.__init__).parameters)
-        hyperparameters, member_overrides = read_as_config(algo_cls.config_cls, hyperparameters, member_overrides)
-        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
-        # K solo models: their initial weights, and the state their global generator has when training starts
-        solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
-                                             replay=self._planned_replay, env_backend=self.env_backend,
-                                             env_kwargs=self.env_kwargs or None)
+        #: the members' solo models' normalisation statistics where they were given (`members`), each named as its
+        #: checkpoint names them, for `_start_normalization`; None: fresh ones
+        self._given_statistics = None
+        if models is not None:
+            solos = self._given_solos(models, hyperparameters, member_overrides)
+            self.generators = [generator_like_global(self.device) for _ in solos]
+            self._given_statistics = [{name: value for name, value in solo._state_tensors().items()
+                                       if name.startswith(("obs_rms.", "return_rms."))} for solo in solos]
+        else:
+            # (what the solo model takes: its hyperparameters and its constructor's own arguments)
+            known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+            known |= set(inspect.signature(algo_cls.__init__).parameters)
+            hyperparameters, member_overrides = read_as_config(algo_cls.config_cls, hyperparameters,
+                                                               member_overrides)
+            members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member, known)
+            # K solo models: their initial weights, and the state their global generator has when training starts
+            solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
+                                                 replay=self._planned_replay, env_backend=self.env_backend,
+                                                 env_kwargs=self.env_kwargs or None)
         self._env_spec = solos[0].spec  # (the members' env: its time limit, `learn`'s note on a target)
         layout = observation_layout(solos[0].spec.observation_space)
         #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows
@@ -1243,6 +1257,36 @@ class PopulationBase:
         self.num_threads = solos[0].num_threads
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
+        return solos
+
+    def _given_solos(self, models: Sequence, hyperparameters: dict, member_overrides) -> list:
+        """`members`' models as the solos the members start as, checked to be one population's members: one of
+        `algo_cls` per seed of `seeds` (each made with that seed) on this population's env and options and on its
+        device, alike in every setting but the per-member ones, and no settings given besides them (the models' are
+        the population's). UserError saying which is not so."""
+        solos = list(models)
+        if [type(solo) for solo in solos] != [self.algo_cls] * self.size or [
+                getattr(solo, "seed", None) for solo in solos] != self.seeds:
+            raise UserError(f"members takes one {self.algo_cls.__name__} model per seed of seeds, each made with that "
+                            f"seed ({self.seeds}).")
+        if hyperparameters or member_overrides is not None:
+            raise UserError("A population given its members takes their settings: give no hyperparameters or "
+                            f"member_overrides (got {', '.join(sorted(hyperparameters)) or 'member_overrides'}).")
+
+        def shared(solo) -> tuple:
+            settings = dataclasses.asdict(solo.config)
+            return (solo.env_id, solo.env_backend, solo.spec.env_kwargs or {}, solo.device,
+                    {key: value for key, value in settings.items() if key not in self.per_member})
+
+        first = solos[0]
+        if first.env_id != self.env_id or (first.spec.env_kwargs or {}) != (self.env_kwargs or {}) or (
+                first.device != self.device):
+            raise UserError(f"The members' env or device ({first.env_id} on {first.device}) is not the population's "
+                            f"({self.env_id} on {self.device}).")
+        differing = next((solo.seed for solo in solos[1:] if shared(solo) != shared(first)), None)
+        if differing is not None:
+            raise UserError(f"The members are not one population's: seed {differing}'s env, backend, device or "
+                            f"shared settings differ from seed {first.seed}'s.")
         return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------

@@ -612,7 +612,10 @@ class OffPolicyPopulation(PopulationBase):
 
     `member_overrides`: a list of K dicts of hyperparameters for single members (as a list of K values would set
     them); `save_replay_buffer=True`: checkpoints write the replay buffer beside them
-    (`<name>.replay.safetensors`), else a resumed population's replay buffer starts empty."""
+    (`<name>.replay.safetensors`), else a resumed population's replay buffer starts empty. `members`: solo models of
+    the algorithm (one per seed of `seeds`, each made with that seed, as loaded from member files) that the members
+    start as, their parameters and normalisation statistics, in place of new ones; their settings are the
+    population's (give no hyperparameters)."""
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
@@ -631,7 +634,7 @@ class OffPolicyPopulation(PopulationBase):
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *,
                  member_overrides: Sequence[dict[str, Any] | None] | None = None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
-                 **hyperparameters: Any) -> None:
+                 members: Sequence[Any] | None = None, **hyperparameters: Any) -> None:
         # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
         # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
@@ -639,7 +642,8 @@ class OffPolicyPopulation(PopulationBase):
         # caller made another device torch's default, as a solo model's)
         threads = check_num_threads(hyperparameters.get("num_threads"))
         with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
-            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
+            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters,
+                                       members)
             encoder = getattr(solos[0].policy, "encoder", None)
             # (as PPO populations: float vectors only, and the float keys of Dict observations)
             if encoder is not None and self.config.normalize_obs and self._packed is None:

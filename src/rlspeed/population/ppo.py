@@ -96,6 +96,9 @@ class PPOPopulation(PopulationBase):
 
     `seeds`: one per member (distinct). Hyperparameters: one value for all members, or, for those in `PER_MEMBER`, a
     list of K values. `member_overrides`: a list of K dicts of hyperparameters for single members (same rules).
+    `members`: solo PPO models (one per seed of `seeds`, each made with that seed, as loaded from member files) that
+    the members start as, their parameters and normalisation statistics, in place of new ones; their settings are the
+    population's (give no hyperparameters).
     """
 
     algo_name = "ppo"
@@ -107,7 +110,7 @@ class PPOPopulation(PopulationBase):
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *,
                  member_overrides: Sequence[dict[str, Any] | None] | None = None,
                  device: str | torch.device = "cpu", env_backend: str = "auto",
-                 **hyperparameters: Any) -> None:
+                 members: Sequence[Any] | None = None, **hyperparameters: Any) -> None:
         # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
         # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
@@ -115,7 +118,8 @@ class PPOPopulation(PopulationBase):
         # caller made another device torch's default, as a solo model's)
         threads = check_num_threads(hyperparameters.get("num_threads"))
         with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
-            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
+            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters,
+                                       members)
             cfg, size = self.config, self.size
             policy = solos[0].policy
             self.kind = policy.kind
