@@ -689,6 +689,10 @@ def test_eval_run_dir_says_why_its_members_are_not_evaluated_as_one_batch(capsys
     assert cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6]) is None
     assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: Seed(s) 0 "
                                        "given more than once: members of a population need distinct seeds.\n")
+    models[1].device = torch.device("cuda", 0)  # (as loaded with --device cuda: the batch is the CPU's)
+    assert cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6]) is None
+    assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: The members "
+                                       "are loaded on cuda:0; a batch is evaluated on the CPU (--device cpu).\n")
 
 
 def test_eval_run_dir_of_one_saved_member_names_it_and_the_member_without_a_model(population_run, capsys, tmp_path):

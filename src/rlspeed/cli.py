@@ -3547,8 +3547,8 @@ def _member_evaluations(args: argparse.Namespace, members: list[Path], run_confi
         if _batches_members(args):
             for path in members:
                 batch.append(loaded(path))
-        results = _batched_evaluations(args, [entry[0] for entry in batch], [entry[3] for entry in batch]) \
-            if batch else None
+        models, seeds = [entry[0] for entry in batch], [entry[3] for entry in batch]
+        results = _batched_evaluations(args, models, seeds) if batch else None
         for k, path in enumerate(members):
             model, env_id, member_seed, seed = batch[k] if batch else loaded(path)
             try:
@@ -3583,12 +3583,15 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
     from rlspeed.evaluation import _result
     from rlspeed.population import _population_of_models
 
-    try:
-        elsewhere = next((model.device for model in models if model.device.type != "cpu"), None)
-        if elsewhere is not None:
-            raise UserError(f"The members are loaded on {elsewhere}, and a batch is evaluated on the CPU.")
-        population = _population_of_models(models, [model._state_tensors() for model in models])
-    except UserError as why:
+    elsewhere = next((model.device for model in models if model.device.type != "cpu"), None)
+    why = (f"The members are loaded on {elsewhere}; a batch is evaluated on the CPU (--device cpu)."
+           if elsewhere is not None else None)
+    if why is None:
+        try:
+            population = _population_of_models(models, [model._state_tensors() for model in models])
+        except UserError as error:
+            why = str(error)
+    if why is not None:
         print(f"rlspeed: evaluating the members one at a time, not as one batch: {why}", file=sys.stderr, flush=True)
         return None
     if not args.no_progress:  # (a batch has no bar of its own, and its members' lines come when all are done)
