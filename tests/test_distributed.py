@@ -1136,3 +1136,46 @@ def test_torchruns_restarts_of_a_refused_group_say_the_refusal_once(tmp_path, mo
         finally:
             let_go(next(iter(held)), held)
         assert code == 75 and "Another rlspeed process is training in" in said
+
+
+
+@pytest.mark.parametrize("stopped", ["as it ended", "by another rank"])
+def test_a_stop_rank_0_said_is_not_said_again_as_torchrun_passes_it_on(tmp_path, monkeypatch, capsys, stopped):
+    """A SIGTERM to torchrun started by hand as rank 0 wrote a finished run ('as the run ended'), or to another rank,
+    which stopped rank 0 at its iteration's end ('after N steps'): rank 0 said it, then torchrun's own signal, passing
+    it on while the processes left, was said again in a second line ('as the processes left'), and the command ended
+    with that signal's code (130 for torchrun's SIGINT) rather than the stop it had said (143). One line, and the
+    stop said gives the exit code."""
+    import signal
+
+    from rlspeed import cli, distributed
+    from rlspeed.lifetime import LAUNCHER_PID_VARIABLE
+
+    class Leaving(RankOf2):
+        def leave(self, code: int = 0) -> int:
+            raise KeyboardInterrupt  # (torchrun's SIGINT to its workers as it shuts them down)
+
+    class Model:
+        _resume, _env, num_timesteps = {"path": "checkpoint.safetensors"}, None, 768  # (nothing to save)
+
+    def train(args, algo_cls, strategy, *rest) -> int:
+        if stopped == "as it ended":  # (its final evaluation cut short by the SIGTERM it held)
+            return cli._said_as_it_ended(0, [signal.SIGTERM], "the run's files", Path(args.out))
+        run = {"strategy": strategy, "model": Model(), "tracker": None}
+        return cli._save_interrupted(run, Path(args.out), cli.Terminated("SIGTERM"), [])  # (for another rank's stop)
+
+    monkeypatch.setattr(distributed, "DistributedStrategy", lambda **kwargs: Leaving(rank=0))
+    monkeypatch.setattr(cli, "_train", train)
+    monkeypatch.setattr(cli, "_summary", lambda run, final, interrupted: {"total_timesteps": 768})
+    monkeypatch.setattr(cli, "_write_summary", lambda run_dir, summary: None)
+    monkeypatch.setattr(cli, "_draw_curve_last", lambda run_dir, steps, held: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.delenv(LAUNCHER_PID_VARIABLE, raising=False)
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--out", str(out)]) == 143
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and said[0].startswith(
+        "rlspeed: interrupted (SIGTERM) as the run ended: nothing" if stopped == "as it ended" else
+        "rlspeed: interrupted (SIGTERM) after 768 steps: before training resumed"), said

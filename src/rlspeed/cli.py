@@ -466,8 +466,9 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
 #: Ctrl-C or SIGTERM prints where it ends the command there (`_main`); empty once the work's own handling of a stop
 #: takes over, or for a command that sets none (`_stage`)
 _STAGE: dict[str, str] = {}
-#: the stops this command's run took in to stop at the end of its iteration (`_stop_after_iteration`): a later one that
-#: ends a torchrun worker is torchrun's own signal as it shuts the workers down, of a run whose stop is said already
+#: the stops this command's run took in to stop at the end of its iteration (`_stop_after_iteration`), or said in its
+#: line (`_run_said_its_stop`: another rank's, one held as it ended): a later one that ends a torchrun worker is
+#: torchrun's own signal as it shuts the workers down, of a run whose stop is said already
 _TAKEN_IN: list[int] = []
 #: whether this command's run has returned, its lines said and its files written, and the torchrun worker leaves
 #: (`DistributedStrategy.leave`, where the ranks wait for rank 0's save and evaluation): a stop then is torchrun's
@@ -2817,7 +2818,16 @@ def _said_as_it_ended(code: int, held: list[int], saved: str, run_dir: Path) -> 
     code, name = _stop_said(_stop_of(held[0]))
     print(f"rlspeed: interrupted ({name}) as the run ended: nothing was cut short; {saved} are saved in {run_dir}",
           file=sys.stderr, flush=True)
+    _run_said_its_stop(held[0])
     return code
+
+
+def _run_said_its_stop(signum: int) -> None:
+    """Record that the run said its stop `signum` in its line (`_TAKEN_IN`, where no stop taken in during training is
+    there already): torchrun's own signal, passing a stop on as the processes leave, is not said again, and the worker
+    ends with the said stop's code (`_main`)."""
+    if not _TAKEN_IN:
+        _TAKEN_IN.append(signum)
 
 
 def _save_finished(run: dict, run_dir: Path, held: list[int], callbacks: list, undrawn: bool) -> int:
@@ -3054,6 +3064,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, held: l
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
              "it), and saved summary.json")
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
+    _run_said_its_stop(signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)  # (another rank's too)
     if trained:  # (the model it saved: exports beside it of other steps are named)
         _say_stale_exports(print, run_dir / "model.safetensors", run["model"].num_timesteps)
     if stopped is None:  # (one that cut W&B short stops the rest: the curve too)
