@@ -3370,3 +3370,49 @@ def test_an_envs_observation_space_names_single_observation_space(backend):
         assert env.single_observation_space.shape == (4,) and not hasattr(env, "observation_space")
     finally:
         env.close()
+
+
+def test_the_workers_a_stable_baselines3_close_terminated_are_killed_after_one_bound_for_them_all(monkeypatch):
+    """The close waited `WORKER_TERMINATE_WAIT_S` for each terminated worker in turn before killing it: 8 workers
+    whose env ignores SIGTERM held it 8 times the bound (40 s). They are terminated together, and the bound is one."""
+    import time
+
+    from rlspeed.envs import sb3_env
+
+    waited: list[float] = []
+
+    class IgnoresTermination:  # (a live worker that has not closed its env in time, and ignores SIGTERM)
+        sentinel, alive = None, True
+
+        def is_alive(self):
+            return self.alive
+
+        def terminate(self):
+            pass
+
+        def join(self, timeout=None):
+            if timeout is not None and self.alive:
+                waited.append(timeout)
+                time.sleep(timeout)
+
+        def kill(self):
+            self.alive = False
+
+    class Remote:
+        def send(self, command):
+            pass
+
+        def close(self):
+            pass
+
+    class Inner:
+        processes = [IgnoresTermination() for _ in range(3)]
+        remotes = [Remote() for _ in range(3)]
+
+    for k, process in enumerate(Inner.processes):
+        process.sentinel = k
+    monkeypatch.setattr(sb3_env, "WORKERS_CLOSE_WAIT_S", 0.0)
+    monkeypatch.setattr(sb3_env, "WORKER_TERMINATE_WAIT_S", 0.1)
+    sb3_env._close_workers_left(Inner)
+    assert Inner.closed and not any(process.alive for process in Inner.processes)
+    assert sum(waited) <= 0.1, waited  # (the first waits the bound; those after it, what is left of it: nothing)

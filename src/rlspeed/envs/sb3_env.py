@@ -164,7 +164,8 @@ WORKER_EXIT_WAIT_S = 30.0
 #: (SB3's "close" command) before it terminates them
 WORKERS_CLOSE_WAIT_S = 30.0
 
-#: how long that close waits for a worker it terminated to end before it kills it (an env that ignores SIGTERM)
+#: how long that close waits for the workers it terminated to end before it kills those left (an env that ignores
+#: SIGTERM): one bound for them all
 WORKER_TERMINATE_WAIT_S = 5.0
 
 
@@ -194,8 +195,9 @@ def _close_workers_left(inner) -> None:
                 answering.remove(ready)
     for process in waiting.values():
         process.terminate()
+    deadline = time.monotonic() + WORKER_TERMINATE_WAIT_S  # (one bound for them all, terminated together)
     for process in waiting.values():
-        process.join(WORKER_TERMINATE_WAIT_S)
+        process.join(max(deadline - time.monotonic(), 0.0))
         if process.is_alive():
             process.kill()
     for process in inner.processes:
