@@ -1179,3 +1179,31 @@ def test_a_stop_rank_0_said_is_not_said_again_as_torchrun_passes_it_on(tmp_path,
     assert len(said) == 1 and said[0].startswith(
         "rlspeed: interrupted (SIGTERM) as the run ended: nothing" if stopped == "as it ended" else
         "rlspeed: interrupted (SIGTERM) after 768 steps: before training resumed"), said
+
+
+def test_rank_0_failing_to_reach_torchruns_store_for_the_job_ends_the_other_ranks_too(tmp_path, monkeypatch):
+    """Rank 0 of torchrun started by hand connects to torchrun's store for the job (the run directory's token, the
+    refusal said once) before it checks the run directory: an error there (the store's client timing out) ended rank
+    0 alone, the other ranks waiting for its word in a collective until its timeout. Rank 0 tells them it failed, as
+    for an error in the check itself."""
+    import argparse
+
+    from rlspeed import cli, distributed
+
+    told: list = []
+
+    class Telling(RankOf2):
+        def broadcast_text(self, text):
+            told.append(text)
+            return text
+
+    def unreachable():
+        raise RuntimeError("The client socket has timed out while trying to connect")
+
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setattr(distributed, "_torchrun_job_store", unreachable)
+    args = argparse.Namespace(out=str(tmp_path / "run"), resume=False, overwrite=False, track=False)
+    with pytest.raises(RuntimeError, match="timed out"):
+        cli._prepare_workers_run_dir(args, "ppo", Telling())
+    assert told == ["failed"]

@@ -1577,16 +1577,17 @@ def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, fini
     if strategy.is_main:
         from rlspeed.distributed import _torchrun_job_store
 
-        store = _torchrun_job_store()
-        try:
-            run_dir = _take_run_dir_for_torchrun_job(args, algo, finished_enough, store)
-        except UserError as error:
-            refusal = f"{'busy' if isinstance(error, Busy) else 'refused'} {error}"
-            if store is not None:  # (torchrun restarts a refused group --max-restarts times: each refused alike)
-                seen = hashlib.sha256(refusal.encode("utf-8", "surrogateescape")).hexdigest()
-                if store.check([_TORCHRUN_REFUSAL_KEY]) and store.get(_TORCHRUN_REFUSAL_KEY).decode() == seen:
-                    refusal = f"again {refusal}"
-                store.set(_TORCHRUN_REFUSAL_KEY, seen)
+        try:  # (the store's client and calls too: an error there ends the others as well)
+            store = _torchrun_job_store()
+            try:
+                run_dir = _take_run_dir_for_torchrun_job(args, algo, finished_enough, store)
+            except UserError as error:
+                refusal = f"{'busy' if isinstance(error, Busy) else 'refused'} {error}"
+                if store is not None:  # (torchrun restarts a refused group --max-restarts times: each refused alike)
+                    seen = hashlib.sha256(refusal.encode("utf-8", "surrogateescape")).hexdigest()
+                    if store.check([_TORCHRUN_REFUSAL_KEY]) and store.get(_TORCHRUN_REFUSAL_KEY).decode() == seen:
+                        refusal = f"again {refusal}"
+                    store.set(_TORCHRUN_REFUSAL_KEY, seen)
         except Exception:
             strategy.broadcast_text("failed")  # (the others end too, not waiting in a collective: it says why)
             raise
