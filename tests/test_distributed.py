@@ -1207,3 +1207,44 @@ def test_rank_0_failing_to_reach_torchruns_store_for_the_job_ends_the_other_rank
     with pytest.raises(RuntimeError, match="timed out"):
         cli._prepare_workers_run_dir(args, "ppo", Telling())
     assert told == ["failed"]
+
+
+def test_a_refusal_after_an_attempt_that_took_the_run_directory_is_said_again(tmp_path, monkeypatch):
+    """torchrun by hand with --max-restarts: an attempt refused as Busy (another process held DIR), a restart that took
+    DIR and trained (its lines after the refusal), then a restart Busy again: the last one ended with exit code 75 and
+    no word, its refusal taken for the first one's, said already. A refusal is said once only where the attempts
+    before it were refused alike."""
+    import argparse
+
+    import torch.distributed as dist
+
+    from rlspeed import cli, distributed
+    from rlspeed.errors import Busy
+    from rlspeed.locks import hold_lock, let_go
+
+    store = dist.HashStore()  # (the job's, kept across its restarts)
+    monkeypatch.setattr(distributed, "_torchrun_job_store", lambda: store)
+    monkeypatch.delenv(cli.RUN_LOCKED_BY_LAUNCHER, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    out = tmp_path / "run"
+    out.mkdir()
+    args = argparse.Namespace(out=str(out), resume=False, overwrite=False, track=False)
+
+    def attempt(restart: int, busy: bool):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        held: dict = {}
+        if busy:
+            hold_lock(out / cli.RUN_LOCK, held, "held")  # (another process's lock: flock's are per open file)
+        try:
+            return cli._prepare_workers_run_dir(args, "ppo", RankOf2())
+        except Busy as refused:
+            return getattr(refused, "said_before", False)
+        finally:
+            cli._release_run_locks()
+            for lock in list(held):
+                let_go(lock, held)
+
+    assert attempt(0, busy=True) is False  # (said)
+    assert attempt(1, busy=True) is True  # (refused alike: said once)
+    assert attempt(2, busy=False) == out  # (took DIR and trained)
+    assert attempt(3, busy=True) is False  # (said again)

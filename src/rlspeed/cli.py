@@ -1588,6 +1588,9 @@ def _prepare_workers_run_dir(args: argparse.Namespace, algo: str, strategy, fini
                     if store.check([_TORCHRUN_REFUSAL_KEY]) and store.get(_TORCHRUN_REFUSAL_KEY).decode() == seen:
                         refusal = f"again {refusal}"
                     store.set(_TORCHRUN_REFUSAL_KEY, seen)
+            else:
+                if store is not None:  # (a refusal of a later attempt, after this one's lines, is said anew)
+                    store.delete_key(_TORCHRUN_REFUSAL_KEY)
         except Exception:
             strategy.broadcast_text("failed")  # (the others end too, not waiting in a collective: it says why)
             raise
