@@ -388,3 +388,44 @@ def test_targets_compute_in_eval_mode_with_the_online_statistics(algo, env_id, p
         statistics = {name: value for name, value in online.named_buffers()}
         assert statistics and all(torch.equal(value, statistics[name]) for name, value in target.named_buffers())
         assert statistics["encoder.net.1.num_batches_tracked"].item() > 0
+
+
+class Constant(Widened):
+    """An initialisation of the encoder's own (every weight 0.5), which the model must keep."""
+
+    def __init__(self, obs_dim: int, features_dim: int):
+        super().__init__(obs_dim, features_dim)
+        nn.init.constant_(self.linear.weight, 0.5)
+
+
+class ConstantPPO(PPO):
+    def _make_encoder(self, network):
+        return Constant(self.spec.obs_dim, 8)
+
+
+class ConstantDQN(DQN):
+    def _make_encoder(self, network):
+        return Constant(self.spec.obs_dim, 8)
+
+
+class ConstantSAC(SAC):
+    def _make_encoder(self, network):
+        return Constant(self.spec.obs_dim, 8)
+
+
+@pytest.mark.parametrize(("algo", "env_id", "networks"), [(ConstantPPO, "CartPole-v1", ("policy",)),
+                                                          (ConstantDQN, "CartPole-v1", ("q_network", "q_target")),
+                                                          (ConstantSAC, "Pendulum-v1", ("actor", "critic"))])
+def test_ortho_init_false_keeps_the_encoders_own_initialisation(algo, env_id, networks):
+    """`ortho_init=False` (SB3's, RL-Zoo's off-policy presets) re-initialises rlspeed's layers as PyTorch would; it
+    re-initialised the user's encoder too, silently replacing the initialisation its code chose (SB3 leaves a custom
+    features extractor's alone)."""
+    orthogonal = algo(env_id, device="cpu", seed=0)
+    default = algo(env_id, device="cpu", seed=0, ortho_init=False)
+    for name in networks:
+        encoder = default._modules()[name].encoder
+        assert torch.equal(encoder.linear.weight, torch.full_like(encoder.linear.weight, 0.5))
+    heads = [(name, value) for name, value in default._modules()[networks[0]].named_parameters()
+             if not name.startswith("encoder.") and value.dim() >= 2]
+    before = dict(orthogonal._modules()[networks[0]].named_parameters())
+    assert heads and not any(torch.equal(value, before[name]) for name, value in heads)  # (rlspeed's: PyTorch's init)

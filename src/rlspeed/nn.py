@@ -98,9 +98,11 @@ def default_init_(module: nn.Module) -> nn.Module:
     """Re-initialise every linear and convolution layer of `module` as PyTorch initialises a new one (uniform
     Kaiming weights with a = sqrt(5), uniform biases within 1/sqrt(fan_in)): Stable-Baselines3's `ortho_init=False`.
     `EnsembleMLP` members are initialised one by one as `nn.Linear` would be; LSTMs keep their (default)
-    initialisation; other parameters (`log_std`) are left as they are. Returns `module`."""
+    initialisation; other parameters (`log_std`) are left as they are; an encoder of the user's own (an `Encoder`
+    whose class is not rlspeed's: a subclass's `_make_encoder`) keeps the initialisation its code gave it, as
+    Stable-Baselines3's `ortho_init=False` leaves a custom features extractor's. Returns `module`."""
     with torch.no_grad():
-        for layer in module.modules():
+        for layer in _modules_outside_own_encoders(module):
             if isinstance(layer, (nn.Linear, nn.Conv2d)):
                 layer.reset_parameters()
             elif isinstance(layer, EnsembleMLP):
@@ -111,6 +113,19 @@ def default_init_(module: nn.Module) -> nn.Module:
                         nn.init.uniform_(bias[k], -bound, bound)
     return module
 
+
+
+def _modules_outside_own_encoders(module: nn.Module) -> Iterator[nn.Module]:
+    """`module` and its submodules (as `modules()`, each once), less the encoders of the user's own and theirs."""
+    seen: set[int] = set()
+    todo = [module]
+    while todo:
+        layer = todo.pop()
+        if id(layer) in seen or isinstance(layer, Encoder) and not type(layer).__module__.startswith("rlspeed."):
+            continue
+        seen.add(id(layer))
+        yield layer
+        todo.extend(reversed(list(layer.children())))
 
 #: torch.nn layers whose forward is the same in train and eval mode (exact types: a subclass may read `training`)
 _MODE_FREE_LAYERS = frozenset({
