@@ -429,3 +429,26 @@ def test_ortho_init_false_keeps_the_encoders_own_initialisation(algo, env_id, ne
              if not name.startswith("encoder.") and value.dim() >= 2]
     before = dict(orthogonal._modules()[networks[0]].named_parameters())
     assert heads and not any(torch.equal(value, before[name]) for name, value in heads)  # (rlspeed's: PyTorch's init)
+
+
+@pytest.mark.parametrize("features_dim", [8, 4])
+def test_resume_and_set_parameters_name_the_class_whose_networks_a_file_holds(tmp_path, features_dim):
+    """A file of a subclass with its own encoder resumed or warm-started by rlspeed's class, or rlspeed's file by the
+    subclass (and loaded by it): one sentence naming the class that saved it, not a hint at net_arch or "damaged"."""
+    wide = WidePPO("CartPole-v1", device="cpu", seed=0, features_dim=features_dim)
+    plain = PPO("CartPole-v1", device="cpu", seed=0)
+    wide_file, plain_file = wide.save(tmp_path / "wide"), plain.save(tmp_path / "plain")
+    for call in ("resume", "set_parameters"):
+        with pytest.raises(UserError, match=rf"was saved by {__name__}\.WidePPO, whose networks PPO\.{call} does not "
+                                            rf"build \(the checkpoint.*\): use WidePPO\.{call}, with WidePPO "
+                                            rf"imported from {__name__}\.$"):
+            getattr(PPO("CartPole-v1", device="cpu", seed=0), call)(wide_file)
+        with pytest.raises(UserError, match=rf"was saved by rlspeed's PPO, whose networks WidePPO\.{call} does not "
+                                            rf"build \(the checkpoint has no 'policy\.encoder\..*\): use PPO\.{call}, "
+                                            rf"or train WidePPO afresh\.$"):
+            getattr(wide, call)(plain_file)
+    with pytest.raises(UserError, match=r"was saved by rlspeed's PPO, whose networks WidePPO\.load does not build"):
+        WidePPO.load(plain_file)
+    wide.resume(wide_file)  # (its own class's file, as before)
+    plain.set_parameters(plain_file)
+

@@ -1899,8 +1899,8 @@ def imported_saved_class(meta: dict, algo_cls: type) -> type:
 
 
 def _saved_class_call(saved: str, call: str) -> str:
-    """How to call `call` (load, resume) on the class `saved` (`module.QualName`): the class imported from its module,
-    or, for a script's own class (`__main__`), defined again where the loading code runs."""
+    """How to call `call` (load, resume, set_parameters) on the class `saved` (`module.QualName`): the class imported
+    from its module, or, for a script's own class (`__main__`), defined again where the loading code runs."""
     module, _, name = saved.rpartition(".")
     if module == "__main__":
         return f"{name}.{call}, with {name} defined in this script as in the one that saved it"
@@ -1917,6 +1917,26 @@ def _load_remedy(saved: str, cls: type) -> tuple[str, str]:
         return f"rlspeed's {cls.__name__}", command[1](saved)
     return f"{cls.__name__}.load", f"load it with {_saved_class_call(saved, 'load')}"
 
+
+
+def _other_networks(error: UserError, meta: dict, cls: type, path, call: str) -> UserError:
+    """The error of `cls`'s `call` (load, resume, set_parameters) whose networks do not take the file at `path`'s
+    tensors (`error`): where another class saved it, a user's subclass or, for a subclass's call, rlspeed's own class,
+    one sentence naming that class and what takes the file (net_arch, or a damaged file, which `error` would suggest,
+    is not the cause); `error` itself otherwise."""
+    saved = meta.get("class")
+    if not isinstance(saved, str) or saved == _class_name(cls) or (
+            saved.startswith("rlspeed.") and cls.__module__.startswith("rlspeed.")):
+        return error
+    detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
+    detail = detail[:1].lower() + detail[1:]
+    if not saved.startswith("rlspeed."):
+        who, advice = _load_remedy(saved, cls) if call == "load" else (
+            f"{cls.__name__}.{call}", f"use {_saved_class_call(saved, call)}")
+        return UserError(f"'{path}' was saved by {saved}, whose networks {who} does not build ({detail}): {advice}.")
+    own = saved.rpartition(".")[2]
+    return UserError(f"'{path}' was saved by rlspeed's {own}, whose networks {cls.__name__}.{call} does not build "
+                     f"({detail}): use {own}.{call}, or train {cls.__name__} afresh.")
 
 def _algorithm_classes() -> dict[str, type]:
     """Every algorithm class defined so far (the `Algorithm` subclasses with a `name`), by that name: what
@@ -4429,7 +4449,10 @@ class Algorithm:
             raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
                             f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
         networks = {key: value for key, value in tensors.items() if not key.startswith("optim.")}
-        self._restore(networks, {**meta, "optimizers": {}}, path)
+        try:
+            self._restore(networks, {**meta, "optimizers": {}}, path)
+        except UserError as error:
+            raise _other_networks(error, meta, type(self), path, "set_parameters") from None
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto",
@@ -4600,14 +4623,7 @@ class Algorithm:
             try:
                 model._restore(tensors, meta, path)
             except UserError as error:
-                other = _other_class(meta, algo)
-                if other is None:
-                    raise
-                # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
-                detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
-                who, advice = _load_remedy(other, algo)
-                raise UserError(f"'{path}' was saved by {other}, whose networks {who} does not build "
-                                f"({detail[:1].lower() + detail[1:]}): {advice}.") from None
+                raise _other_networks(error, meta, algo, path, "load") from None
         except BaseException:
             if made and not isinstance(env, str):
                 close_quietly(env)  # (the load's error is the one to show)
@@ -4684,7 +4700,10 @@ class Algorithm:
                 raise UserError(f"'{path}' holds networks built with {key}={getattr(saved, key)!r}, this model has "
                                 f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
                                 "its networks).")
-        self._restore(tensors, meta, path, build_optimizer=True)
+        try:
+            self._restore(tensors, meta, path, build_optimizer=True)
+        except UserError as error:
+            raise _other_networks(error, meta, type(self), path, "resume") from None
         self._schedules_missing = {key: str(name) for key, name in _saved_schedule_functions(meta).items()
                                    if key not in self._schedule_functions}
         self._run_dir = Path(path).resolve().parent
