@@ -452,3 +452,16 @@ def test_resume_and_set_parameters_name_the_class_whose_networks_a_file_holds(tm
     wide.resume(wide_file)  # (its own class's file, as before)
     plain.set_parameters(plain_file)
 
+
+@pytest.mark.parametrize("command", ["train", "profile"])
+def test_the_command_line_says_a_class_of_ones_own_trains_from_python(capsys, command):
+    """`rlspeed train my_module:MyPPO ENV`, as `module:EnvId` names an env, was "Unknown algorithm" with the list of
+    rlspeed's: it names what trains a subclass, and what takes its file."""
+    from conftest import cli_error
+
+    for name in ("my_encoders:WidePPO", "my_encoders.WidePPO"):
+        assert cli_error(capsys, [command, name, "CartPole-v1"]).endswith(
+            f"'{name}' names a Python class: the command line trains rlspeed's algorithms by name (ppo, a2c, dqn, "
+            "sac, td3, ddpg, recurrent_ppo); a subclass of one trains from Python (WidePPO(env_id, ...).learn(...), "
+            ".save(...)), and rlspeed eval and rlspeed export take its file with --gym-packages my_encoders "
+            "(docs/algorithms.md).")

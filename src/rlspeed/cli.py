@@ -436,6 +436,12 @@ def _algorithm(name: str):
     from rlspeed.algos import ALGORITHMS
 
     key = name.lower()
+    module, colon, own = name.rpartition(":") if ":" in name else name.rpartition(".")
+    if key not in ALGORITHMS and module and own.isidentifier():  # (`module:MyPPO`: a class of the user's own)
+        raise UserError(f"'{name}' names a Python class: the command line trains rlspeed's algorithms by name "
+                        f"({', '.join(ALGORITHMS)}); a subclass of one trains from Python "
+                        f"({own}(env_id, ...).learn(...), .save(...)), and rlspeed eval and rlspeed export take its "
+                        f"file with --gym-packages {module} (docs/algorithms.md).")
     if key not in ALGORITHMS:
         advice = peer_algorithm_advice(key)
         if advice is not None:
