@@ -918,3 +918,16 @@ def test_integer_inputs_are_never_narrowed_and_auto_keeps_the_models_accelerator
     monkeypatch.setattr(devices, "is_available", lambda kind: kind in ("cpu", "cuda"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert devices.resolve_device("auto") == torch.device("cuda", 1)
+
+
+def test_auto_accelerate_of_an_rlspeed_model_names_accelerate_auto():
+    """`auto_accelerate(model)` of an rlspeed model (the README's table names `auto_accelerate(model)`) said only
+    that it expects a torch.nn.Module: it says that the model accelerates its own steps with accelerate='auto'."""
+    model = rlspeed.PPO("CartPole-v1", device="cpu", seed=0)
+    with pytest.raises(UserError, match=r"^auto_accelerate takes a torch.nn.Module of your own training code, not an "
+                                        r"rlspeed model \(a PPO\), which accelerates its own steps: make it with "
+                                        r"accelerate='auto' \(PPO\(env_id, accelerate='auto'\); the command line's "
+                                        r"--accelerate auto\)\.$"):
+        auto_accelerate(model)
+    with pytest.raises(UserError, match="expects a torch.nn.Module, got list"):
+        auto_accelerate([])

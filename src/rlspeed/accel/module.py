@@ -111,6 +111,11 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
         raise no_such_keyword("auto_accelerate", next(iter(unknown)), auto_accelerate, name_all=True)
     if isinstance(model, torch.jit.ScriptModule):
         raise UserError("auto_accelerate needs a Python nn.Module; a TorchScript module cannot be accelerated.")
+    if not isinstance(model, nn.Module) and hasattr(model, "config_cls") and hasattr(model, "learn"):  # (a model)
+        raise UserError(f"auto_accelerate takes a torch.nn.Module of your own training code, not an rlspeed model "
+                        f"(a {type(model).__name__}), which accelerates its own steps: make it with "
+                        f"accelerate='auto' ({type(model).__name__}(env_id, accelerate='auto'); the command line's "
+                        "--accelerate auto).")
     if not isinstance(model, nn.Module):
         raise UserError(f"auto_accelerate expects a torch.nn.Module, got {type(model).__name__}.")
     original = getattr(model, "_orig_mod", None)  # a torch.compile()d module: accelerate what it wraps
