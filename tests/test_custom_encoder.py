@@ -465,3 +465,20 @@ def test_the_command_line_says_a_class_of_ones_own_trains_from_python(capsys, co
             "sac, td3, ddpg, recurrent_ppo); a subclass of one trains from Python (WidePPO(env_id, ...).learn(...), "
             ".save(...)), and rlspeed eval and rlspeed export take its file with --gym-packages my_encoders "
             "(docs/algorithms.md).")
+
+
+@pytest.mark.parametrize("algo", [PPO, SAC])
+def test_an_encoder_given_as_a_setting_names_make_encoder(algo):
+    """SB3's way (`policy_kwargs=dict(features_extractor_class=MyEncoder)`) and a new user's guess (`encoder=MyEncoder`,
+    a class or a module) name the subclass's `_make_encoder`: `encoder=Widened` said "encoder must be one of auto,
+    mlp, cnn, got 'widened'" (the class's name lowercased), and the policy_kwargs refusal named no way to use one."""
+    env_id = "CartPole-v1" if algo is PPO else "Pendulum-v1"
+    own = r"an encoder of your own is what a subclass's _make_encoder returns \(docs/algorithms.md\)"
+    for value in (Widened, Widened(3, 4)):
+        with pytest.raises(UserError, match=rf"^Hyperparameter 'encoder' takes a name \(auto, mlp, cnn\), not "
+                                            rf"{__name__}\.Widened: {own}\.$"):
+            algo(env_id, device="cpu", encoder=value)
+    with pytest.raises(UserError, match=rf"^encoder must be one of auto, mlp, cnn, got 'my.Encoder': {own}\.$"):
+        algo(env_id, device="cpu", encoder="my.Encoder")  # (--set encoder=my.Encoder)
+    with pytest.raises(UserError, match=rf"policy_kwargs.features_extractor_class=Widened: .*not from a class; {own}"):
+        algo(env_id, device="cpu", policy_kwargs={"features_extractor_class": Widened})

@@ -233,6 +233,8 @@ class acting:
 
 # --- encoders: observations -> features ------------------------------------------------------------------------
 ENCODERS = ("auto", "mlp", "cnn")
+#: where an encoder of the user's own goes instead (the `encoder` setting names rlspeed's)
+OWN_ENCODER = "an encoder of your own is what a subclass's _make_encoder returns (docs/algorithms.md)"
 #: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).
 NATURE_CNN_MIN_SIDE = 36
 #: The smallest image side `cnn=auto` gives the strided 3x3 CNN (below it the small CNN, whose linear layer takes

@@ -132,13 +132,15 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
                 out.refuse_option(key, repr(item), SHARE_RULE)
         elif name in ("optimizer_class", "optimizer_kwargs"):
             instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if algo == "a2c" else ""
-            out.refuse_option(key, repr(item), f"rlspeed's {algo} builds its own optimizer{instead}")
+            out.refuse_option(key, repr(item), f"rlspeed's {algo} builds its own optimizer{instead}; another "
+                                               "optimizer is a subclass's (docs/algorithms.md, \"Your own loss\")")
         elif name == "features_extractor_kwargs":
             _features_extractor_kwargs(key, item, out)
         elif name == "features_extractor_class":
             out.refuse_option(key, str(getattr(item, "__name__", item)),
                               "rlspeed picks its encoder from the observation space (encoder auto, mlp or cnn; the "
-                              "CNN's architecture: cnn nature, strided or small), not from a class")
+                              "CNN's architecture: cnn nature, strided or small), not from a class; an encoder of "
+                              "your own is what a subclass's _make_encoder returns (docs/algorithms.md)")
         else:
             out.refuse_option(key, repr(item), f"rlspeed's {algo} has no such option")
 
@@ -155,7 +157,8 @@ def _features_extractor_kwargs(key: str, value, out: PolicySettings) -> None:
             out.set("cnn_features_dim", item, f"{key}.{name}")
         else:
             out.refuse_option(f"{key}.{name}", repr(item), "rlspeed's encoders take only the CNN's output width "
-                                                           "(features_dim, as cnn_features_dim)")
+                                                           "(features_dim, as cnn_features_dim); an encoder of your "
+                                                           "own takes its options in a subclass's _make_encoder")
 
 
 def _net_arch(algo: str, key: str, value, out: PolicySettings) -> None:

@@ -143,7 +143,9 @@ from rlspeed.logging import (
     refuse_other_metrics,
 )
 from rlspeed.nn import (
+    ENCODERS,
     NATURE_CNN_MIN_SIDE,
+    OWN_ENCODER,
     STRIDED_CNN_MIN_SIDE,
     acting,
     acting_mode,
@@ -205,7 +207,7 @@ SB3_KEYWORDS = {
                                 "'mlp'), and an encoder of your own is what a subclass's _make_encoder returns (or "
                                 "part of its _build_policy override, for a whole network; docs/algorithms.md)",
     "features_extractor_kwargs": "the CNN's features_dim is cnn_features_dim=N, and an encoder of your own takes "
-                                 "its options in a subclass's _build_policy override (docs/algorithms.md)",
+                                 "its options in a subclass's _make_encoder override (docs/algorithms.md)",
     "share_features_extractor": "PPO's, A2C's and RecurrentPPO's actor and critic share one encoder, and SAC's, "
                                 "TD3's and DDPG's actor and critics have one each (SB3's defaults), which no setting "
                                 "changes",
@@ -1121,6 +1123,9 @@ def coerce(key: str, value, hint):
         if hint is str:
             if value is None:  # (a choice given as None: its "none", e.g. TD3's action_noise)
                 return "none"
+            if key == "encoder" and (isinstance(value, type) or isinstance(value, torch.nn.Module)):
+                raise UserError(f"Hyperparameter 'encoder' takes a name ({', '.join(ENCODERS)}), not "
+                                f"{refusal_name(value if isinstance(value, type) else type(value))}: {OWN_ENCODER}.")
             if isinstance(value, type):  # (a class for a named choice: torch.nn.ReLU for activation="relu")
                 if key == "activation" and not is_torch_nn_class(value):  # (one's own Tanh is not torch's)
                     raise UserError(f"Hyperparameter '{key}' takes a name, or torch's own class for it, not "

@@ -56,7 +56,16 @@ from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, find_wrapper, integer_range, observation_layout
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
 from rlspeed.errors import UserError, true_or_false, warn_at_caller
-from rlspeed.nn import CNN_KINDS, ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
+from rlspeed.nn import (
+    CNN_KINDS,
+    ENCODERS,
+    OWN_ENCODER,
+    QEnsemble,
+    acting_mode,
+    default_init_,
+    mode_dependent,
+    to_device,
+)
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -157,7 +166,8 @@ class OffPolicyConfig:
         require(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}.")
         require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")
         validate_network(self)
-        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
+        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}': "
+                f"{OWN_ENCODER}.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
         require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")
         require(self.n_sampled_goal >= 0, f"n_sampled_goal must be >= 0, got {self.n_sampled_goal}.")

@@ -38,6 +38,7 @@ from rlspeed.envs.base import map_obs
 from rlspeed.nn import (
     CNN_KINDS,
     ENCODERS,
+    OWN_ENCODER,
     ActorCritic,
     acting_mode,
     action_kind,
@@ -100,7 +101,8 @@ class OnPolicyConfig(SDEConfig):
         require(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
         validate_network(self)
-        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
+        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}': "
+                f"{OWN_ENCODER}.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
         require(self.cnn in CNN_KINDS, f"cnn must be one of {', '.join(CNN_KINDS)}, got '{self.cnn}'.")
         validate_normalization_clips(self)
