@@ -465,6 +465,7 @@ def test_the_command_line_says_a_class_of_ones_own_trains_from_python(capsys, co
             "sac, td3, ddpg, recurrent_ppo); a subclass of one trains from Python (WidePPO(env_id, ...).learn(...), "
             ".save(...)), and rlspeed eval and rlspeed export take its file with --gym-packages my_encoders "
             "(docs/algorithms.md).")
+    assert "Unknown algorithm 'ppo.yaml'" in cli_error(capsys, [command, "ppo.yaml", "CartPole-v1"])  # (no class)
 
 
 @pytest.mark.parametrize("algo", [PPO, SAC])

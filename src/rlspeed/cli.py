@@ -436,8 +436,9 @@ def _algorithm(name: str):
     from rlspeed.algos import ALGORITHMS
 
     key = name.lower()
-    module, colon, own = name.rpartition(":") if ":" in name else name.rpartition(".")
-    if key not in ALGORITHMS and module and own.isidentifier():  # (`module:MyPPO`: a class of the user's own)
+    module, _, own = name.rpartition(":") if ":" in name else name.rpartition(".")
+    # (`module:MyPPO`, `module.MyPPO`: a class; not a file name, `ppo.yaml`)
+    if key not in ALGORITHMS and module and own.isidentifier() and (":" in name or own[:1].isupper()):
         raise UserError(f"'{name}' names a Python class: the command line trains rlspeed's algorithms by name "
                         f"({', '.join(ALGORITHMS)}); a subclass of one trains from Python "
                         f"({own}(env_id, ...).learn(...), .save(...)), and rlspeed eval and rlspeed export take its "
