@@ -483,3 +483,51 @@ def test_an_encoder_given_as_a_setting_names_make_encoder(algo):
         algo(env_id, device="cpu", encoder="my.Encoder")  # (--set encoder=my.Encoder)
     with pytest.raises(UserError, match=rf"policy_kwargs.features_extractor_class=Widened: .*not from a class; {own}"):
         algo(env_id, device="cpu", policy_kwargs={"features_extractor_class": Widened})
+
+
+class Pixels(gym.Env):
+    """8x8 RGB uint8 frames: an image rlspeed's `auto` encoder would give a CNN."""
+
+    observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), float(action), False, False, {}
+
+
+class PixelsPPO(PPO):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, 8)
+
+
+class PixelsConfigPPO(PPO):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, self.config.cnn_features_dim)
+
+
+def test_encoder_settings_an_own_encoder_never_reads_are_said_to_do_nothing(tmp_path):
+    """`cnn_features_dim`, `cnn`, `normalize_images` given to a subclass whose `_make_encoder` builds every network's
+    encoder without reading `self.config`: they did nothing, silently. One warning each when the model is made (not
+    again at load); none where `_make_encoder` reads the config, nor for the settings at their defaults."""
+    from rlspeed.errors import UnusedSettingWarning
+
+    if "rlspeed-test/Pixels-v0" not in gym.registry:
+        gym.register("rlspeed-test/Pixels-v0", entry_point=Pixels, max_episode_steps=8)
+    settings = {"cnn": "small", "cnn_features_dim": 64, "normalize_images": False}  # (in the order they are said)
+    with pytest.warns(UnusedSettingWarning) as said:
+        model = PixelsPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0, **settings)
+    told = [str(warning.message) for warning in said if warning.category is UnusedSettingWarning]
+    assert told == [f"{name}={value!r} has no effect: PixelsPPO._make_encoder gives the networks encoders of its own "
+                    f"(Widened), which rlspeed's encoder settings do not reach (read self.config.{name} there to use "
+                    "it)." for name, value in settings.items()]
+    path = model.save(tmp_path / "pixels")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        PixelsPPO.load(path)
+        PixelsPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0)
+        assert PixelsConfigPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16,
+                               normalize_images=False).policy.encoder.features_dim == 16

@@ -147,6 +147,7 @@ from rlspeed.nn import (
     NATURE_CNN_MIN_SIDE,
     OWN_ENCODER,
     STRIDED_CNN_MIN_SIDE,
+    Encoder,
     acting,
     acting_mode,
     box_channels_first,
@@ -2512,6 +2513,7 @@ class Algorithm:
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
             warn_unused_settings(self.config, self.spec, [flag for name, flag in _STATISTICS
                                                           if getattr(self._env, name, None) is not None])
+            self._warn_encoder_settings_unread()
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)
@@ -2954,6 +2956,34 @@ class Algorithm:
                     continue
                 seen.add(id(encoder))
                 self._check_encoder(encoder, f"{type(encoder).__name__} (the {name}'s {attribute})")
+
+    def _warn_encoder_settings_unread(self) -> None:
+        """An `UnusedSettingWarning` for each of rlspeed's encoder settings given away from its default (`encoder`,
+        `cnn`, `cnn_features_dim`, `normalize_images`) where a subclass's `_make_encoder` gave every network an encoder
+        of its own and never reads `self.config` (nothing then reads them); settings already said idle on this env
+        (`env_inert_settings`) are not said again."""
+        make = type(self)._make_encoder
+        code = getattr(make, "__code__", None)
+        if getattr(make, "__module__", "rlspeed.").startswith("rlspeed.") or code is None or "config" in code.co_names:
+            return
+        kinds = set()
+        for network in self._modules().values():
+            encoders = [layer for layer in network.modules() if isinstance(layer, Encoder)] if isinstance(
+                network, torch.nn.Module) else []
+            if any(type(layer).__module__.startswith("rlspeed.") for layer in encoders):
+                return  # (one of rlspeed's encoders reads them)
+            kinds.update(type(layer).__name__ for layer in encoders)
+        if not kinds:
+            return
+        defaults = {field.name: field.default for field in dataclasses.fields(self.config)}
+        idle = env_inert_settings(self.config, self.spec)
+        for name in ("encoder", "cnn", "cnn_features_dim", "normalize_images"):
+            value = getattr(self.config, name, None)
+            if name in defaults and value != defaults[name] and name not in idle:
+                warn_at_caller(f"{name}={value!r} has no effect: {type(self).__name__}._make_encoder gives the "
+                               f"networks encoders of its own ({', '.join(sorted(kinds))}), which rlspeed's encoder "
+                               f"settings do not reach (read self.config.{name} there to use it).",
+                               UnusedSettingWarning)
 
     def _check_encoder(self, encoder: torch.nn.Module, who: str) -> None:
         obs = random_observations(self.spec.observation_space, 2, torch.Generator().manual_seed(0))
