@@ -40,13 +40,14 @@ def test_ppo_calls_its_schedule_functions_at_every_update_with_sb3s_progress(fus
     config = model.config
     assert (config.learning_rate, config.clip_range, config.clip_range_vf, config.anneal_lr) == (
         learning_rate(1.0), squared(1.0), clip_range_vf(1.0), False)
-    taken = []
+    taken, value_clips = [], []
     update_epochs = model._update_epochs
 
     def recorded(buf, advantages, returns, clip_range):
         hand_derived = getattr(model._update_step, "hand_derived", None)
-        taken.append((_learning_rate(model), clip_range, model.config.clip_range_vf,
-                      hand_derived.clip_range_vf if hand_derived is not None else model.config.clip_range_vf))
+        value_clip = hand_derived.clip_range_vf if hand_derived is not None else model.config.clip_range_vf
+        value_clips.append(value_clip)
+        taken.append((_learning_rate(model), clip_range, float(model.config.clip_range_vf), float(value_clip)))
         return update_epochs(buf, advantages, returns, clip_range)
 
     model._update_epochs = recorded
@@ -57,6 +58,9 @@ def test_ppo_calls_its_schedule_functions_at_every_update_with_sb3s_progress(fus
     assert [value for update in taken for value in update] == pytest.approx(
         [value for update in expected for value in update])
     assert model.config.clip_range_vf == clip_range_vf(1.0)  # (its start value again between updates)
+    # the updates read clip_range_vf from one device tensor filled in place (as a scheduled learning rate): a whole-step
+    # graph captured at the first update replays with every later value, where a float would stay the first one
+    assert all(isinstance(value, torch.Tensor) and value is value_clips[0] for value in value_clips)
 
 
 def test_sb3_schedule_objects_without_a_setting_here_are_called_as_functions():

@@ -134,9 +134,15 @@ class PPO(OnPolicyAlgorithm):
         clip_range = cfg.clip_range * self._progress_remaining() if cfg.anneal_clip else cfg.clip_range
         clip_range = scheduled.get("clip_range", clip_range)
         # a scheduled clip_range_vf is the config's during these updates (which read it there, as a callback's
-        # change), its start value again after them
+        # change), its start value again after them; held as one device tensor filled in place, as a scheduled
+        # learning rate is: a captured whole-step graph reads it from its memory (a float would stay the value at
+        # capture) and a compiled step does not specialise on it
         held_clip_range_vf = cfg.clip_range_vf
-        cfg.clip_range_vf = scheduled.get("clip_range_vf", held_clip_range_vf)
+        if "clip_range_vf" in scheduled:
+            held = self.__dict__.get("_clip_range_vf_held")
+            if held is None or held.device != self.device:
+                held = self._clip_range_vf_held = torch.zeros((), device=self.device)
+            cfg.clip_range_vf = held.fill_(scheduled["clip_range_vf"])
         try:
             hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped it)
             if hand_derived is not None:
