@@ -139,9 +139,10 @@ class PPO(OnPolicyAlgorithm):
         # capture) and a compiled step does not specialise on it
         held_clip_range_vf = cfg.clip_range_vf
         if "clip_range_vf" in scheduled:
-            held = self.__dict__.get("_clip_range_vf_held")
-            if held is None or held.device != self.device:
-                held = self._clip_range_vf_held = torch.zeros((), device=self.device)
+            device, held = self.__dict__.get("_clip_range_vf_held", (None, None))
+            if device != self.device:  # (made once per device: "cuda" and its tensors' "cuda:0" compare unequal)
+                held = torch.zeros((), device=self.device)
+                self._clip_range_vf_held = (self.device, held)
             cfg.clip_range_vf = held.fill_(scheduled["clip_range_vf"])
         try:
             hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped it)
