@@ -987,6 +987,21 @@ def test_a_stable_baselines3_callback_given_to_learn_names_rlspeeds(tmp_path):
     assert model.num_timesteps == 0
 
 
+def test_sb3_contribs_maskable_eval_callback_names_rlspeeds_eval_callback():
+    """A ported MaskablePPO script's MaskableEvalCallback (given to learn, or imported from rlspeed.callbacks) is told
+    to use rlspeed's EvalCallback, which masks as the model does; the refusal said "from rlspeed.callbacks import
+    MaskableEvalCallback", which rlspeed does not have: the advised import failed in turn."""
+    maskable = pytest.importorskip("sb3_contrib.common.maskable.callbacks")
+
+    model = _ppo()
+    with pytest.raises(UserError, match=r"^callback=MaskableEvalCallback is .*rlspeed has none: .*is "
+                                        r"rlspeed.callbacks.EvalCallback, which masks as the model does"):
+        model.learn(STEPS_PER_ITERATION, callback=maskable.MaskableEvalCallback(gym.make("CartPole-v1")),
+                    progress_bar=False)
+    with pytest.raises(ImportError, match=r"rlspeed has no MaskableEvalCallback .*rlspeed.callbacks.EvalCallback"):
+        from rlspeed.callbacks import MaskableEvalCallback  # noqa: F401
+
+
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])
 def test_the_advice_for_stop_training_on_max_episodes_works_in_every_algorithm(algo):
     """What the ImportError of StopTrainingOnMaxEpisodes (and self.locals['dones']'s KeyError) says to read exists

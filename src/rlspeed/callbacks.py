@@ -1256,6 +1256,8 @@ _SB3_CALLBACKS = {
     "LogEveryNTimesteps": "learn(log_interval_s=...) sets how often (in seconds) metrics are logged, and "
                           "EveryNTimesteps(n, callback) calls a callback every n env steps",
     "ConvertCallback": "learn(callback=fn) takes a plain function fn(locals_) or fn(locals_, globals_) as it is",
+    "MaskableEvalCallback": "sb3-contrib's MaskableEvalCallback is rlspeed.callbacks.EvalCallback, which masks as the "
+                            "model does (its use_masking; the same arguments but use_masking)",
 }
 
 
