@@ -65,12 +65,13 @@ def test_without_a_seed_one_is_drawn_and_returned_to_repeat_it(ppo):
 
 
 def test_stable_baselines3_evaluate_policy_keywords_say_what_to_write_instead(ppo):
-    """`evaluate_policy`'s n_eval_episodes, return_episode_rewards, render and warn, to rlspeed.evaluate or
-    model.evaluate: one sentence naming rlspeed's way (a TypeError before; warn: a typo's sentence); deterministic is
-    taken as SB3's."""
+    """`evaluate_policy`'s n_eval_episodes, return_episode_rewards, render and warn (and sb3-contrib's use_masking), to
+    rlspeed.evaluate or model.evaluate: one sentence naming rlspeed's way (a TypeError before; warn: a typo's
+    sentence; use_masking: "evaluate takes no 'use_masking'."); deterministic is taken as SB3's."""
     for evaluate in (lambda **options: rlspeed.evaluate(ppo, "CartPole-v1", **options), ppo.evaluate):
         for key, advice in (("n_eval_episodes", "rlspeed's is episodes=N"), ("return_episode_rewards", "'returns'"),
-                            ("render", r"rlspeed.record_video\(model, path\)"), ("warn", "leave it out")):
+                            ("render", r"rlspeed.record_video\(model, path\)"), ("warn", "leave it out"),
+                            ("use_masking", r"masks as the model does .*load\(path, use_masking=False\)")):
             with pytest.raises(rlspeed.UserError, match=f"^evaluate's '{key}' is Stable-Baselines3's; .*{advice}"):
                 evaluate(**{key: 2})
         with pytest.raises(rlspeed.UserError, match="evaluate takes no 'episode'; did you mean episodes"):

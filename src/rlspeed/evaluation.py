@@ -72,6 +72,9 @@ SB3_EVALUATE_KEYWORDS = {
     "callback": "evaluate plays the episodes on the device in one loop, with no per-step call",
     "warn": "evaluate counts the env's own episodes (an SB3 VecEnv's Monitor's, where each env has one) and warns "
             "only where a wrapper changes their rewards or ends them at a lost life: leave it out",
+    "use_masking": "sb3-contrib's evaluate_policy takes it; evaluate masks as the model does (its use_masking, on by "
+                   "default: leave it out), and a model loaded with PPO.load(path, use_masking=False) evaluates "
+                   "unmasked",
 }
 
 
