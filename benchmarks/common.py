@@ -318,7 +318,11 @@ def brief(result: dict) -> str:
 
 def goal_episodes(env, predict: Callable, episodes: int, seed: int) -> dict:
     """`episodes` episodes of `predict(obs) -> action` on `env` (a Gymnasium env, closed after), reset with seeds
-    `seed`, `seed + 1`, ...: the success rate (the env's `is_success` at each episode's end) and the mean return."""
+    `seed`, `seed + 1`, ...: the success rate (the env's success flag at each episode's end, read as rlspeed reads it:
+    `success_key`'s `is_success`, else `success` as PointMaze and AntMaze give it) and the mean return. An episode
+    whose last info gives neither flag stops the benchmark (it would count as a failure)."""
+    from rlspeed.envs.gymnasium_env import SUCCESS_KEYS, success_flag, success_key  # (only goal benchmarks need it)
+
     successes, returns = [], []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
@@ -327,7 +331,10 @@ def goal_episodes(env, predict: Callable, episodes: int, seed: int) -> dict:
             obs, reward, terminated, truncated, info = env.step(predict(obs))
             total += float(reward)
             done = terminated or truncated
-        successes.append(bool(info.get("is_success", False)))
+        if (key := success_key(info)) is None:
+            raise SystemExit(f"{env.spec.id if env.spec else env}'s last step info in an episode gives no success flag "
+                             f"(none of {', '.join(map(repr, SUCCESS_KEYS))}): its success rate cannot be read.")
+        successes.append(success_flag(info[key], key))
         returns.append(total)
     env.close()
     return {"success_rate": statistics.fmean(successes), "mean_return": statistics.fmean(returns)}

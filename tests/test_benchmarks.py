@@ -7,6 +7,7 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -249,3 +250,36 @@ def test_her_fetch_without_gymnasium_robotics_exits_with_one_sentence_before_any
     monkeypatch.setitem(sys.modules, "gymnasium_robotics", None)  # (its import raises ImportError, as where missing)
     with pytest.raises(SystemExit, match="needs gymnasium-robotics .*: pip install gymnasium-robotics pettingzoo"):
         script._register()
+
+
+class _GoalEnv:
+    """Two-step episodes whose last info is `infos[episode]` (episode by reset seed - 100), reward -1 per step."""
+
+    spec = types.SimpleNamespace(id="Goal-v0")
+
+    def __init__(self, infos):
+        self.infos, self.episode, self.steps = infos, 0, 0
+
+    def reset(self, seed):
+        self.episode, self.steps = seed - 100, 0
+        return 0, {}
+
+    def step(self, action):
+        self.steps += 1
+        done = self.steps == 2
+        return 0, -1.0, done, False, self.infos[self.episode] if done else {}
+
+    def close(self):
+        pass
+
+
+def test_goal_episodes_reads_the_success_flag_as_rlspeed_does():
+    """`goal_episodes` read `info["is_success"]` only: a benchmark on PointMaze or AntMaze (which give
+    `info["success"]`, as rlspeed's `success_key` reads) said 0% success whatever the model did. It reads rlspeed's
+    keys now, a 0/1 number as Fetch gives it counts, and an env with no flag stops it with one sentence."""
+    common = _benchmarks_common()
+    infos = [{"success": True}, {"success": False}, {"is_success": np.float32(1.0)}, {"is_success": False}]
+    result = common.goal_episodes(_GoalEnv(infos), lambda obs: 0, 4, seed=100)
+    assert result == {"success_rate": 0.5, "mean_return": -2.0}
+    with pytest.raises(SystemExit, match="Goal-v0's last step info .* gives no success flag"):
+        common.goal_episodes(_GoalEnv([{"success": True}, {}]), lambda obs: 0, 2, seed=100)
