@@ -1,4 +1,4 @@
-"""SAC with Hindsight Experience Replay on Gymnasium-Robotics' FetchReach: rlspeed (`her=True`) against
+r"""SAC with Hindsight Experience Replay on Gymnasium-Robotics' FetchReach: rlspeed (`her=True`) against
 Stable-Baselines3 (`replay_buffer_class=HerReplayBuffer`) at RL-Zoo's settings for FetchReach, in one process.
 
 Both train SAC on one `FetchReach-v4` (Dict observations; reward -1 until the gripper is within 5 cm of the goal,
@@ -12,10 +12,20 @@ model is then evaluated on a separate env: 10 deterministic episodes, success ra
 episode's end) and mean return. Steps per second are env steps over `learn`'s wall time, and CPU seconds `learn`'s
 process time (construction and evaluation excluded): on a shared machine the CPU time is the steadier of the two.
 
-Needs `gymnasium-robotics` (and MuJoCo, and `pettingzoo`, which it imports) and `stable-baselines3`; with NumPy
-2.4, gymnasium-robotics 1.4.2 makes no Fetch env without a one-line patch, which the script names where it stops.
-Run from the repository root: `python benchmarks/her_fetch.py` (about 5 minutes of CPU time at the default 6,000
-steps and 2 seeds, more on a loaded machine); `--quick` for a smoke run.
+Needs `gymnasium-robotics` (and MuJoCo, and `pettingzoo`, which it imports) and `stable-baselines3`.
+gymnasium-robotics 1.4.2 (the newest release) makes no Fetch env with mujoco 4.0.1 and NumPy 2.4: its
+`utils/mujoco_utils.py` tests `model.jnt_type[joint_id] in (mjJNT_HINGE, mjJNT_SLIDE)`, False for the NumPy integer
+MuJoCo's arrays hold (MuJoCo's enum compares unequal to it), and asserts it. The published runs had it installed
+outside the project's environment with that line patched, reproducible with:
+
+    pip install --target DIR --no-deps gymnasium-robotics==1.4.2 pettingzoo==1.27.0
+    sed -i 's/joint_type = model.jnt_type\[joint_id\]/joint_type = int(model.jnt_type[joint_id])/' \
+        DIR/gymnasium_robotics/utils/mujoco_utils.py
+    PYTHONPATH=DIR python benchmarks/her_fetch.py
+
+(gymnasium-robotics also needs jinja2 and imageio, which MuJoCo's and Gymnasium's extras usually bring.) Run from
+the repository root (about 7 minutes of CPU time at the default 6,000 steps and 3 seeds, more on a loaded machine);
+`--quick` for a smoke run.
 """
 
 from __future__ import annotations
@@ -41,10 +51,12 @@ def _settings() -> dict:
             "learning_rate": 1e-3, "train_freq": 1, "gradient_steps": 1}
 
 
-#: why gymnasium-robotics 1.4.2 cannot make its Fetch envs with NumPy 2.4, and the one-line change these runs had
+#: why gymnasium-robotics 1.4.2 cannot make its Fetch envs (mujoco 4.0.1, NumPy 2.4), and the one-line change the
+#: published runs had (the docstring's set-up applies it)
 PATCH_NOTE = ("gymnasium-robotics 1.4.2's `utils/mujoco_utils.py` asserts `joint_type in (mjJNT_HINGE, mjJNT_SLIDE)`, "
-              "which is False for the NumPy integer MuJoCo hands it with NumPy 2.4, so no Fetch env can be made: these "
-              "runs had `joint_type = int(model.jnt_type[joint_id])` there")
+              "which is False for the NumPy integer MuJoCo's `model.jnt_type` holds (mujoco 4.0.1, NumPy 2.4), so no "
+              "Fetch env can be made: these runs had it patched to `joint_type = int(model.jnt_type[joint_id])` "
+              "(`python benchmarks/her_fetch.py --help` gives the set-up)")
 
 
 def _register() -> None:
@@ -105,7 +117,7 @@ def run_sb3(steps: int, seed: int) -> dict:
 def parse_args():
     parser = common.script_arguments(__doc__)
     parser.add_argument("--steps", type=int, default=6_000, help="env steps per run")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds 0..N-1 per library")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per library")
     args = parser.parse_args()
     if args.quick:
         common.quick_settings(args, steps=1_100, seeds=1)
