@@ -23,9 +23,9 @@ outside the project's environment with that line patched, reproducible with:
         DIR/gymnasium_robotics/utils/mujoco_utils.py
     PYTHONPATH=DIR python benchmarks/her_fetch.py
 
-(gymnasium-robotics also needs jinja2 and imageio, which MuJoCo's and Gymnasium's extras usually bring.) Run from
-the repository root (about 7 minutes of CPU time at the default 6,000 steps and 3 seeds, more on a loaded machine);
-`--quick` for a smoke run.
+(gymnasium-robotics also requires jinja2, which torch brings, and imageio, which the `video` extra brings; `pip install
+jinja2 imageio` where they are missing.) Run from the repository root (about 7 minutes of CPU time at the default
+6,000 steps and 3 seeds, more on a loaded machine); `--quick` for a smoke run.
 """
 
 from __future__ import annotations
