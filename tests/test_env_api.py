@@ -1413,7 +1413,8 @@ class _Counter(BatchedEnv):
                else self.buffers[self.steps % 2] if self.breaks == "two in turn"
                else self.buffers[self.steps % 4] if self.breaks == "four in turn" else torch.ones(2, 4))
         obs[:, 0] = self.t.float()
-        return obs.double() if self.breaks == "float64" else obs
+        return (obs.double() if self.breaks == "float64" else obs.requires_grad_() if self.breaks == "requires grad"
+                else obs)
 
     def reset(self, seed=None):
         self.t.zero_()
@@ -1453,12 +1454,46 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
                             ("reward [N,1]", r"rewards as torch.float32 \(2, 1\) on cpu, not torch.float32 \[2\]"),
                             ("float flags", "terminated as torch.float32"),
                             ("no final_obs", "no info\\['final_obs'\\]"),
-                            ("float64", "as torch.float64, not torch.float32")]:
+                            ("float64", "as torch.float64, not torch.float32"),
+                            # (an observation computed with autograd on: an error from inside the policy's kernels)
+                            ("requires grad", "observations requiring grad: return them detached")]:
         with pytest.raises(rlspeed.UserError, match=f"_Counter \\(a batched env of your own\\) .*{message}"):
             rlspeed.DQN(_Counter(breaks), device="cpu", learning_starts=4, batch_size=4).learn(16, progress_bar=False)
     with pytest.raises(rlspeed.UserError, match="wrote over observations"):  # (n-step's window holds 5 steps')
         rlspeed.DQN(_Counter("four in turn"), device="cpu", learning_starts=4, batch_size=4, train_freq=1,
                     n_step=5).learn(16, progress_bar=False)
+
+
+class _ClampsActions(_Counter):
+    """_Counter writing into the actions it is given (as an env clamping them in place would), after noting them."""
+
+    def __init__(self):
+        super().__init__()
+        self.given = []
+
+    def step(self, actions):
+        self.given.append(actions.clone())
+        stepped = super().step(actions)
+        actions.fill_(1)
+        return stepped
+
+
+@pytest.mark.parametrize("algo", ["PPO", "DQN"])
+def test_an_env_writing_into_its_actions_leaves_the_stored_actions_as_taken(algo):
+    """An env of the user's own that wrote into the action tensor it was given changed the actions the learner had
+    stored for that step (PPO's rollout, DQN's replay: all 1 here), silently training on actions never taken. The env
+    gets a copy: the stored actions are the ones it stepped with."""
+    env = _ClampsActions()
+    if algo == "PPO":
+        model = rlspeed.PPO(env, device="cpu", num_steps=16, batch_size=32, seed=0)
+        model.learn(32, progress_bar=False)
+        stored = model.buffer.actions
+    else:
+        model = rlspeed.DQN(env, device="cpu", learning_starts=16, batch_size=4, train_freq=16, seed=0)
+        model.learn(16, progress_bar=False)  # (one collection of 16 steps)
+        stored = model.buffer.actions[:model.buffer.size]
+    given = torch.stack(env.given).reshape(stored.shape)
+    assert (given == 0).any() and torch.equal(stored, given)
 
 
 class _WritesBack(_Counter):

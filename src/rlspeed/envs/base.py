@@ -758,6 +758,9 @@ class ContractCheck(EnvWrapper):
                 self._refuse(f"returned {name} as {type(value).__name__}, not a torch.Tensor")
             if not _same_device(value.device, self.device):
                 self._refuse(f"returned {name} on {value.device}, not on its device {self.device}")
+            if value.requires_grad:
+                self._refuse(f"returned {name} requiring grad: return them detached (compute them under "
+                             "torch.no_grad())")
             if shape is not None and tuple(value.shape) != (self.num_envs, *shape):
                 self._refuse(f"returned {name} of shape {tuple(value.shape)}, not {(self.num_envs, *shape)}")
             if dtype is not None and value.dtype != dtype:
@@ -770,6 +773,8 @@ class ContractCheck(EnvWrapper):
             got = (f"{value.dtype} {tuple(value.shape)} on {value.device}" if isinstance(value, torch.Tensor)
                    else type(value).__name__)
             self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}] on {self.device}")
+        if value.requires_grad:
+            self._refuse(f"returned {name} requiring grad: return them detached (compute them under torch.no_grad())")
 
     def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the inner env; its first reset is checked."""
@@ -781,8 +786,9 @@ class ContractCheck(EnvWrapper):
         return obs, info
 
     def step(self, actions: torch.Tensor) -> StepResult:
-        """Step the inner env; its first `checked_steps` steps are checked."""
-        obs, reward, terminated, truncated, info = self.env.step(actions)
+        """Step the inner env with a copy of `actions` (the learner stores its own: an env clamping or writing into
+        the actions it is given in place changes only the copy); its first `checked_steps` steps are checked."""
+        obs, reward, terminated, truncated, info = self.env.step(actions.clone())
         if self._steps < self.checked_steps:
             self._steps += 1
             self._check_obs(obs, "step()")
