@@ -7,7 +7,9 @@ import csv
 import os
 import random
 import shutil
+import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from conftest import checkpoint_metadata, checkpoint_tensors
 
 from rlspeed import A2C, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.algos.off_policy import REPLAY_SUFFIX
+from rlspeed.envs.base import BatchedEnv, EnvSpec
 
 TOTAL = 512
 CHECKPOINT_FREQ = 192
@@ -379,3 +382,78 @@ def test_a_resume_from_a_checkpoint_without_its_replay_buffer_says_the_buffer_re
     said = [str(warning.message) for warning in caught if "holds no replay buffer" in str(warning.message)]
     assert len(said) == (0 if saved else 1)
     assert saved or "refills from empty and updates wait for learning_starts" in said[0]
+
+
+class _Maze(BatchedEnv):
+    """A batched env of a user's own: a 3x3 grid walked to its far corner (6 steps at most), a Dict observation (the
+    cell's index and the steps taken), the moves off the grid masked, and `state_dict` restoring its episodes."""
+
+    backend = "mine"
+
+    def __init__(self):
+        self.num_envs, self.device = 2, torch.device("cpu")
+        space = gym.spaces.Dict({"cell": gym.spaces.Discrete(9), "steps": gym.spaces.Box(0, 6, (1,), np.float32)})
+        self.spec = EnvSpec("my-maze", (), gym.spaces.Discrete(4), 6, None, space)
+        self.cell, self.t = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+
+    def _out(self):
+        row, col = self.cell // 3, self.cell % 3
+        mask = torch.stack([col > 0, row < 2, col < 2, row > 0], -1)  # (left, down, right, up)
+        return {"cell": self.cell.clone(), "steps": self.t[:, None].float()}, mask
+
+    def reset(self, seed=None):
+        self.cell, self.t = torch.zeros_like(self.cell), torch.zeros_like(self.t)
+        obs, mask = self._out()
+        return obs, {"action_mask": mask}
+
+    def step(self, actions):
+        row = (self.cell // 3 + (actions == 1).long() - (actions == 3).long()).clamp(0, 2)
+        col = (self.cell % 3 + (actions == 2).long() - (actions == 0).long()).clamp(0, 2)
+        self.cell, self.t = row * 3 + col, self.t + 1
+        final, _ = self._out()
+        terminated = self.cell == 8
+        truncated = (self.t >= 6) & ~terminated
+        done = terminated | truncated
+        self.cell, self.t = torch.where(done, 0, self.cell), torch.where(done, 0, self.t)
+        obs, mask = self._out()
+        return obs, terminated.float(), terminated, truncated, {"final_obs": final, "action_mask": mask}
+
+    def state_dict(self):
+        return {"cell": self.cell.clone(), "t": self.t.clone()}
+
+    def load_state_dict(self, state):
+        self.cell, self.t = state["cell"].clone(), state["t"].clone()
+
+
+@pytest.mark.parametrize("algo", [PPO, DQN])
+def test_a_batched_env_of_ones_own_with_a_dict_observation_and_masks_resumes_its_episodes(tmp_path, algo):
+    """A checkpoint of a run on a user's env with a Dict observation kept no env state (only a single tensor
+    observation was saved), so the resume warned that 'mine envs cannot restore their episodes in progress' though
+    the env has `state_dict`, and started fresh episodes; a restored run also lost its first step's action masks.
+    Now the observation's keys and the masks are saved with the env's state: the resumed run is the uninterrupted
+    one."""
+    settings = dict(seed=3, device="cpu", net_arch=(8,),
+                    **({"num_steps": 8, "batch_size": 16, "n_epochs": 1} if algo is PPO else
+                       {"learning_starts": 16, "batch_size": 8, "train_freq": 2, "buffer_size": 1000,
+                        "save_replay_buffer": True}))
+    uninterrupted = algo(_Maze(), **settings)
+    uninterrupted.learn(64, progress_bar=False, run_dir=tmp_path / "a", checkpoint_freq=32)
+
+    def kill_after_checkpoint(local):
+        if (tmp_path / "b" / "checkpoint.safetensors").exists():
+            raise Killed
+
+    with pytest.raises(Killed):
+        algo(_Maze(), **settings).learn(64, progress_bar=False, run_dir=tmp_path / "b", checkpoint_freq=32,
+                                        callback=kill_after_checkpoint)
+    resumed = algo(_Maze(), **settings)
+    resumed.resume(tmp_path / "b" / "checkpoint.safetensors")
+    assert 0 < resumed.num_timesteps < 64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.learn(64 - resumed.num_timesteps, progress_bar=False, run_dir=tmp_path / "b", checkpoint_freq=32)
+    assert resumed._masking  # (the masks reached the restored first step: without them it trained unmasked)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted.policy.parameters(), resumed.policy.parameters()))
+    assert resumed._env.state_dict().keys() == uninterrupted._env.state_dict().keys()
+    assert all(torch.equal(uninterrupted._env.state_dict()[key], value)
+               for key, value in resumed._env.state_dict().items())

@@ -4232,12 +4232,16 @@ class Algorithm:
                 "restarts": self.restarts, "numerics": self._numerics.state(), "rechecks": self._recheck_states()}
         obs = getattr(self, "_obs", None)
         # (a save inside a rollout, after a second Ctrl-C: the envs are past `_obs`, so resume starts them afresh)
-        env_state = (self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor)
+        env_state = (self._env.state_dict() if self._env is not None and isinstance(obs, (torch.Tensor, dict))
                      and not getattr(self, "_mid_rollout", False) else None)
         meta["env"] = {"restorable": env_state is not None, "backend": self.env_backend}
         if env_state is not None:
             tensors.update({f"env.{key}": value for key, value in env_state.items()})
-            tensors["obs"] = obs
+            # (a Dict observation as one tensor per key; the action masks valid for it, where the env gives them)
+            tensors.update({f"obs.{key}": value for key, value in obs.items()} if isinstance(obs, dict)
+                           else {"obs": obs})
+            if getattr(self, "_action_mask", None) is not None:
+                tensors["action_mask"] = self._action_mask
         algo_tensors, meta["algo"] = self._algorithm_state()
         tensors.update({f"algo.{key}": value for key, value in algo_tensors.items()})
         meta["replay_buffer"] = self._save_replay(path, digest)
@@ -4257,14 +4261,23 @@ class Algorithm:
         elif resume is not None and not self.strategy.enabled:
             saved = {key[4:]: value for key, value in resume["tensors"].items() if key.startswith("env.")}
             obs = resume["tensors"].get("obs")
+            keyed = {key[4:]: value for key, value in resume["tensors"].items() if key.startswith("obs.")}
+            obs = keyed if obs is None and keyed else obs
             expected = (env.num_envs, *self.spec.observation_shape)
+            layout = observation_layout(self.spec.observation_space)
             if isinstance(obs, torch.Tensor) and tuple(obs.shape) != expected:  # (an edited or damaged file)
                 reason = f"the checkpoint's observations have shape {tuple(obs.shape)}, these envs' {expected}"
+            elif isinstance(obs, dict) and (not isinstance(layout, dict) or {
+                    key: tuple(value.shape) for key, value in obs.items()} != {
+                    key: (env.num_envs, *shape) for key, (shape, _) in layout.items()}):
+                reason = "the checkpoint's observations do not fit these envs' Dict observation space"
             elif saved and obs is not None and env.state_dict() is not None:
                 try:
                     env.load_state_dict(saved)
                     self._episodes_restored = True
-                    return obs.clone()
+                    mask = resume["tensors"].get("action_mask")
+                    self._action_mask = mask.clone() if mask is not None else None
+                    return map_obs(torch.clone, obs)
                 except (KeyError, ValueError, RuntimeError) as error:
                     reason = f"the checkpoint's env state does not fit these envs ({error})"
             elif saved and obs is not None:  # (the checkpoint's envs could; these cannot take their state)
