@@ -1258,3 +1258,20 @@ def test_a_population_given_its_members_takes_their_settings_and_refuses_others(
         Population(PPO, "CartPole-v1", seeds=[0, 1], members=models, learning_rate=1e-3)
     with pytest.raises(UserError, match=r"members takes one PPO model per seed of seeds, each made with that seed"):
         Population(PPO, "CartPole-v1", seeds=[1, 0], members=models)
+
+
+def test_given_members_are_checked_as_built_ones():
+    """Members given as models pass the checks built ones pass: a model with a schedule function is refused (the
+    stacked update would train at its start value), as are models on another env backend than the one the population
+    is given (`env_backend="auto"` takes theirs) and models of different num_threads (the first one's would run)."""
+    small = dict(device="cpu", num_envs=2, num_steps=8, batch_size=16, verbose=0)
+    with pytest.raises(UserError, match=r"learning_rate=.*a population trains its members in one stacked update"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=[
+            PPO("CartPole-v1", seed=seed, learning_rate=lambda progress: 3e-4 * progress, **small) for seed in (0, 1)])
+    models = [PPO("CartPole-v1", seed=seed, env_backend="gymnasium", **small) for seed in (0, 1)]
+    assert Population(PPO, "CartPole-v1", seeds=[0, 1], members=models).env_backend == "gymnasium"
+    with pytest.raises(UserError, match=r"members run on env_backend='gymnasium', the population on 'torch'"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=models, env_backend="torch")
+    with pytest.raises(UserError, match=r"seed 1's env, backend, device, num_threads or shared settings differ"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=[
+            PPO("CartPole-v1", seed=seed, num_threads=threads, **small) for seed, threads in ((0, 1), (1, 2))])

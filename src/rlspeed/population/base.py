@@ -1215,6 +1215,8 @@ class PopulationBase:
         except (TypeError, ValueError):
             raise UserError(f"A population's env_kwargs are recorded in its checkpoints, so they must be JSON values "
                             f"(numbers, strings, lists, dicts); got {self.env_kwargs!r:.100}.") from None
+        if models and env_backend == "auto":  # (given members: their backend, as their other settings)
+            env_backend = getattr(models[0], "env_backend", env_backend)
         self.env_backend = population_env_backend(env_id, backend_for_options(self.env_kwargs, env_backend, env_id))
         from rlspeed.device import resolve_device
 
@@ -1262,8 +1264,9 @@ class PopulationBase:
     def _given_solos(self, models: Sequence, hyperparameters: dict, member_overrides) -> list:
         """`members`' models as the solos the members start as, checked to be one population's members: one of
         `algo_cls` per seed of `seeds` (each made with that seed) on this population's env and options and on its
-        device, alike in every setting but the per-member ones, and no settings given besides them (the models' are
-        the population's). UserError saying which is not so."""
+        device and env backend, alike in every setting but the per-member ones and in num_threads, holding no
+        schedule function (`refuse_schedule_functions`, as built members), and no settings given besides them (the
+        models' are the population's). UserError saying which is not so."""
         solos = list(models)
         if [type(solo) for solo in solos] != [self.algo_cls] * self.size or [
                 getattr(solo, "seed", None) for solo in solos] != self.seeds:
@@ -1275,7 +1278,7 @@ class PopulationBase:
 
         def shared(solo) -> tuple:
             settings = dataclasses.asdict(solo.config)
-            return (solo.env_id, solo.env_backend, solo.spec.env_kwargs or {}, solo.device,
+            return (solo.env_id, solo.env_backend, solo.spec.env_kwargs or {}, solo.device, solo.num_threads,
                     {key: value for key, value in settings.items() if key not in self.per_member})
 
         first = solos[0]
@@ -1283,10 +1286,15 @@ class PopulationBase:
                 first.device != self.device):
             raise UserError(f"The members' env or device ({first.env_id} on {first.device}) is not the population's "
                             f"({self.env_id} on {self.device}).")
+        if first.env_backend != self.env_backend:  # (the population's env rows would not be the models' envs)
+            raise UserError(f"The members run on env_backend={first.env_backend!r}, the population on "
+                            f"{self.env_backend!r}: give the population env_backend={first.env_backend!r}.")
         differing = next((solo.seed for solo in solos[1:] if shared(solo) != shared(first)), None)
         if differing is not None:
-            raise UserError(f"The members are not one population's: seed {differing}'s env, backend, device or "
-                            f"shared settings differ from seed {first.seed}'s.")
+            raise UserError(f"The members are not one population's: seed {differing}'s env, backend, device, "
+                            f"num_threads or shared settings differ from seed {first.seed}'s.")
+        for solo in solos:  # (as `solo_models` refuses them: the stacked update would train at the start value)
+            refuse_schedule_functions(solo)
         return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------
