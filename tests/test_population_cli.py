@@ -795,3 +795,31 @@ def test_a_population_stopped_as_training_ended_with_every_member_diverged_names
         f"rlspeed: interrupted (SIGTERM) after training finished: summary.json is saved in {run}; every member "
         "diverged: none has a model or a final evaluation")
     assert not (run / "members").exists()
+
+
+def test_a_stop_in_a_populations_final_evaluation_is_said_in_one_line(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C in a population's final evaluation (which its learn runs, after training) printed "stopping after this
+    iteration (again to stop at once)", of an iteration there was none of, before the run's "interrupted ... after
+    training finished" line: the one line is said, as a solo run says it."""
+    import signal
+
+    from rlspeed.population import plot
+    from rlspeed.population.base import PopulationBase
+
+    monkeypatch.setattr(plot, "plot_learning_curves", lambda summary, path: None)  # (no plot: not what is tested)
+    mean_returns = PopulationBase._mean_returns
+
+    def stopped_in_the_final_evaluation(self, *args, **kwargs):
+        if self._evaluation_stop is not None:  # (the final evaluation: the handler as a Ctrl-C now runs it)
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+        return mean_returns(self, *args, **kwargs)
+
+    monkeypatch.setattr(PopulationBase, "_mean_returns", stopped_in_the_final_evaluation)
+    run = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,1", "--set", "num_envs=2", "--set", "num_steps=8",
+                     "--set", "batch_size=16", "--set", "n_epochs=1", "--total-timesteps", "16", "--target-return",
+                     "none", "--no-progress", "--out", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert "stopping after this iteration" not in err and err.count("Ctrl-C") == 1, err
+    assert err.splitlines()[-1].startswith("rlspeed: interrupted (Ctrl-C) after training finished: summary.json and "
+                                           "the member models are saved"), err

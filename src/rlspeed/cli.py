@@ -481,6 +481,10 @@ _TAKEN_IN: list[int] = []
 #: (`DistributedStrategy.leave`, where the ranks wait for rank 0's save and evaluation): a stop then is torchrun's
 #: passing on of one whose line rank 0 says, as for `_TAKEN_IN`
 _RUN_RETURNED: list[bool] = []
+#: while one of these returns True, the first stop `_stop_after_iteration` takes in gets no line of its own: the run's
+#: training is over and the stop cuts short what follows inside `learn` (a population's final evaluation), whose
+#: "interrupted ... after training finished" line says it, as a solo run's one line does
+_TRAINING_OVER: list[Callable[[], bool]] = []
 
 
 def _stage(doing: str | None, left: str | None = None, run_dir: Path | None = None) -> None:
@@ -918,8 +922,9 @@ def _train_population(args: argparse.Namespace) -> int:
     with stops_held(lambda signum: _signal_arrived(owner, signum)) as held:
         _stage(None)  # (the training's own handling of a stop says what it saved)
         signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
-        try:
-            with (_stopping(population.env_backend) as signals,
+        try:  # (a stop in the final evaluation, which learn runs, is said by the run's end alone)
+            with (_training_over_when(lambda: population._evaluation_stop is not None),
+                  _stopping(population.env_backend) as signals,
                   _left_clean_if_not_started(run_dir, created, not args.resume, parents)):
                 if held:  # (one that came as the training's handlers were set: it stops the run as one before them)
                     raise _stop_of(held.pop(0))
@@ -2117,6 +2122,8 @@ def _stop_after_iteration():
             raise _stop_of(signum)
         received.append(signum)
         _TAKEN_IN.append(signum)
+        if any(over() for over in _TRAINING_OVER):
+            return
         if under_torchrun and (os.environ.get("RANK", "0") != "0" or _peer_said_why()):
             return  # (each rank gets the signal: one says it; none where torchrun stops the run for a peer's end)
         print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
@@ -2133,6 +2140,16 @@ def _stop_after_iteration():
     finally:
         for timer in reminder:
             timer.cancel()
+
+
+@contextlib.contextmanager
+def _training_over_when(over: Callable[[], bool]):
+    """Within the block `over()` says whether the run's training is over (`_TRAINING_OVER`)."""
+    _TRAINING_OVER.append(over)
+    try:
+        yield
+    finally:
+        _TRAINING_OVER.remove(over)
 
 
 def _say_still_stopping(signum: int) -> None:
