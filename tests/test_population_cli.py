@@ -623,7 +623,9 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
                                                                                     monkeypatch):
     """`rlspeed eval RUN_DIR` evaluated its members one model at a time (a 16-member run: 16 evaluations, most of its
     time): deterministic on the members' own env it plays them as one population, and prints what the one-at-a-time
-    path prints, every line and --json entry (returns, lengths, seeds) alike."""
+    path prints, every line and --json entry (returns, lengths, seeds) alike. On Gymnasium's envs, which step row by
+    row (the batch every row until the longest episode of all members ended: slower than one at a time where episode
+    lengths vary), it evaluates them one at a time and says why; the batch's numbers are the same there too."""
     from rlspeed.population import base
 
     batches = []
@@ -634,6 +636,11 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
         return played(self, seeds, *args, **kwargs)
 
     monkeypatch.setattr(base.PopulationBase, "_mean_returns", counted)
+    capsys.readouterr()
+    assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7"]) == 0
+    assert batches == [] and ("rlspeed: evaluating the members one at a time, not as one batch: The members' env "
+                              "(gymnasium backend) steps row by row") in capsys.readouterr().err
+    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))  # (the batch's numbers, compared)
     printed = {}
     for batched in (True, False):  # (the command's own choice first, then each member alone)
         if not batched:
@@ -648,11 +655,13 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
         0 < length <= 50 for member in members for length in member["lengths"])
     # (with progress shown, the batch, which has no bar and whose members' lines come when all are done, says so)
     monkeypatch.undo()
+    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))
     assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7"]) == 0
     assert "rlspeed: evaluating the 2 members as one batch, 3 episodes each ..." in capsys.readouterr().err
 
 
-def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_plays_their_own_episodes(capsys):
+def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_plays_their_own_episodes(capsys,
+                                                                                                       monkeypatch):
     """A Dict-observation population with normalize_obs: its member files name each key's statistics
     (`obs_rms.<key>.mean`, ...), which the batch restored as flat `obs_rms.mean` only, so `rlspeed eval RUN_DIR` fell
     back to one member at a time without a word. The batch holds each member's statistics and plays the episodes
@@ -662,7 +671,7 @@ def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_pl
     import gymnasium as gym
 
     from rlspeed import PPO
-    from rlspeed.population import Population
+    from rlspeed.population import Population, base
 
     if "DictCartPole-v0" not in gym.registry:
         gym.register("DictCartPole-v0", entry_point=_dict_cartpole, max_episode_steps=500)
@@ -671,6 +680,7 @@ def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_pl
     population.learn(64)  # (statistics of their own, not fresh ones)
     models = [population.member_model(k) for k in range(2)]
     capsys.readouterr()
+    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))  # (its batch: not the command's choice)
     results = cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6])
     assert capsys.readouterr().err == ""
     assert [result["returns"] for result in results] == [model.evaluate(episodes=2, seed=seed)["returns"]
@@ -684,7 +694,7 @@ def test_eval_run_dir_says_why_its_members_are_not_evaluated_as_one_batch(capsys
 
     from rlspeed import PPO
 
-    models = [PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, verbose=0) for _ in range(2)]
+    models = [PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, env_backend="torch", verbose=0) for _ in range(2)]
     capsys.readouterr()
     assert cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6]) is None
     assert capsys.readouterr().err == ("rlspeed: evaluating the members one at a time, not as one batch: Seed(s) 0 "

@@ -780,6 +780,14 @@ class EvaluationStopped(Exception):
     """An evaluation left unfinished for a stop request (`first_episode_returns`' `stop`)."""
 
 
+#: the evaluation backends on which members' evaluations batched into one env are not slower than one member's after
+#: another: envs that step all their rows in one call (native envs, EnvPool). Gymnasium's envs step row by row, and a
+#: batch steps every row until the longest episode of all its members' ends (`first_episode_returns`), so where
+#: episode lengths vary it costs more than the members one at a time, each until its own longest episode ends
+#: (`rlspeed eval RUN_DIR` evaluates them one at a time there)
+BATCH_EVALUATION_BACKENDS = ("torch", "envpool")
+
+
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
                           stop: Callable[[], bool] | None = None, max_steps: int | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
