@@ -931,3 +931,61 @@ def test_auto_accelerate_of_an_rlspeed_model_names_accelerate_auto():
         auto_accelerate(model)
     with pytest.raises(UserError, match="expects a torch.nn.Module, got list"):
         auto_accelerate([])
+
+
+def test_before_a_decision_the_lines_run_the_plain_scripts_torch_operations():
+    """A CleanRL-style script with `auto_accelerate` on its rollout network and `accelerate_step` for its update
+    (`fused_optimizer=False`), before anything is decided, runs the plain script's torch operations, each as often
+    (the step adds one `detach`, of the loss it returns), starts no thread and leaves torch's thread counts and grad
+    mode as they were: counts that hold whatever the machine's load, which the time of a short script does not."""
+    import collections
+    import threading
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if str(func).startswith("aten."):  # (not the profiler's markers: zero_grad's, which the step skips)
+                self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    def script(lines: bool) -> collections.Counter:
+        torch.manual_seed(0)
+        q_network = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+        target = copy.deepcopy(q_network)
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=1e-3)
+
+        def loss_fn(obs, actions, rewards, next_obs):
+            with torch.no_grad():
+                td_target = rewards + 0.99 * target(next_obs).max(dim=1).values
+            return nn.functional.mse_loss(q_network(obs).gather(1, actions).squeeze(1), td_target)
+
+        if lines:
+            q_network = auto_accelerate(q_network)
+            step = accelerate_step(loss_fn, optimizer, fused_optimizer=False)
+        batch = (torch.randn(8, 4), torch.randint(0, 2, (8, 1)), torch.randn(8), torch.randn(8, 4))
+        with CountOps() as counter:
+            for _ in range(3):
+                q_network(torch.randn(1, 4)).argmax(dim=1)  # (the rollout's call, with grad as in CleanRL's DQN)
+                if lines:
+                    step(*batch)
+                else:
+                    loss = loss_fn(*batch)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+        if lines:
+            assert q_network.accel_report.decisions[-1].source == step.report.decisions[-1].source == "waiting"
+        return counter.ops
+
+    threads = (threading.active_count(), torch.get_num_threads(), torch.get_num_interop_threads())
+    plain = script(lines=False)
+    accelerated = script(lines=True)
+    assert accelerated - plain == collections.Counter({"aten.detach.default": 3})
+    assert plain - accelerated == collections.Counter()
+    assert (threading.active_count(), torch.get_num_threads(), torch.get_num_interop_threads()) == threads
+    assert torch.is_grad_enabled()
