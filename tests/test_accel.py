@@ -989,3 +989,27 @@ def test_before_a_decision_the_lines_run_the_plain_scripts_torch_operations():
     assert plain - accelerated == collections.Counter()
     assert (threading.active_count(), torch.get_num_threads(), torch.get_num_interop_threads()) == threads
     assert torch.is_grad_enabled()
+
+
+def test_auto_leaves_adam_unfused_on_a_cpu_running_several_threads():
+    """On a CPU running several torch threads, the fused Adam kernel splits every parameter over the threads at each
+    step (more thread-pool synchronisations than torch's default loop for a small network): `auto` leaves the
+    optimizer as the script made it there and says so, fuses with one thread; True fuses anyway."""
+    def fused_after_a_step(threads: int, fused_optimizer="auto"):
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            step = accelerate_step(lambda x: model(x).square().mean(), optimizer, precision="fp32",
+                                   fused_optimizer=fused_optimizer)
+            step(torch.randn(8, 4))
+        finally:
+            torch.set_num_threads(previous)
+        return optimizer.param_groups[0]["fused"], step.report.notes
+
+    fused, notes = fused_after_a_step(2)
+    assert not fused
+    assert any("left as is: torch runs 2 threads" in note for note in notes)
+    assert fused_after_a_step(1)[0] is True
+    assert fused_after_a_step(2, fused_optimizer=True)[0] is True

@@ -110,8 +110,9 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
             with its whole-step CUDA graph on CUDA, until its calls have taken long enough to pay for the search, as
             `auto_accelerate`'s calls do).
         fused_optimizer: ``auto`` switches a torch.optim.Adam/AdamW to its fused kernel (same algorithm, one kernel
-            for all parameters; not saved in its `state_dict()`) unless ``RLSPEED_ACCELERATE=off``; False leaves it
-            alone.
+            for all parameters; not saved in its `state_dict()`) unless ``RLSPEED_ACCELERATE=off``, on a CPU only
+            while torch runs one thread (`torch.get_num_threads()` at the first call: with more, the kernel splits
+            every parameter over them at every step); True switches it wherever it can; False leaves it alone.
         name: a name for the report (default: the function's name).
 
     ``RLSPEED_ACCELERATE`` forces a strategy as for `auto_accelerate`.
@@ -585,8 +586,17 @@ class AcceleratedStep:
             return
         if self.request.forced_by_env is not None and self._candidates == [Strategy()]:
             return  # RLSPEED_ACCELERATE=off/fp32: leave everything as the user wrote it
+        threads = torch.get_num_threads()
         for optimizer in self.optimizers:
             why_not = _fused_blocker(optimizer, self.device)
+            if why_not is None and self._fused_request == "auto" and self.device.type == "cpu" and threads > 1:
+                # (the fused CPU kernel splits every parameter of more than a cache line over the threads, one
+                # thread-pool region per parameter and step; torch's default loop splits only tensors above its grain
+                # size: for a small network, more synchronisations than the one kernel saves)
+                self.report.note(f"{type(optimizer).__name__} left as is: torch runs {threads} threads, over which "
+                                 "the fused CPU kernel would split every parameter at every step (fused_optimizer=True "
+                                 "fuses it anyway; with one thread, auto does).")
+                continue
             if why_not is None:
                 _switch_to_fused(optimizer)
                 self.report.note(f"{type(optimizer).__name__} switched to its fused kernel (same algorithm, one "
