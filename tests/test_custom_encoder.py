@@ -531,3 +531,39 @@ def test_encoder_settings_an_own_encoder_never_reads_are_said_to_do_nothing(tmp_
         PixelsPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0)
         assert PixelsConfigPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16,
                                normalize_images=False).policy.encoder.features_dim == 16
+
+
+def _config_width(model) -> int:
+    return model.config.cnn_features_dim
+
+
+class HelperConfigPPO(PPO):
+    def _make_encoder(self, network):
+        return self._own_encoder()
+
+    def _own_encoder(self):
+        return Widened(self.spec.obs_dim, self.config.cnn_features_dim)
+
+
+class ComprehensionConfigPPO(PPO):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, [self.config.cnn_features_dim for _ in range(1)][0])
+
+
+class FunctionConfigPPO(PPO):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, _config_width(self))
+
+
+@pytest.mark.parametrize("algo", [HelperConfigPPO, ComprehensionConfigPPO, FunctionConfigPPO])
+def test_encoder_settings_read_through_a_helper_are_not_said_to_do_nothing(algo):
+    """A `_make_encoder` that reads `self.config` in a method or function it calls, or in a comprehension, uses the
+    setting: it was said to have no effect (the check read only `_make_encoder`'s own names)."""
+    from rlspeed.errors import UnusedSettingWarning
+
+    if "rlspeed-test/Pixels-v0" not in gym.registry:
+        gym.register("rlspeed-test/Pixels-v0", entry_point=Pixels, max_episode_steps=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        model = algo("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16)
+    assert model.policy.encoder.features_dim == 16

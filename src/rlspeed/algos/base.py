@@ -421,6 +421,45 @@ def _config_names(algorithm: type) -> frozenset[str]:
 _TORCH_PICKLING = threading.local()
 
 
+def _may_read_config(function: Callable, owner: type) -> bool:
+    """Whether `function` (a subclass's `_make_encoder`) may read the model's config: the name `config` in its code,
+    in the code it nests (lambdas, comprehensions, inner functions) or in the code of what it names: methods of
+    `owner` and its bases (`super()._make_encoder`), functions and module attributes of its module, classes' `__init__`
+    of its module, and what their code names in turn where they are of `function`'s module (others are read, not
+    followed). A static reading that errs towards yes: a setting is said to do nothing only where no code that
+    `function` reaches names `config`; yes where `function` has no code to read (a `functools.partialmethod`)."""
+    if not isinstance(getattr(function, "__code__", None), types.CodeType):
+        return True
+    home = getattr(function, "__module__", None)
+    seen: set[int] = set()
+    todo: list = [function]
+    while todo:
+        item = todo.pop()
+        item = getattr(item, "fget", None) or getattr(item, "__func__", None) or item  # (properties, classmethods)
+        if isinstance(item, type):
+            item = vars(item).get("__init__") if item.__module__ == home else None
+        code = getattr(item, "__code__", None)
+        if not isinstance(code, types.CodeType) or id(code) in seen:
+            continue
+        scope = getattr(item, "__globals__", {})
+        follow = getattr(item, "__module__", None) == home
+        codes = [code]
+        while codes:
+            code = codes.pop()
+            seen.add(id(code))
+            if "config" in code.co_names:
+                return True
+            codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
+            if follow:
+                modules = [scope[name] for name in code.co_names if isinstance(scope.get(name), types.ModuleType)]
+                for name in code.co_names:
+                    todo += [vars(base)[name] for base in owner.__mro__ if name in vars(base)
+                             and not name.startswith("__")]
+                    todo += [scope[name]] if name in scope else []
+                    todo += [vars(module)[name] for module in modules if name in vars(module)]
+    return False
+
+
 def _picklable(value) -> bool:
     """Whether `value` pickles (with torch's pickler, as a model's attributes do)."""
     try:
@@ -2963,8 +3002,7 @@ class Algorithm:
         of its own and never reads `self.config` (nothing then reads them); settings already said idle on this env
         (`env_inert_settings`) are not said again."""
         make = type(self)._make_encoder
-        code = getattr(make, "__code__", None)
-        if getattr(make, "__module__", "rlspeed.").startswith("rlspeed.") or code is None or "config" in code.co_names:
+        if getattr(make, "__module__", "rlspeed.").startswith("rlspeed.") or _may_read_config(make, type(self)):
             return
         kinds = set()
         for network in self._modules().values():
