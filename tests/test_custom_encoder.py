@@ -567,3 +567,39 @@ def test_encoder_settings_read_through_a_helper_are_not_said_to_do_nothing(algo)
         warnings.simplefilter("error", UnusedSettingWarning)
         model = algo("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16)
     assert model.policy.encoder.features_dim == 16
+
+
+class AroundCNN(Encoder):
+    """rlspeed's CNN (`make_encoder`) with a linear layer of the user's own after it (every weight 0.5)."""
+
+    kind = "wrapped CNN"
+
+    def __init__(self, space: gym.Space):
+        super().__init__()
+        from rlspeed.nn import make_encoder
+
+        self.cnn = make_encoder(space, "cnn", cnn_features_dim=8)
+        self.linear = nn.Linear(8, 4)
+        self.features_dim = 4
+        nn.init.constant_(self.linear.weight, 0.5)
+
+    def forward(self, obs):
+        return torch.tanh(self.linear(self.cnn(obs)))
+
+
+class AroundCNNPPO(PPO):
+    def _make_encoder(self, network):
+        return AroundCNN(self.spec.observation_space)
+
+
+def test_ortho_init_false_reinitialises_rlspeeds_encoder_inside_ones_own():
+    """`ortho_init=False` gives rlspeed's layers PyTorch's initialisation, the CNN `make_encoder` built inside an
+    encoder of the user's own too (it kept its orthogonal one); the user's own layer keeps its initialisation."""
+    if "rlspeed-test/Pixels-v0" not in gym.registry:
+        gym.register("rlspeed-test/Pixels-v0", entry_point=Pixels, max_episode_steps=8)
+    orthogonal = AroundCNNPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0).policy.encoder
+    default = AroundCNNPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0, ortho_init=False).policy.encoder
+    assert torch.equal(default.linear.weight, torch.full_like(default.linear.weight, 0.5))
+    convs = [(name, value) for name, value in default.cnn.named_parameters() if value.dim() >= 2]
+    before = dict(orthogonal.cnn.named_parameters())
+    assert convs and not any(torch.equal(value, before[name]) for name, value in convs)

@@ -114,18 +114,22 @@ def default_init_(module: nn.Module) -> nn.Module:
     return module
 
 
-
 def _modules_outside_own_encoders(module: nn.Module) -> Iterator[nn.Module]:
-    """`module` and its submodules (as `modules()`, each once), less the encoders of the user's own and theirs."""
+    """`module` and its submodules (as `modules()`, each once), less the encoders of the user's own and their layers;
+    rlspeed's encoders inside one (`make_encoder`'s, wrapped) are rlspeed's layers and come with theirs."""
     seen: set[int] = set()
-    todo = [module]
+    todo = [(module, False)]
     while todo:
-        layer = todo.pop()
-        if id(layer) in seen or isinstance(layer, Encoder) and not type(layer).__module__.startswith("rlspeed."):
+        layer, inside_own = todo.pop()
+        if id(layer) in seen:
             continue
         seen.add(id(layer))
-        yield layer
-        todo.extend(reversed(list(layer.children())))
+        if isinstance(layer, Encoder):
+            inside_own = not type(layer).__module__.startswith("rlspeed.")
+        if not inside_own:
+            yield layer
+        todo.extend((child, inside_own) for child in reversed(list(layer.children())))
+
 
 #: torch.nn layers whose forward is the same in train and eval mode (exact types: a subclass may read `training`)
 _MODE_FREE_LAYERS = frozenset({
