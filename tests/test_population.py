@@ -618,6 +618,16 @@ def test_other_algorithms_and_envs_are_refused():
         Population(PPO, "CartPole-v1", seeds=[0], env_backend="bogus")
 
 
+def test_an_env_of_ones_own_is_refused_saying_what_gives_a_population_on_it():
+    """A batched env of the user's own (docs/envs.md's), its class or a function making one has no id a population
+    makes K members' envs from: the refusal says so and what to do (a Gymnasium id, or one run per seed)."""
+    for env, what in [(CartPole(num_envs=2), "a CartPole"), (CartPole, "the class CartPole"),
+                      (lambda: CartPole(num_envs=2), "the function <lambda>")]:
+        with pytest.raises(UserError, match=rf"takes an env id .*not {what}: an env of your own .*gymnasium.register"
+                                            r".* or train each seed as its own run\.$"):
+            Population(PPO, env, seeds=[0])
+
+
 @pytest.mark.parametrize("space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiBinary(2)])
 def test_multi_discrete_and_multi_binary_actions_are_refused_naming_the_space(space):
     """The refusal names the env's action space, which the user knows (it said "needs a multi_categorical policy",
