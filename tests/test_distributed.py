@@ -1248,3 +1248,27 @@ def test_a_refusal_after_an_attempt_that_took_the_run_directory_is_said_again(tm
     assert attempt(1, busy=True) is True  # (refused alike: said once)
     assert attempt(2, busy=False) == out  # (took DIR and trained)
     assert attempt(3, busy=True) is False  # (said again)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_leaves_with_rank_0s_code(monkeypatch, rank):
+    """A Ctrl-C reaching every worker while rank 0 evaluated the finished run ended rank 0 with 130 and the others
+    with 0 (their run had returned before its stops were read): every rank now leaves with rank 0's code, the one its
+    line says (`DistributedStrategy.leave`, agreed as the ranks meet to leave). Rank 0's peer here returned 130 while
+    this rank returns 0, or the other way round; the collective sums what each rank puts in."""
+    from rlspeed import distributed
+    from rlspeed.lifetime import SAID_FOLDER_VARIABLE
+
+    def all_reduce(tensor, op=None):  # (the peer's share: rank 0's 130 where this is rank 1, else rank 1's nothing)
+        tensor.add_(130.0 if rank == 1 else 0.0)
+
+    exits = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: None)
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(distributed.atexit, "_run_exitfuncs", lambda: None)
+    monkeypatch.setattr(distributed.os, "_exit", exits.append)
+    monkeypatch.delenv(SAID_FOLDER_VARIABLE, raising=False)
+    RankOf2(rank=rank).leave(130 if rank == 0 else 0)
+    assert exits == [130]

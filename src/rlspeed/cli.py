@@ -2819,7 +2819,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             code = _save_interrupted(run, run_dir, interrupted, held)
             _stage_run_saved(run_dir)
             return code
-        if not main:
+        if not main:  # (the other ranks leave with rank 0's code, a stop's as it evaluates too: `leave`)
             return 0
         held[:0] = signals  # (one that came as the last iteration ended: the first the final evaluation meets)
         # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended)

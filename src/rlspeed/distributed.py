@@ -185,8 +185,14 @@ class DistributedStrategy:
         `destroy_process_group`: about one run in 10-25 of the two-rank tests, reported by torchrun as a failure).
         The exit handlers run first, as at a normal exit (the libraries' temporary directories, W&B's among them, are
         removed by them: each --nproc --track run left two in the temp directory). In a single process it only
-        returns `code`."""
-        self.shutdown(wait=True)
+        returns `code`. Every rank leaves with rank 0's `code`, the run's (its line said by rank 0: a stop that came
+        as rank 0 evaluated ends every rank with the stop's code, not rank 0 alone), agreed in place of the barrier."""
+        if self.enabled and dist.is_initialized():
+            agreed = torch.tensor([float(code) if self.is_main else 0.0], device=self.device)
+            with self._peers_answer():
+                dist.all_reduce(agreed, op=dist.ReduceOp.SUM)  # (every rank here, as `shutdown`'s barrier)
+            code = int(agreed.item())
+        self.shutdown(wait=False)
         if self.enabled:
             tell_launcher(code)
             # (it reports a handler's error itself and goes on with the others; Python 3.10 re-raises the last one,
