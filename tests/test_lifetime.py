@@ -291,6 +291,40 @@ def test_nproc_waits_for_the_workers_whatever_stop_comes_as_torchrun_ends(monkey
             f"rlspeed: interrupted ({stop}) as torchrun ended: nothing was cut short; the run is saved in {run}"]
 
 
+def test_a_stop_as_nproc_cleans_up_after_workers_that_wrote_nothing_waits_for_the_clean_up(monkeypatch, tmp_path,
+                                                                                            capsys):
+    """torchrun failed (exit code 1) before its workers wrote anything: the launcher removes the run directory it made
+    (its lock file) and the parents it made, so that a rerun is not refused. A Ctrl-C as it removed them raised out of
+    the launcher (after its block where stops wait) and left the folders behind: the clean-up is finished now, the
+    stop said in one line, and the command ends with torchrun's code."""
+    from rlspeed import cli
+
+    remove_empty = cli._remove_empty
+
+    class Torchrun:  # (its workers failed before writing anything)
+        def __init__(self, command, env, start_new_session, pass_fds):
+            pass
+
+        def wait(self):
+            return 1
+
+    def stop_as_it_cleans_up(directories):
+        signal.raise_signal(signal.SIGINT)
+        remove_empty(directories)
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(cli, "adopting_orphans", lambda words: contextlib.nullcontext([]))
+    monkeypatch.setattr(cli, "_remove_empty", stop_as_it_cleans_up)
+    made = tmp_path / "made"
+    run = made / "run"
+    code = main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--device", "cpu", "--no-progress", "--out", str(run)])
+    stderr = capsys.readouterr().err
+    assert code == 1 and not made.exists(), stderr
+    assert [line for line in stderr.splitlines() if "interrupted" in line] == [
+        "rlspeed: interrupted (Ctrl-C) as torchrun ended: nothing was cut short; the command ends with torchrun's "
+        "code, 1"], stderr
+
+
 def test_a_stop_while_nproc_waits_for_the_processes_torchrun_left_is_said_at_once(monkeypatch, tmp_path, capsys):
     """torchrun that ended by itself (exit code 0) leaving a process running: the launcher waited up to 30 s for it
     without a word, and a Ctrl-C then did nothing, the command ending with 0. The wait is said as it begins, a stop

@@ -3309,7 +3309,12 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             wait_for_adopted(left, timeout_s=5.0)
             print(f"rlspeed: killed the {len(left)} process(es) still running {TORCHRUN_GRACE_S:g} s after torchrun "
                   "ended: the run keeps its last checkpoint.", file=sys.stderr, flush=True)
-        # (a stop from here on raises: `_main` says it with the stage)
+        if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
+            with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
+                (run_dir / RUN_LOCK).unlink(missing_ok=True)
+                _remove_empty([run_dir, *parents])
+        # (the stops held to here, its clean-up done, end the command; one from here on raises: `_main` says it with
+        # the stage)
         _stage("ending the command", left=f"torchrun has ended, and '{run_dir}' holds what its processes wrote")
     if held and not received:  # (a stop that came once torchrun had ended: the command ends with it, said once)
         stopped, name = _stop_said(_stop_of(held[0]))
@@ -3318,10 +3323,6 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             print(f"rlspeed: interrupted ({name}) as torchrun ended: nothing was cut short; {ended}", file=sys.stderr,
                   flush=True)
         code = code or stopped
-    if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
-        with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
-            (run_dir / RUN_LOCK).unlink(missing_ok=True)
-            _remove_empty([run_dir, *parents])
     return (130 if received[0] == signal.SIGINT else 143) if received else code
 
 
