@@ -2626,14 +2626,17 @@ def test_the_workers_left_of_a_stable_baselines3_subprocess_vec_env_close_their_
 
 
 class _AnswersLateAndLarge(_ContractBreakingEnv):
-    """A well-behaved env whose second step takes a while and answers a large info (8 MB: more than a pipe holds)."""
+    """A well-behaved env whose second step answers a large info (8 MB: more than a pipe holds) once `begun` is set:
+    as the close of its SubprocVecEnv has begun."""
+
+    def __init__(self, begun):
+        super().__init__()
+        self.begun = begun
 
     def step(self, action):
         stepped = super().step(action)
         if self.t == 2:
-            import time
-
-            time.sleep(0.3)  # (the answer comes after the close has begun; the test passes whatever the timing)
+            self.begun.wait(timeout=300)  # (set by the test as the close sends its command: generous, never reached)
             stepped = (*stepped[:4], {"large": np.zeros(2_000_000, np.float32)})
         return stepped
 
@@ -2641,13 +2644,24 @@ class _AnswersLateAndLarge(_ContractBreakingEnv):
 def test_a_stable_baselines3_worker_answering_late_and_large_is_closed_by_its_command():
     """After one SubprocVecEnv worker ended, a worker whose answer to the broken step came after the close began (a
     large one: its send waits for a reader) waited out the close's 30 s and was terminated, its env's close() never
-    run: its answer is read as it comes, and it closes its env at once."""
+    run: its answer is read as it comes, and it closes its env at once. The answer is given once the close has sent
+    the worker its command, whatever the machine's load."""
     from rlspeed.errors import CloseErrors
 
-    envs, env = _worker_0_ended(_AnswersLateAndLarge)
+    begun = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None).Event()
+    envs, env = _worker_0_ended(functools.partial(_AnswersLateAndLarge, begun))
+    remote = envs.remotes[1]
+    send = remote.send
+
+    def send_then_answer(message):  # (the close's command to worker 1: its step answers after it)
+        send(message)
+        if message[0] == "close":
+            begun.set()
+
+    remote.send = send_then_answer
     with CloseErrors() as closing:
         env.close()
-    assert closing.errors == [] and envs.closed
+    assert begun.is_set() and closing.errors == [] and envs.closed
     assert [process.exitcode for process in envs.processes] == [1, 0]  # (worker 1 ended by its close, not a signal)
 
 
