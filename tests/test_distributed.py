@@ -1072,7 +1072,8 @@ def test_a_stop_as_the_processes_leave_under_torchrun_by_hand_is_one_line_on_ran
                                                                                      rank):
     """A Ctrl-C that came once the run had ended, saved, while the ranks left together (`DistributedStrategy.leave`),
     ended rank 0 of torchrun started by hand with exit code 130 and no word (the `--nproc` launcher says the stop
-    itself): rank 0 says it in one line; the other ranks stay quiet."""
+    itself): rank 0 says it in one line, the one a single process says at that moment (it said another sentence,
+    "as the processes left, after the run had ended"); the other ranks stay quiet."""
     from rlspeed import cli, distributed
     from rlspeed.lifetime import LAUNCHER_PID_VARIABLE
 
@@ -1081,6 +1082,7 @@ def test_a_stop_as_the_processes_leave_under_torchrun_by_hand_is_one_line_on_ran
             raise KeyboardInterrupt
 
     def train(args, algo_cls, strategy, *rest) -> int:
+        cli._stage_run_saved(Path(args.out))  # (as a run's end does, its files written)
         return 0
 
     monkeypatch.setattr(distributed, "DistributedStrategy", lambda **kwargs: Leaving(rank=int(rank)))
@@ -1091,8 +1093,8 @@ def test_a_stop_as_the_processes_leave_under_torchrun_by_hand_is_one_line_on_ran
     monkeypatch.delenv(LAUNCHER_PID_VARIABLE, raising=False)
     assert cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--out", str(tmp_path / "run")]) == 130
     said = capsys.readouterr().err.splitlines()
-    assert said == ([f"rlspeed: interrupted (Ctrl-C) as the processes left, after the run had ended (its lines above; "
-                     f"what it wrote in '{tmp_path / 'run'}' stays)."] if rank == "0" else [])
+    assert said == ([f"rlspeed: interrupted (Ctrl-C) while ending the command: the run is saved in "
+                     f"'{tmp_path / 'run'}'."] if rank == "0" else [])
 
 
 @pytest.mark.parametrize("rank", [0, 1])
