@@ -555,10 +555,42 @@ class FunctionConfigPPO(PPO):
         return Widened(self.spec.obs_dim, _config_width(self))
 
 
-@pytest.mark.parametrize("algo", [HelperConfigPPO, ComprehensionConfigPPO, FunctionConfigPPO])
+def _unwrapped(function):
+    """A decorator without functools.wraps."""
+    def call(*args, **kwargs):
+        return function(*args, **kwargs)
+    return call
+
+
+class DecoratedConfigPPO(PPO):
+    @torch.no_grad()
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, self.config.cnn_features_dim)
+
+
+class PlainlyDecoratedConfigPPO(PPO):
+    @_unwrapped
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, self.config.cnn_features_dim)
+
+
+class GetattrConfigPPO(PPO):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, getattr(self, "config", None).cnn_features_dim)
+
+
+class DecoratedPPO(PPO):
+    @torch.no_grad()
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, 8)
+
+
+@pytest.mark.parametrize("algo", [HelperConfigPPO, ComprehensionConfigPPO, FunctionConfigPPO, DecoratedConfigPPO,
+                                  PlainlyDecoratedConfigPPO, GetattrConfigPPO])
 def test_encoder_settings_read_through_a_helper_are_not_said_to_do_nothing(algo):
-    """A `_make_encoder` that reads `self.config` in a method or function it calls, or in a comprehension, uses the
-    setting: it was said to have no effect (the check read only `_make_encoder`'s own names)."""
+    """A `_make_encoder` that reads `self.config` in a method or function it calls, in a comprehension, under a
+    decorator (`@torch.no_grad()`) or by `getattr(self, "config")` uses the setting: it was said to have no effect
+    (the check read only `_make_encoder`'s own names, a decorator's wrapper's where decorated)."""
     from rlspeed.errors import UnusedSettingWarning
 
     if "rlspeed-test/Pixels-v0" not in gym.registry:
@@ -567,6 +599,16 @@ def test_encoder_settings_read_through_a_helper_are_not_said_to_do_nothing(algo)
         warnings.simplefilter("error", UnusedSettingWarning)
         model = algo("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16)
     assert model.policy.encoder.features_dim == 16
+
+
+def test_a_decorated_make_encoder_never_reading_the_config_is_said_to_leave_the_settings_idle():
+    """Following a decorator's wrapped function reads it, not the decorator's own code as the model's."""
+    from rlspeed.errors import UnusedSettingWarning
+
+    if "rlspeed-test/Pixels-v0" not in gym.registry:
+        gym.register("rlspeed-test/Pixels-v0", entry_point=Pixels, max_episode_steps=8)
+    with pytest.warns(UnusedSettingWarning, match=r"^cnn_features_dim=16 has no effect: DecoratedPPO\._make_encoder"):
+        DecoratedPPO("rlspeed-test/Pixels-v0", device="cpu", seed=0, cnn_features_dim=16)
 
 
 class AroundCNN(Encoder):

@@ -426,8 +426,10 @@ def _may_read_config(function: Callable, owner: type) -> bool:
     in the code it nests (lambdas, comprehensions, inner functions) or in the code of what it names: methods of
     `owner` and its bases (`super()._make_encoder`), functions and module attributes of its module, classes' `__init__`
     of its module, and what their code names in turn where they are of `function`'s module (others are read, not
-    followed). A static reading that errs towards yes: a setting is said to do nothing only where no code that
-    `function` reaches names `config`; yes where `function` has no code to read (a `functools.partialmethod`)."""
+    followed); a decorated function's own (`__wrapped__`, a decorator's closure: `@torch.no_grad()`) too. A static
+    reading that errs towards yes: a setting is said to do nothing only where no code that `function` reaches names
+    `config` (an attribute, a global or the string: `getattr(self, "config")`); yes where `function` has no code to
+    read (a `functools.partialmethod`)."""
     if not isinstance(getattr(function, "__code__", None), types.CodeType):
         return True
     home = getattr(function, "__module__", None)
@@ -441,13 +443,17 @@ def _may_read_config(function: Callable, owner: type) -> bool:
         code = getattr(item, "__code__", None)
         if not isinstance(code, types.CodeType) or id(code) in seen:
             continue
+        todo += [item.__wrapped__] if hasattr(item, "__wrapped__") else []  # (a decorated function: its own code)
+        for cell in getattr(item, "__closure__", None) or ():  # (a decorator without functools.wraps holds it here)
+            with contextlib.suppress(ValueError):  # (an empty cell)
+                todo.append(cell.cell_contents)
         scope = getattr(item, "__globals__", {})
         follow = getattr(item, "__module__", None) == home
         codes = [code]
         while codes:
             code = codes.pop()
             seen.add(id(code))
-            if "config" in code.co_names:
+            if "config" in code.co_names or "config" in code.co_consts:
                 return True
             codes += [const for const in code.co_consts if isinstance(const, types.CodeType)]
             if follow:
