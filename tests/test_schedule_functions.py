@@ -112,6 +112,30 @@ def test_a_model_file_names_its_schedule_functions_and_load_asks_for_them(tmp_pa
         resumed.learn(64, progress_bar=False)
 
 
+def test_a_cli_resume_of_a_scheduled_run_is_refused_before_it_writes_in_the_run(tmp_path, monkeypatch, capsys):
+    """`rlspeed train --resume` of a run Python's learn made with a schedule function was refused (exit 2) only at
+    learn, after it had written config.yaml (the preset's settings, not the run's) and summary.json into the run: a
+    refusal writes nothing, and its sentence says that the command line cannot give a function."""
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    model = rlspeed.PPO("CartPole-v1", learning_rate=linear_schedule(1e-3), seed=0, device="cpu", env_backend="torch",
+                        num_envs=2, num_steps=16, batch_size=32, n_epochs=1)
+    model.learn(32, progress_bar=False, run_dir="run", checkpoint_freq=32)
+    model.close()
+    before = {path.name: path.read_bytes() for path in (tmp_path / "run").iterdir() if path.is_file()}
+    assert "checkpoint.safetensors" in before
+    capsys.readouterr()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--out", "run", "--resume", "--total-timesteps", "64",
+                     "--no-progress"]) == 2
+    after = {path.name: path.read_bytes() for path in (tmp_path / "run").iterdir() if path.is_file()
+             and path.name != ".rlspeed.lock"}  # (the command's lock on the directory)
+    assert after == before
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "learning_rate=linear_schedule.<locals>.func" in err[0], err
+    assert "the command line cannot give" in err[0] and "PPO(env, learning_rate=...).resume(path)" in err[0]
+
+
 @pytest.mark.parametrize(("schedule", "said"), [
     (lambda progress: "x", r"returned 'x' at progress_remaining=1: a schedule returns a finite number >= 0"),
     (lambda progress: progress - 0.5, r"returned -0.5 at progress_remaining=0: a schedule returns a finite number"),

@@ -2242,6 +2242,20 @@ def _fits(load, path: Path, what: str):
         raise UserError(f"'{path}' does not fit {what} ({first[:300]}).") from error
 
 
+def _refuse_missing_schedules(model, checkpoint: Path) -> None:
+    """UserError in one sentence where `checkpoint` was saved by a model calling schedule functions (Python's
+    `learning_rate=linear_schedule(1e-3)`), whose code a file does not keep and the command line cannot give: its
+    learn would refuse, so the resume is refused before it writes anything in the run directory."""
+    from rlspeed.algos.base import missing_schedules_words
+
+    if model._schedules_missing:
+        plural, given, again = missing_schedules_words(model._schedules_missing)
+        raise UserError(f"'{checkpoint}' was saved by a model calling the schedule function{plural} {given} at "
+                        f"every update, which a model file does not keep (it holds no code) and the command line "
+                        f"cannot give: resume the run in Python ({type(model).__name__}(env, {again}).resume(path), "
+                        "then its learn(..., run_dir=DIR) goes on in the run).")
+
+
 def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
     main = strategy.is_main
     if args.out is None and strategy.enabled:
@@ -2319,6 +2333,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                 raise
             raise UserError(f"{error} The run's model.safetensors is kept (rlspeed eval {_shell_path(run_dir)} "
                             "evaluates it); --overwrite starts the run afresh.") from None
+        _refuse_missing_schedules(model, checkpoint)  # (before config.yaml: a refusal writes nothing in the run)
         resumed_from = model.num_timesteps
         restarts = max(restarts, model.restarts)
         _stage("starting the run", run_dir=run_dir)

@@ -835,6 +835,13 @@ def schedule_value(key: str, function: Callable, progress: float) -> float:
     return float(value)
 
 
+def missing_schedules_words(missing: dict) -> tuple[str, str, str]:
+    """A refusal's words for the schedule functions `missing` ({setting: name}) that a model file was saved with and
+    that were not given again: ('s' for several or '', 'key=name, ...', 'key=..., ...')."""
+    return ("s" * (len(missing) > 1), ", ".join(f"{key}={name}" for key, name in missing.items()),
+            ", ".join(f"{key}=..." for key in missing))
+
+
 def _saved_schedule_functions(meta: dict) -> dict:
     """The schedule functions a model file was saved with (`Algorithm.save`), {setting: name}; {} for none."""
     saved = meta.get("schedule_functions")
@@ -2972,11 +2979,9 @@ class Algorithm:
         missing = self._schedules_missing
         if not missing:
             return
-        given = ", ".join(f"{key}={name}" for key, name in missing.items())
-        again = ", ".join(f"{key}=..." for key in missing)
-        several = len(missing) > 1
-        raise UserError(f"This model's file was saved with the schedule function{'s' * several} {given}, which a "
-                        f"model file does not keep (it holds no code): give {'them' if several else 'it'} again in "
+        plural, given, again = missing_schedules_words(missing)
+        raise UserError(f"This model's file was saved with the schedule function{plural} {given}, which a "
+                        f"model file does not keep (it holds no code): give {'them' if plural else 'it'} again in "
                         f"Python ({algo}.load(path, {again}), or {algo}(env, {again}).resume(path)), or a number for "
                         f"a constant value ({algo}.load(path, {again})).")
 
