@@ -216,6 +216,28 @@ def test_ppo_rollout_stores_the_mask_of_each_observation_and_masking_off_ignores
     assert unmasked.buffer.action_masks is None
 
 
+def test_use_masking_set_on_model_config_reaches_the_next_learn_or_is_refused():
+    """`model.config.use_masking = False` between learn calls was taken without a word and ignored: the further learn
+    kept the rollout (or replay) made with masks and went on masking. Now on-policy the next learn makes its rollout
+    without them; off-policy, whose replay keeps the masked transitions, it is refused in one sentence, as the replay's
+    other settings are; learn(use_masking=...) names load's way for a loaded model."""
+    model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=16, batch_size=32, n_epochs=1, device="cpu")
+    model.learn(32, progress_bar=False)
+    assert model.buffer.action_masks is not None
+    model.config.use_masking = False
+    model.learn(32, progress_bar=False)
+    assert model.buffer.action_masks is None and "action masks" not in model.update_summary()["reason"]
+    with pytest.raises(UserError, match=r"given when it is made \(PPO\(env, use_masking=\.\.\.\)\) or loaded "
+                                        r"\(PPO\.load\(path, use_masking=\.\.\.\)\)"):
+        model.learn(32, use_masking=True)
+    dqn = rlspeed.DQN("Taxi-v4", seed=0, num_envs=2, learning_starts=16, device="cpu")
+    dqn.learn(32, progress_bar=False)
+    dqn.config.use_masking = False
+    with pytest.raises(UserError, match=r"model.config.use_masking is False, but the replay buffer .* "
+                                        r"DQN.load\(path, use_masking=False\)"):
+        dqn.learn(32, progress_bar=False)
+
+
 def test_predict_and_evaluate_use_masks():
     model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=8, batch_size=16)
     obs = np.array([0, 1, 2])

@@ -1350,18 +1350,22 @@ def warn_unused_settings(config, spec: EnvSpec, env_normalises: Collection[str] 
         warn_at_caller(sentence, UnusedSettingWarning)
 
 
-def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn: Callable) -> None:
+def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn: Callable,
+                          loaded_as: str | None = None) -> None:
     """UserError for the first of `keywords` that `learn` does not take: a keyword of Stable-Baselines3's learn (with
     rlspeed's way), a setting of the model (`config_cls`'s, given when it is made: `made_as` is the start of that
-    call, "PPO(env"), or a typo (the close names among `learn`'s parameters)."""
+    call, "PPO(env"; or, but for its networks' settings, when it is loaded: `loaded_as`, "PPO.load(path"), or a typo
+    (the close names among `learn`'s parameters)."""
     taken = set(inspect.signature(learn).parameters)
     for key in keywords:
         advice = SB3_LEARN_KEYWORDS.get(key)
         if advice is not None and set(re.findall(r"learn\((\w+)=", advice)) <= taken:  # (its way is this learn's)
             raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
         if key in _field_names(config_cls):
+            loaded = (f" or loaded ({loaded_as}, {key}=...))" if loaded_as is not None and key not in _ARCHITECTURE_KEYS
+                      else "")
             raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
-                            f"({made_as}, {key}=...)).")
+                            f"({made_as}, {key}=...)){loaded}.")
         raise no_such_keyword("learn", key, taken)
 
 
@@ -2692,12 +2696,18 @@ class Algorithm:
     _n_updates_known: bool = True
     policy: torch.nn.Module
 
+    def _masks_wanted(self) -> bool:
+        """Whether this learn applies action masks: the env gives them (`_action_mask`, known after the first
+        observation), the algorithm takes them and `config.use_masking` is on (also where set on model.config since
+        the last learn)."""
+        return bool(self.supports_action_masks and getattr(self.config, "use_masking", False)
+                    and getattr(self, "_action_mask", None) is not None)
+
     def _start_masking(self) -> int | None:
         """After the first observation (`self._action_mask` known): the width of the action masks this run applies
         (the env gives them, the algorithm takes them and its `use_masking` is on), else None. Masks change the
         loss: the hand-derived update, which has none, gives way to autograd (recorded in `update_summary`)."""
-        masking = (self.supports_action_masks and getattr(self.config, "use_masking", False)
-                   and self._action_mask is not None)
+        masking = self._masks_wanted()
         if getattr(self, "_asked_for_masks", False) and self._action_mask is None:
             self._asked_for_masks = False  # (said once)
             warn_at_caller(f"use_masking=True has no effect: {self.env_id} gives no action masks (rlspeed reads "
@@ -3629,7 +3639,8 @@ class Algorithm:
         if whole_count_schedules:
             del stable_baselines3["reset_num_timesteps"]
         tb_log_name = stable_baselines3.pop("tb_log_name", None)
-        refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
+        refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn,
+                              f"{type(self).__name__}.load(path")
         _refuse_sb3_positionals(progress_bar, target_return)
         verbose = check_verbose(self.verbose)  # (also one set on the model since, as SB3's users set it)
         if progress_bar is None:

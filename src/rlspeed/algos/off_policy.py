@@ -71,7 +71,8 @@ from rlspeed.nn import (
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
 #: The settings learn makes the replay buffer with (its rows' discounts and n-step returns, capacity and layout): a
 #: further learn, which keeps the buffer, refuses another value set on `model.config` (`_check_buffer_settings`)
-_BUFFER_KEYS = ("gamma", "n_step", "buffer_size", "her", "n_sampled_goal", "goal_selection_strategy", "frame_dedup")
+_BUFFER_KEYS = ("gamma", "n_step", "buffer_size", "her", "n_sampled_goal", "goal_selection_strategy", "frame_dedup",
+                "use_masking")  # (use_masking: of the algorithms that take masks)
 
 #: What the rows of a replay file rlspeed writes hold (its `replay_buffer.contents`): the env's own observations and
 #: rewards, which `normalize_obs` and `normalize_reward` normalise per sampled batch. Files written before it was
@@ -541,7 +542,7 @@ class OffPolicyAlgorithm(Algorithm):
             if not self._episodes_restored:  # (the envs start fresh episodes: steps waiting for their n-step
                 self.buffer.restart_episodes()  # return, saved with the buffer, belong to the ended ones)
         self._made_buffer = self.buffer
-        self._buffer_settings = {name: getattr(cfg, name) for name in _BUFFER_KEYS}
+        self._buffer_settings = {name: getattr(cfg, name, None) for name in _BUFFER_KEYS}
         if getattr(self, "_replay_source", None) is not None:  # (`load_replay_buffer` before this learn)
             self._fill_replay()
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations

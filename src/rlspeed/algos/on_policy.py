@@ -299,11 +299,13 @@ class OnPolicyAlgorithm(Algorithm):
     def _continues_episodes(self, env: BatchedEnv) -> bool:
         """Whether a further learn() call goes on from where the last one stopped (its envs' episodes, observation and
         rollout storage), as the off-policy algorithms and SB3's further `learn` do: not after `resume` or `load`, a
-        rollout cut short (an exception or Ctrl-C inside it) or a change of rollout size."""
+        rollout cut short (an exception or Ctrl-C inside it), a change of rollout size or of `use_masking` set on
+        model.config since (the rollout is made again with or without its masks, `_start_masking`)."""
         buffer = getattr(self, "buffer", None)
         return (buffer is not None and self._resume is None and getattr(self, "_obs", None) is not None
                 and not getattr(self, "_mid_rollout", False) and buffer.num_envs == env.num_envs
-                and buffer.num_steps == self.config.num_steps)
+                and buffer.num_steps == self.config.num_steps
+                and bool(getattr(self, "_masking", False)) == self._masks_wanted())
 
     def _rollout_step_bytes(self) -> int:
         """Bytes per step and env of the rollout `_start` allocates (`rollout_step_bytes`; without action masks,
