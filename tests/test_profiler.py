@@ -33,6 +33,20 @@ def test_profile_splits_a_ppo_run_into_the_phases_of_its_loop():
     assert "advice:" in text and result.advice
 
 
+def test_a_profile_of_a_subclass_names_the_class_not_the_algorithm_it_inherits(monkeypatch):
+    """profile_run(MyPPO(...)) printed 'rlspeed profile: ppo CartPole-v1 ...', rlspeed's algorithm, not the class
+    profiled (which inherits PPO's `name`)."""
+    from rlspeed.diagnostics import profiler
+
+    class MyPPO(PPO):
+        pass
+
+    model = MyPPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)
+    monkeypatch.setattr(profiler, "PROFILED_MAX_STEPS", 128)
+    result = profile_run(model, steps=128, warmup_steps=0)
+    assert result.algo == "MyPPO" and str(result).startswith("rlspeed profile: MyPPO CartPole-v1")
+
+
 def test_the_profiled_run_records_at_most_a_bounded_number_of_steps(monkeypatch):
     """The profiler keeps every operation in memory: the unprofiled timing runs the steps asked for, the profiled run
     at most PROFILED_MAX_STEPS, whole iterations, at least one. What `--accelerate auto` would time (a device probe)

@@ -91,7 +91,7 @@ class OpTime:
 class Profile:
     """What `profile_run` measured; `str()` is the report `rlspeed profile` prints, `to_dict()` its JSON."""
 
-    algo: str
+    algo: str  #: rlspeed's algorithm name ("ppo"), or the class name of a model of the user's own class
     env_id: str
     device: str
     env_backend: str
@@ -338,7 +338,9 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     top_ops = [OpTime(op.key, op.count * per_1k, op.self_cpu_time_total / 1e3 * per_1k, _device_us(op) / 1e3 * per_1k)
                for op in ops[:top]]
 
-    result = Profile(algo=model.name, env_id=model.env_id, device=str(model.device), env_backend=model.env_backend,
+    # (a class of the user's own by its name: it inherits rlspeed's algorithm's `name`, "ppo")
+    algo = model.name if type(model).__module__.startswith("rlspeed.") else type(model).__name__
+    result = Profile(algo=algo, env_id=model.env_id, device=str(model.device), env_backend=model.env_backend,
                      num_envs=int(model.config.num_envs), parameters=parameter_count(model),
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
