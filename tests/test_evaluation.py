@@ -1447,3 +1447,48 @@ def test_a_target_on_an_env_without_a_time_limit_is_warned_in_the_command_lines_
         "max_episode_steps=N gives the env a time limit of N steps).")
     with pytest.warns(UserWarning, match=r"so target_return 90 is compared .* \(env_kwargs=\{'max_episode_steps'"):
         rlspeed.evaluation.warn_target_without_time_limit(spec, 90.0)
+
+
+@pytest.mark.parametrize("loop", ["evaluate", "population"])
+def test_gymnasium_rows_whose_first_episode_ended_are_not_stepped_and_the_episodes_are_the_same(loop, monkeypatch):
+    """An evaluation keeps each env row's first episode, and on Gymnasium's in-process envs (stepped row by row in
+    Python) stepped every row until the longest first episode ended: most of its env steps were thrown away where
+    lengths vary (untrained CartPole). Each row's env is now stepped exactly its first episode's steps, in
+    `rlspeed.evaluate` and in a population's evaluations (`first_episode_returns`), and each episode (return, length;
+    a stochastic policy's samples too) is the one every row stepping plays."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    from rlspeed.envs import gymnasium_env, make_env
+    from rlspeed.population.base import first_episode_returns
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, env_backend="gymnasium")
+    steps: dict[int, int] = {}
+    real_step = CartPoleEnv.step
+
+    def counted(env, action):
+        steps[id(env)] = steps.get(id(env), 0) + 1
+        return real_step(env, action)
+
+    def play(deterministic: bool) -> tuple[list[float], list[int]]:
+        steps.clear()
+        if loop == "evaluate":
+            result = rlspeed.evaluate(model, episodes=12, seed=3, deterministic=deterministic, backend="gymnasium")
+            return result["returns"], result["lengths"]
+        env = make_env("CartPole-v1", num_envs=12, seed=3, backend="gymnasium", device="cpu", evaluation=True)
+        with torch.no_grad(), torch.random.fork_rng():
+            torch.manual_seed(5)  # (a stochastic policy's samples: drawn for every row at each step)
+            returns, finished, _, lengths = first_episode_returns(
+                env, env.reset()[0], functools.partial(model.act, deterministic=deterministic))
+        assert getattr(env.env, "_resting", None) is None  # (its GymnasiumEnv: after the evaluation, all rows step)
+        env.close()
+        assert bool(finished.all())
+        return returns.tolist(), lengths.tolist()
+
+    monkeypatch.setattr(CartPoleEnv, "step", counted)
+    for deterministic in (True, False):
+        returns, lengths = play(deterministic)
+        assert sorted(steps.values()) == sorted(lengths) and len(set(lengths)) > 3  # (each env: its first episode)
+        with monkeypatch.context() as every_row:
+            every_row.setattr(gymnasium_env, "resting_rows_env", lambda env: None)
+            assert play(deterministic) == (returns, lengths)
+            assert min(steps.values()) >= max(lengths)  # (every row stepped until the longest first episode ended)

@@ -35,6 +35,7 @@ from rlspeed.envs.gymnasium_env import (
     _wrapper_layers,
     close_quietly,
     life_loss_wrappers,
+    resting_finished_rows,
 )
 from rlspeed.envs.packages import registering_modules
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, reported_reward_wrappers, vec_normalize_of
@@ -456,24 +457,27 @@ def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar
     obs, info = env.reset(seed=reset_seed)
     check_every = 64 if env.backend == "torch" else 1
     acting = _Acting(model, env, deterministic)
-    for step in range(1, limit + 1):
-        obs, info = acting.step(obs, info)
-        newly_done = info["done"] & ~finished
-        returns = torch.where(newly_done, info["episode_return"], returns)
-        lengths = torch.where(newly_done, info["episode_length"], lengths)
-        if "is_success" in info:
-            succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                newly_done & info["is_success"])
-        finished |= info["done"]
-        # the running return and length of rows still in their first episode
-        running, running_lengths = info["episode_return"], info["episode_length"]
-        # Device-native envs are checked every few steps only, to avoid a host sync per step.
-        if step % check_every == 0:
-            done = int(finished.sum())  # (one host read, as `finished.all()` was)
-            # (the steps toward the limit: episodes that end late, or never, left the bar at 0/N as if hung)
-            bar.update(done - bar.bar.n, step=f"{step:,}/{limit:,}" if progress_bar else None)
-            if done == episodes:
-                break
+    with resting_finished_rows(env) as resting:  # (rows whose first episode ended: not stepped there)
+        for step in range(1, limit + 1):
+            obs, info = acting.step(obs, info)
+            newly_done = info["done"] & ~finished
+            returns = torch.where(newly_done, info["episode_return"], returns)
+            lengths = torch.where(newly_done, info["episode_length"], lengths)
+            if "is_success" in info:
+                succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
+                    newly_done & info["is_success"])
+            finished |= info["done"]
+            if resting is not None and bool(newly_done.any()):  # ok-sync: evaluation, an env stepped on the host
+                resting.rest_rows(finished)
+            # the running return and length of rows still in their first episode
+            running, running_lengths = info["episode_return"], info["episode_length"]
+            # Device-native envs are checked every few steps only, to avoid a host sync per step.
+            if step % check_every == 0:
+                done = int(finished.sum())  # (one host read, as `finished.all()` was)
+                # (the steps toward the limit: episodes that end late, or never, left the bar at 0/N as if hung)
+                bar.update(done - bar.bar.n, step=f"{step:,}/{limit:,}" if progress_bar else None)
+                if done == episodes:
+                    break
     # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
     bar.update(int(finished.sum()) - bar.bar.n)
     unfinished = int((~finished).sum())

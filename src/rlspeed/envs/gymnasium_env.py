@@ -1891,6 +1891,10 @@ class GymnasiumEnv(BatchedEnv):
         same_step = autoreset_mode(vector_env) == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
         self._first_step = True
+        # rows `step` leaves unstepped (`rest_rows`), None: every row steps; and the host observations the last
+        # in-process step returned (a resting row's stay as they were)
+        self._resting: np.ndarray | None = None
+        self._last_obs = None
         # each in-process env's spaces as it was made, for the first reset to compare (`_check_spaces_kept`)
         self._made_spaces = ([(env.observation_space, env.action_space) for env in inner.envs]
                              if isinstance(inner, gym.vector.SyncVectorEnv) else None)
@@ -1954,6 +1958,7 @@ class GymnasiumEnv(BatchedEnv):
         dropped.
         """
         self._finish_pending()
+        self._resting = None
         if self._none_masks is not None:
             self._none_masks.taken()  # (none noted by a call that failed before they were read)
         try:
@@ -2075,7 +2080,11 @@ class GymnasiumEnv(BatchedEnv):
             self._recorded = recorded
             host = self._host
             obs = host.empty(n)  # fresh: callers keep the tensors
+            resting = self._resting
             for i, env in enumerate(self._sync_envs):
+                if resting is not None and resting[i]:  # (not stepped: no reward, no episode end)
+                    reward[i], terminated[i], truncated[i] = 0.0, False, False
+                    continue
                 stepped, writing = env.step(actions[i]), "step"
                 observation, reward[i], terminated[i], truncated[i], info = stepped
                 if first:
@@ -2099,6 +2108,9 @@ class GymnasiumEnv(BatchedEnv):
                 host.write(obs, i, observation)
                 if masks is not None:
                     masks[i] = info.get("action_mask")
+            if resting is not None:
+                host.copy_rows(obs, self._last_obs, resting)
+            self._last_obs = obs
             if final is not None:
                 host.copy_rows(final, obs, ~(terminated | truncated))
             return obs, float32_rewards(reward, self), terminated, truncated, final, masks
@@ -2148,6 +2160,20 @@ class GymnasiumEnv(BatchedEnv):
                     host_to(truncated, self.device), out_info)
         self.step_send(actions)
         return self.step_receive()
+
+    def rest_rows(self, rows: torch.Tensor | np.ndarray | None) -> None:
+        """Leave the rows `rows` (bool `[N]`; None: none) unstepped by the following steps, until the next reset:
+        their envs are not called (nor their random streams drawn from), their observations stay as the last step
+        returned them, with reward 0 and no episode end. For an evaluation's rows whose first episode has ended
+        (`resting_finished_rows`): in-process envs stepped row by row only, without action masks."""
+        if self._sync_envs is None or self.has_action_masks:
+            raise ValueError("rest_rows: only an in-process SyncVectorEnv without action masks leaves rows unstepped")
+        if rows is None:
+            self._resting = None
+            return
+        if self._last_obs is None:
+            raise ValueError("rest_rows: rows rest after a step, which gives the observations they keep")
+        self._resting = (rows.cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)).astype(bool)
 
     @property
     def splits_steps(self) -> bool:
@@ -2420,3 +2446,30 @@ class GymnasiumEnv(BatchedEnv):
             if not asynchronous or inner.closed:
                 raise
             terminate()
+
+
+def resting_rows_env(env) -> GymnasiumEnv | None:
+    """The env in which an evaluation on `env` (wrappers, `.env`, around one env) leaves its rows whose first episode
+    has ended unstepped (`GymnasiumEnv.rest_rows`): the innermost env, where it is a Gymnasium env stepped row by row in
+    this process (`_step_sync`) without action masks; else None, and every row steps until the last first episode ends
+    (native and EnvPool envs step all rows in one call, subprocess envs at once; an Atari game's lives, action masks
+    and the wrappers of other envs are left as they were). The rows' envs are their own (their own random streams,
+    their own `RecordEpisodeStatistics`), so a row's first episode is the same whether the others step or not."""
+    while hasattr(env, "env"):
+        env = env.env
+    if type(env) is not GymnasiumEnv or env._sync_envs is None or env.has_action_masks:
+        return None
+    return env
+
+
+@contextlib.contextmanager
+def resting_finished_rows(env):
+    """An evaluation's loop on `env` (reset already): yields the env whose `rest_rows` the loop gives its finished
+    rows (`resting_rows_env`; None where every row steps), and steps every row again when it ends (an env the caller
+    passed is left stepping all its rows)."""
+    resting = resting_rows_env(env)
+    try:
+        yield resting
+    finally:
+        if resting is not None:
+            resting.rest_rows(None)

@@ -46,6 +46,7 @@ from rlspeed.diagnostics import waiting
 from rlspeed.distributed import warn_training_alone
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
+from rlspeed.envs.gymnasium_env import resting_finished_rows
 from rlspeed.errors import (
     CloseErrors,
     EncoderWarning,
@@ -804,21 +805,27 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     lengths = torch.zeros(obs.shape[0], device=obs.device, dtype=torch.int64)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
     succeeded = None
-    for step in range(1, limit + 1):
-        obs, _, _, _, info = env.step(policy(obs) if masks is None else policy(obs, masks))
-        masks = info["action_mask"] if masks is not None else None
-        newly_done = info["done"] & ~finished
-        returns = torch.where(newly_done, info["episode_return"], returns)
-        lengths = torch.where(newly_done, info["episode_length"], lengths)
-        if "is_success" in info:
-            succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                newly_done & info["is_success"])
-        finished |= info["done"]
-        if step % 64 == 0:
-            if bool(finished.all()):  # ok-sync: evaluation, outside the training clock
-                break
-            if stop is not None and stop():
-                raise EvaluationStopped
+    with resting_finished_rows(env) as resting:  # (rows whose first episode ended: not stepped there)
+        for step in range(1, limit + 1):
+            obs, _, _, _, info = env.step(policy(obs) if masks is None else policy(obs, masks))
+            masks = info["action_mask"] if masks is not None else None
+            newly_done = info["done"] & ~finished
+            returns = torch.where(newly_done, info["episode_return"], returns)
+            lengths = torch.where(newly_done, info["episode_length"], lengths)
+            if "is_success" in info:
+                succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
+                    newly_done & info["is_success"])
+            finished |= info["done"]
+            # (resting rows: a host read at each step some row finished, which then also ends the loop once all have)
+            if resting is not None and bool(newly_done.any()):  # ok-sync: evaluation, an env stepped on the host
+                if bool(finished.all()):  # ok-sync: evaluation
+                    break
+                resting.rest_rows(finished)
+            if step % 64 == 0:
+                if bool(finished.all()):  # ok-sync: evaluation, outside the training clock
+                    break
+                if stop is not None and stop():
+                    raise EvaluationStopped
     return (torch.where(finished, returns, info["episode_return"]), finished, succeeded,
             torch.where(finished, lengths, info["episode_length"]))
 
