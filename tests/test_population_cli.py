@@ -624,8 +624,7 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
     """`rlspeed eval RUN_DIR` evaluated its members one model at a time (a 16-member run: 16 evaluations, most of its
     time): deterministic on the members' own env it plays them as one population, and prints what the one-at-a-time
     path prints, every line and --json entry (returns, lengths, seeds) alike. On Gymnasium's envs, which step row by
-    row (the batch every row until the longest episode of all members ended: slower than one at a time where episode
-    lengths vary), it evaluates them one at a time and says why; the batch's numbers are the same there too."""
+    row, too (each row's env steps until its first episode ends, not until the longest of all members' ends)."""
     from rlspeed.population import base
 
     batches = []
@@ -636,11 +635,6 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
         return played(self, seeds, *args, **kwargs)
 
     monkeypatch.setattr(base.PopulationBase, "_mean_returns", counted)
-    capsys.readouterr()
-    assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7"]) == 0
-    assert batches == [] and ("rlspeed: evaluating the members one at a time, not as one batch: The members' env "
-                              "(gymnasium backend) steps row by row") in capsys.readouterr().err
-    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))  # (the batch's numbers, compared)
     printed = {}
     for batched in (True, False):  # (the command's own choice first, then each member alone)
         if not batched:
@@ -655,7 +649,6 @@ def test_eval_run_dir_evaluates_the_members_as_one_batch_with_each_ones_own_numb
         0 < length <= 50 for member in members for length in member["lengths"])
     # (with progress shown, the batch, which has no bar and whose members' lines come when all are done, says so)
     monkeypatch.undo()
-    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))
     assert cli.main(["eval", str(population_run), "--episodes", "3", "--seed", "7"]) == 0
     assert "rlspeed: evaluating the 2 members as one batch, 3 episodes each ..." in capsys.readouterr().err
 
@@ -671,7 +664,7 @@ def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_pl
     import gymnasium as gym
 
     from rlspeed import PPO
-    from rlspeed.population import Population, base
+    from rlspeed.population import Population
 
     if "DictCartPole-v0" not in gym.registry:
         gym.register("DictCartPole-v0", entry_point=_dict_cartpole, max_episode_steps=500)
@@ -680,7 +673,6 @@ def test_eval_run_dir_batches_dict_observation_members_with_normalize_obs_and_pl
     population.learn(64)  # (statistics of their own, not fresh ones)
     models = [population.member_model(k) for k in range(2)]
     capsys.readouterr()
-    monkeypatch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))  # (its batch: not the command's choice)
     results = cli._batched_evaluations(argparse.Namespace(no_progress=True, episodes=2), models, [5, 6])
     assert capsys.readouterr().err == ""
     assert [result["returns"] for result in results] == [model.evaluate(episodes=2, seed=seed)["returns"]

@@ -172,8 +172,6 @@ def test_cli_seeds_with_env_backend_gymnasium(tmp_path, capsys):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(base.PopulationBase, "_mean_returns", counted)
-        # (the batch, not the command's choice on Gymnasium's envs: fixed-length episodes here, but not in general)
-        patch.setattr(base, "BATCH_EVALUATION_BACKENDS", ("gymnasium",))
         capsys.readouterr()
         assert cli.main(["eval", str(out), "--episodes", "1", "--seed", "7", "--no-progress", "--json"]) == 0
         member = json.loads(capsys.readouterr().out)["members"][1]

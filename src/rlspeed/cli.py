@@ -3634,8 +3634,8 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
     """Each member model of `models` (loaded from the member files) evaluated from its seed of `seeds` as `_evaluated`
     evaluates it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`,
     checked to hold each model's tensors as loaded: the files are not read again); None where they are not one
-    population's members, not on the CPU, or on an env that steps row by row, where a batch is not faster
-    (`BATCH_EVALUATION_BACKENDS`; then each is evaluated alone, and a line on stderr says why)."""
+    population's members, not on the CPU, or on a backend a batch is not faster on (`BATCH_EVALUATION_BACKENDS`; then
+    each is evaluated alone, and a line on stderr says why)."""
     from rlspeed.evaluation import _result, evaluation_backend
     from rlspeed.population import _population_of_models
     from rlspeed.population.base import BATCH_EVALUATION_BACKENDS
@@ -3645,8 +3645,7 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
            if elsewhere is not None else None)
     backend = evaluation_backend(models[0].env_id, models[0].env_backend, args.episodes, "cpu")
     if why is None and backend not in BATCH_EVALUATION_BACKENDS:
-        why = (f"The members' env ({backend} backend) steps row by row: a batch would step every row until the "
-               "longest episode of all members ended.")
+        why = f"The members' env ({backend} backend) is not one a batch evaluates faster."
     if why is None:
         try:
             population = _population_of_models(models, [model._state_tensors() for model in models])

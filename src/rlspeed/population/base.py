@@ -782,12 +782,11 @@ class EvaluationStopped(Exception):
 
 
 #: the evaluation backends on which members' evaluations batched into one env are not slower than one member's after
-#: another: envs that step all their rows in one call (native envs, EnvPool), and subprocess envs, whose members one at
-#: a time would each start a process per episode (the batch runs Gymnasium's envs in this process). Gymnasium's
-#: in-process envs step row by row, and a batch steps every row until the longest episode of all its members' ends
-#: (`first_episode_returns`), so where episode lengths vary it costs more than the members one at a time, each until
-#: its own longest episode ends (`rlspeed eval RUN_DIR` evaluates them one at a time there)
-BATCH_EVALUATION_BACKENDS = ("torch", "envpool", "gymnasium-async")
+#: another: envs that step all their rows in one call (native envs, EnvPool), Gymnasium's in-process envs, where a
+#: batch steps each row's env only until its first episode ends (`first_episode_returns`: `resting_rows_env`), and
+#: subprocess envs, whose members one at a time would each start a process per episode (the batch runs Gymnasium's
+#: envs in this process)
+BATCH_EVALUATION_BACKENDS = ("torch", "envpool", "gymnasium", "gymnasium-async")
 
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
