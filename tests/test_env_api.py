@@ -2715,6 +2715,32 @@ def test_asking_a_stable_baselines3_subprocess_vec_env_whose_worker_was_killed_n
             remote.close()
 
 
+def test_a_stable_baselines3_worker_found_ended_by_asking_the_envs_closes_quietly_with_the_workers_left():
+    """HER asks a SubprocVecEnv whether its envs have `compute_reward` (`vec_env_has_attr`) and calls it there
+    (`env_method`): a worker found ended by such a question was named, but the close that followed was SB3's own,
+    which broke on the ended worker's pipe (a second error) and left the other workers running. The close is the
+    one after a step that found a worker ended: quiet, every worker ended."""
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    from rlspeed.envs.sb3_env import vec_env_has_attr
+    from rlspeed.errors import CloseErrors
+
+    envs = sb3.SubprocVecEnv([_ContractBreakingEnv, _ContractBreakingEnv],
+                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    env = rlspeed.make_env(envs, device="cpu")
+    try:
+        envs.processes[0].kill()
+        envs.processes[0].join()
+        with pytest.raises(ChildProcessError, match="^worker 0 exited with code -9; "):
+            vec_env_has_attr(envs, "compute_reward")
+        with CloseErrors() as closing:
+            env.close()
+        assert closing.errors == [] and envs.closed
+        assert [process.exitcode for process in envs.processes] == [-9, 0]  # (worker 1 ended by its close)
+    finally:
+        for process in envs.processes:
+            process.kill()
+
+
 class _IgnoresTermination(_ContractBreakingEnv):
     """An env whose worker ignores SIGTERM and whose close() never returns."""
 

@@ -14,6 +14,7 @@ import sys
 import time
 import typing
 import warnings
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -117,13 +118,20 @@ def vec_env_has_attr(vec_env, name: str) -> bool:
         raise
 
 
+#: the SubprocVecEnvs a step, reset or question to which met the end of a worker's pipe (`raise_exited_workers`):
+#: they cannot go on, and `SB3VecEnv.close` ends their workers left (`_close_workers_left`)
+_WORKERS_ENDED: weakref.WeakSet = weakref.WeakSet()
+
+
 def raise_exited_workers(vec_env, error: BaseException) -> None:
     """Where asking SB3's SubprocVecEnv `vec_env` (or the one it wraps) met the end of a worker's pipe (`error`:
     EOFError, a broken pipe), ChildProcessError naming the workers that exited and their exit codes
-    (`worker_exit_error`: an error in the env ends an SB3 worker, which prints its traceback); else nothing."""
+    (`worker_exit_error`: an error in the env ends an SB3 worker, which prints its traceback); else nothing. Either
+    way the VecEnv is marked (`_WORKERS_ENDED`), for its close."""
     inner = getattr(vec_env, "unwrapped", vec_env)
     if not isinstance(error, (EOFError, OSError)) or not isinstance(getattr(inner, "processes", None), list):
         return
+    _WORKERS_ENDED.add(inner)
     exited = worker_exit_error(inner, wait_s=WORKER_EXIT_WAIT_S)
     if exited is not None:
         raise exited from error
@@ -263,8 +271,6 @@ class SB3VecEnv(BatchedEnv):
         #: whether each env is in SB3's Monitor, whose episodes and returns are the ones counted (`EpisodeStatistics`)
         self._monitored = monitored(vec_env)
         self._first_step = True  # (its rewards are checked: `_first_step_wait`)
-        #: a SubprocVecEnv's worker ended in a step or reset (`_name_exited_workers`): its close ends the rest
-        self._workers_ended = False
 
     def _masks(self, infos=None, finished=()) -> dict:
         """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`
@@ -471,11 +477,8 @@ class SB3VecEnv(BatchedEnv):
         ChildProcessError naming the workers that exited and their exit codes (an error in the env ends an SB3
         worker, which prints its traceback; the parent heard only "EOFError"; a worker killed between steps breaks the
         next step's send to it). The VecEnv cannot go on either way:
-        its `close` ends the workers left."""
-        inner = getattr(self.vec_env, "unwrapped", self.vec_env)
-        if isinstance(error, (EOFError, OSError)) and isinstance(getattr(inner, "processes", None), list):
-            self._workers_ended = True
-            raise_exited_workers(inner, error)
+        its `close` ends the workers left (`raise_exited_workers` marks it)."""
+        raise_exited_workers(self.vec_env, error)
 
     def _probe(self, call: str, actions=None) -> str | None:
         """`probe_contract` of the first env inside a DummyVecEnv (None for a VecEnv whose envs are elsewhere)."""
@@ -489,7 +492,9 @@ class SB3VecEnv(BatchedEnv):
         """Close the VecEnv (for SubprocVecEnv, its worker processes too); an error of an env's close() is an
         `EnvStepError` naming the env, kept or raised as `close_envs` says (`close_other_backend`)."""
         inner = self.vec_env.unwrapped
-        if self._workers_ended and not getattr(inner, "closed", True):
+        # (a step, a reset or a question that met a worker's end: `raise_exited_workers`)
+        workers_ended = isinstance(getattr(inner, "processes", None), list) and inner in _WORKERS_ENDED
+        if workers_ended and not getattr(inner, "closed", True):
             # (the step or reset that a worker's end broke said so: SB3's close would read the dead worker's pipe and
             # raise EOFError again; the workers left close their envs, and the wrappers close over none)
             _close_workers_left(inner)
@@ -497,7 +502,7 @@ class SB3VecEnv(BatchedEnv):
         if dummy is None or type(inner).close is not dummy.close:
             close_other_backend(self.vec_env.close, self.spec.env_id, self.backend,
                                 inner if isinstance(getattr(inner, "processes", None), list)
-                                and not self._workers_ended else None)
+                                and not workers_ended else None)
             return
         # (DummyVecEnv's close is a loop over its envs that stops at the first whose close raises: each is closed
         # first, every error said; its wrappers' close then runs over none of them, and the VecEnv keeps its envs)
