@@ -758,9 +758,7 @@ class ContractCheck(EnvWrapper):
                 self._refuse(f"returned {name} as {type(value).__name__}, not a torch.Tensor")
             if not _same_device(value.device, self.device):
                 self._refuse(f"returned {name} on {value.device}, not on its device {self.device}")
-            if value.requires_grad:
-                self._refuse(f"returned {name} requiring grad: return them detached (compute them under "
-                             "torch.no_grad())")
+            self._refuse_grad(value, name)
             if shape is not None and tuple(value.shape) != (self.num_envs, *shape):
                 self._refuse(f"returned {name} of shape {tuple(value.shape)}, not {(self.num_envs, *shape)}")
             if dtype is not None and value.dtype != dtype:
@@ -773,6 +771,10 @@ class ContractCheck(EnvWrapper):
             got = (f"{value.dtype} {tuple(value.shape)} on {value.device}" if isinstance(value, torch.Tensor)
                    else type(value).__name__)
             self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}] on {self.device}")
+        self._refuse_grad(value, name)
+
+    def _refuse_grad(self, value: torch.Tensor, name: str) -> None:
+        """The refusal of tensors `name` where they require grad: an env returns them detached."""
         if value.requires_grad:
             self._refuse(f"returned {name} requiring grad: return them detached (compute them under torch.no_grad())")
 
