@@ -29,7 +29,7 @@ import torch
 from common import publish
 
 import rlspeed
-from rlspeed.envs.gymnasium_env import HostObservations, float32_rewards
+from rlspeed.envs.gymnasium_env import GymnasiumEnv, HostObservations, float32_rewards
 
 
 def cpu_us(call, calls: int) -> float:
@@ -57,7 +57,9 @@ def pairs(num_envs: int) -> dict:
 
     env = rlspeed.make_env("CartPole-v1", num_envs=num_envs, backend="gymnasium", device="cpu", seed=0)
     env.reset(seed=0)
-    adapter, actions = env.env.env, torch.zeros(num_envs, dtype=torch.int64)
+    adapter, actions = env, torch.zeros(num_envs, dtype=torch.int64)
+    while not isinstance(adapter, GymnasiumEnv):  # (the adapter under make_env's wrappers, whose switch is timed)
+        adapter = adapter.env
 
     def step(records: bool):
         adapter._records_returns = records
