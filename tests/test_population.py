@@ -1285,3 +1285,13 @@ def test_given_members_are_checked_as_built_ones():
     with pytest.raises(UserError, match=r"seed 1's env, backend, device, num_threads or shared settings differ"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], members=[
             PPO("CartPole-v1", seed=seed, num_threads=threads, **small) for seed, threads in ((0, 1), (1, 2))])
+
+
+def test_given_members_of_other_env_options_are_refused_naming_the_options():
+    """Members made with env_kwargs the population is not given were refused as "The members' env or device
+    (CartPole-v1 on cpu) is not the population's (CartPole-v1 on cpu)": the sentence names the options that differ."""
+    small = dict(device="cpu", num_envs=2, num_steps=8, batch_size=16, verbose=0)
+    models = [PPO("CartPole-v1", seed=seed, env_kwargs={"sutton_barto_reward": True}, **small) for seed in (0, 1)]
+    with pytest.raises(UserError, match=r"\(CartPole-v1 with env_kwargs \{'sutton_barto_reward': True\} on cpu\) is "
+                                        r"not the population's \(CartPole-v1 on cpu\)"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=models)

@@ -1297,10 +1297,13 @@ class PopulationBase:
                     {key: value for key, value in settings.items() if key not in self.per_member})
 
         first = solos[0]
-        if first.env_id != self.env_id or (first.spec.env_kwargs or {}) != (self.env_kwargs or {}) or (
-                first.device != self.device):
-            raise UserError(f"The members' env or device ({first.env_id} on {first.device}) is not the population's "
-                            f"({self.env_id} on {self.device}).")
+        if (first.env_id, first.spec.env_kwargs or {}, first.device) != (self.env_id, self.env_kwargs or {},
+                                                                           self.device):
+            def where(env_id: str, options: dict | None, device) -> str:
+                return f"{env_id}{f' with env_kwargs {options}' if options else ''} on {device}"
+
+            raise UserError(f"The members' env or device ({where(first.env_id, first.spec.env_kwargs, first.device)}) "
+                            f"is not the population's ({where(self.env_id, self.env_kwargs, self.device)}).")
         if first.env_backend != self.env_backend:  # (the population's env rows would not be the models' envs)
             raise UserError(f"The members run on env_backend={first.env_backend!r}, the population on "
                             f"{self.env_backend!r}: give the population env_backend={first.env_backend!r}.")
