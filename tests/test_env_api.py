@@ -2696,30 +2696,12 @@ def test_a_stable_baselines3_worker_that_ended_asked_for_masks_is_named_and_clos
     assert closing.errors == [] and envs.closed
 
 
-def test_asking_a_stable_baselines3_subprocess_vec_env_whose_worker_was_killed_names_the_worker():
-    """`vec_env_has_attr` (HER asks whether the envs have `compute_reward` as learn starts) of a SubprocVecEnv whose
-    worker was killed raised a bare BrokenPipeError: it names the worker and its exit code, as a step does."""
-    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
-    from rlspeed.envs.sb3_env import vec_env_has_attr
-
-    envs = sb3.SubprocVecEnv([_ContractBreakingEnv],
-                             start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    try:
-        assert not vec_env_has_attr(envs, "compute_reward")
-        envs.processes[0].kill()
-        envs.processes[0].join()
-        with pytest.raises(ChildProcessError, match="^worker 0 exited with code -9; "):
-            vec_env_has_attr(envs, "compute_reward")
-    finally:
-        for remote in envs.remotes:
-            remote.close()
-
-
 def test_a_stable_baselines3_worker_found_ended_by_asking_the_envs_closes_quietly_with_the_workers_left():
-    """HER asks a SubprocVecEnv whether its envs have `compute_reward` (`vec_env_has_attr`) and calls it there
-    (`env_method`): a worker found ended by such a question was named, but the close that followed was SB3's own,
-    which broke on the ended worker's pipe (a second error) and left the other workers running. The close is the
-    one after a step that found a worker ended: quiet, every worker ended."""
+    """HER asks a SubprocVecEnv whether its envs have `compute_reward` (`vec_env_has_attr`, as learn starts) and calls
+    it there (`env_method`): a worker killed before such a question raised a bare BrokenPipeError; it names the worker
+    and its exit code, as a step does. The close that followed was SB3's own, which broke on the ended worker's pipe (a
+    second error) and left the other workers running: it is the one after a step that found a worker ended, quiet,
+    every worker ended."""
     sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
     from rlspeed.envs.sb3_env import vec_env_has_attr
     from rlspeed.errors import CloseErrors
@@ -2728,6 +2710,7 @@ def test_a_stable_baselines3_worker_found_ended_by_asking_the_envs_closes_quietl
                              start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     env = rlspeed.make_env(envs, device="cpu")
     try:
+        assert not vec_env_has_attr(envs, "compute_reward")
         envs.processes[0].kill()
         envs.processes[0].join()
         with pytest.raises(ChildProcessError, match="^worker 0 exited with code -9; "):
