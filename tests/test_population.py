@@ -1287,11 +1287,15 @@ def test_given_members_are_checked_as_built_ones():
             PPO("CartPole-v1", seed=seed, num_threads=threads, **small) for seed, threads in ((0, 1), (1, 2))])
 
 
-def test_given_members_of_other_env_options_are_refused_naming_the_options():
-    """Members made with env_kwargs the population is not given were refused as "The members' env or device
-    (CartPole-v1 on cpu) is not the population's (CartPole-v1 on cpu)": the sentence names the options that differ."""
+def test_given_members_take_their_env_options_and_other_options_are_refused_naming_them():
+    """Members made with env_kwargs were refused where the population was not given them again (their backend, and
+    every other setting, it takes from them), as "The members' env or device (CartPole-v1 on cpu) is not the
+    population's (CartPole-v1 on cpu)". It takes their options; other options given are refused, the sentence naming
+    both."""
     small = dict(device="cpu", num_envs=2, num_steps=8, batch_size=16, verbose=0)
     models = [PPO("CartPole-v1", seed=seed, env_kwargs={"sutton_barto_reward": True}, **small) for seed in (0, 1)]
+    assert Population(PPO, "CartPole-v1", seeds=[0, 1], members=models).env_kwargs == {"sutton_barto_reward": True}
     with pytest.raises(UserError, match=r"\(CartPole-v1 with env_kwargs \{'sutton_barto_reward': True\} on cpu\) is "
-                                        r"not the population's \(CartPole-v1 on cpu\)"):
-        Population(PPO, "CartPole-v1", seeds=[0, 1], members=models)
+                                        r"not the population's \(CartPole-v1 with env_kwargs "
+                                        r"\{'sutton_barto_reward': False\} on cpu\)"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], members=models, env_kwargs={"sutton_barto_reward": False})

@@ -1223,8 +1223,11 @@ class PopulationBase:
                             "learn(run_dir=DIR) writes the members' metrics and TensorBoard events in DIR.")
         from rlspeed.envs import backend_for_options, check_env_kwargs
 
-        #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs)
-        self.env_kwargs = check_env_kwargs(hyperparameters.pop("env_kwargs", None))
+        #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs;
+        #: given members' where none are given, as their other settings)
+        self.env_kwargs = check_env_kwargs(hyperparameters.pop("env_kwargs", None) if not models or "env_kwargs" in
+                                           hyperparameters else getattr(getattr(models[0], "spec", None),
+                                                                        "env_kwargs", None))
         try:  # (checkpoints and config.yaml record them)
             json.dumps(self.env_kwargs, allow_nan=False)
         except (TypeError, ValueError):
