@@ -3634,18 +3634,14 @@ def _batched_evaluations(args: argparse.Namespace, models: list, seeds: list[int
     """Each member model of `models` (loaded from the member files) evaluated from its seed of `seeds` as `_evaluated`
     evaluates it alone, all as one population (`rlspeed.population._population_of_models`, its batched `evaluate`,
     checked to hold each model's tensors as loaded: the files are not read again); None where they are not one
-    population's members, not on the CPU, or on a backend a batch is not faster on (`BATCH_EVALUATION_BACKENDS`; then
-    each is evaluated alone, and a line on stderr says why)."""
-    from rlspeed.evaluation import _result, evaluation_backend
+    population's members or not on the CPU (then each is evaluated alone, and a line on stderr says why). On every
+    backend a population runs on, a batch is not slower than the members one at a time (`first_episode_returns`)."""
+    from rlspeed.evaluation import _result
     from rlspeed.population import _population_of_models
-    from rlspeed.population.base import BATCH_EVALUATION_BACKENDS
 
     elsewhere = next((model.device for model in models if model.device.type != "cpu"), None)
     why = (f"The members are loaded on {elsewhere}; a batch is evaluated on the CPU (--device cpu)."
            if elsewhere is not None else None)
-    backend = evaluation_backend(models[0].env_id, models[0].env_backend, args.episodes, "cpu")
-    if why is None and backend not in BATCH_EVALUATION_BACKENDS:
-        why = f"The members' env ({backend} backend) is not one a batch evaluates faster."
     if why is None:
         try:
             population = _population_of_models(models, [model._state_tensors() for model in models])

@@ -781,14 +781,6 @@ class EvaluationStopped(Exception):
     """An evaluation left unfinished for a stop request (`first_episode_returns`' `stop`)."""
 
 
-#: the evaluation backends on which members' evaluations batched into one env are not slower than one member's after
-#: another: envs that step all their rows in one call (native envs, EnvPool), Gymnasium's in-process envs, where a
-#: batch steps each row's env only until its first episode ends (`first_episode_returns`: `resting_rows_env`), and
-#: subprocess envs, whose members one at a time would each start a process per episode (the batch runs Gymnasium's
-#: envs in this process)
-BATCH_EVALUATION_BACKENDS = ("torch", "envpool", "gymnasium", "gymnasium-async")
-
-
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
                           stop: Callable[[], bool] | None = None, max_steps: int | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -798,7 +790,10 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     with the first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
     training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
     asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation). The step limit:
-    `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s)."""
+    `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s). Rows of many
+    members batched are not slower than each member's alone on any backend: native envs and EnvPool step all rows in
+    one call, subprocess envs at once, and Gymnasium's in-process envs step each row's env only until its first
+    episode ends (`resting_rows_env`)."""
     limit = episode_step_limit(env, max_steps)
     returns = torch.zeros(obs.shape[0], device=obs.device)
     lengths = torch.zeros(obs.shape[0], device=obs.device, dtype=torch.int64)
