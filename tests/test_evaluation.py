@@ -1492,3 +1492,23 @@ def test_gymnasium_rows_whose_first_episode_ended_are_not_stepped_and_the_episod
             every_row.setattr(gymnasium_env, "resting_rows_env", lambda env: None)
             assert play(deterministic) == (returns, lengths)
             assert min(steps.values()) >= max(lengths)  # (every row stepped until the longest first episode ended)
+
+
+def test_rows_rest_only_after_a_step_since_the_reset():
+    """`GymnasiumEnv.rest_rows` keeps a resting row's observation as the last step returned it, and refuses before a
+    step: after a reset it took the observations of the step before that reset (of other episodes) as the ones the
+    rows keep. It refuses there too."""
+    from rlspeed.envs import make_env
+    from rlspeed.envs.gymnasium_env import resting_rows_env
+
+    env = make_env("CartPole-v1", num_envs=2, seed=0, backend="gymnasium", device="cpu", evaluation=True)
+    adapter = resting_rows_env(env)
+    try:
+        env.reset()
+        env.step(torch.zeros(2, dtype=torch.int64))
+        adapter.rest_rows(torch.tensor([True, False]))
+        env.reset()
+        with pytest.raises(ValueError, match="rows rest after a step"):
+            adapter.rest_rows(torch.tensor([True, False]))
+    finally:
+        env.close()

@@ -1958,7 +1958,7 @@ class GymnasiumEnv(BatchedEnv):
         dropped.
         """
         self._finish_pending()
-        self._resting = None
+        self._resting, self._last_obs = None, None  # (rows rest after a step of these episodes: `rest_rows`)
         if self._none_masks is not None:
             self._none_masks.taken()  # (none noted by a call that failed before they were read)
         try:
