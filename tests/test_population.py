@@ -30,7 +30,7 @@ from rlspeed.algos import ALGORITHMS
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.errors import EnvStepError, UserError
 from rlspeed.evaluation import evaluation_seed
-from rlspeed.population import PER_MEMBER, Population
+from rlspeed.population import PER_MEMBER, Population, PPOPopulation
 
 # small and quick: 8 envs x 16 steps, minibatches of 64 (so minibatch order is drawn), 2 epochs
 SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3}
@@ -626,6 +626,9 @@ def test_an_env_of_ones_own_is_refused_saying_what_gives_a_population_on_it():
         with pytest.raises(UserError, match=rf"takes an env id .*not {what}: an env of your own .*gymnasium.register"
                                             r".* or train each seed as its own run\.$"):
             Population(PPO, env, seeds=[0])
+    # (the population classes themselves, which Population() calls: a TypeError from inside them before)
+    with pytest.raises(UserError, match=r"takes an env id .*not a CartPole: an env of your own"):
+        PPOPopulation(PPO, CartPole(num_envs=2), seeds=[0])
 
 
 @pytest.mark.parametrize("space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiBinary(2)])

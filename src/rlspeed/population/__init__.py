@@ -59,30 +59,7 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
         raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
     if "seed" in kwargs:
         raise UserError("A population's members take their seeds from seeds=[...] (one per member), not seed=.")
-    if not isinstance(env_id, str):
-        raise UserError(_not_an_env_id(env_id))
     return implementation(algo_cls, env_id, seeds, **kwargs)
-
-
-def _not_an_env_id(env) -> str:
-    """The sentence refusing `env` where a population takes an env id: for an env of the user's own (a
-    `BatchedEnv`, its class or a function making one), what to do instead."""
-    from rlspeed.envs.base import BatchedEnv
-
-    if isinstance(env, type):
-        what, own = f"the class {env.__name__}", issubclass(env, BatchedEnv)
-    elif callable(env):  # (a function making an env: the only use of a callable here)
-        what, own = f"the function {getattr(env, '__name__', type(env).__name__)}", True
-    else:
-        what, own = f"a {type(env).__name__}", isinstance(env, BatchedEnv)
-    said = ("A population takes an env id (a native env's, or a registered Gymnasium or EnvPool id, `module:EnvId` "
-            "importing its module: it makes each member's envs from it with the member's seed, as its solo run "
-            f"would), not {what}")
-    if not own:
-        return said + "."
-    return (said + ": an env of your own (a batched env, or a function making one) cannot be a population's yet; "
-            "register a Gymnasium env under an id (gymnasium.register) for a population on it, or train each seed "
-            "as its own run.")
 
 
 def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str, torch.Tensor]]) -> PopulationBase:

@@ -925,6 +925,25 @@ class _LoopProgress:
                 "train_wall_s": self.train_wall_s, "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
 
 
+def _not_an_env_id(env) -> str:
+    """The sentence refusing `env` where a population takes an env id: for an env of the user's own (a
+    `BatchedEnv`, its class or a function making one), what to do instead."""
+    if isinstance(env, type):
+        what, own = f"the class {env.__name__}", issubclass(env, BatchedEnv)
+    elif callable(env):  # (a function making an env: the only use of a callable here)
+        what, own = f"the function {getattr(env, '__name__', type(env).__name__)}", True
+    else:
+        what, own = f"a {type(env).__name__}", isinstance(env, BatchedEnv)
+    said = ("A population takes an env id (a native env's, or a registered Gymnasium or EnvPool id, `module:EnvId` "
+            "importing its module: it makes each member's envs from it with the member's seed, as its solo run "
+            f"would), not {what}")
+    if not own:
+        return said + "."
+    return (said + ": an env of your own (a batched env, or a function making one) cannot be a population's yet; "
+            "register a Gymnasium env under an id (gymnasium.register) for a population on it, or train each seed "
+            "as its own run.")
+
+
 class PopulationBase:
     """`learn`, `save`/`resume` and `write_summary` of every population class. A subclass sets `algo_name`,
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
@@ -1208,6 +1227,8 @@ class PopulationBase:
                 given = (f"{algo_cls.__module__}.{algo_cls.__qualname__} (a class of its own, whose loss or networks "
                          "the population's batched update would not run)")
             raise UserError(f"{type(self).__name__} trains rlspeed's {self.algo_cls.__name__}, not {given}.")
+        if not isinstance(env_id, str):
+            raise UserError(_not_an_env_id(env_id))
         self.seeds = seeds = check_seeds(seeds)
         # (the population's, as a solo model's: what its learn prints; the members' models get it, `member_model`)
         # (one built without it takes a resumed checkpoint's, as a loaded solo model takes its file's)
