@@ -76,9 +76,8 @@ def _population_of_models(models: Sequence[Algorithm], files: Sequence[dict[str,
     seeds = [model.seed for model in models]
     with warnings.catch_warnings():  # (training's notes: the members were trained already)
         warnings.simplefilter("ignore")
-        population = implementation(type(first), first.env_id, seeds, device=first.device,
-                                    env_backend=first.env_backend, env_kwargs=first.spec.env_kwargs or None,
-                                    verbose=0, members=models)
+        # (their env backend and options, as every other setting, the population takes from them)
+        population = implementation(type(first), first.env_id, seeds, device=first.device, verbose=0, members=models)
     for k, tensors in enumerate(files):  # (what the batched evaluation plays with is what the files hold)
         held = {**population._member_checkpoint(k), **population.member_statistics(k)}
         if any(name not in tensors or not torch.equal(tensors[name].to(value.device, value.dtype), value)
