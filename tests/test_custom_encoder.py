@@ -466,6 +466,11 @@ def test_the_command_line_says_a_class_of_ones_own_trains_from_python(capsys, co
             ".save(...)), and rlspeed eval and rlspeed export take its file with --gym-packages my_encoders "
             "(docs/algorithms.md).")
     assert "Unknown algorithm 'ppo.yaml'" in cli_error(capsys, [command, "ppo.yaml", "CartPole-v1"])  # (no class)
+    # (another library's class is not one's own subclass: its name's advice, with no --gym-packages for its file)
+    for name in ("sb3_contrib:MaskablePPO", "sb3_contrib.MaskablePPO"):
+        assert cli_error(capsys, [command, name, "CartPole-v1"]).startswith(
+            f"rlspeed: error: Unknown algorithm '{name}': rlspeed's ppo masks actions as sb3-contrib's "
+            "MaskablePPO does")
 
 
 @pytest.mark.parametrize("algo", [PPO, SAC])

@@ -437,6 +437,9 @@ def _algorithm(name: str):
 
     key = name.lower()
     module, _, own = name.rpartition(":") if ":" in name else name.rpartition(".")
+    peer = peer_algorithm_advice(own) if module else None  # (`sb3_contrib:MaskablePPO`: another library's class)
+    if key not in ALGORITHMS and peer is not None:
+        raise UserError(f"Unknown algorithm '{name}': {peer}.")
     # (`module:MyPPO`, `module.MyPPO`: a class; not a file name, `ppo.yaml`)
     if key not in ALGORITHMS and module and own.isidentifier() and (":" in name or own[:1].isupper()):
         raise UserError(f"'{name}' names a Python class: the command line trains rlspeed's algorithms by name "
