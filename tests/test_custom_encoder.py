@@ -471,6 +471,9 @@ def test_the_command_line_says_a_class_of_ones_own_trains_from_python(capsys, co
         assert cli_error(capsys, [command, name, "CartPole-v1"]).startswith(
             f"rlspeed: error: Unknown algorithm '{name}': rlspeed's ppo masks actions as sb3-contrib's "
             "MaskablePPO does")
+    for name in ("rlspeed.PPO", "stable_baselines3:PPO"):  # (not one's own: no --gym-packages rlspeed)
+        assert cli_error(capsys, [command, name, "CartPole-v1"]) == (
+            f"rlspeed: error: Unknown algorithm '{name}': the command line names the algorithm alone: use ppo.")
 
 
 @pytest.mark.parametrize("algo", [PPO, SAC])

@@ -440,6 +440,8 @@ def _algorithm(name: str):
     peer = peer_algorithm_advice(own) if module else None  # (`sb3_contrib:MaskablePPO`: another library's class)
     if key not in ALGORITHMS and peer is not None:
         raise UserError(f"Unknown algorithm '{name}': {peer}.")
+    if key not in ALGORITHMS and own.lower() in ALGORITHMS and module.split(".")[0] in ("rlspeed", "stable_baselines3"):
+        raise UserError(f"Unknown algorithm '{name}': the command line names the algorithm alone: use {own.lower()}.")
     # (`module:MyPPO`, `module.MyPPO`: a class; not a file name, `ppo.yaml`)
     if key not in ALGORITHMS and module and own.isidentifier() and (":" in name or own[:1].isupper()):
         raise UserError(f"'{name}' names a Python class: the command line trains rlspeed's algorithms by name "
