@@ -33,6 +33,7 @@ from rlspeed.activations import ACTIVATION_CLASSES, check_activation
 from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
 from rlspeed.errors import EncoderWarning, UserError, warn_at_caller
+from rlspeed.policy_kwargs import OWN_ENCODER as OWN_ENCODER  # (re-exported: the configs' refusals say it)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this range
 LOG_2PI = math.log(2 * math.pi)
@@ -237,8 +238,6 @@ class acting:
 
 # --- encoders: observations -> features ------------------------------------------------------------------------
 ENCODERS = ("auto", "mlp", "cnn")
-#: where an encoder of the user's own goes instead (the `encoder` setting names rlspeed's)
-OWN_ENCODER = "an encoder of your own is what a subclass's _make_encoder returns (docs/algorithms.md)"
 #: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).
 NATURE_CNN_MIN_SIDE = 36
 #: The smallest image side `cnn=auto` gives the strided 3x3 CNN (below it the small CNN, whose linear layer takes

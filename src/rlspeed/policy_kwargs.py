@@ -14,6 +14,9 @@ from rlspeed.errors import UserError
 
 #: the algorithms (rlspeed's CLI names) whose critic has a value head, `net_arch`'s ``vf`` part in SB3
 ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
+#: where an encoder of the user's own goes instead (rlspeed's `encoder` setting names rlspeed's, and SB3's
+#: features_extractor_class has no counterpart): what a refusal of either says
+OWN_ENCODER = "an encoder of your own is what a subclass's _make_encoder returns (docs/algorithms.md)"
 #: the algorithms with gSDE (`use_sde`), whose policy options `full_std` and `use_expln` are (named here, without
 #: torch, rather than read from their configs: tests/test_sde.py ties the two)
 SDE_ALGORITHMS = ("ppo", "a2c", "sac", "recurrent_ppo")
@@ -139,8 +142,7 @@ def translate_policy_kwargs(algo: str, kwargs: dict, out: PolicySettings) -> Non
         elif name == "features_extractor_class":
             out.refuse_option(key, str(getattr(item, "__name__", item)),
                               "rlspeed picks its encoder from the observation space (encoder auto, mlp or cnn; the "
-                              "CNN's architecture: cnn nature, strided or small), not from a class; an encoder of "
-                              "your own is what a subclass's _make_encoder returns (docs/algorithms.md)")
+                              "CNN's architecture: cnn nature, strided or small), not from a class; " + OWN_ENCODER)
         else:
             out.refuse_option(key, repr(item), f"rlspeed's {algo} has no such option")
 

@@ -1980,7 +1980,6 @@ def _load_remedy(saved: str, cls: type) -> tuple[str, str]:
     return f"{cls.__name__}.load", f"load it with {_saved_class_call(saved, 'load')}"
 
 
-
 def _other_networks(error: UserError, meta: dict, cls: type, path, call: str) -> UserError:
     """The error of `cls`'s `call` (load, resume, set_parameters) whose networks do not take the file at `path`'s
     tensors (`error`): where another class saved it, a user's subclass or, for a subclass's call, rlspeed's own class,
@@ -1999,6 +1998,7 @@ def _other_networks(error: UserError, meta: dict, cls: type, path, call: str) ->
     own = saved.rpartition(".")[2]
     return UserError(f"'{path}' was saved by rlspeed's {own}, whose networks {cls.__name__}.{call} does not build "
                      f"({detail}): use {own}.{call}, or train {cls.__name__} afresh.")
+
 
 def _algorithm_classes() -> dict[str, type]:
     """Every algorithm class defined so far (the `Algorithm` subclasses with a `name`), by that name: what
