@@ -182,3 +182,21 @@ def test_a_scheduled_setting_changed_on_model_config_is_refused_at_learn():
         model.learn(16, progress_bar=False)
     model.config.anneal_lr = False
     model.learn(16, progress_bar=False)
+
+
+def test_a_population_refuses_members_loaded_without_their_schedule_functions(tmp_path):
+    """Members loaded from files saved with a schedule function, given neither again nor as a number, trained in a
+    population at the function's start value, silently (a solo learn of the same model refuses): now one sentence
+    naming the function and how to load the member with a number."""
+    from rlspeed.population import Population
+
+    options = dict(device="cpu", env_backend="torch", num_envs=2, num_steps=8, batch_size=16)
+    paths = [rlspeed.PPO("CartPole-v1", seed=seed, learning_rate=linear_schedule(1e-3), **options).save(
+        tmp_path / f"member{seed}") for seed in (0, 1)]
+    members = [rlspeed.PPO.load(path, device="cpu") for path in paths]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(UserError, match=r"^learning_rate=linear_schedule.<locals>.func: a population trains its "
+                                            r"members in one stacked update, .*\(load the member with one, "
+                                            r"PPO\.load\(path, learning_rate=\.\.\.\)\)\.$"):
+            Population(rlspeed.PPO, "CartPole-v1", seeds=[0, 1], device="cpu", env_backend="torch", members=members)

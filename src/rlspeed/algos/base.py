@@ -804,14 +804,18 @@ def own_schedules(config_cls: type, values: dict) -> tuple[dict, dict]:
 
 
 def refuse_schedule_functions(member: typing.Any) -> None:
-    """UserError in one sentence for a population's member model made with schedule functions (`own_schedules`):
-    the population's stacked update calls none of them."""
-    for key, function in member._schedule_functions.items():
+    """UserError in one sentence for a population's member model made with schedule functions (`own_schedules`), or
+    loaded from a file saved with them that were given neither again nor as a number (`_schedules_missing`, which a
+    solo learn refuses): the population's stacked update calls none of them, and would train at their start value."""
+    algo = type(member).__name__
+    for key, name in {**member._schedules_missing, **{key: schedule_name(function) for key, function
+                                                     in member._schedule_functions.items()}}.items():
         switch = SB3_SCHEDULED.get(key) if SB3_SCHEDULED.get(key) in _field_names(member.config_cls) else None
         decay = f"; {switch}=True decays it linearly to 0 over each learn call" if switch else ""
-        raise UserError(f"{key}={schedule_name(function)}: a population trains its members in one stacked update, "
-                        f"which calls no schedule function: give a number{decay} (or train the models one by one, "
-                        f"{type(member).__name__}(env, {key}=...)).")
+        instead = (f"load the member with one, {algo}.load(path, {key}=...)" if key not in member._schedule_functions
+                   else f"or train the models one by one, {algo}(env, {key}=...)")
+        raise UserError(f"{key}={name}: a population trains its members in one stacked update, which calls no "
+                        f"schedule function: give a number{decay} ({instead}).")
 
 
 def schedule_name(function: Callable) -> str:
