@@ -200,3 +200,12 @@ def test_a_population_refuses_members_loaded_without_their_schedule_functions(tm
                                             r"members in one stacked update, .*\(load the member with one, "
                                             r"PPO\.load\(path, learning_rate=\.\.\.\)\)\.$"):
             Population(rlspeed.PPO, "CartPole-v1", seeds=[0, 1], device="cpu", env_backend="torch", members=members)
+
+
+def test_a_function_for_a_setting_that_takes_none_names_those_that_do():
+    """A function for another setting (SAC's tau) was told "only learning_rate (anneal_lr=True) and clip_range
+    (anneal_clip=True) decay", as if no schedule function were taken: it names the settings that take one."""
+    with pytest.raises(UserError, match=r"^Hyperparameter 'tau' got .*not a valid float\. Schedule functions are "
+                                        r"taken for learning_rate, and PPO's clip_range and clip_range_vf, as in "
+                                        r"Stable-Baselines3: tau takes a number\.$"):
+        rlspeed.SAC("Pendulum-v1", device="cpu", tau=linear_schedule(0.005))

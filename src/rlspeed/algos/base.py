@@ -1210,6 +1210,9 @@ def coerce(key: str, value, hint):
         advice = (f" A schedule function is given to a model when it is made or loaded (PPO(env, {key}=f), "
                   f"PPO.load(path, {key}=f)), not set on model.config: give a number, or make or load the model with "
                   "the function.")
+    elif callable(value):  # (a function for a setting that takes none: SB3 schedules these three alone)
+        advice = (f" Schedule functions are taken for learning_rate, and PPO's clip_range and clip_range_vf, as in "
+                  f"Stable-Baselines3: {key} takes a number.")
     if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         advice = " Give auto for the automatically tuned value, or a number."
     elif key in AUTO_VALUES and isinstance(value, str) and value.strip().lower().startswith("auto"):
