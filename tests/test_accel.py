@@ -982,12 +982,14 @@ def test_before_a_decision_the_lines_run_the_plain_scripts_torch_operations():
             assert q_network.accel_report.decisions[-1].source == step.report.decisions[-1].source == "waiting"
         return counter.ops
 
-    threads = (threading.active_count(), torch.get_num_threads(), torch.get_num_interop_threads())
+    # (the threads alive before, not their count: an earlier test's thread may end meanwhile)
+    alive, threads = set(threading.enumerate()), (torch.get_num_threads(), torch.get_num_interop_threads())
     plain = script(lines=False)
     accelerated = script(lines=True)
     assert accelerated - plain == collections.Counter({"aten.detach.default": 3})
     assert plain - accelerated == collections.Counter()
-    assert (threading.active_count(), torch.get_num_threads(), torch.get_num_interop_threads()) == threads
+    assert set(threading.enumerate()) - alive == set()
+    assert (torch.get_num_threads(), torch.get_num_interop_threads()) == threads
     assert torch.is_grad_enabled()
 
 
