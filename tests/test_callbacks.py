@@ -1002,6 +1002,14 @@ def test_sb3_contribs_maskable_eval_callback_names_rlspeeds_eval_callback():
         from rlspeed.callbacks import MaskableEvalCallback  # noqa: F401
 
 
+def test_eval_callback_given_sb3_contribs_use_masking_says_it_masks_as_the_model_does():
+    """MaskableEvalCallback's arguments ported to EvalCallback (as learn's refusal of it advises) with its use_masking
+    were a TypeError ('unexpected keyword argument'); now one sentence, as evaluate's refusal of it."""
+    with pytest.raises(UserError, match=r"^EvalCallback's 'use_masking' is sb3-contrib's MaskableEvalCallback's; "
+                                        r"EvalCallback masks as the model does .*load\(path, use_masking=False\)"):
+        EvalCallback("CartPole-v1", use_masking=False)
+
+
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])
 def test_the_advice_for_stop_training_on_max_episodes_works_in_every_algorithm(algo):
     """What the ImportError of StopTrainingOnMaxEpisodes (and self.locals['dones']'s KeyError) says to read exists

@@ -837,7 +837,8 @@ class EvalCallback(BaseCallback):
     saved best model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps
     of all envs, not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ
     from the model's is refused in one sentence); `render=True` is refused (`VideoRecorderCallback` records the
-    policy).
+    policy), and so is sb3-contrib's `use_masking` (MaskableEvalCallback's): it evaluates masked as the model acts
+    (the model's `use_masking`).
     """
 
     def __init__(self, eval_env: str | gym.vector.VectorEnv | rlspeed.envs.sb3_env.VecEnvLike | gym.Env | None = None,
@@ -845,8 +846,13 @@ class EvalCallback(BaseCallback):
                  n_eval_episodes: int | None = None, eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
                  deterministic: bool = True, seed: int | None = None, verbose: int = 1, render: bool = False,
-                 warn: bool = True):
+                 warn: bool = True, use_masking: bool | None = None):
         super().__init__(verbose)
+        if use_masking is not None:  # (as evaluate refuses it)
+            from rlspeed.evaluation import MASKING_ADVICE
+
+            raise UserError(f"EvalCallback's 'use_masking' is sb3-contrib's MaskableEvalCallback's; EvalCallback "
+                            f"{MASKING_ADVICE}.")
         if render:
             raise UserError("EvalCallback does not render episodes: add a VideoRecorderCallback (or rlspeed eval "
                             "--video FILE.mp4) to watch the policy.")

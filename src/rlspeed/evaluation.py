@@ -63,6 +63,11 @@ def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> di
     return {**(model.spec.env_kwargs if env_id in (None, model.env_id) else {}), **(env_kwargs or {})}
 
 
+#: what sb3-contrib's use_masking, given to an evaluation (evaluate's, EvalCallback's), is told after the one that
+#: evaluates
+MASKING_ADVICE = ("masks as the model does (its use_masking, on by default: leave it out), and a model loaded with "
+                  "PPO.load(path, use_masking=False) evaluates unmasked")
+
 #: Stable-Baselines3's `evaluate_policy` keywords rlspeed's `evaluate` has no counterpart of, and what to write instead
 SB3_EVALUATE_KEYWORDS = {
     "n_eval_episodes": "rlspeed's is episodes=N",
@@ -73,9 +78,7 @@ SB3_EVALUATE_KEYWORDS = {
     "callback": "evaluate plays the episodes on the device in one loop, with no per-step call",
     "warn": "evaluate counts the env's own episodes (an SB3 VecEnv's Monitor's, where each env has one) and warns "
             "only where a wrapper changes their rewards or ends them at a lost life: leave it out",
-    "use_masking": "sb3-contrib's evaluate_policy takes it; evaluate masks as the model does (its use_masking, on by "
-                   "default: leave it out), and a model loaded with PPO.load(path, use_masking=False) evaluates "
-                   "unmasked",
+    "use_masking": f"sb3-contrib's evaluate_policy takes it; evaluate {MASKING_ADVICE}",
 }
 
 
