@@ -445,6 +445,20 @@ def _evaluating(model, env: BatchedEnv, seed: int | None, deterministic: bool):
         yield
 
 
+def first_episode_step(info: dict, finished: torch.Tensor, returns: torch.Tensor, lengths: torch.Tensor,
+                       succeeded: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """One step's record of each row's first episode, from the step's `info` (`done`, `episode_return`,
+    `episode_length`, `is_success` where the env reports it): (the rows whose first episode ended at this step, the
+    returns, lengths and successes with theirs); `finished` is updated in place (every row that has ended one)."""
+    newly_done = info["done"] & ~finished
+    returns = torch.where(newly_done, info["episode_return"], returns)
+    lengths = torch.where(newly_done, info["episode_length"], lengths)
+    if "is_success" in info:
+        succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (newly_done & info["is_success"])
+    finished |= info["done"]
+    return newly_done, returns, lengths, succeeded
+
+
 def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar: ProgressBar, progress_bar: bool,
                     reset_seed: int | None = None) -> dict:
     """Each env row's first episode of `model` on `env` (reset here, with `reset_seed` where given), for `limit` steps
@@ -463,13 +477,7 @@ def _first_episodes(model, env: BatchedEnv, limit: int, deterministic: bool, bar
     with resting_finished_rows(env) as resting:  # (rows whose first episode ended: not stepped there)
         for step in range(1, limit + 1):
             obs, info = acting.step(obs, info)
-            newly_done = info["done"] & ~finished
-            returns = torch.where(newly_done, info["episode_return"], returns)
-            lengths = torch.where(newly_done, info["episode_length"], lengths)
-            if "is_success" in info:
-                succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                    newly_done & info["is_success"])
-            finished |= info["done"]
+            newly_done, returns, lengths, succeeded = first_episode_step(info, finished, returns, lengths, succeeded)
             if resting is not None and bool(newly_done.any()):  # ok-sync: evaluation, an env stepped on the host
                 resting.rest_rows(finished)
             # the running return and length of rows still in their first episode

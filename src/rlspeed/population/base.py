@@ -61,6 +61,7 @@ from rlspeed.evaluation import (
     evaluation_env_cap,
     evaluation_seed,
     evaluation_waves,
+    first_episode_step,
     refuse_unless_results_fit,
     return_statistics,
     warn_target_without_time_limit,
@@ -803,13 +804,7 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
         for step in range(1, limit + 1):
             obs, _, _, _, info = env.step(policy(obs) if masks is None else policy(obs, masks))
             masks = info["action_mask"] if masks is not None else None
-            newly_done = info["done"] & ~finished
-            returns = torch.where(newly_done, info["episode_return"], returns)
-            lengths = torch.where(newly_done, info["episode_length"], lengths)
-            if "is_success" in info:
-                succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                    newly_done & info["is_success"])
-            finished |= info["done"]
+            newly_done, returns, lengths, succeeded = first_episode_step(info, finished, returns, lengths, succeeded)
             # (resting rows: a host read at each step some row finished, which then also ends the loop once all have)
             if resting is not None and bool(newly_done.any()):  # ok-sync: evaluation, an env stepped on the host
                 if bool(finished.all()):  # ok-sync: evaluation
