@@ -1260,7 +1260,7 @@ class PopulationBase:
                                        if name.startswith(("obs_rms.", "return_rms."))} for solo in solos]
         else:
             # (what the solo model takes: its hyperparameters and its constructor's own arguments)
-            known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+            known = set(_field_names(algo_cls.config_cls))
             known |= set(inspect.signature(algo_cls.__init__).parameters)
             hyperparameters, member_overrides = read_as_config(algo_cls.config_cls, hyperparameters,
                                                                member_overrides)
