@@ -791,10 +791,9 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     with the first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
     training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
     asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation). The step limit:
-    `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s). Rows of many
-    members batched are not slower than each member's alone on any backend: native envs and EnvPool step all rows in
-    one call, subprocess envs at once, and Gymnasium's in-process envs step each row's env only until its first
-    episode ends (`resting_rows_env`)."""
+    `max_steps`, else the env's time limit, else `UNLIMITED_EPISODE_STEPS` (as `rlspeed.evaluate`'s). Native envs and
+    EnvPool step all rows in one call, subprocess envs at once, and Gymnasium's in-process envs step each row's env only
+    until its first episode ends (`resting_rows_env`; benchmarks/evaluation_rows.py times it)."""
     limit = episode_step_limit(env, max_steps)
     returns = torch.zeros(obs.shape[0], device=obs.device)
     lengths = torch.zeros(obs.shape[0], device=obs.device, dtype=torch.int64)
