@@ -126,7 +126,7 @@ def _modules_outside_own_encoders(module: nn.Module) -> Iterator[nn.Module]:
             continue
         seen.add(id(layer))
         if isinstance(layer, Encoder):
-            inside_own = not type(layer).__module__.startswith("rlspeed.")
+            inside_own = not of_rlspeed(layer)
         if not inside_own:
             yield layer
         todo.extend((child, inside_own) for child in reversed(list(layer.children())))
@@ -408,6 +408,12 @@ class Encoder(nn.Module):
 
     features_dim: int
     kind: str = "encoder"
+
+
+def of_rlspeed(value: object) -> bool:
+    """Whether `value`'s class is one of rlspeed's (else the user's own: an encoder a subclass's `_make_encoder`
+    returns, a network of theirs)."""
+    return type(value).__module__.startswith("rlspeed.")
 
 
 def _init_conv_net(module: nn.Module) -> None:

@@ -156,6 +156,7 @@ from rlspeed.nn import (
     image_channels_first,
     image_shape,
     image_side,
+    of_rlspeed,
     optimizers_without_dynamo,
 )
 from rlspeed.numerics import DivergedError, NumericsGuard
@@ -3019,7 +3020,7 @@ class Algorithm:
             for attribute in ("encoder", "obs_encoder"):
                 encoder = getattr(network, attribute, None)
                 if (not isinstance(encoder, torch.nn.Module) or id(encoder) in seen
-                        or type(encoder).__module__.startswith("rlspeed.")):
+                        or of_rlspeed(encoder)):
                     continue
                 seen.add(id(encoder))
                 self._check_encoder(encoder, f"{type(encoder).__name__} (the {name}'s {attribute})")
@@ -3036,7 +3037,7 @@ class Algorithm:
         for network in self._modules().values():
             encoders = [layer for layer in network.modules() if isinstance(layer, Encoder)] if isinstance(
                 network, torch.nn.Module) else []
-            if any(type(layer).__module__.startswith("rlspeed.") for layer in encoders):
+            if any(of_rlspeed(layer) for layer in encoders):
                 return  # (one of rlspeed's encoders reads them)
             kinds.update(type(layer).__name__ for layer in encoders)
         if not kinds:
