@@ -2089,7 +2089,7 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
     from rlspeed.envs.base import find_episode_statistics
 
     env_id = env.spec.env_id
-    own = not type(env).__module__.startswith("rlspeed.")  # (rlspeed's adapters made directly make the stock env)
+    own = not of_rlspeed(env)  # (rlspeed's adapters made directly make the stock env)
     if (own and find_episode_statistics(env) is None and type(env) not in NATIVE_ENVS.values()
             and isinstance(env_id, str) and env_id in gym.registry):
         warn_at_caller(f"{name}: {type(env).__name__} (a batched env of your own) names itself '{env_id}', a "
