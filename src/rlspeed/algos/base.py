@@ -790,7 +790,7 @@ def own_schedules(config_cls: type, values: dict) -> tuple[dict, dict]:
                 continue
         except UserError:
             pass  # (a schedule that anneal_lr or anneal_clip would decay at another progress: called, as SB3 does)
-        switch = SB3_SCHEDULED.get(key) if SB3_SCHEDULED.get(key) in fields else None
+        switch = _schedule_switch(key, config_cls)
         if switch in values:
             try:
                 on = _read_bool(values[switch])
@@ -804,6 +804,12 @@ def own_schedules(config_cls: type, values: dict) -> tuple[dict, dict]:
     return {**values, **made}, functions
 
 
+def _schedule_switch(key: str, config_cls: type) -> str | None:
+    """The setting that decays `key` linearly (`SB3_SCHEDULED`: anneal_lr, anneal_clip) where `config_cls` has it."""
+    switch = SB3_SCHEDULED.get(key)
+    return switch if switch in _field_names(config_cls) else None
+
+
 def refuse_schedule_functions(member: typing.Any) -> None:
     """UserError in one sentence for a population's member model made with schedule functions (`own_schedules`), or
     loaded from a file saved with them that were given neither again nor as a number (`_schedules_missing`, which a
@@ -811,7 +817,7 @@ def refuse_schedule_functions(member: typing.Any) -> None:
     algo = type(member).__name__
     for key, name in {**member._schedules_missing, **{key: schedule_name(function) for key, function
                                                      in member._schedule_functions.items()}}.items():
-        switch = SB3_SCHEDULED.get(key) if SB3_SCHEDULED.get(key) in _field_names(member.config_cls) else None
+        switch = _schedule_switch(key, member.config_cls)
         decay = f"; {switch}=True decays it linearly to 0 over each learn call" if switch else ""
         instead = (f"load the member with one, {algo}.load(path, {key}=...)" if key not in member._schedule_functions
                    else f"or train the models one by one, {algo}(env, {key}=...)")
