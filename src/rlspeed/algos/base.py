@@ -815,8 +815,7 @@ def refuse_schedule_functions(member: typing.Any) -> None:
     loaded from a file saved with them that were given neither again nor as a number (`_schedules_missing`, which a
     solo learn refuses): the population's stacked update calls none of them, and would train at their start value."""
     algo = type(member).__name__
-    for key, name in {**member._schedules_missing, **{key: schedule_name(function) for key, function
-                                                     in member._schedule_functions.items()}}.items():
+    for key, name in member._schedule_names().items():
         switch = _schedule_switch(key, member.config_cls)
         decay = f"; {switch}=True decays it linearly to 0 over each learn call" if switch else ""
         instead = (f"load the member with one, {algo}.load(path, {key}=...)" if key not in member._schedule_functions
@@ -853,10 +852,11 @@ def missing_schedules_words(missing: dict) -> tuple[str, str, str]:
             ", ".join(f"{key}=..." for key in missing))
 
 
-def _saved_schedule_functions(meta: dict) -> dict:
-    """The schedule functions a model file was saved with (`Algorithm.save`), {setting: name}; {} for none."""
+def _saved_schedule_functions(meta: dict, given: typing.Container[str]) -> dict:
+    """The schedule functions a model file was saved with (`Algorithm.save`) that are not among `given` (settings
+    given a value or a function again), {setting: name}; {} for none."""
     saved = meta.get("schedule_functions")
-    return saved if isinstance(saved, dict) else {}
+    return {key: str(name) for key, name in saved.items() if key not in given} if isinstance(saved, dict) else {}
 
 
 def sb3_settings(config_cls: type, values: dict) -> dict:
@@ -2976,6 +2976,12 @@ class Algorithm:
         if "learning_rate" in self._schedule_values:
             self._set_learning_rate(self._schedule_values["learning_rate"])
 
+    def _schedule_names(self) -> dict[str, str]:
+        """{setting: name} of the schedule functions this model calls (`_schedule_functions`) or was loaded without
+        (`_schedules_missing`): what `save` records and a population refuses."""
+        return {**self._schedules_missing,
+                **{key: schedule_name(function) for key, function in self._schedule_functions.items()}}
+
     def _holds_learning_rates_as_tensors(self) -> bool:
         """Whether the learning rate changes during learn (`anneal_lr`, a schedule function): held as device tensors
         on graph devices (`_hold_learning_rates_as_tensors`)."""
@@ -4481,9 +4487,7 @@ class Algorithm:
                     # (whether `resume` continues that schedule: saved during learn or after one cut short)
                     "schedule_continues": self._schedule_open,
                     # (the names of its schedule functions, whose code a file does not hold: load asks for them)
-                    **({"schedule_functions": functions} if (functions := {
-                        **self._schedules_missing, **{key: schedule_name(function) for key, function
-                                                      in self._schedule_functions.items()}}) else {}),
+                    **({"schedule_functions": functions} if (functions := self._schedule_names()) else {}),
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
                     "action_masks": self.trained_with_action_masks,
@@ -4735,8 +4739,8 @@ class Algorithm:
                     torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
                     model._own_random_streams(True)
             model._restore_counts(meta)
-            model._schedules_missing = {key: str(name) for key, name in _saved_schedule_functions(meta).items()
-                                        if key not in overrides}  # (a number given now is a constant value)
+            model._schedules_missing = _saved_schedule_functions(meta, overrides)  # (a number given now is a constant
+            # value)
             if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it;
                 # a learn sets its own)
                 model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])
@@ -4826,8 +4830,7 @@ class Algorithm:
             self._restore(tensors, meta, path, build_optimizer=True)
         except UserError as error:
             raise _other_networks(error, meta, type(self), path, "resume") from None
-        self._schedules_missing = {key: str(name) for key, name in _saved_schedule_functions(meta).items()
-                                   if key not in self._schedule_functions}
+        self._schedules_missing = _saved_schedule_functions(meta, self._schedule_functions)
         self._run_dir = Path(path).resolve().parent
         self._restore_counts(meta)
         schedule = meta.get("schedule")
