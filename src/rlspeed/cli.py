@@ -1041,7 +1041,7 @@ def _train_population(args: argparse.Namespace) -> int:
                         f"{steps}), or, for a member that left earlier, with the steps its member file records)")
             print(f"rlspeed: interrupted ({name}) after training finished: {saved} saved in {run_dir}{said}",
                   file=sys.stderr, flush=True)
-            return 130 if signals[0] == signal.SIGINT else 143
+            return _stop_said(_stop_of(signals[0]))[0]
         steps = summary["aggregate"]["steps_to_target"]
         final = summary["aggregate"]["final_eval"]
         if target is not None:
@@ -3343,7 +3343,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             print(f"rlspeed: interrupted ({name}) as torchrun ended: nothing was cut short; {ended}", file=sys.stderr,
                   flush=True)
         code = code or stopped
-    return (130 if received[0] == signal.SIGINT else 143) if received else code
+    return _stop_said(_stop_of(received[0]))[0] if received else code
 
 
 def _torch_threads() -> int:
