@@ -4762,15 +4762,16 @@ def _main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
         terminated = isinstance(stop, Terminated)
+        code, name = _stop_said(stop)
         if _STAGE:  # (what it was doing, and what that leaves: before the work began, nothing of it)
-            line = f"rlspeed: interrupted ({stop.name if terminated else 'Ctrl-C'}) {_STAGE['said']}."
+            line = f"rlspeed: interrupted ({name}) {_STAGE['said']}."
         else:
             line = f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}"
         if (_TAKEN_IN or _RUN_RETURNED) and "TORCHELASTIC_RUN_ID" in os.environ:
             # (torchrun's signal as it shuts down a worker whose run stopped for one already, or one whose run has
             # returned and waits for rank 0's save: that stop's line is said, by rank 0, and this worker ends with the
             # first stop's code)
-            code = 130 if (_TAKEN_IN[0] == signal.SIGINT if _TAKEN_IN else not terminated) else 143
+            code = _stop_said(_stop_of(_TAKEN_IN[0]))[0] if _TAKEN_IN else code
             if not _TAKEN_IN and os.environ.get("RANK", "0") == "0" and not os.environ.get(LAUNCHER_PID_VARIABLE):
                 # (a stop as the processes leave, the run ended, under torchrun started by hand: no launcher says it;
                 # its line is one process's at that moment, the stage's: "while ending the command: the run is saved")
@@ -4778,7 +4779,7 @@ def _main(argv: list[str]) -> int:
             return code
         if first_to_say(line):  # (torchrun signals each worker: those it stopped alike say it once)
             print(line, file=sys.stderr)
-        return 143 if terminated else 130
+        return code
 
 
 if __name__ == "__main__":
